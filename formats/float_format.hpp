@@ -1,0 +1,93 @@
+// Binary floating-point formats (fp64, fp32, bf16, fp16, fp8 e4m3/e5m2) as data, with exact
+// round-to-nearest-even into each of them, bit encodings and ulp distance.
+//
+// Every value of every format here is exactly representable as a double, so a value of a
+// format is carried as a double that the format can hold; the format decides which doubles
+// those are. Rounding contract: round_to_format returns the format value nearest to the
+// exact input, ties to the one with an even last significand bit, subnormals included.
+// The input is never rounded twice: from a double it is rounded once, and from an MPFR
+// value it is rounded once from the MPFR value itself.
+#pragma once
+
+#include <mpfr.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace sharpcheck {
+
+// What rounding does with a finite value beyond the largest finite one.
+enum class OverflowBehaviour {
+  to_infinity,  // IEEE 754: round to nearest gives +-infinity (fp64, fp32, bf16, fp16, fp8 e5m2).
+  to_nan,       // OCP fp8 e4m3 "fn" has no infinity; like PyTorch's cast, overflow gives NaN.
+};
+
+struct FloatFormat {
+  std::string_view name;
+  int exponent_bits;
+  int fraction_bits;        // stored significand bits; precision is fraction_bits + 1
+  int min_normal_exponent;  // the smallest normal value is 2^min_normal_exponent
+  int max_exponent;         // the largest finite value lies in [2^max_exponent, 2^(max_exponent+1))
+  double max_finite;
+  OverflowBehaviour overflow;
+
+  [[nodiscard]] constexpr int precision() const { return fraction_bits + 1; }
+  [[nodiscard]] constexpr int total_bits() const { return 1 + exponent_bits + fraction_bits; }
+  // Exponent of the smallest subnormal: 2^(min_normal_exponent - fraction_bits).
+  [[nodiscard]] constexpr int min_subnormal_exponent() const { return min_normal_exponent - fraction_bits; }
+  [[nodiscard]] constexpr bool has_infinity() const { return overflow == OverflowBehaviour::to_infinity; }
+  // Unit roundoff u = 2^-precision: the largest relative error of rounding to nearest (normal range).
+  [[nodiscard]] double unit_roundoff() const;
+  friend constexpr bool operator==(const FloatFormat& a, const FloatFormat& b) { return a.name == b.name; }
+};
+
+inline constexpr FloatFormat fp64{"fp64", 11, 52, -1022, 1023, 1.7976931348623157e308,
+                                  OverflowBehaviour::to_infinity};
+inline constexpr FloatFormat fp32{"fp32", 8, 23, -126, 127, 3.4028234663852886e38,
+                                  OverflowBehaviour::to_infinity};
+inline constexpr FloatFormat bf16{"bf16", 8, 7, -126, 127, 3.3895313892515355e38,
+                                  OverflowBehaviour::to_infinity};
+inline constexpr FloatFormat fp16{"fp16", 5, 10, -14, 15, 65504.0, OverflowBehaviour::to_infinity};
+// OCP 8-bit e4m3 "fn": bias 7, no infinities, only S.1111.111 is NaN, so the largest finite is 448.
+inline constexpr FloatFormat fp8_e4m3{"fp8_e4m3", 4, 3, -6, 8, 448.0, OverflowBehaviour::to_nan};
+inline constexpr FloatFormat fp8_e5m2{"fp8_e5m2", 5, 2, -14, 15, 57344.0, OverflowBehaviour::to_infinity};
+
+// All formats, widest first.
+inline constexpr const FloatFormat* all_float_formats[] = {&fp64, &fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
+
+// Looks a format up by name ("fp32", "bf16", "fp8_e4m3", also "e4m3"/"e5m2"); nullopt if unknown.
+[[nodiscard]] std::optional<const FloatFormat*> find_float_format(std::string_view name);
+
+// Round-to-nearest-even of x into the format. NaN stays NaN; +-inf stays +-inf where the format
+// has infinities and becomes NaN in fp8 e4m3; finite overflow follows format.overflow.
+// Independent of the current floating-point environment.
+[[nodiscard]] double round_to_format(double x, const FloatFormat& format);
+// Same contract, from an MPFR value of any precision, rounded once (never through a double).
+[[nodiscard]] double round_to_format(mpfr_srcptr x, const FloatFormat& format);
+
+// True when x is a value of the format (NaN counts as representable: every format has one).
+[[nodiscard]] bool is_representable(double x, const FloatFormat& format);
+
+// Bit pattern of a representable value (sign, biased exponent, fraction); NaN encodes as the
+// format's canonical quiet NaN. Throws std::invalid_argument if x is not representable.
+[[nodiscard]] std::uint64_t encode(double x, const FloatFormat& format);
+// The value of a bit pattern (only the low total_bits() bits are read).
+[[nodiscard]] double decode(std::uint64_t bits, const FloatFormat& format);
+
+// Neighbouring values in the format; next_up(max_finite) is +inf (or NaN for e4m3),
+// next_up(-0) and next_up(+0) are the smallest positive subnormal. NaN stays NaN.
+[[nodiscard]] double next_up(double x, const FloatFormat& format);
+[[nodiscard]] double next_down(double x, const FloatFormat& format);
+
+// Ordinal distance between two representable values: the number of format values one must step
+// over to go from a to b. +0 and -0 are 0 apart, the infinities are one step beyond max_finite.
+// nullopt if either is NaN (no ordinal), unless both are NaN, which are 0 apart.
+[[nodiscard]] std::optional<std::uint64_t> ulp_distance(double a, double b, const FloatFormat& format);
+
+// Hexadecimal float text of a double ("0x1.8p-3"), for reports that must be exact.
+[[nodiscard]] std::string hex_float(double x);
+
+}  // namespace sharpcheck

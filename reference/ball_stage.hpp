@@ -1,0 +1,71 @@
+// The reference's fast first stage: Arb ball arithmetic (midpoint-radius intervals with rigorous
+// error propagation) at the Ziv loop's starting precision. A ball is a proven enclosure of the
+// exact result, so a result is decided when both ends of its ball round to the same format
+// value. Whatever a ball cannot decide goes on to the MPFR Ziv loop, so this stage changes cost,
+// never results.
+#pragma once
+
+#include <arb.h>
+
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "formats/float_format.hpp"
+#include "reference/input_checks.hpp"
+
+namespace sharpcheck::reference {
+
+// A vector of Arb balls, owned.
+class BallVector {
+ public:
+  explicit BallVector(std::size_t count) : count_(count), balls_(_arb_vec_init(static_cast<slong>(count))) {}
+  ~BallVector() { _arb_vec_clear(balls_, static_cast<slong>(count_)); }
+  BallVector(const BallVector&) = delete;
+  BallVector& operator=(const BallVector&) = delete;
+  BallVector(BallVector&&) = delete;
+  BallVector& operator=(BallVector&&) = delete;
+  [[nodiscard]] arb_ptr data() { return balls_; }
+  [[nodiscard]] arb_ptr operator[](std::size_t index) { return balls_ + index; }
+  [[nodiscard]] std::size_t size() const { return count_; }
+
+ private:
+  std::size_t count_;
+  arb_ptr balls_;
+};
+
+// One ball, owned.
+class Ball {
+ public:
+  Ball() { arb_init(ball_); }
+  ~Ball() { arb_clear(ball_); }
+  Ball(const Ball&) = delete;
+  Ball& operator=(const Ball&) = delete;
+  Ball(Ball&&) = delete;
+  Ball& operator=(Ball&&) = delete;
+  [[nodiscard]] arb_ptr get() { return ball_; }
+  [[nodiscard]] arb_srcptr get() const { return ball_; }
+
+ private:
+  arb_t ball_;
+};
+
+// The format value every point of the ball rounds to, if there is one.
+[[nodiscard]] std::optional<double> round_ball_if_decided(arb_srcptr ball, const FloatFormat& format);
+
+// Softmax coefficients of the unmasked entries by balls. Writes result[row.active[a]] and sets
+// decided[a] for each coefficient it decides; returns how many it decided.
+std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
+                                    const FloatFormat& target, std::span<double> result, std::vector<bool>& decided);
+
+// One attention query row by balls, over the keys in `active`: weights (if `weights` is not
+// empty; indexed by key) and outputs (indexed by value column). Sets the matching done flags
+// (weight_done indexed like active). `scale` absent means exactly 1/sqrt(d).
+void decide_attention_row_by_balls(std::span<const double> query, const Matrix& keys, const Matrix& values,
+                                   std::span<const std::size_t> active, std::optional<double> scale, double theta,
+                                   const FloatFormat& target, std::span<double> output, std::span<double> weights,
+                                   std::vector<bool>& output_done, std::vector<bool>& weight_done);
+
+}  // namespace sharpcheck::reference

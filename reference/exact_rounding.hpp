@@ -1,0 +1,42 @@
+// The two ways the reference turns real numbers into correctly rounded format values:
+// an enclosure [lo, hi] that rounding decides (the Ziv test), and an exactly known quotient.
+#pragma once
+
+#include <mpfr.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "formats/float_format.hpp"
+
+namespace sharpcheck::reference {
+
+// Ziv's test. If every real in [lo, hi] rounds to the same value of the format, returns it;
+// otherwise nullopt (the enclosure straddles a rounding boundary and must be narrowed).
+// Rounding to nearest is monotone, so it suffices that lo and hi round to the same bits.
+[[nodiscard]] std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi, const FloatFormat& format);
+
+// Correct rounding of numerator / denominator, where numerator is an exact MPFR value and the
+// denominator a positive integer. Handles quotients that are exactly a rounding boundary.
+[[nodiscard]] double round_exact_quotient(mpfr_srcptr numerator, std::uint64_t denominator,
+                                          const FloatFormat& format);
+
+// Working precisions of the Ziv loops: start near the target's precision plus guard bits,
+// grow geometrically, and stop at a cap beyond which the reference reports UndecidedRounding.
+struct ZivSchedule {
+  mpfr_prec_t initial;
+  mpfr_prec_t cap = 1 << 17;
+  [[nodiscard]] static ZivSchedule for_format(const FloatFormat& format);
+  [[nodiscard]] static mpfr_prec_t next(mpfr_prec_t precision) { return precision * 2; }
+};
+
+// What a reference call did, for tests and benchmarks that check the loop's behaviour.
+struct ZivStatistics {
+  long calls = 0;
+  long escalations = 0;  // precision increases past the initial one
+  long exact_cases = 0;  // results decided by the exact (rational) branch
+  long decided_by_balls = 0;  // results the fast Arb stage decided (the rest went to the MPFR loop)
+  mpfr_prec_t highest_precision = 0;
+};
+
+}  // namespace sharpcheck::reference

@@ -1,0 +1,67 @@
+#include "reference/input_checks.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "formats/float_format.hpp"
+
+namespace sharpcheck::reference {
+
+void check_temperature(double theta, std::string_view operation) {
+  if (!std::isfinite(theta) || theta == 0.0) {
+    throw InputError(InputProblem::bad_temperature, std::string(operation) +
+                                                        ": temperature theta must be finite and non-zero, got " +
+                                                        hex_float(theta));
+  }
+}
+
+PreparedRow prepare_row(std::span<const double> logits, std::span<const std::uint8_t> keep, double theta,
+                        bool allow_fully_masked, std::string_view operation) {
+  const std::string name(operation);
+  if (logits.empty()) throw InputError(InputProblem::empty_input, name + ": the row of logits is empty");
+  check_temperature(theta, operation);
+  if (!keep.empty() && keep.size() != logits.size()) {
+    throw InputError(InputProblem::shape_mismatch, name + ": mask has " + std::to_string(keep.size()) +
+                                                       " entries but the row has " +
+                                                       std::to_string(logits.size()) + " logits");
+  }
+  PreparedRow row;
+  for (std::size_t j = 0; j < logits.size(); ++j) {
+    const double logit = logits[j];
+    if (std::isnan(logit)) {
+      throw InputError(InputProblem::nan_value, name + ": logit " + std::to_string(j) + " is NaN");
+    }
+    if (logit == INFINITY) {
+      throw InputError(InputProblem::positive_infinity, name + ": logit " + std::to_string(j) + " is +inf");
+    }
+    if (logit == -INFINITY || (!keep.empty() && keep[j] == 0)) continue;
+    row.active.push_back(j);
+  }
+  if (row.active.empty()) {
+    if (allow_fully_masked) return row;
+    throw InputError(InputProblem::fully_masked_row,
+                     name + ": every one of the " + std::to_string(logits.size()) + " entries is masked");
+  }
+  row.shift = logits[row.active.front()];
+  row.all_equal = true;
+  for (const std::size_t j : row.active) {
+    if (logits[j] != row.shift) row.all_equal = false;
+    if (theta > 0 ? logits[j] > row.shift : logits[j] < row.shift) row.shift = logits[j];
+  }
+  return row;
+}
+
+void check_all_finite(const Matrix& matrix, std::string_view operation, std::string_view what) {
+  for (std::size_t r = 0; r < matrix.rows; ++r) {
+    for (std::size_t c = 0; c < matrix.cols; ++c) {
+      const double value = matrix(r, c);
+      if (!std::isfinite(value)) {
+        throw InputError(std::isnan(value) ? InputProblem::nan_value : InputProblem::non_finite_value,
+                         std::string(operation) + ": " + std::string(what) + "(" + std::to_string(r) + ", " +
+                             std::to_string(c) + ") is " + (std::isnan(value) ? "NaN" : "infinite"));
+      }
+    }
+  }
+}
+
+}  // namespace sharpcheck::reference

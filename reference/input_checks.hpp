@@ -1,0 +1,33 @@
+// Validation shared by the reference operations: every bad input becomes an InputError that
+// names the operation, the argument and the position.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/matrix.hpp"
+
+namespace sharpcheck::reference {
+
+// A row of logits after validation.
+struct PreparedRow {
+  std::vector<std::size_t> active;  // indices of the unmasked entries, in order
+  double shift = 0.0;  // the unmasked logit that maximises e / theta (max for theta > 0, min for theta < 0)
+  bool all_equal = false;  // every unmasked logit is the same value
+};
+
+// Throws InputError for: empty logits, a non-finite or zero theta, a mask of the wrong length, a
+// NaN or +inf logit (with its index), and a fully masked row unless that is allowed.
+[[nodiscard]] PreparedRow prepare_row(std::span<const double> logits, std::span<const std::uint8_t> keep,
+                                      double theta, bool allow_fully_masked, std::string_view operation);
+
+void check_temperature(double theta, std::string_view operation);
+
+// Throws InputError naming `what` and the (row, column) of the first NaN or infinity.
+void check_all_finite(const Matrix& matrix, std::string_view operation, std::string_view what);
+
+}  // namespace sharpcheck::reference

@@ -1,0 +1,305 @@
+#include "reference/softmax.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "reference/mpfr_number.hpp"
+#include "reference/ball_stage.hpp"
+#include "reference/input_checks.hpp"
+
+// Termination of the Ziv loops (why the reference never spins forever).
+//
+// Lindemann-Weierstrass: for distinct algebraic a_1..a_k, exp(a_1)..exp(a_k) are linearly
+// independent over the algebraic numbers. With z_j = e_j / theta rational and distinct values
+// grouped (value a_g, multiplicity c_g), a softmax coefficient p = exp(a_g) / sum_h c_h exp(a_h)
+// equal to a rational r would give (1 - r c_g) exp(a_g) - sum_{h != g} r c_h exp(a_h) = 0, so
+// every coefficient vanishes: with a second distinct value r = 0, and then 1 = 0. Hence p is
+// irrational unless all unmasked logits are equal, where p = 1/k exactly. An irrational number
+// is neither a format value nor a rounding boundary, so shrinking enclosures eventually decide
+// it; the all-equal case is detected up front and rounded exactly.
+//   log_softmax: z_j - log S is rational only if S = exp(rational), which by the same argument
+//     needs a single distinct value of multiplicity c with log c rational, i.e. k = 1 (result 0).
+//   logsumexp: c + theta log S, rational only when k = 1 (result: the logit itself).
+//   entropy: H = log S - sum p_j z_j. For k = 1 it is 0 and for all-equal logits log k (irrational
+//     for k >= 2). For other rows, irrationality of H is not implied by Lindemann-Weierstrass
+//     alone; the loop is capped (ZivSchedule::cap) and reports UndecidedRounding rather than
+//     guess, which has not been observed.
+
+namespace sharpcheck::reference {
+namespace {
+
+// Rigorous enclosures at one working precision, for the unmasked entries in order:
+//   z_j in [z_lo, z_hi] with z_j = (e_j - shift) / theta <= 0,
+//   w_j = exp(z_j) in [w_lo, w_hi], and S = sum_j w_j in [sum_lo, sum_hi] (S >= 1).
+class ExponentialEnclosure {
+ public:
+  explicit ExponentialEnclosure(std::size_t count)
+      : z_lo(count, 64),
+        z_hi(count, 64),
+        w_lo(count, 64),
+        w_hi(count, 64),
+        sum_lo(64),
+        sum_hi(64),
+        exact_(count, false) {}
+
+  void compute(std::span<const double> logits, const PreparedRow& row, double theta, mpfr_prec_t precision) {
+    z_lo.set_precision(precision);
+    z_hi.set_precision(precision);
+    w_lo.set_precision(precision);
+    w_hi.set_precision(precision);
+    mpfr_set_prec(sum_lo.get(), precision);
+    mpfr_set_prec(sum_hi.get(), precision);
+    for (std::size_t a = 0; a < row.active.size(); ++a) {
+      enclose_logit(logits[row.active[a]], row.shift, theta, a);
+      enclose_exponential(a);
+    }
+    const auto count = row.active.size();
+    mpfr_sum(sum_lo.get(), w_lo.pointers(), count, MPFR_RNDD);
+    mpfr_sum(sum_hi.get(), w_hi.pointers(), count, MPFR_RNDU);
+  }
+
+  MpfrArray z_lo, z_hi, w_lo, w_hi;
+  MpfrNumber sum_lo, sum_hi;
+
+ private:
+  void enclose_logit(double logit, double shift, double theta, std::size_t a) {
+    mpfr_ptr lo = z_lo[a];
+    mpfr_ptr hi = z_hi[a];
+    exact_[a] = true;
+    mpfr_set_d(lo, logit, MPFR_RNDN);  // exact: precision >= 53
+    if (mpfr_sub_d(lo, lo, shift, MPFR_RNDD) != 0) {
+      exact_[a] = false;
+      mpfr_set_d(hi, logit, MPFR_RNDN);
+      mpfr_sub_d(hi, hi, shift, MPFR_RNDU);
+    } else {
+      mpfr_set(hi, lo, MPFR_RNDN);
+    }
+    if (theta == 1.0) return;
+    // Dividing by a negative theta swaps which end is the lower bound.
+    if (theta > 0) {
+      const int low_ternary = mpfr_div_d(lo, lo, theta, MPFR_RNDD);
+      const int high_ternary = mpfr_div_d(hi, hi, theta, MPFR_RNDU);
+      exact_[a] = exact_[a] && low_ternary == 0 && high_ternary == 0;
+    } else {
+      mpfr_swap(lo, hi);
+      const int low_ternary = mpfr_div_d(lo, lo, theta, MPFR_RNDD);
+      const int high_ternary = mpfr_div_d(hi, hi, theta, MPFR_RNDU);
+      exact_[a] = exact_[a] && low_ternary == 0 && high_ternary == 0;
+    }
+  }
+
+  void enclose_exponential(std::size_t a) {
+    if (exact_[a]) {
+      // z is exact: one exp rounded to nearest, and its ternary value says on which side of
+      // the result the true value lies (strictly, unless it is exact).
+      const int ternary = mpfr_exp(w_lo[a], z_lo[a], MPFR_RNDN);
+      mpfr_set(w_hi[a], w_lo[a], MPFR_RNDN);
+      if (ternary > 0) mpfr_nextbelow(w_lo[a]);
+      if (ternary < 0) mpfr_nextabove(w_hi[a]);
+      return;
+    }
+    mpfr_exp(w_lo[a], z_lo[a], MPFR_RNDD);
+    mpfr_exp(w_hi[a], z_hi[a], MPFR_RNDU);
+  }
+
+  std::vector<bool> exact_;  // z_lo == z_hi == z_j exactly
+};
+
+// Runs Ziv's loop: encloses at growing precision until `decide` reports every output decided.
+template <typename Decide>
+void run_ziv_loop(std::span<const double> logits, const PreparedRow& row, const FloatFormat& target,
+                  const RowOptions& options, std::string_view operation, Decide&& decide) {
+  const ZivSchedule schedule = ZivSchedule::for_format(target);
+  ExponentialEnclosure enclosure(row.active.size());
+  for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
+    if (precision > schedule.cap) {
+      throw UndecidedRounding(std::string(operation) + ": rounding to " + std::string(target.name) +
+                              " undecided at " + std::to_string(schedule.cap) + " bits");
+    }
+    enclosure.compute(logits, row, options.theta, precision);
+    if (options.statistics != nullptr) {
+      options.statistics->highest_precision = std::max(options.statistics->highest_precision, precision);
+    }
+    if (decide(enclosure, precision)) return;
+    if (options.statistics != nullptr) ++options.statistics->escalations;
+  }
+}
+
+void count_call(const RowOptions& options, bool exact) {
+  if (options.statistics == nullptr) return;
+  ++options.statistics->calls;
+  if (exact) ++options.statistics->exact_cases;
+}
+
+// log S in [log_lo, log_hi] from the sum's enclosure.
+void enclose_log_sum(const ExponentialEnclosure& enclosure, mpfr_prec_t precision, MpfrNumber& log_lo,
+                     MpfrNumber& log_hi) {
+  mpfr_set_prec(log_lo.get(), precision);
+  mpfr_set_prec(log_hi.get(), precision);
+  mpfr_log(log_lo.get(), enclosure.sum_lo.get(), MPFR_RNDD);
+  mpfr_log(log_hi.get(), enclosure.sum_hi.get(), MPFR_RNDU);
+}
+
+}  // namespace
+
+std::vector<double> softmax(std::span<const double> logits, const FloatFormat& target, const RowOptions& options) {
+  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "softmax");
+  std::vector<double> result(logits.size(), 0.0);
+  if (row.active.empty()) return result;
+  if (row.all_equal) {  // the only rational case: exactly 1/k
+    MpfrNumber one(64);
+    mpfr_set_ui(one.get(), 1, MPFR_RNDN);
+    const double coefficient = round_exact_quotient(one.get(), row.active.size(), target);
+    for (const std::size_t index : row.active) result[index] = coefficient;
+    count_call(options, true);
+    return result;
+  }
+  std::vector<bool> decided(row.active.size(), false);
+  const std::size_t by_balls =
+      options.mpfr_only ? 0 : decide_softmax_by_balls(logits, row, options.theta, target, result, decided);
+  if (options.statistics != nullptr) options.statistics->decided_by_balls += static_cast<long>(by_balls);
+  count_call(options, false);
+  if (by_balls == row.active.size()) return result;
+  MpfrNumber lo(64);
+  MpfrNumber hi(64);
+  run_ziv_loop(logits, row, target, options, "softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+    mpfr_set_prec(lo.get(), precision);
+    mpfr_set_prec(hi.get(), precision);
+    bool all_decided = true;
+    for (std::size_t a = 0; a < row.active.size(); ++a) {
+      if (decided[a]) continue;
+      mpfr_div(lo.get(), enclosure.w_lo[a], enclosure.sum_hi.get(), MPFR_RNDD);
+      mpfr_div(hi.get(), enclosure.w_hi[a], enclosure.sum_lo.get(), MPFR_RNDU);
+      if (const auto rounded = round_if_decided(lo.get(), hi.get(), target)) {
+        result[row.active[a]] = *rounded;
+        decided[a] = true;
+      } else {
+        all_decided = false;
+      }
+    }
+    return all_decided;
+  });
+  return result;
+}
+
+std::vector<double> softmax(std::span<const float> logits, const FloatFormat& target, const RowOptions& options) {
+  const std::vector<double> widened(logits.begin(), logits.end());
+  return softmax(std::span<const double>(widened), target, options);
+}
+
+std::vector<double> log_softmax(std::span<const double> logits, const FloatFormat& target,
+                                const RowOptions& options) {
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "log_softmax");
+  std::vector<double> result(logits.size(), -std::numeric_limits<double>::infinity());
+  if (row.active.empty()) return result;
+  if (row.active.size() == 1) {  // log 1 = 0, the only rational case
+    result[row.active[0]] = 0.0;
+    count_call(options, true);
+    return result;
+  }
+  std::vector<bool> decided(row.active.size(), false);
+  MpfrNumber log_lo(64);
+  MpfrNumber log_hi(64);
+  MpfrNumber lo(64);
+  MpfrNumber hi(64);
+  run_ziv_loop(logits, row, target, options, "log_softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+    enclose_log_sum(enclosure, precision, log_lo, log_hi);
+    mpfr_set_prec(lo.get(), precision);
+    mpfr_set_prec(hi.get(), precision);
+    bool all_decided = true;
+    for (std::size_t a = 0; a < row.active.size(); ++a) {
+      if (decided[a]) continue;
+      mpfr_sub(lo.get(), enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
+      mpfr_sub(hi.get(), enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
+      if (const auto rounded = round_if_decided(lo.get(), hi.get(), target)) {
+        result[row.active[a]] = *rounded;
+        decided[a] = true;
+      } else {
+        all_decided = false;
+      }
+    }
+    return all_decided;
+  });
+  count_call(options, false);
+  return result;
+}
+
+double logsumexp(std::span<const double> logits, const FloatFormat& target, const RowOptions& options) {
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "logsumexp");
+  if (row.active.empty()) return -std::numeric_limits<double>::infinity();
+  if (row.active.size() == 1) {  // theta * log 1 + e = e, the only rational case
+    count_call(options, true);
+    return round_to_format(logits[row.active[0]], target);
+  }
+  double result = 0.0;
+  MpfrNumber log_lo(64);
+  MpfrNumber log_hi(64);
+  MpfrNumber lo(64);
+  MpfrNumber hi(64);
+  run_ziv_loop(logits, row, target, options, "logsumexp", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+    enclose_log_sum(enclosure, precision, log_lo, log_hi);
+    mpfr_set_prec(lo.get(), precision);
+    mpfr_set_prec(hi.get(), precision);
+    // theta * log S: a negative theta swaps the ends.
+    if (options.theta > 0) {
+      mpfr_mul_d(lo.get(), log_lo.get(), options.theta, MPFR_RNDD);
+      mpfr_mul_d(hi.get(), log_hi.get(), options.theta, MPFR_RNDU);
+    } else {
+      mpfr_mul_d(lo.get(), log_hi.get(), options.theta, MPFR_RNDD);
+      mpfr_mul_d(hi.get(), log_lo.get(), options.theta, MPFR_RNDU);
+    }
+    mpfr_add_d(lo.get(), lo.get(), row.shift, MPFR_RNDD);
+    mpfr_add_d(hi.get(), hi.get(), row.shift, MPFR_RNDU);
+    const auto rounded = round_if_decided(lo.get(), hi.get(), target);
+    if (rounded) result = *rounded;
+    return rounded.has_value();
+  });
+  count_call(options, false);
+  return result;
+}
+
+double entropy(std::span<const double> logits, const FloatFormat& target, const RowOptions& options) {
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "entropy");
+  if (row.active.size() <= 1) {  // a single unmasked entry carries all the mass: H = 0
+    count_call(options, true);
+    return 0.0;
+  }
+  double result = 0.0;
+  const std::size_t count = row.active.size();
+  MpfrArray products(count, 64);
+  MpfrNumber log_lo(64);
+  MpfrNumber log_hi(64);
+  MpfrNumber lo(64);
+  MpfrNumber hi(64);
+  MpfrNumber scratch(64);
+  run_ziv_loop(logits, row, target, options, "entropy", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+    // H = log S + U / S with U = -sum_j w_j z_j >= 0 (every z_j <= 0). For w >= 0 and z <= 0
+    // the product w z lies in [w_hi z_lo, w_lo z_hi].
+    enclose_log_sum(enclosure, precision, log_lo, log_hi);
+    products.set_precision(precision);
+    mpfr_set_prec(lo.get(), precision);
+    mpfr_set_prec(hi.get(), precision);
+    mpfr_set_prec(scratch.get(), precision);
+    for (std::size_t a = 0; a < count; ++a) mpfr_mul(products[a], enclosure.w_lo[a], enclosure.z_hi[a], MPFR_RNDU);
+    mpfr_sum(scratch.get(), products.pointers(), count, MPFR_RNDU);
+    mpfr_neg(scratch.get(), scratch.get(), MPFR_RNDN);  // U_lo, exact negation
+    mpfr_div(lo.get(), scratch.get(), enclosure.sum_hi.get(), MPFR_RNDD);
+    mpfr_add(lo.get(), lo.get(), log_lo.get(), MPFR_RNDD);
+    for (std::size_t a = 0; a < count; ++a) mpfr_mul(products[a], enclosure.w_hi[a], enclosure.z_lo[a], MPFR_RNDD);
+    mpfr_sum(scratch.get(), products.pointers(), count, MPFR_RNDD);
+    mpfr_neg(scratch.get(), scratch.get(), MPFR_RNDN);  // U_hi
+    mpfr_div(hi.get(), scratch.get(), enclosure.sum_lo.get(), MPFR_RNDU);
+    mpfr_add(hi.get(), hi.get(), log_hi.get(), MPFR_RNDU);
+    const auto rounded = round_if_decided(lo.get(), hi.get(), target);
+    if (rounded) result = *rounded;
+    return rounded.has_value();
+  });
+  count_call(options, false);
+  return result;
+}
+
+}  // namespace sharpcheck::reference

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package sharpcheck needs (skipping those already installed; apt-get
+# update runs only when something is missing), then configures and builds into ./build.
+# Usage: bash scripts/setup.sh            (from the repository root; run as root or with sudo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  g++ cmake make pkg-config
+  libboost-dev libmpfr-dev libgmp-dev
+  librapidcheck-dev libz3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libeigen3-dev libhwy-dev libflint-arb-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+if ((${#missing[@]} > 0)); then
+  echo "setup: installing ${missing[*]}"
+  sudo_prefix=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_prefix=(sudo); fi
+  "${sudo_prefix[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_prefix[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE="${SHARPCHECK_BUILD_TYPE:-RelWithDebInfo}" > build-configure.log 2>&1 ||
+  { cat build-configure.log; exit 1; }
+cmake --build build -j"$(nproc)"

@@ -1,0 +1,254 @@
+// The softmax reference against closed forms, against an independent 320-bit cpp_bin_float
+// computation, and against MPFR at twice the working precision rounded once; in every format.
+#include <gtest/gtest.h>
+#include <mpfr.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/random.hpp"
+#include "reference/softmax.hpp"
+#include "support/independent_reference.hpp"
+
+namespace sharpcheck {
+namespace {
+
+using reference::RowOptions;
+using testing::Exact;
+using testing::is_nearest_in_format;
+
+bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
+
+class EveryFormat : public ::testing::TestWithParam<const FloatFormat*> {
+ protected:
+  const FloatFormat& format() const { return *GetParam(); }
+};
+
+TEST_P(EveryFormat, OneLogitGivesProbabilityOneAndEntropyZero) {
+  for (const double logit : {0.0, 3.0, -1e300, 1e300, 0x1p-1074}) {
+    for (const double theta : {1.0, 0.1, -3.0}) {
+      RowOptions options;
+      options.theta = theta;
+      const std::vector<double> row{logit};
+      EXPECT_EQ(reference::softmax(row, format(), options), std::vector<double>{1.0});
+      EXPECT_EQ(reference::log_softmax(row, format(), options), std::vector<double>{0.0});
+      EXPECT_TRUE(same_bits(reference::logsumexp(row, format(), options), round_to_format(logit, format())));
+      EXPECT_EQ(reference::entropy(row, format(), options), 0.0);
+    }
+  }
+}
+
+TEST_P(EveryFormat, TwoLogitsGiveTheLogisticFunction) {
+  DeterministicRandom random(21);
+  for (int i = 0; i < 200; ++i) {
+    const double a = random.normal(0, 4);
+    const double b = random.normal(0, 4);
+    const std::vector<double> row{a, b};
+    const auto probabilities = reference::softmax(row, format());
+    const Exact logistic = 1 / (1 + exp(Exact(b) - Exact(a)));
+    ASSERT_TRUE(is_nearest_in_format(probabilities[0], logistic, format())) << "a=" << a << " b=" << b;
+    ASSERT_TRUE(is_nearest_in_format(probabilities[1], 1 - logistic, format()));
+  }
+}
+
+TEST_P(EveryFormat, KEqualLogitsGiveExactlyOneOverK) {
+  for (const std::size_t k : {1u, 2u, 3u, 5u, 7u, 10u, 16u, 100u, 768u, 1000u, 4099u}) {
+    for (const double value : {0.0, -7.25, 1e10}) {
+      std::vector<double> row(k, value);
+      row.push_back(-INFINITY);  // a masked entry must not count
+      const auto probabilities = reference::softmax(row, format());
+      for (std::size_t j = 0; j < k; ++j) {
+        ASSERT_TRUE(is_nearest_in_format(probabilities[j], Exact(1) / Exact(k), format())) << "k=" << k;
+      }
+      ASSERT_TRUE(same_bits(probabilities[k], 0.0));
+      if (std::has_single_bit(k)) {
+        ASSERT_EQ(probabilities[0], round_to_format(1.0 / static_cast<double>(k), format()));
+      }
+    }
+  }
+}
+
+TEST_P(EveryFormat, MaskedEntriesGetExactlyZeroAndDoNotChangeTheRest) {
+  const std::vector<double> row{1.5, -INFINITY, 0.25, 3.0, -2.0};
+  const std::vector<std::uint8_t> keep{1, 1, 1, 0, 1};
+  RowOptions options;
+  options.keep = keep;
+  const auto masked = reference::softmax(row, format(), options);
+  const auto unmasked_only = reference::softmax(std::vector<double>{1.5, 0.25, -2.0}, format());
+  EXPECT_TRUE(same_bits(masked[1], 0.0));
+  EXPECT_TRUE(same_bits(masked[3], 0.0));
+  EXPECT_EQ(masked[0], unmasked_only[0]);
+  EXPECT_EQ(masked[2], unmasked_only[1]);
+  EXPECT_EQ(masked[4], unmasked_only[2]);
+  const auto log_masked = reference::log_softmax(row, format(), options);
+  EXPECT_EQ(log_masked[1], -INFINITY);
+  EXPECT_EQ(log_masked[3], -INFINITY);
+}
+
+// Random rows, moderate and wide spreads, positive and negative temperatures, checked element by
+// element against the 320-bit cpp_bin_float computation: each result must be the nearest value.
+TEST_P(EveryFormat, AgreesWithAnIndependentCppBinFloatComputation) {
+  DeterministicRandom random(100 + format().precision());
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t n = 2 + random.below(30);
+    const double sigma = std::array{1.0, 3.0, 12.0}[trial % 3];
+    const double theta = std::array{1.0, 0.7, -2.5, 1.0}[trial % 4];
+    std::vector<double> row(n);
+    for (double& e : row) e = random.normal(0, sigma);
+    RowOptions options;
+    options.theta = theta;
+    const auto exact = testing::independent_softmax(row, theta);
+    const auto probabilities = reference::softmax(row, format(), options);
+    RowOptions mpfr_only = options;
+    mpfr_only.mpfr_only = true;
+    ASSERT_EQ(reference::softmax(row, format(), mpfr_only), probabilities);
+    const auto logs = reference::log_softmax(row, format(), options);
+    Exact sum = 0;
+    Exact best = Exact(row[0]) / theta;
+    for (const double e : row) best = std::max(best, Exact(e) / theta);
+    for (const double e : row) sum += exp(Exact(e) / theta - best);
+    Exact entropy = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      ASSERT_TRUE(is_nearest_in_format(probabilities[j], exact[j], format())) << "trial " << trial << " j " << j;
+      ASSERT_TRUE(is_nearest_in_format(logs[j], Exact(row[j]) / theta - best - log(sum), format()));
+      entropy -= exact[j] * log(exact[j]);
+    }
+    const Exact lse = theta * (best + log(sum));
+    ASSERT_TRUE(is_nearest_in_format(reference::logsumexp(row, format(), options), lse, format()));
+    ASSERT_TRUE(is_nearest_in_format(reference::entropy(row, format(), options), entropy, format()));
+  }
+}
+
+// Plain MPFR softmax at twice the reference's starting precision, rounded once to the format.
+std::vector<double> mpfr_softmax_rounded_once(const std::vector<double>& row, const FloatFormat& format) {
+  const mpfr_prec_t precision = 2 * reference::ZivSchedule::for_format(format).initial;
+  mpfr_t best, sum, term;
+  mpfr_inits2(precision, best, sum, term, static_cast<mpfr_ptr>(nullptr));
+  mpfr_set_d(best, *std::max_element(row.begin(), row.end()), MPFR_RNDN);
+  mpfr_set_zero(sum, 1);
+  for (const double e : row) {
+    mpfr_set_d(term, e, MPFR_RNDN);
+    mpfr_sub(term, term, best, MPFR_RNDN);
+    mpfr_exp(term, term, MPFR_RNDN);
+    mpfr_add(sum, sum, term, MPFR_RNDN);
+  }
+  std::vector<double> result;
+  for (const double e : row) {
+    mpfr_set_d(term, e, MPFR_RNDN);
+    mpfr_sub(term, term, best, MPFR_RNDN);
+    mpfr_exp(term, term, MPFR_RNDN);
+    mpfr_div(term, term, sum, MPFR_RNDN);
+    result.push_back(round_to_format(term, format));
+  }
+  mpfr_clears(best, sum, term, static_cast<mpfr_ptr>(nullptr));
+  return result;
+}
+
+TEST_P(EveryFormat, EqualsMpfrAtTwiceThePrecisionRoundedOnce) {
+  DeterministicRandom random(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<double> row(1 + random.below(200));
+    for (double& e : row) e = random.normal(0, 3);
+    const auto expected = mpfr_softmax_rounded_once(row, format());
+    ASSERT_EQ(reference::softmax(row, format()), expected) << "trial " << trial;
+    RowOptions mpfr_only;
+    mpfr_only.mpfr_only = true;
+    ASSERT_EQ(reference::softmax(row, format(), mpfr_only), expected) << "trial " << trial;
+  }
+}
+
+const auto format_name = [](const auto& info) { return std::string(info.param->name); };
+INSTANTIATE_TEST_SUITE_P(Reference, EveryFormat, ::testing::ValuesIn(all_float_formats), format_name);
+
+// Mutation check: rounding MPFR's result to double and then the double to bf16 (double rounding)
+// is wrong on this row, found by searching logits whose softmax lies within 2^-54 of a bf16
+// rounding boundary. The correct-rounding check above must catch that path.
+TEST(DoubleRounding, IsCaughtByTheCorrectRoundingCheck) {
+  const std::vector<double> row{0x1.400a6b46f591bp-5, 0.0};
+  const Exact exact = testing::independent_softmax(row, 1.0)[0];
+  const double correct = reference::softmax(row, bf16)[0];
+  const double double_rounded = round_to_format(reference::softmax(row, fp64)[0], bf16);
+  EXPECT_TRUE(is_nearest_in_format(correct, exact, bf16));
+  EXPECT_FALSE(is_nearest_in_format(double_rounded, exact, bf16));
+  EXPECT_NE(correct, double_rounded);
+}
+
+TEST(LargeRows, SixteenThousandLogitsAgreeWithTheIndependentComputation) {
+  DeterministicRandom random(3);
+  std::vector<double> row(16384);
+  for (double& e : row) e = static_cast<float>(random.normal(0, 3));
+  const auto exact = testing::independent_softmax(row, 1.0);
+  const auto probabilities = reference::softmax(row, fp32);
+  for (std::size_t j = 0; j < row.size(); j += 7) ASSERT_TRUE(is_nearest_in_format(probabilities[j], exact[j], fp32));
+  std::vector<float> as_float(row.begin(), row.end());
+  EXPECT_EQ(reference::softmax(std::span<const float>(as_float), fp32), probabilities);
+}
+
+TEST(ExtremeRows, UnderflowAndHugeSpreadsRoundCorrectly) {
+  EXPECT_EQ(reference::softmax(std::vector<double>{0.0, -1e300}, fp32), (std::vector<double>{1.0, 0.0}));
+  EXPECT_EQ(reference::softmax(std::vector<double>{1e300, -1e300}, fp64), (std::vector<double>{1.0, 0.0}));
+  // e^-17 / (1 + e^-17) ~ 4.1e-8 is below fp16's smallest normal and rounds to its smallest subnormal.
+  EXPECT_EQ(reference::softmax(std::vector<double>{0.0, -17.0}, fp16)[1], std::ldexp(1.0, -24));
+  EXPECT_EQ(reference::logsumexp(std::vector<double>{1e308, 1e308}, fp64), 1e308 + 0.0);
+  EXPECT_EQ(reference::logsumexp(std::vector<double>{3e38, 3e38}, fp32), static_cast<double>(3e38F));
+  EXPECT_EQ(reference::logsumexp(std::vector<double>{70000.0, 0.0}, fp16), INFINITY);
+}
+
+TEST(BadInput, EachProblemIsNamedWithItsPosition) {
+  const auto expect_problem = [](auto&& call, InputProblem problem, const std::string& text) {
+    try {
+      call();
+      ADD_FAILURE() << "no exception; expected: " << text;
+    } catch (const InputError& error) {
+      EXPECT_EQ(error.problem(), problem);
+      EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+    }
+  };
+  const std::vector<double> with_nan{1.0, 2.0, NAN};
+  expect_problem([&] { (void)reference::softmax(with_nan, fp32); }, InputProblem::nan_value, "logit 2 is NaN");
+  const std::vector<double> with_inf{INFINITY, 1.0};
+  expect_problem([&] { (void)reference::entropy(with_inf, fp32); }, InputProblem::positive_infinity,
+                 "entropy: logit 0 is +inf");
+  expect_problem([&] { (void)reference::logsumexp(std::vector<double>{}, fp32); }, InputProblem::empty_input,
+                 "empty");
+  for (const double theta : {0.0, -0.0, double{INFINITY}, double{NAN}}) {
+    RowOptions options;
+    options.theta = theta;
+    expect_problem([&] { (void)reference::log_softmax(std::vector<double>{1.0}, fp32, options); },
+                   InputProblem::bad_temperature, "theta");
+  }
+  const std::vector<std::uint8_t> short_mask{1};
+  RowOptions masked;
+  masked.keep = short_mask;
+  expect_problem([&] { (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, masked); },
+                 InputProblem::shape_mismatch, "mask has 1 entries but the row has 2");
+  const std::vector<double> all_masked{-INFINITY, -INFINITY};
+  expect_problem([&] { (void)reference::softmax(all_masked, fp32); }, InputProblem::fully_masked_row,
+                 "every one of the 2 entries is masked");
+  RowOptions zeros;
+  zeros.fully_masked_gives_zeros = true;
+  EXPECT_EQ(reference::softmax(all_masked, fp32, zeros), (std::vector<double>{0.0, 0.0}));
+  EXPECT_EQ(reference::logsumexp(all_masked, fp32, zeros), -INFINITY);
+  EXPECT_EQ(reference::entropy(all_masked, fp32, zeros), 0.0);
+}
+
+TEST(Statistics, TheLoopReportsItsPrecisionAndExactCases) {
+  reference::ZivStatistics statistics;
+  RowOptions options;
+  options.statistics = &statistics;
+  (void)reference::softmax(std::vector<double>{1.0, 1.0, 1.0}, fp32, options);
+  EXPECT_EQ(statistics.exact_cases, 1);
+  (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, options);
+  EXPECT_EQ(statistics.calls, 2);
+  EXPECT_EQ(statistics.decided_by_balls, 2);
+  EXPECT_EQ(statistics.highest_precision, 0);  // the MPFR loop was not needed
+  options.mpfr_only = true;
+  (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, options);
+  EXPECT_EQ(statistics.decided_by_balls, 2);
+  EXPECT_EQ(statistics.highest_precision, reference::ZivSchedule::for_format(fp32).initial);
+}
+
+}  // namespace
+}  // namespace sharpcheck
