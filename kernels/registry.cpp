@@ -1,0 +1,152 @@
+#include "kernels/registry.hpp"
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "kernels/attention_kernels.hpp"
+#include "kernels/softmax_kernels.hpp"
+
+namespace sharpcheck::kernels {
+namespace {
+
+template <typename Storage>
+Storage to_storage(double value, const FloatFormat& format, const char* what, std::size_t index) {
+  if (!is_representable(value, format)) {
+    throw InputError(InputProblem::out_of_range, std::string(what) + " " + std::to_string(index) + " (" +
+                                                     hex_float(value) + ") is not a value of " +
+                                                     std::string(format.name));
+  }
+  if constexpr (std::is_same_v<Storage, float>) {
+    return static_cast<float>(value);
+  } else {
+    return Storage::from_float(static_cast<float>(value));
+  }
+}
+
+template <typename Storage>
+double from_storage(Storage value) {
+  if constexpr (std::is_same_v<Storage, float>) {
+    return value;
+  } else {
+    return value.to_float();
+  }
+}
+
+template <typename Storage>
+const FloatFormat& format_of() {
+  if constexpr (std::is_same_v<Storage, float>) {
+    return fp32;
+  } else {
+    return Storage::format;
+  }
+}
+
+float kernel_scale(double theta) { return static_cast<float>(1.0 / theta); }
+
+// Adapts a native row kernel to rows of doubles.
+template <typename Storage, void (*Kernel)(const Storage*, Storage*, std::size_t, float)>
+void run_rows(const Matrix& logits, double theta, Matrix& out) {
+  const FloatFormat& format = format_of<Storage>();
+  out = Matrix(logits.rows, logits.cols);
+  std::vector<Storage> row(logits.cols);
+  std::vector<Storage> result(logits.cols);
+  for (std::size_t r = 0; r < logits.rows; ++r) {
+    for (std::size_t j = 0; j < logits.cols; ++j) row[j] = to_storage<Storage>(logits(r, j), format, "logit", j);
+    Kernel(row.data(), result.data(), logits.cols, kernel_scale(theta));
+    for (std::size_t j = 0; j < logits.cols; ++j) out(r, j) = from_storage(result[j]);
+  }
+}
+
+void blocked(const float* logits, float* out, std::size_t n, float scale) {
+  softmax_blocked_fp32(logits, out, n, scale);
+}
+
+template <typename Storage>
+std::vector<Storage> matrix_to_storage(const Matrix& matrix, const FloatFormat& format, const char* what) {
+  std::vector<Storage> values(matrix.values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = to_storage<Storage>(matrix.values[i], format, what, i);
+  return values;
+}
+
+template <typename Storage, typename Kernel>
+void run_attention(const Matrix& queries, const Matrix& keys, const Matrix& values, double scale_over_theta,
+                   bool causal, Matrix& out, const FloatFormat& format, Kernel kernel) {
+  const AttentionShape shape{queries.rows, keys.rows, queries.cols, values.cols};
+  const auto q = matrix_to_storage<Storage>(queries, format, "Q entry");
+  const auto k = matrix_to_storage<Storage>(keys, format, "K entry");
+  const auto v = matrix_to_storage<Storage>(values, format, "V entry");
+  std::vector<Storage> result(shape.queries * shape.value_dimension);
+  kernel(q.data(), k.data(), v.data(), result.data(), shape, static_cast<float>(scale_over_theta), causal);
+  out = Matrix(shape.queries, shape.value_dimension);
+  for (std::size_t i = 0; i < result.size(); ++i) out.values[i] = from_storage(result[i]);
+}
+
+void attention_naive(const Matrix& q, const Matrix& k, const Matrix& v, double scale, bool causal, Matrix& out) {
+  run_attention<float>(q, k, v, scale, causal, out, fp32, attention_naive_fp32);
+}
+void attention_flash(const Matrix& q, const Matrix& k, const Matrix& v, double scale, bool causal, Matrix& out) {
+  run_attention<float>(q, k, v, scale, causal, out, fp32,
+                       [](auto... arguments) { attention_flash_fp32(arguments...); });
+}
+void attention_flash_bf16_inputs(const Matrix& q, const Matrix& k, const Matrix& v, double scale, bool causal,
+                                 Matrix& out) {
+  run_attention<Bfloat16>(q, k, v, scale, causal, out, bf16,
+                          [](auto... arguments) { attention_flash_bf16(arguments...); });
+}
+
+const SoftmaxKernel softmax_table[] = {
+    {"naive", "fp32, no max shift: exp overflows once logits pass ~88 (kept to prove the gate catches it)",
+     Operation::softmax, &fp32, &fp32, &fp32, true, run_rows<float, softmax_naive_fp32>},
+    {"safe3", "fp32, three passes: max, exp and sum, normalise (Highway SIMD)", Operation::softmax, &fp32, &fp32,
+     &fp32, false, run_rows<float, softmax_safe3_fp32>},
+    {"online2", "fp32, Milakov-Gimelshein online normaliser: one pass for max and sum, one to normalise",
+     Operation::softmax, &fp32, &fp32, &fp32, false, run_rows<float, softmax_online2_fp32>},
+    {"blocked", "fp32, per-tile max and sum over tiles of 256 merged online, as FlashAttention does",
+     Operation::softmax, &fp32, &fp32, &fp32, false, run_rows<float, blocked>},
+    {"safe3_bf16", "bf16 in and out, fp32 accumulation (safe3)", Operation::softmax, &bf16, &bf16, &fp32, false,
+     run_rows<Bfloat16, softmax_safe3_bf16>},
+    {"online2_bf16", "bf16 in and out, fp32 accumulation (online2)", Operation::softmax, &bf16, &bf16, &fp32, false,
+     run_rows<Bfloat16, softmax_online2_bf16>},
+    {"safe3_fp16", "fp16 in and out, fp32 accumulation (safe3)", Operation::softmax, &fp16, &fp16, &fp32, false,
+     run_rows<Float16, softmax_safe3_fp16>},
+    {"online2_fp16", "fp16 in and out, fp32 accumulation (online2)", Operation::softmax, &fp16, &fp16, &fp32, false,
+     run_rows<Float16, softmax_online2_fp16>},
+    {"bf16acc", "bf16 with a bf16 running sum that stalls at 256 (kept to prove the gate catches it)",
+     Operation::softmax, &bf16, &bf16, &bf16, true, run_rows<Bfloat16, softmax_bf16_accumulator>},
+    {"adaptive", "fp32 adaptive temperature exactly as the paper's code (entropy, polynomial beta, re-softmax)",
+     Operation::adaptive_temperature, &fp32, &fp32, &fp32, false, run_rows<float, softmax_adaptive_fp32>},
+    {"adaptive_streaming", "fp32 adaptive temperature with the entropy from the online pass (logits read twice)",
+     Operation::adaptive_temperature, &fp32, &fp32, &fp32, false, run_rows<float, softmax_adaptive_streaming_fp32>},
+};
+
+const AttentionKernel attention_table[] = {
+    {"attention_naive", "fp32, materialises the score row, three-pass softmax, weighted sum", &fp32, &fp32, &fp32,
+     false, attention_naive},
+    {"attention_flash", "fp32, FlashAttention tiles of 64 keys with online softmax; no score row", &fp32, &fp32,
+     &fp32, false, attention_flash},
+    {"attention_flash_bf16", "bf16 Q, K, V and output, fp32 accumulation, FlashAttention tiles", &bf16, &bf16,
+     &fp32, false, attention_flash_bf16_inputs},
+};
+
+}  // namespace
+
+std::span<const SoftmaxKernel> softmax_kernels() { return softmax_table; }
+std::span<const AttentionKernel> attention_kernels() { return attention_table; }
+
+const SoftmaxKernel* find_softmax_kernel(std::string_view name) {
+  for (const auto& kernel : softmax_table) {
+    if (kernel.name == name) return &kernel;
+  }
+  return nullptr;
+}
+
+const AttentionKernel* find_attention_kernel(std::string_view name) {
+  for (const auto& kernel : attention_table) {
+    if (kernel.name == name) return &kernel;
+  }
+  return nullptr;
+}
+
+}  // namespace sharpcheck::kernels

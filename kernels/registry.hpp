@@ -1,0 +1,52 @@
+// The registry of built-in kernels: name, formats, a one-line description, and a uniform entry
+// point over rows of doubles, so the gate, the studies and the tests can list and run them.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "core/matrix.hpp"
+#include "formats/float_format.hpp"
+
+namespace sharpcheck::kernels {
+
+// What a kernel computes, which decides the reference it is judged against.
+enum class Operation {
+  softmax,               // softmax(e / theta)
+  adaptive_temperature,  // the paper's adaptive-temperature softmax
+  attention,             // one attention head
+};
+
+struct SoftmaxKernel {
+  std::string_view name;
+  std::string_view description;
+  Operation operation;
+  const FloatFormat* input;
+  const FloatFormat* output;
+  const FloatFormat* accumulation;
+  // Kept to prove the suite catches a classic bug: reported as an expected failure.
+  bool deliberately_broken;
+  // Rows of logits (each a value of `input`) at temperature theta -> rows of outputs (values of
+  // `output`). Throws InputError if a logit is not a value of `input`.
+  void (*run)(const Matrix& logits, double theta, Matrix& out);
+};
+
+struct AttentionKernel {
+  std::string_view name;
+  std::string_view description;
+  const FloatFormat* input;
+  const FloatFormat* output;
+  const FloatFormat* accumulation;
+  bool deliberately_broken;
+  // Q (m x d), K (n x d), V (n x dv), entries values of `input`; logits are (q . k) * scale /
+  // theta with scale = 1/sqrt(d) when absent; top-left causal mask when asked.
+  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values, double scale_over_theta, bool causal,
+              Matrix& out);
+};
+
+[[nodiscard]] std::span<const SoftmaxKernel> softmax_kernels();
+[[nodiscard]] std::span<const AttentionKernel> attention_kernels();
+[[nodiscard]] const SoftmaxKernel* find_softmax_kernel(std::string_view name);
+[[nodiscard]] const AttentionKernel* find_attention_kernel(std::string_view name);
+
+}  // namespace sharpcheck::kernels

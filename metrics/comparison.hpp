@@ -1,0 +1,66 @@
+// Kernel output against the correctly rounded reference: per-element ulp, absolute and relative
+// error, per-row sum, argmax, KL divergence and false zeros, the worst element named exactly,
+// and the verdict of the tolerance table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "formats/float_format.hpp"
+#include "metrics/tolerance_table.hpp"
+
+namespace sharpcheck::metrics {
+
+struct ElementReport {
+  std::size_t row = 0;
+  std::size_t index = 0;
+  double expected = 0;  // the correctly rounded reference value
+  double actual = 0;
+  std::optional<std::uint64_t> ulps;  // absent when one side is NaN
+  double allowed = 0;
+  double bound_ratio = 0;  // |actual - expected| / allowed; > 1 fails
+  [[nodiscard]] std::string describe() const;  // hex floats and figures, for reports
+};
+
+struct Comparison {
+  std::size_t rows = 0;
+  std::size_t elements = 0;
+  std::uint64_t max_ulps = 0;
+  double mean_ulps = 0;
+  double max_absolute_error = 0;
+  double max_relative_error = 0;  // relative to max(|expected|, the output's smallest normal)
+  double max_sum_error = 0;       // |sum(actual) - 1| over rows that are distributions
+  std::size_t argmax_disagreements = 0;  // only where the reference's top two are separated by their bounds
+  double max_kl_divergence = 0;          // KL(reference || kernel) in nats; infinite on a false zero
+  std::size_t false_zeros = 0;           // actual exactly 0 where the reference is not
+  std::size_t non_finite = 0;            // NaN or infinity where the reference is finite
+  double max_bound_ratio = 0;
+  ElementReport worst;  // the element with the largest bound ratio
+  std::size_t violation_count = 0;
+  std::vector<std::string> violations;  // the first few, described
+
+  [[nodiscard]] bool passed() const { return violation_count == 0; }
+  // Folds another comparison (other rows of the same kernel) into this one.
+  void merge(const Comparison& other);
+};
+
+// The inputs of a comparison, row by row. `magnitudes` and `z_magnitudes` give, per element,
+// the magnitude its bound is relative to and |z_j| (see tolerance_table.hpp).
+struct ComparisonInput {
+  const Matrix* expected = nullptr;
+  const Matrix* actual = nullptr;
+  const Matrix* magnitudes = nullptr;
+  const Matrix* z_magnitudes = nullptr;
+  std::vector<RowScale> scales;        // one per row
+  bool rows_are_distributions = true;  // softmax rows: check sum, argmax and KL
+  std::size_t first_row_number = 0;    // row numbers in reports start here
+};
+
+[[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,
+                                 const FloatFormat& output);
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,29 @@
+// Runs a built-in kernel on inputs, computes the correctly rounded reference for the same
+// inputs, and compares them under the kernel's tolerance-table entry: the one path from inputs
+// to a verdict that the tests, the gate and the studies share.
+#pragma once
+
+#include "core/matrix.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/comparison.hpp"
+
+namespace sharpcheck::metrics {
+
+struct Evaluation {
+  Comparison comparison;
+  Matrix expected;  // the correctly rounded reference, in the kernel's output format
+  Matrix actual;    // the kernel's output
+  // Adaptive temperature only: rows whose entropy or polynomial sits within the kernel's own
+  // error of a switching point (H = 0.5 or poly(H) = 1) are not judged; counted here.
+  std::size_t rows_not_judged = 0;
+};
+
+[[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta);
+
+[[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
+                                            const Matrix& keys, const Matrix& values, bool causal, double theta = 1.0);
+
+// The adaptive-temperature map of the paper, in double: beta(H) = max(poly(H), 1) for H > 0.5.
+[[nodiscard]] double adaptive_beta(double entropy);
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,92 @@
+#include "metrics/tolerance_table.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace sharpcheck::metrics {
+namespace {
+
+// Derivation (Blanchard, Higham & Higham, "Accurately computing the log-sum-exp and softmax
+// functions", IMA J. Numer. Anal. 41, 2021, section 3, adapted to what each kernel does):
+//
+// A shifted kernel forms a_j = fl(fl(e_j - m) * fl(1/theta)): three roundings, so
+// a_j = z_j (1 + d), |d| <= 3u + O(u^2), and exp(a_j) = exp(z_j) exp(z_j d): relative error
+// 3u|z_j| from the argument ("argument 3"). Highway's Exp and glibc's expf are within 1 ulp,
+// 2u relative. The denominator sum_i w_i(1 + eps_i) carries the weighted mean of the terms'
+// errors, at most 3u max|z| + 2u ("spread 3"), and its own summation error: recursive summation
+// of n positive terms is within (n - 1)u (per SIMD lane fewer, but the scalar target must be
+// covered, so "per_item 1"). Normalising by a reciprocal and a product adds 2u. Constants
+// collect these 2u terms with room for the O(u^2) remainders (4 terms of 2u, plus 2).
+// An online normaliser also rescales its running sum by exp(m_old - m_new) at each growth of the
+// max: every rescale is an exp (2u) of a rounded argument, and the arguments telescope to at most
+// the spread, so the sum gains 2u per item and 3u max|z| twice more ("per_item 3, spread 9").
+// The output rounding to bf16/fp16 is added by allowed_error as 2 u_out.
+constexpr Tolerance table[] = {
+    {"naive", &fp32, 3, 3, 3, 1, 10, 0, 0, "analysis: BHH 2021 section 3 without the shift",
+     "exp(e/theta) is formed unshifted, so the argument error is u|e/theta|, not u|z|"},
+    {"safe3", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: BHH 2021 shifted softmax",
+     "3 roundings in the argument, 1-ulp exp, recursive sum, reciprocal and product"},
+    {"online2", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: BHH 2021 shifted softmax plus online rescaling",
+     "each growth of the running max rescales the sum by a rounded exp; arguments telescope to the spread"},
+    {"blocked", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: BHH 2021 shifted softmax plus per-tile rescaling",
+     "tiles are merged by the online rule, then each tile is rescaled once more"},
+    {"safe3_bf16", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: as safe3 in fp32, plus one rounding to bf16",
+     "fp32 accumulation; the output rounding (2 u_out) dominates"},
+    {"online2_bf16", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: as online2 in fp32, plus one rounding to bf16",
+     "fp32 accumulation; the output rounding (2 u_out) dominates"},
+    {"safe3_fp16", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: as safe3 in fp32, plus one rounding to fp16",
+     "fp32 accumulation; the output rounding (2 u_out) dominates"},
+    {"online2_fp16", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: as online2 in fp32, plus one rounding to fp16",
+     "fp32 accumulation; the output rounding (2 u_out) dominates"},
+    {"bf16acc", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: the bf16 contract (fp32 accumulation), which this kernel breaks",
+     "judged by what a bf16 kernel must deliver; its bf16 running sum cannot meet it"},
+    // The entropy H is a sum of n terms p log(p + 1e-9), each with error about u(2 + |log p|),
+    // |log p| <= ln n + max|z|; beta = poly(H) has |poly'| <= 3.3 on (0.5, 6] and is clamped
+    // elsewhere, so |d beta| <= 5 u n (2 + ln n + max|z|); a change d beta moves log p_j by at
+    // most d beta (|z_j| + max|z|). The second softmax then adds safe3's error.
+    {"adaptive", &fp32, 3, 3, 0, 1, 10, 5, 0, "analysis: BHH 2021 for both softmaxes plus the entropy's error through beta",
+     "beta from an fp32 entropy; rows with H or poly(H) at a switching point are not judged"},
+    {"adaptive_streaming", &fp32, 3, 9, 0, 3, 12, 5, 0,
+     "analysis: as adaptive, with the online normaliser's rescaling in the first pass",
+     "entropy from log Z - sum p e (no 1e-9 term): within the same beta bound plus 1e-9 n"},
+    // Attention: a logit formed as an fp32 dot product of length d is within d u sum_t|q_t k_t|
+    // |scale/theta| of the exact one (absolute); that error moves numerator and denominator, so
+    // "dot_product 2". The output o = sum_j p_j v_j is judged relative to sum_j p_j |v_j|, not
+    // |o| (which may cancel to 0); its recursive sum over n keys adds n u, hence "per_item 2".
+    {"attention_naive", &fp32, 3, 3, 0, 2, 16, 0, 2, "analysis: BHH 2021 softmax plus the weighted sum (n u)",
+     "score dot products, three-pass softmax, a recursive weighted sum over n keys"},
+    {"attention_flash", &fp32, 3, 9, 0, 4, 18, 0, 2, "analysis: as attention_naive plus per-tile rescaling",
+     "the accumulator is rescaled by a rounded exp at each tile whose max grows"},
+    {"attention_flash_bf16", &fp32, 3, 9, 0, 4, 18, 0, 2, "analysis: as attention_flash, plus one rounding to bf16",
+     "bf16 inputs are exact in fp32; the output rounding dominates"},
+};
+
+}  // namespace
+
+double Tolerance::allowed_error(double magnitude, double z_magnitude, const RowScale& row,
+                                const FloatFormat& output) const {
+  const double u = accumulation->unit_roundoff();
+  const double u_out = output.unit_roundoff();
+  const auto n = static_cast<double>(row.n);
+  const double z = row.largest_magnitude;
+  const double units = argument * z_magnitude + spread * z + unshifted * row.shift_magnitude + per_item * n +
+                       constant + beta_sensitivity * n * (2 + std::log(std::max(n, 1.0)) + z) * (z_magnitude + z) +
+                       dot_product * row.logit_rounding;
+  const double relative = units * u + 2 * u_out;
+  const double floor = std::ldexp(1.0, output.min_subnormal_exponent()) +
+                       4 * std::ldexp(1.0, accumulation->min_subnormal_exponent());
+  // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors.
+  return (relative * (1 + 4 * u_out) * std::fabs(magnitude) + floor) * (1 + 0x1p-40);
+}
+
+const Tolerance& tolerance_for(std::string_view kernel) {
+  for (const Tolerance& entry : table) {
+    if (entry.kernel == kernel) return entry;
+  }
+  throw std::out_of_range("no tolerance-table entry for kernel '" + std::string(kernel) + "'");
+}
+
+std::span<const Tolerance> tolerance_table() { return table; }
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,180 @@
+// The kernels against the correctly rounded reference under the tolerance table: written once,
+// run over every kernel (and so every format it declares), every stressing row kind and sizes
+// from 1 to 16,384; the deliberately broken kernels must be caught.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <bit>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/random.hpp"
+#include "formats/storage.hpp"
+#include "inputs/rows.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/evaluate.hpp"
+
+namespace sharpcheck {
+namespace {
+
+using kernels::SoftmaxKernel;
+
+Matrix rows_of(const std::vector<std::vector<double>>& rows) {
+  Matrix matrix(rows.size(), rows.empty() ? 0 : rows[0].size());
+  for (std::size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), matrix.row(r).begin());
+  return matrix;
+}
+
+std::vector<const SoftmaxKernel*> sound_softmax_kernels() {
+  std::vector<const SoftmaxKernel*> kernels;
+  for (const auto& kernel : kernels::softmax_kernels()) {
+    if (!kernel.deliberately_broken) kernels.push_back(&kernel);
+  }
+  return kernels;
+}
+
+class EverySoundSoftmaxKernel : public ::testing::TestWithParam<const SoftmaxKernel*> {};
+
+TEST_P(EverySoundSoftmaxKernel, StaysWithinItsTableEntryOnEveryRowKindAndSize) {
+  const SoftmaxKernel& kernel = *GetParam();
+  std::size_t judged = 0;
+  for (const inputs::RowKind kind : inputs::all_row_kinds) {
+    for (const std::size_t n : {1u, 2u, 3u, 17u, 100u, 1024u, 16384u}) {
+      for (const double theta : {1.0, 0.75, -2.0}) {
+        if (kernel.operation == kernels::Operation::adaptive_temperature && theta < 0) continue;
+        // Rows near the overflow threshold are for kernels without a shift; a negative theta
+        // makes their smallest logit the shift, which the fp16 inputs still hold.
+        const Matrix logits = rows_of({inputs::make_row(kind, n, *kernel.input, n + 7)});
+        const auto evaluation = metrics::evaluate_softmax(kernel, logits, theta);
+        judged += evaluation.comparison.rows;
+        ASSERT_TRUE(evaluation.comparison.passed())
+            << kernel.name << " on " << inputs::row_kind_name(kind) << " n=" << n << " theta=" << theta << ": "
+            << evaluation.comparison.worst.describe() << " (" << evaluation.comparison.violation_count
+            << " violations)";
+      }
+    }
+  }
+  EXPECT_GT(judged, 100u);  // adaptive rows at a switching point are skipped, never most of them
+}
+
+std::string kernel_name(const ::testing::TestParamInfo<const SoftmaxKernel*>& parameter) {
+  return std::string(parameter.param->name);
+}
+INSTANTIATE_TEST_SUITE_P(Kernels, EverySoundSoftmaxKernel, ::testing::ValuesIn(sound_softmax_kernels()), kernel_name);
+
+TEST(BrokenKernels, NaiveFailsOnALogitOfOneHundred) {
+  std::vector<double> row(64, 0.0);
+  row[5] = 100.0;
+  const auto evaluation = metrics::evaluate_softmax(*kernels::find_softmax_kernel("naive"), rows_of({row}), 1.0);
+  EXPECT_FALSE(evaluation.comparison.passed());
+  EXPECT_GT(evaluation.comparison.non_finite, 0u);
+  EXPECT_EQ(evaluation.comparison.worst.row, 0u);
+  EXPECT_TRUE(std::isnan(evaluation.comparison.worst.actual));
+  // ...and passes where the unshifted exponentials stay finite.
+  row[5] = 10.0;
+  EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel("naive"), rows_of({row}), 1.0).comparison.passed());
+}
+
+TEST(BrokenKernels, Bf16AccumulatorFailsOnAUniformRowOf512AndTheWorstElementSaysSo) {
+  const std::vector<double> row(512, 0.0);
+  const auto evaluation = metrics::evaluate_softmax(*kernels::find_softmax_kernel("bf16acc"), rows_of({row}), 1.0);
+  EXPECT_FALSE(evaluation.comparison.passed());
+  EXPECT_EQ(evaluation.comparison.worst.expected, 1.0 / 512);
+  EXPECT_EQ(evaluation.comparison.worst.actual, 1.0 / 256);  // the sum stalled at 256
+  EXPECT_EQ(evaluation.comparison.worst.ulps, 128u);          // 2^-9 to 2^-8 is 128 bf16 steps
+  ASSERT_FALSE(evaluation.comparison.violations.empty());
+  EXPECT_NE(evaluation.comparison.violations.front().find("expected 0x1p-9 got 0x1p-8"), std::string::npos);
+  // The same row through the fp32-accumulating bf16 kernel passes.
+  EXPECT_TRUE(
+      metrics::evaluate_softmax(*kernels::find_softmax_kernel("safe3_bf16"), rows_of({row}), 1.0).comparison.passed());
+}
+
+TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
+  const Matrix logits = rows_of({inputs::make_row(inputs::RowKind::random_normal, 1000, fp32, 3),
+                                 inputs::make_row(inputs::RowKind::masked_entries, 1000, fp32, 4)});
+  std::vector<std::string> targets;
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    targets.emplace_back(hwy::TargetName(target));
+    for (const char* name : {"safe3", "online2", "blocked"}) {
+      const auto evaluation = metrics::evaluate_softmax(*kernels::find_softmax_kernel(name), logits, 1.0);
+      EXPECT_TRUE(evaluation.comparison.passed()) << name << " on " << targets.back();
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
+  EXPECT_GE(targets.size(), 2u) << "expected a SIMD target and a scalar fallback";
+}
+
+TEST(AttentionKernels, StayWithinTheirTableEntries) {
+  DeterministicRandom random(41);
+  for (const auto& kernel : kernels::attention_kernels()) {
+    for (const std::size_t n : {1u, 5u, 64u, 65u, 300u}) {
+      for (const bool causal : {false, true}) {
+        const std::size_t d = n == 300 ? 64 : 16;
+        Matrix q(4, d), k(n, d), v(n, 8);
+        for (auto* matrix : {&q, &k, &v}) {
+          for (double& x : matrix->values) x = round_to_format(random.normal(0, 1), *kernel.input);
+        }
+        const auto evaluation = metrics::evaluate_attention(kernel, q, k, v, causal);
+        ASSERT_TRUE(evaluation.comparison.passed())
+            << kernel.name << " n=" << n << " causal=" << causal << ": " << evaluation.comparison.worst.describe();
+      }
+    }
+  }
+}
+
+TEST(Registry, EveryKernelHasATableEntryAndADescription) {
+  for (const auto& kernel : kernels::softmax_kernels()) {
+    EXPECT_NO_THROW((void)metrics::tolerance_for(kernel.name));
+    EXPECT_FALSE(kernel.description.empty());
+  }
+  for (const auto& kernel : kernels::attention_kernels()) EXPECT_NO_THROW((void)metrics::tolerance_for(kernel.name));
+  EXPECT_THROW((void)metrics::tolerance_for("no_such_kernel"), std::out_of_range);
+}
+
+TEST(Registry, InputsTheKernelsFormatCannotHoldAreRejected) {
+  const Matrix logits = rows_of({{1.0, 1.0 + 0x1p-20}});
+  Matrix out;
+  EXPECT_THROW(kernels::find_softmax_kernel("safe3_bf16")->run(logits, 1.0, out), InputError);
+}
+
+// The storage conversions kernels use, against the exact generic rounding, on every bf16 and fp16
+// pattern, every midpoint and its float neighbours.
+TEST(Storage, FastConversionsRoundExactlyAsTheFormatsDo) {
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    const double bf16_value = decode(bits, bf16);
+    const double fp16_value = decode(bits, fp16);
+    if (!std::isnan(bf16_value)) {
+      ASSERT_EQ(Bfloat16{static_cast<std::uint16_t>(bits)}.to_float(), bf16_value);
+      const double next = next_up(bf16_value, bf16);
+      if (std::isfinite(bf16_value) && std::isfinite(next)) {
+        const auto midpoint = static_cast<float>(bf16_value + (next - bf16_value) / 2);
+        for (const float x : {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
+          ASSERT_EQ(Bfloat16::from_float(x).to_float(), round_to_format(x, bf16)) << hex_float(x);
+        }
+      }
+    }
+    if (!std::isnan(fp16_value)) {
+      ASSERT_EQ(Float16{static_cast<std::uint16_t>(bits)}.to_float(), fp16_value);
+      const double next = next_up(fp16_value, fp16);
+      if (std::isfinite(fp16_value) && std::isfinite(next)) {
+        const auto midpoint = static_cast<float>(fp16_value + (next - fp16_value) / 2);
+        for (const float x : {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
+          ASSERT_EQ(Float16::from_float(x).to_float(), round_to_format(x, fp16)) << hex_float(x);
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(std::isnan(Bfloat16::from_float(NAN).to_float()));
+  EXPECT_EQ(Bfloat16::from_float(3.4e38F).to_float(), INFINITY);
+  for (std::uint32_t bits = 0; bits < 256; ++bits) {
+    const double value = decode(bits, fp8_e4m3);
+    if (std::isnan(value)) continue;
+    ASSERT_EQ(Float8E4M3::from_float(static_cast<float>(value)).bits, bits);
+  }
+}
+
+}  // namespace
+}  // namespace sharpcheck
