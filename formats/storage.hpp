@@ -55,6 +55,9 @@ struct Float8 {
   static constexpr const FloatFormat& format = Format;
 };
 using Float8E4M3 = Float8<fp8_e4m3>;
+
+// Kernels reinterpret arrays of these as arrays of their bit patterns.
+static_assert(sizeof(Bfloat16) == 2 && sizeof(Float16) == 2 && sizeof(Float8E4M3) == 1);
 using Float8E5M2 = Float8<fp8_e5m2>;
 
 }  // namespace sharpcheck

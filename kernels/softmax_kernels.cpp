@@ -16,9 +16,9 @@ void through_fp32(const Storage* logits, Storage* out, std::size_t n, float scal
   thread_local std::vector<float> result;
   widened.resize(n);
   result.resize(n);
-  for (std::size_t i = 0; i < n; ++i) widened[i] = logits[i].to_float();
+  widen(logits, widened.data(), n);
   core(widened.data(), result.data(), n, scale);
-  for (std::size_t i = 0; i < n; ++i) out[i] = Storage::from_float(result[i]);
+  narrow(result.data(), out, n);
 }
 
 constexpr float negative_infinity = -std::numeric_limits<float>::infinity();

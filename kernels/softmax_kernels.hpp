@@ -47,6 +47,13 @@ void softmax_adaptive_fp32(const float* logits, float* out, std::size_t n, float
 // normalises. Reads the logits twice in all.
 void softmax_adaptive_streaming_fp32(const float* logits, float* out, std::size_t n, float scale);
 
+// Row conversions for the narrow kernels (SIMD, dispatched): widening is exact, narrowing rounds
+// to nearest even exactly as Bfloat16::from_float and Float16::from_float do.
+void widen(const Bfloat16* in, float* out, std::size_t n);
+void narrow(const float* in, Bfloat16* out, std::size_t n);
+void widen(const Float16* in, float* out, std::size_t n);
+void narrow(const float* in, Float16* out, std::size_t n);
+
 // The paper's polynomial and clamp: beta(H) = max(poly(H), 1) for H > 0.5, else 1.
 [[nodiscard]] float adaptive_inverse_temperature(float entropy);
 

@@ -11,6 +11,8 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "formats/storage.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -56,26 +58,48 @@ HWY_INLINE void store_partial(FloatVector value, float* out, std::size_t lanes_v
   std::copy(padded, padded + lanes_valid, out);
 }
 
+// Four accumulators in flight, so the loop is not bound by the latency of one max or add chain.
 HWY_INLINE float row_max(const float* logits, std::size_t n, float sign) {
   const FloatTag tag;
-  FloatVector best = hn::Set(tag, negative_infinity);
-  for_each_vector(logits, n, sign, [&](FloatVector x, std::size_t, std::size_t) { best = hn::Max(best, x); });
-  return hn::GetLane(hn::MaxOfLanes(tag, best));
+  const std::size_t lanes = hn::Lanes(tag);
+  FloatVector best[4] = {hn::Set(tag, negative_infinity), hn::Set(tag, negative_infinity),
+                         hn::Set(tag, negative_infinity), hn::Set(tag, negative_infinity)};
+  std::size_t i = 0;
+  if (sign > 0) {  // the common case, without the masked-entry select
+    for (; i + 4 * lanes <= n; i += 4 * lanes) {
+      for (int a = 0; a < 4; ++a) best[a] = hn::Max(best[a], hn::LoadU(tag, logits + i + a * lanes));
+    }
+  }
+  for_each_vector(logits + i, n - i, sign, [&](FloatVector x, std::size_t, std::size_t) { best[0] = hn::Max(best[0], x); });
+  const FloatVector all = hn::Max(hn::Max(best[0], best[1]), hn::Max(best[2], best[3]));
+  return hn::GetLane(hn::MaxOfLanes(tag, all));
 }
 
 // out = exp((sign * e - shift) * magnitude); returns their sum (per-lane sums, then lanes).
 HWY_INLINE float exp_and_sum(const float* logits, float* out, std::size_t n, float sign, float shift,
                              float magnitude) {
   const FloatTag tag;
+  const std::size_t lanes = hn::Lanes(tag);
   const FloatVector shifts = hn::Set(tag, shift);
   const FloatVector scales = hn::Set(tag, magnitude);
-  FloatVector sum = hn::Zero(tag);
-  for_each_vector(logits, n, sign, [&](FloatVector x, std::size_t i, std::size_t valid) {
+  FloatVector sum[4] = {hn::Zero(tag), hn::Zero(tag), hn::Zero(tag), hn::Zero(tag)};
+  std::size_t i = 0;
+  if (sign > 0) {
+    for (; i + 4 * lanes <= n; i += 4 * lanes) {
+      for (int a = 0; a < 4; ++a) {
+        const FloatVector w = hn::Exp(tag, hn::Mul(hn::Sub(hn::LoadU(tag, logits + i + a * lanes), shifts), scales));
+        sum[a] = hn::Add(sum[a], w);
+        hn::StoreU(w, tag, out + i + a * lanes);
+      }
+    }
+  }
+  for_each_vector(logits + i, n - i, sign, [&](FloatVector x, std::size_t j, std::size_t valid) {
     const FloatVector w = hn::Exp(tag, hn::Mul(hn::Sub(x, shifts), scales));
-    sum = hn::Add(sum, w);
-    store_partial(w, out + i, valid);
+    sum[0] = hn::Add(sum[0], w);
+    store_partial(w, out + i + j, valid);
   });
-  return hn::GetLane(hn::SumOfLanes(tag, sum));
+  const FloatVector all = hn::Add(hn::Add(sum[0], sum[1]), hn::Add(sum[2], sum[3]));
+  return hn::GetLane(hn::SumOfLanes(tag, all));
 }
 
 HWY_INLINE void multiply_row(float* out, std::size_t n, float factor) {
@@ -170,6 +194,61 @@ void Blocked(const float* logits, float* out, std::size_t n, float scale, std::s
   }
 }
 
+// Exact widening of bf16 (a shift) and fp16 (Highway's PromoteTo, exact on every target).
+void WidenBf16(const std::uint16_t* in, float* out, std::size_t n) {
+  const FloatTag tag;
+  const hn::Rebind<std::uint16_t, FloatTag> narrow;
+  const hn::RebindToUnsigned<FloatTag> wide;
+  const std::size_t lanes = hn::Lanes(tag);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(wide, hn::LoadU(narrow, in + i)));
+    hn::StoreU(hn::BitCast(tag, bits), tag, out + i);
+  }
+  for (; i < n; ++i) out[i] = Bfloat16{in[i]}.to_float();
+}
+
+// Round to nearest even into bf16 (Highway 1.0's DemoteTo truncates, so it is not used).
+void NarrowToBf16(const float* in, std::uint16_t* out, std::size_t n) {
+  const FloatTag tag;
+  const hn::RebindToUnsigned<FloatTag> wide;
+  const hn::RebindToSigned<FloatTag> wide_signed;
+  const hn::Rebind<std::uint16_t, FloatTag> narrow;
+  const std::size_t lanes = hn::Lanes(tag);
+  const auto rounding_base = hn::Set(wide, 0x7FFFU);
+  const auto one = hn::Set(wide, 1U);
+  const auto quiet = hn::Set(wide, 0x0040U);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const FloatVector value = hn::LoadU(tag, in + i);
+    const auto bits = hn::BitCast(wide, value);
+    const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(rounding_base, hn::And(hn::ShiftRight<16>(bits), one))));
+    const auto nan = hn::Or(hn::ShiftRight<16>(bits), quiet);
+    const auto result = hn::IfThenElse(hn::RebindMask(wide, hn::IsNaN(value)), nan, rounded);
+    hn::StoreU(hn::DemoteTo(narrow, hn::BitCast(wide_signed, result)), narrow, out + i);
+  }
+  for (; i < n; ++i) out[i] = Bfloat16::from_float(in[i]).bits;
+}
+
+void WidenFp16(const std::uint16_t* in, float* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = Float16{in[i]}.to_float();
+}
+
+// F16C's conversion rounds to nearest even; Highway's emulation on other targets truncates, so
+// those targets use the exact scalar conversion instead.
+void NarrowToFp16(const float* in, std::uint16_t* out, std::size_t n) {
+  std::size_t i = 0;
+#if HWY_TARGET <= HWY_AVX2
+  const FloatTag tag;
+  const hn::Rebind<hwy::float16_t, FloatTag> half;
+  const std::size_t lanes = hn::Lanes(tag);
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::DemoteTo(half, hn::LoadU(tag, in + i)), half, reinterpret_cast<hwy::float16_t*>(out + i));
+  }
+#endif
+  for (; i < n; ++i) out[i] = Float16::from_float(in[i]).bits;
+}
+
 }  // namespace sharpcheck::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -181,6 +260,23 @@ HWY_EXPORT(Safe3);
 HWY_EXPORT(Naive);
 HWY_EXPORT(Online2);
 HWY_EXPORT(Blocked);
+HWY_EXPORT(WidenBf16);
+HWY_EXPORT(NarrowToBf16);
+HWY_EXPORT(WidenFp16);
+HWY_EXPORT(NarrowToFp16);
+
+void widen(const Bfloat16* in, float* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(WidenBf16)(reinterpret_cast<const std::uint16_t*>(in), out, n);
+}
+void narrow(const float* in, Bfloat16* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(NarrowToBf16)(in, reinterpret_cast<std::uint16_t*>(out), n);
+}
+void widen(const Float16* in, float* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(WidenFp16)(reinterpret_cast<const std::uint16_t*>(in), out, n);
+}
+void narrow(const float* in, Float16* out, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(NarrowToFp16)(in, reinterpret_cast<std::uint16_t*>(out), n);
+}
 
 void softmax_naive_fp32(const float* logits, float* out, std::size_t n, float scale) {
   HWY_DYNAMIC_DISPATCH(Naive)(logits, out, n, scale);

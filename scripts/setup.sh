@@ -10,7 +10,7 @@ packages=(
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libz3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libhwy-dev libflint-arb-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libdnnl-dev
 )
 
 missing=()

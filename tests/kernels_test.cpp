@@ -14,6 +14,7 @@
 #include "formats/storage.hpp"
 #include "inputs/rows.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/softmax_kernels.hpp"
 #include "metrics/evaluate.hpp"
 
 namespace sharpcheck {
@@ -105,6 +106,41 @@ TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
   EXPECT_GE(targets.size(), 2u) << "expected a SIMD target and a scalar fallback";
+}
+
+// The SIMD row conversions on every compiled target agree with the exact scalar ones on every
+// bf16/fp16 midpoint and its neighbours (Highway 1.0's own demotions truncate on some targets).
+TEST(Dispatch, RowConversionsRoundToNearestEvenOnEveryTarget) {
+  std::vector<float> values;
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    for (const FloatFormat* format : {&bf16, &fp16}) {
+      const double value = decode(bits, *format);
+      const double next = next_up(value, *format);
+      if (!std::isfinite(value) || !std::isfinite(next)) continue;
+      const auto midpoint = static_cast<float>(value + (next - value) / 2);
+      values.insert(values.end(), {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)});
+    }
+  }
+  values.push_back(NAN);
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::vector<Bfloat16> as_bf16(values.size());
+    std::vector<Float16> as_fp16(values.size());
+    kernels::narrow(values.data(), as_bf16.data(), values.size());
+    kernels::narrow(values.data(), as_fp16.data(), values.size());
+    std::vector<float> back(values.size());
+    kernels::widen(as_bf16.data(), back.data(), values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(as_bf16[i].bits, Bfloat16::from_float(values[i]).bits) << hwy::TargetName(target) << " " << values[i];
+      ASSERT_EQ(as_fp16[i].bits, Float16::from_float(values[i]).bits) << hwy::TargetName(target) << " " << values[i];
+      if (!std::isnan(values[i])) {
+        ASSERT_EQ(back[i], as_bf16[i].to_float());
+      }
+    }
+    kernels::widen(as_fp16.data(), back.data(), values.size());
+    for (std::size_t i = 0; i + 1 < values.size(); ++i) ASSERT_EQ(back[i], as_fp16[i].to_float());
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(AttentionKernels, StayWithinTheirTableEntries) {
