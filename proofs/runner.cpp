@@ -1,0 +1,126 @@
+#include "proofs/runner.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace sharpcheck::proofs {
+namespace {
+
+enum class Mode { prove, satisfy_premises, refute_mutant };
+
+// Runs in the child: builds the statement in a fresh context and reports "sat", "unsat" or
+// "unknown" on the first line, then the model or reason.
+std::string solve(const Obligation& obligation, Mode mode, unsigned timeout_ms) {
+  try {
+    z3::context context;
+    const Statement statement = mode == Mode::refute_mutant ? obligation.mutant(context) : obligation.statement(context);
+    z3::solver solver = obligation.theory == Theory::nonlinear_reals
+                            ? z3::tactic(context, "qfnra-nlsat").mk_solver()
+                            : z3::solver(context);
+    z3::params parameters(context);
+    parameters.set("timeout", timeout_ms);
+    solver.set(parameters);
+    for (const auto& premise : statement.premises) solver.add(premise.formula);
+    for (const auto& axiom : statement.axioms) solver.add(axiom.formula);
+    if (mode != Mode::satisfy_premises) solver.add(!statement.conclusion);
+    switch (solver.check()) {
+      case z3::unsat: return "unsat\n";
+      case z3::sat: return "sat\n" + solver.get_model().to_string();
+      case z3::unknown: return "unknown\n" + solver.reason_unknown();
+    }
+  } catch (const z3::exception& error) {
+    return std::string("unknown\nZ3 error: ") + error.msg();
+  }
+  return "unknown\n";
+}
+
+CheckOutcome run_in_child(const Obligation& obligation, Mode mode, const RunOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  int channel[2];
+  if (pipe(channel) != 0) return {Verdict::unknown, "could not create a pipe", 0};
+  const pid_t child = fork();
+  if (child < 0) return {Verdict::unknown, "could not fork", 0};
+  if (child == 0) {
+    close(channel[0]);
+    const std::string answer = solve(obligation, mode, options.timeout_ms);
+    std::size_t written = 0;
+    while (written < answer.size()) {
+      const ssize_t count = write(channel[1], answer.data() + written, answer.size() - written);
+      if (count <= 0) break;
+      written += static_cast<std::size_t>(count);
+    }
+    _exit(0);
+  }
+  close(channel[1]);
+  std::string answer;
+  const double deadline = options.timeout_ms / 1000.0 + 1.0;
+  bool timed_out = false;
+  char buffer[4096];
+  while (true) {
+    const double left = deadline - elapsed();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd descriptor{channel[0], POLLIN, 0};
+    if (poll(&descriptor, 1, static_cast<int>(left * 1000) + 1) <= 0) continue;
+    const ssize_t count = read(channel[0], buffer, sizeof buffer);
+    if (count <= 0) break;
+    answer.append(buffer, static_cast<std::size_t>(count));
+  }
+  close(channel[0]);
+  if (timed_out) kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  const double seconds = elapsed();
+  if (timed_out) return {Verdict::unknown, "timed out after " + std::to_string(options.timeout_ms) + " ms", seconds};
+  if (WIFSIGNALED(status)) {
+    return {Verdict::unknown, std::string("solver process died: ") + strsignal(WTERMSIG(status)), seconds};
+  }
+  const std::size_t line_end = answer.find('\n');
+  const std::string first = answer.substr(0, line_end);
+  const std::string rest = line_end == std::string::npos ? "" : answer.substr(line_end + 1);
+  // Proving: unsat means the negated conclusion has no model. For the premises and the mutant a
+  // model is what is wanted, and "refuted" records that one exists.
+  if (first == "unsat") return {mode == Mode::prove ? Verdict::proved : Verdict::unknown, "no model exists", seconds};
+  if (first == "sat") return {Verdict::refuted, rest, seconds};
+  return {Verdict::unknown, rest.empty() ? "solver answered unknown" : rest, seconds};
+}
+
+}  // namespace
+
+const char* verdict_name(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::proved: return "proved";
+    case Verdict::refuted: return "refuted";
+    case Verdict::unknown: return "unknown";
+  }
+  return "unknown";
+}
+
+ObligationReport check_obligation(const Obligation& obligation, const RunOptions& options) {
+  ObligationReport report;
+  report.name = obligation.name;
+  report.paper_step = obligation.paper_step;
+  report.mutation = obligation.mutation;
+  report.theory = obligation.theory;
+  {
+    z3::context context;
+    const Statement statement = obligation.statement(context);
+    for (const auto& premise : statement.premises) report.premises.push_back(premise.name);
+    for (const auto& axiom : statement.axioms) report.axioms.push_back(axiom.name);
+  }
+  report.proof = run_in_child(obligation, Mode::prove, options);
+  report.premises_check = run_in_child(obligation, Mode::satisfy_premises, options);
+  report.mutant = run_in_child(obligation, Mode::refute_mutant, options);
+  return report;
+}
+
+}  // namespace sharpcheck::proofs
