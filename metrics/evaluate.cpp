@@ -4,13 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include "bounds/bounds.hpp"
 #include "reference/attention.hpp"
 #include "reference/softmax.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
 
-double polynomial(double h) { return (((-0.037 * h + 0.481) * h - 2.3) * h + 4.917) * h - 1.791; }
 
 struct RowGeometry {
   RowScale scale;
@@ -38,7 +38,6 @@ RowGeometry row_geometry(std::span<const double> logits, double theta) {
 
 }  // namespace
 
-double adaptive_beta(double entropy) { return entropy > 0.5 ? std::max(polynomial(entropy), 1.0) : 1.0; }
 
 Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta) {
   const Tolerance& tolerance = tolerance_for(kernel.name);
@@ -64,12 +63,12 @@ Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& 
       const double entropy_error =
           tolerance.accumulation->unit_roundoff() * n * (2 + std::log(n) + geometry.scale.largest_magnitude) + 1e-9 * n;
       const bool near_switch = std::fabs(entropy - 0.5) <= entropy_error ||
-                               (entropy > 0.5 && std::fabs(polynomial(entropy) - 1) <= 5 * entropy_error);
+                               (entropy > 0.5 && std::fabs(bounds::adaptive_polynomial(entropy) - 1) <= 5 * entropy_error);
       if (near_switch) {
         ++evaluation.rows_not_judged;
         continue;
       }
-      options.theta = theta / adaptive_beta(entropy);
+      options.theta = theta / bounds::adaptive_beta(entropy);
       geometry = row_geometry(row, options.theta);
     }
     const auto expected = reference::softmax(row, *kernel.output, options);

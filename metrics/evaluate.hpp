@@ -23,7 +23,4 @@ struct Evaluation {
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                                             const Matrix& keys, const Matrix& values, bool causal, double theta = 1.0);
 
-// The adaptive-temperature map of the paper, in double: beta(H) = max(poly(H), 1) for H > 0.5.
-[[nodiscard]] double adaptive_beta(double entropy);
-
 }  // namespace sharpcheck::metrics

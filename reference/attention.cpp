@@ -11,7 +11,7 @@
 
 #include "reference/ball_stage.hpp"
 #include "reference/input_checks.hpp"
-#include "reference/mpfr_number.hpp"
+#include "core/mpfr_number.hpp"
 
 // Termination, as in reference/softmax.cpp, by Lindemann-Weierstrass. The logits are
 // z_j = s a_j with a_j = Q_i . K_j rational and s = scale / theta algebraic (1/sqrt(d) is), so

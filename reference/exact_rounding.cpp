@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 
-#include "reference/mpfr_number.hpp"
+#include "core/mpfr_number.hpp"
 
 namespace sharpcheck::reference {
 

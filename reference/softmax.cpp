@@ -4,7 +4,7 @@
 #include <limits>
 #include <string>
 
-#include "reference/mpfr_number.hpp"
+#include "core/mpfr_number.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/input_checks.hpp"
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace sharpcheck::reference {
+namespace sharpcheck {
 
 class MpfrNumber {
  public:
@@ -66,4 +66,4 @@ class MpfrArray {
   std::vector<mpfr_ptr> pointers_;
 };
 
-}  // namespace sharpcheck::reference
+}  // namespace sharpcheck
