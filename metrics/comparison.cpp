@@ -69,6 +69,7 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
       const double e = expected(r, j);
       const double a = actual(r, j);
       allowed[j] = tolerance.allowed_error((*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j), input.scales[r], output);
+      if (input.allowed != nullptr) (*input.allowed)(r, j) = allowed[j];
       ElementReport element{row_number, j, e, a, std::nullopt, allowed[j], 0};
       if (is_representable(a, output)) element.ulps = ulp_distance(a, e, output);
       const double error = std::fabs(a - e);

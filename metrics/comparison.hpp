@@ -58,6 +58,7 @@ struct ComparisonInput {
   std::vector<RowScale> scales;        // one per row
   bool rows_are_distributions = true;  // softmax rows: check sum, argmax and KL
   std::size_t first_row_number = 0;    // row numbers in reports start here
+  Matrix* allowed = nullptr;           // optional: receives each element's allowed error
 };
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,

@@ -46,7 +46,9 @@ Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& 
   evaluation.expected = Matrix(logits.rows, logits.cols);
   Matrix magnitudes(logits.rows, logits.cols);
   Matrix z_magnitudes(logits.rows, logits.cols);
-  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, true, 0};
+  evaluation.allowed = Matrix(logits.rows, logits.cols);
+  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, true, 0,
+                        &evaluation.allowed};
   std::vector<std::size_t> judged_rows;
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const std::span<const double> row = logits.row(r);
@@ -95,8 +97,11 @@ Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& 
       magnitude_row(0, j) = magnitudes(r, j);
       z_row(0, j) = z_magnitudes(r, j);
     }
-    const ComparisonInput one{&expected_row, &actual_row, &magnitude_row, &z_row, {input.scales[k]}, true, r};
+    Matrix allowed_row(1, logits.cols);
+    const ComparisonInput one{&expected_row, &actual_row, &magnitude_row, &z_row, {input.scales[k]}, true, r,
+                              &allowed_row};
     evaluation.comparison.merge(compare(one, tolerance, *kernel.output));
+    std::copy(allowed_row.values.begin(), allowed_row.values.end(), evaluation.allowed.row(r).begin());
   }
   return evaluation;
 }
@@ -117,7 +122,9 @@ Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matr
   const Matrix& weights = *reference_result.weights;
   Matrix magnitudes(queries.rows, values.cols);
   Matrix z_magnitudes(queries.rows, values.cols);
-  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, false, 0};
+  evaluation.allowed = Matrix(queries.rows, values.cols);
+  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, false, 0,
+                        &evaluation.allowed};
   const double inflation = 1 + 2 * kernel.output->unit_roundoff();  // weights are rounded to the output format
   for (std::size_t i = 0; i < queries.rows; ++i) {
     const std::size_t visible = causal ? std::min(keys.rows, i + 1) : keys.rows;

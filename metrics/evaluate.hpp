@@ -13,6 +13,7 @@ struct Evaluation {
   Comparison comparison;
   Matrix expected;  // the correctly rounded reference, in the kernel's output format
   Matrix actual;    // the kernel's output
+  Matrix allowed;   // each element's allowed error under the tolerance table
   // Adaptive temperature only: rows whose entropy or polynomial sits within the kernel's own
   // error of a switching point (H = 0.5 or poly(H) = 1) are not judged; counted here.
   std::size_t rows_not_judged = 0;
