@@ -17,6 +17,8 @@ inline constexpr int exit_kernel_crash = 3;
 
 using Command = std::function<int()>;
 
+Command add_gate_command(CLI::App& app);  // also the default job
+Command add_merge_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
 Command add_softmax_command(CLI::App& app);
 Command add_prove_command(CLI::App& app);

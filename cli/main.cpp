@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   std::vector<sharpcheck::cli::Command> commands{
       sharpcheck::cli::add_demo_command(app),
+      sharpcheck::cli::add_gate_command(app),
+      sharpcheck::cli::add_merge_command(app),
       sharpcheck::cli::add_softmax_command(app),
       sharpcheck::cli::add_prove_command(app),
   };

@@ -1,9 +1,22 @@
 # Runs COMMAND (a ;-list) and fails unless it exits with EXPECTED_EXIT and its output matches
-# EXPECTED_OUTPUT (a regular expression). Used by ctest to check the program's exit codes.
+# EXPECTED_OUTPUT (a regular expression). With CHECK_FILE, that file must exist and match
+# CHECK_FILE_PATTERN. Used by ctest to drive the real program.
+if(DEFINED CHECK_FILE)
+  file(REMOVE "${CHECK_FILE}")
+endif()
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE exit_code OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT exit_code STREQUAL EXPECTED_EXIT)
   message(FATAL_ERROR "exit code ${exit_code}, expected ${EXPECTED_EXIT}\nstdout:\n${out}\nstderr:\n${err}")
 endif()
 if(NOT "${out}${err}" MATCHES "${EXPECTED_OUTPUT}")
   message(FATAL_ERROR "output does not match '${EXPECTED_OUTPUT}'\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+if(DEFINED CHECK_FILE)
+  if(NOT EXISTS "${CHECK_FILE}")
+    message(FATAL_ERROR "${CHECK_FILE} was not written")
+  endif()
+  file(READ "${CHECK_FILE}" content)
+  if(NOT content MATCHES "${CHECK_FILE_PATTERN}")
+    message(FATAL_ERROR "${CHECK_FILE} does not match '${CHECK_FILE_PATTERN}':\n${content}")
+  endif()
 endif()
