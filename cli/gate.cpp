@@ -13,6 +13,7 @@
 #include "core/errors.hpp"
 #include "core/random.hpp"
 #include "inputs/rows.hpp"
+#include "io/npy.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
 
@@ -72,7 +73,7 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
     return false;
   };
   for (const auto& name : settings.kernels) {
-    if (name != "all" && kernels::find_softmax_kernel(name) == nullptr && kernels::find_attention_kernel(name) == nullptr) {
+    if (name != "all" && name != "none" && kernels::find_softmax_kernel(name) == nullptr && kernels::find_attention_kernel(name) == nullptr) {
       throw InputError(InputProblem::out_of_range, "gate: no built-in kernel named '" + name +
                                                        "' (sharpcheck gate --list shows them)");
     }
@@ -86,7 +87,9 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
                          .input = std::string(inputs::row_kind_name(kind)),
                          .n = n,
                          .base_seed = settings.seed,
-                         .deliberately_broken = kernel.deliberately_broken});
+                         .deliberately_broken = kernel.deliberately_broken,
+                         .plugin_format = nullptr,
+                         .plugin_path = {}});
       }
     }
   }
@@ -97,7 +100,24 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
                        .input = attention_input,
                        .n = n,
                        .base_seed = settings.seed,
-                       .deliberately_broken = kernel.deliberately_broken});
+                       .deliberately_broken = kernel.deliberately_broken,
+                       .plugin_format = nullptr,
+                       .plugin_path = {}});
+    }
+  }
+  if (settings.plugin) {
+    for (const FloatFormat* format : settings.plugin->softmax_formats()) {
+      for (const inputs::RowKind kind : inputs::all_row_kinds) {
+        for (const std::size_t n : sizes) {
+          cases.push_back({.kernel = "plugin:" + settings.plugin->name() + ":" + std::string(format->name),
+                           .input = std::string(inputs::row_kind_name(kind)),
+                           .n = n,
+                           .base_seed = settings.seed,
+                           .deliberately_broken = false,
+                           .plugin_format = format,
+                           .plugin_path = settings.plugin->path()});
+        }
+      }
     }
   }
   std::vector<GateCase> selected;
@@ -115,10 +135,53 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
   return selected;
 }
 
-CaseOutcome run_case(const GateCase& gate_case) {
+namespace {
+std::string file_name_of(const std::string& id) {
+  std::string name = id;
+  for (char& c : name) {
+    if (c == '/' || c == ':' || c == '=') c = '_';
+  }
+  return name;
+}
+
+// A plugin's case: run in a child process; a crash or hang is recorded with a reproducer.
+void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
+  const FloatFormat& format = *gate_case.plugin_format;
+  outcome.format = std::string(format.name);
+  const auto kind = inputs::find_row_kind(gate_case.input).value();
+  const Matrix logits = one_row(inputs::make_row(kind, gate_case.n, format, gate_case.seed));
+  const kernels::PluginRun run =
+      settings.plugin->run_softmax(format, logits, 1.0F, settings.plugin_timeout_seconds);
+  if (run.status != kernels::PluginRun::Status::ok) {
+    outcome.crashed = true;
+    std::filesystem::create_directories(settings.reproducer_directory);
+    outcome.reproducer = settings.reproducer_directory + "/" + file_name_of(gate_case.id()) + ".npy";
+    std::vector<double> stored = logits.values;
+    io::NpyType type = io::NpyType::float32;
+    if (format == bf16) {
+      type = io::NpyType::uint16;  // bf16 bit patterns
+      for (double& x : stored) x = static_cast<double>(encode(x, bf16));
+    } else if (format == fp16) {
+      type = io::NpyType::float16;
+    }
+    io::write_npy(outcome.reproducer, type, {logits.rows, logits.cols}, stored);
+    outcome.failures.push_back(std::string("plugin ") + kernels::plugin_status_name(run.status) + ": " + run.detail +
+                               "; input saved to " + outcome.reproducer);
+    return;
+  }
+  const kernels::SoftmaxKernel description{gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format,
+                                           &fp32, false, nullptr};
+  outcome.comparison =
+      metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"), logits, 1.0, run.out).comparison;
+}
+}  // namespace
+
+CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
   const auto start = std::chrono::steady_clock::now();
-  CaseOutcome outcome{gate_case, "", {}, 0, 0, {}};
-  if (const auto* kernel = kernels::find_softmax_kernel(gate_case.kernel)) {
+  CaseOutcome outcome{gate_case, "", {}, 0, 0, {}, false, ""};
+  if (gate_case.plugin_format != nullptr) {
+    run_plugin_case(gate_case, settings, outcome);
+  } else if (const auto* kernel = kernels::find_softmax_kernel(gate_case.kernel)) {
     outcome.format = std::string(kernel->output->name);
     const auto kind = inputs::find_row_kind(gate_case.input).value();
     const auto row = inputs::make_row(kind, gate_case.n, *kernel->input, gate_case.seed);
@@ -134,7 +197,7 @@ CaseOutcome run_case(const GateCase& gate_case) {
     const Matrix v = normal_matrix(gate_case.n, attention_dimension, random, *attention->input);
     outcome.comparison = metrics::evaluate_attention(*attention, q, k, v, false).comparison;
   }
-  if (!outcome.comparison.passed()) {
+  if (!outcome.crashed && !outcome.comparison.passed()) {
     outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
                                " violations; worst " + outcome.comparison.worst.describe());
   }
@@ -188,7 +251,8 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
           {"seed", gate_case.seed},
           {"format", outcome.format},
           {"deliberately_broken", gate_case.deliberately_broken},
-          {"status", outcome.passed() ? "pass" : "fail"},
+          {"status", outcome.crashed ? "crash" : (outcome.passed() ? "pass" : "fail")},
+          {"reproducer", outcome.reproducer},
           {"failures", outcome.failures},
           {"rows_not_judged", outcome.rows_not_judged},
           {"seconds", outcome.seconds},
@@ -210,8 +274,10 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
             {"actual", hex_float(c.worst.actual)},
             {"ulps", c.worst.ulps ? nlohmann::json(*c.worst.ulps) : nlohmann::json(nullptr)},
             {"allowed", c.worst.allowed}}},
-          {"rerun", "sharpcheck gate --kernel " + gate_case.kernel + " --case " + gate_case.id() + " --seed " +
-                        std::to_string(gate_case.base_seed)}};
+          {"rerun", "sharpcheck gate " +
+                        (gate_case.plugin_path.empty() ? "--kernel " + gate_case.kernel
+                                                       : "--plugin " + gate_case.plugin_path) +
+                        " --case " + gate_case.id() + " --seed " + std::to_string(gate_case.base_seed)}};
 }
 
 nlohmann::json merge_reports(const std::vector<nlohmann::json>& reports) {
@@ -245,6 +311,7 @@ nlohmann::json baseline_of(const std::vector<nlohmann::json>& cases) {
 
 Verdict verdict_of(const nlohmann::json& case_json, bool explicit_kernels) {
   const bool passed = case_json["status"] == "pass";
+  if (case_json["status"] == "crash") return Verdict::fail;
   if (!case_json["deliberately_broken"].get<bool>() || explicit_kernels) return passed ? Verdict::pass : Verdict::fail;
   return passed ? Verdict::unexpected_pass : Verdict::expected_failure;
 }
@@ -270,14 +337,14 @@ std::string junit_xml(const std::vector<nlohmann::json>& cases) {
     std::size_t failures = 0;
     std::size_t skipped = 0;
     for (const auto* c : list) {
-      if ((*c)["status"] == "fail") ++((*c)["deliberately_broken"].get<bool>() ? skipped : failures);
+      if ((*c)["status"] != "pass") ++((*c)["deliberately_broken"].get<bool>() ? skipped : failures);
     }
     xml << "  <testsuite name=\"sharpcheck." << xml_escape(kernel) << "\" tests=\"" << list.size() << "\" failures=\""
         << failures << "\" skipped=\"" << skipped << "\">\n";
     for (const auto* c : list) {
       xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\""
           << xml_escape((*c)["id"].get<std::string>()) << "\" time=\"" << (*c)["seconds"].get<double>() << "\">\n";
-      if ((*c)["status"] == "fail") {
+      if ((*c)["status"] != "pass") {
         std::string message;
         for (const auto& failure : (*c)["failures"]) message += failure.get<std::string>() + "\n";
         const std::string detail = "seed " + std::to_string((*c)["seed"].get<std::uint64_t>()) + "; rerun: " +

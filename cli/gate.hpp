@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/plugin.hpp"
 #include "metrics/comparison.hpp"
 
 namespace sharpcheck::cli {
@@ -22,6 +23,8 @@ struct GateCase {
   std::uint64_t base_seed = 0;  // the sweep's --seed
   std::size_t index = 0;        // position in the unsharded sweep (merge orders by it)
   bool deliberately_broken = false;
+  const FloatFormat* plugin_format = nullptr;  // set for a plugin's case: the format it runs in
+  std::string plugin_path;
   [[nodiscard]] std::string id() const { return kernel + "/" + input + "/n=" + std::to_string(n); }
 };
 
@@ -32,6 +35,8 @@ struct CaseOutcome {
   std::size_t rows_not_judged = 0;
   double seconds = 0;
   std::vector<std::string> failures;  // tolerance, budget and baseline findings; empty = pass
+  bool crashed = false;               // the kernel crashed, hung or returned an error
+  std::string reproducer;             // for a crash: the .npy file holding its input
   [[nodiscard]] bool passed() const { return failures.empty(); }
 };
 
@@ -45,13 +50,16 @@ struct GateSettings {
   std::string json_path, junit_path, budget_path, baseline_path;
   bool update_baseline = false;
   bool explicit_kernels = false;  // kernels were named: broken kernels are judged plainly
+  std::shared_ptr<kernels::Plugin> plugin;  // --plugin: its cases join the sweep
+  double plugin_timeout_seconds = 10;
+  std::string reproducer_directory = "sharpcheck-reproducers";
 };
 
 // The cases of a sweep, in a fixed order (so shards partition it the same way on every machine).
 [[nodiscard]] std::vector<GateCase> plan_cases(const GateSettings& settings);
 
 // Runs one case and judges it by the tolerance table.
-[[nodiscard]] CaseOutcome run_case(const GateCase& gate_case);
+[[nodiscard]] CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings);
 
 // Applies the budget file (max_ulps / max_bound_ratio per kernel) and the baseline (per case).
 void apply_budget(CaseOutcome& outcome, const nlohmann::json& budget);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -93,7 +94,7 @@ int run_gate(GateSettings settings, bool list) {
     if (!settings.junit_path.empty()) write_atomically(settings.junit_path, junit_xml(results));
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    CaseOutcome outcome = run_case(cases[i]);
+    CaseOutcome outcome = run_case(cases[i], settings);
     apply_budget(outcome, budget);
     apply_baseline(outcome, baseline);
     results.push_back(to_json(outcome));
@@ -108,6 +109,8 @@ int run_gate(GateSettings settings, bool list) {
   if (terminal) std::fprintf(stderr, "\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  bool any_crash = false;
+  for (const auto& c : results) any_crash = any_crash || c["status"] == "crash";
   std::map<std::string, KernelSummary> summaries;
   std::vector<std::string> order;
   for (const auto& c : results) {
@@ -117,7 +120,7 @@ int run_gate(GateSettings settings, bool list) {
     summary.format = c["format"];
     summary.broken = c["deliberately_broken"];
     ++summary.cases;
-    const bool failed = c["status"] == "fail";
+    const bool failed = c["status"] != "pass";
     if (failed) ++summary.failed;
     summary.max_ulps = std::max(summary.max_ulps, c["max_ulps"].get<std::uint64_t>());
     const double ratio = c["max_bound_ratio"].is_number() ? c["max_bound_ratio"].get<double>() : INFINITY;
@@ -149,7 +152,7 @@ int run_gate(GateSettings settings, bool list) {
                 worst["worst"]["index"].get<std::size_t>(), worst["worst"]["expected"].get<std::string>().c_str(),
                 worst["worst"]["actual"].get<std::string>().c_str(), worst["worst"]["ulps"].dump().c_str());
     for (const auto& c : results) {
-      if (c["kernel"] == kernel && c["status"] == "fail" && !(summaries[kernel].broken && !settings.explicit_kernels)) {
+      if (c["kernel"] == kernel && c["status"] != "pass" && !(summaries[kernel].broken && !settings.explicit_kernels)) {
         std::printf("    FAIL %s: %s\n      rerun: %s\n", c["id"].get<std::string>().c_str(),
                     c["failures"][0].get<std::string>().c_str(), c["rerun"].get<std::string>().c_str());
       }
@@ -160,6 +163,10 @@ int run_gate(GateSettings settings, bool list) {
   if (settings.update_baseline && !settings.baseline_path.empty()) {
     write_atomically(settings.baseline_path, baseline_of(results).dump(1) + "\n");
     std::printf("baseline written to %s\n", settings.baseline_path.c_str());
+  }
+  if (any_crash) {
+    std::printf("a kernel crashed or hung: reproducers are in %s\n", settings.reproducer_directory.c_str());
+    return exit_kernel_crash;
   }
   return run_failed ? exit_failure : exit_pass;
 }
@@ -184,13 +191,25 @@ Command add_gate_command(CLI::App& app) {
   command->add_option("--baseline", settings->baseline_path, "JSON baseline from an earlier run: fail on any growth");
   command->add_flag("--update-baseline", settings->update_baseline, "Write this run's figures to --baseline");
   command->add_flag("--list", *list, "List the built-in kernels and exit");
-  return [command, kernel_option, settings, shard, sizes, list, &app]() -> int {
+  auto plugin_path = std::make_shared<std::string>();
+  command->add_option("--plugin", *plugin_path, "A kernel plugin (kernels/plugin_abi.h) to judge, run in a child process");
+  command->add_option("--plugin-timeout", settings->plugin_timeout_seconds, "Seconds a plugin call may take")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--reproducers", settings->reproducer_directory, "Where inputs of crashed cases are saved");
+  return [command, kernel_option, settings, shard, sizes, list, plugin_path, &app]() -> int {
     // The built-in default job when no subcommand is named.
     if (!*command && !app.get_subcommands().empty()) return -1;
     GateSettings run = *settings;
     run.sizes = *sizes;
-    if (kernel_option->count() == 0) run.kernels = {"all"};
+    if (!plugin_path->empty()) run.plugin = kernels::Plugin::open(*plugin_path);
+    // With a plugin and no --kernel, only the plugin is judged.
+    if (kernel_option->count() == 0) run.kernels = {run.plugin ? "none" : "all"};
     run.explicit_kernels = std::find(run.kernels.begin(), run.kernels.end(), "all") == run.kernels.end();
+    if (run.plugin && !settings->json_path.empty() && run.reproducer_directory == "sharpcheck-reproducers") {
+      run.reproducer_directory = std::filesystem::path(settings->json_path).parent_path().string() +
+                                 (std::filesystem::path(settings->json_path).has_parent_path() ? "/" : "") +
+                                 "sharpcheck-reproducers";
+    }
     if (!shard->empty()) parse_shard(*shard, run);
     if (run.update_baseline && run.baseline_path.empty()) {
       throw InputError(InputProblem::out_of_range, "gate: --update-baseline needs --baseline FILE");

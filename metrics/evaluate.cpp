@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "bounds/bounds.hpp"
+#include "core/errors.hpp"
 #include "reference/attention.hpp"
 #include "reference/softmax.hpp"
 
@@ -40,9 +41,20 @@ RowGeometry row_geometry(std::span<const double> logits, double theta) {
 
 
 Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta) {
-  const Tolerance& tolerance = tolerance_for(kernel.name);
+  Matrix actual;
+  kernel.run(logits, theta, actual);
+  return judge_softmax(kernel, tolerance_for(kernel.name), logits, theta, std::move(actual));
+}
+
+Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance, const Matrix& logits,
+                         double theta, Matrix actual) {
+  if (actual.rows != logits.rows || actual.cols != logits.cols) {
+    throw InputError(InputProblem::shape_mismatch, "judge: the outputs are " + std::to_string(actual.rows) + "x" +
+                                                       std::to_string(actual.cols) + " but the logits are " +
+                                                       std::to_string(logits.rows) + "x" + std::to_string(logits.cols));
+  }
   Evaluation evaluation;
-  kernel.run(logits, theta, evaluation.actual);
+  evaluation.actual = std::move(actual);
   evaluation.expected = Matrix(logits.rows, logits.cols);
   Matrix magnitudes(logits.rows, logits.cols);
   Matrix z_magnitudes(logits.rows, logits.cols);

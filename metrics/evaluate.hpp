@@ -21,6 +21,11 @@ struct Evaluation {
 
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta);
 
+// Judges outputs computed elsewhere (a plugin in a child process, a .npy file): `kernel` gives
+// the operation and formats, `tolerance` the entry to judge by.
+[[nodiscard]] Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance,
+                                       const Matrix& logits, double theta, Matrix actual);
+
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                                             const Matrix& keys, const Matrix& values, bool causal, double theta = 1.0);
 

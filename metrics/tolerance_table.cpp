@@ -41,6 +41,10 @@ constexpr Tolerance table[] = {
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
     {"bf16acc", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: the bf16 contract (fp32 accumulation), which this kernel breaks",
      "judged by what a bf16 kernel must deliver; its bf16 running sum cannot meet it"},
+    // A plugin's softmax is judged by the contract of any shifted fp32-accumulating softmax; the
+    // online normaliser's entry covers the three-pass one, so it is the one used.
+    {"plugin_softmax", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: as online2 (covers safe3 and blocked)",
+     "an unknown kernel is held to what any correct fp32-accumulating softmax achieves"},
     // The entropy H is a sum of n terms p log(p + 1e-9), each with error about u(2 + |log p|),
     // |log p| <= ln n + max|z|; beta = poly(H) has |poly'| <= 3.3 on (0.5, 6] and is clamped
     // elsewhere, so |d beta| <= 5 u n (2 + ln n + max|z|); a change d beta moves log p_j by at

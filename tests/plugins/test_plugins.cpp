@@ -1,0 +1,70 @@
+// Test plugins for the gate: a sound softmax, and the same that segfaults or hangs on rows of 64
+// or more, or returns an error. Which one is chosen at compile time (SHARPCHECK_TEST_PLUGIN_MODE).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/plugin_abi.h"
+
+namespace {
+
+float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, 4);
+  return value;
+}
+
+std::uint16_t float_to_bf16(float value) {
+  std::uint32_t word;
+  std::memcpy(&word, &value, 4);
+  if ((word & 0x7FFFFFFFU) > 0x7F800000U) return static_cast<std::uint16_t>((word >> 16) | 0x40U);
+  return static_cast<std::uint16_t>((word + 0x7FFFU + ((word >> 16) & 1U)) >> 16);
+}
+
+void softmax_row(const float* in, float* out, std::size_t n, float scale) {
+  float largest = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < n; ++i) largest = std::fmax(largest, in[i]);
+  float sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += out[i] = std::exp((in[i] - largest) * scale);
+  for (std::size_t i = 0; i < n; ++i) out[i] /= sum;
+}
+
+const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION, SHARPCHECK_TEST_PLUGIN_NAME,
+                                  "a scalar three-pass softmax for the gate's own tests",
+                                  SHARPCHECK_FP32 | SHARPCHECK_BF16, 0};
+
+}  // namespace
+
+extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() { return &info; }
+
+extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n, float scale) {
+  if (n >= 64) {
+#if SHARPCHECK_TEST_PLUGIN_MODE == 1
+    volatile int* nowhere = nullptr;
+    *nowhere = 1;  // a segmentation fault
+#elif SHARPCHECK_TEST_PLUGIN_MODE == 2
+    for (volatile bool forever = true; forever;) {
+    }
+#elif SHARPCHECK_TEST_PLUGIN_MODE == 3
+    return 7;
+#endif
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    if (format == SHARPCHECK_FP32) {
+      softmax_row(static_cast<const float*>(logits) + r * n, static_cast<float*>(out) + r * n, n, scale);
+    } else if (format == SHARPCHECK_BF16) {
+      const auto* in = static_cast<const std::uint16_t*>(logits) + r * n;
+      auto* result = static_cast<std::uint16_t*>(out) + r * n;
+      float wide_in[16384], wide_out[16384];
+      if (n > 16384) return 2;
+      for (size_t i = 0; i < n; ++i) wide_in[i] = bf16_to_float(in[i]);
+      softmax_row(wide_in, wide_out, n, scale);
+      for (size_t i = 0; i < n; ++i) result[i] = float_to_bf16(wide_out[i]);
+    } else {
+      return 1;
+    }
+  }
+  return 0;
+}
