@@ -363,6 +363,17 @@ std::string junit_xml(const std::vector<nlohmann::json>& cases) {
   return xml.str();
 }
 
+nlohmann::json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    throw InputError(InputProblem::out_of_range,
+                     std::string(what) + " file '" + path + "' is not valid JSON: " + error.what());
+  }
+}
+
 void write_atomically(const std::string& path, const std::string& text) {
   const std::string temporary = path + ".partial";
   {

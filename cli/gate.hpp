@@ -70,6 +70,8 @@ void apply_baseline(CaseOutcome& outcome, const nlohmann::json& baseline);
 [[nodiscard]] nlohmann::json merge_reports(const std::vector<nlohmann::json>& reports);
 [[nodiscard]] nlohmann::json baseline_of(const std::vector<nlohmann::json>& cases);
 [[nodiscard]] std::string junit_xml(const std::vector<nlohmann::json>& cases);
+// Reads a JSON file; InputError naming the file (and `what` it is) when unreadable or malformed.
+[[nodiscard]] nlohmann::json read_json_file(const std::string& path, const char* what);
 // Writes text to path through a temporary file and a rename, so a reader never sees half a file.
 void write_atomically(const std::string& path, const std::string& text);
 

@@ -18,17 +18,6 @@
 namespace sharpcheck::cli {
 namespace {
 
-nlohmann::json read_json_file(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  if (!in) throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    throw InputError(InputProblem::out_of_range,
-                     std::string(what) + " file '" + path + "' is not valid JSON: " + error.what());
-  }
-}
-
 void parse_shard(const std::string& text, GateSettings& settings) {
   const auto slash = text.find('/');
   try {

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       sharpcheck::cli::add_demo_command(app),
       sharpcheck::cli::add_gate_command(app),
       sharpcheck::cli::add_merge_command(app),
+      sharpcheck::cli::add_compare_command(app),
       sharpcheck::cli::add_softmax_command(app),
       sharpcheck::cli::add_prove_command(app),
   };

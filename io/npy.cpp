@@ -149,7 +149,10 @@ NpyArray parse_npy(const std::string& bytes, const std::string& source) {
   }
   if (order != '<' && order != '>' && order != '|' && order != '=') fail(source, "dtype '" + code + "' has no byte order");
   const bool big_endian = order == '>';
-  const std::size_t count = array.element_count();
+  std::size_t count = 1;
+  for (const std::size_t extent : array.shape) {
+    if (__builtin_mul_overflow(count, extent, &count)) fail(source, "shape overflows the address space");
+  }
   const std::size_t size = item_size(array.type);
   const std::size_t data_start = header_start + header_length;
   if (count > (bytes.size() - data_start) / size || bytes.size() - data_start != count * size) {

@@ -120,10 +120,16 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
 
 Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries, const Matrix& keys,
                               const Matrix& values, bool causal, double theta) {
-  const Tolerance& tolerance = tolerance_for(kernel.name);
+  Matrix actual;
+  kernel.run(queries, keys, values, 1.0 / std::sqrt(static_cast<double>(queries.cols)) / theta, causal, actual);
+  return judge_attention(kernel, tolerance_for(kernel.name), queries, keys, values, causal, theta, std::move(actual));
+}
+
+Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance, const Matrix& queries,
+                           const Matrix& keys, const Matrix& values, bool causal, double theta, Matrix actual) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(queries.cols));
   Evaluation evaluation;
-  kernel.run(queries, keys, values, scale / theta, causal, evaluation.actual);
+  evaluation.actual = std::move(actual);
   reference::AttentionOptions options;
   options.theta = theta;
   options.causal = causal;

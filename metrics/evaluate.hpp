@@ -28,5 +28,9 @@ struct Evaluation {
 
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                                             const Matrix& keys, const Matrix& values, bool causal, double theta = 1.0);
+// Judges attention outputs computed elsewhere (scale exactly 1/sqrt(d), as the kernels use).
+[[nodiscard]] Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance,
+                                         const Matrix& queries, const Matrix& keys, const Matrix& values, bool causal,
+                                         double theta, Matrix actual);
 
 }  // namespace sharpcheck::metrics

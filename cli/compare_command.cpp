@@ -1,0 +1,157 @@
+// sharpcheck compare: judges outputs produced elsewhere (a GPU kernel, PyTorch, JAX) from NumPy
+// files, with the same metrics, reports and exit codes as the gate.
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/commands.hpp"
+#include "cli/gate.hpp"
+#include "core/errors.hpp"
+#include "io/npy.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/evaluate.hpp"
+#include "reference/attention.hpp"
+
+namespace sharpcheck::cli {
+namespace {
+
+struct CompareSettings {
+  std::string logits, probabilities, q, k, v, out;
+  std::string format = "fp32";
+  std::string tolerance_entry;
+  double theta = 1.0;
+  bool causal = false;
+  std::string json_path, junit_path, budget_path;
+};
+
+// A matrix of values of `format`: bf16 may come as uint16 bit patterns; anything else must hold
+// values of the format already.
+Matrix values_in_format(const std::string& path, const FloatFormat& format) {
+  const io::NpyArray array = io::read_npy(path);
+  Matrix matrix = io::as_matrix(array, path);
+  if (array.type == io::NpyType::uint16) {
+    if (!(format == bf16)) throw InputError(InputProblem::out_of_range, path + ": uint16 data is read as bf16 bits only");
+    for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);
+  }
+  for (std::size_t i = 0; i < matrix.values.size(); ++i) {
+    if (!is_representable(matrix.values[i], format)) {
+      throw InputError(InputProblem::out_of_range, path + ": element " + std::to_string(i) + " (" +
+                                                       hex_float(matrix.values[i]) + ") is not a " +
+                                                       std::string(format.name) + " value");
+    }
+  }
+  return matrix;
+}
+
+Matrix exact_values(const std::string& path) {
+  const io::NpyArray array = io::read_npy(path);
+  if (array.type == io::NpyType::uint16) {
+    Matrix matrix = io::as_matrix(array, path);
+    for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);  // bf16 bits
+    return matrix;
+  }
+  return io::as_matrix(array, path);
+}
+
+void require_same_shape(const Matrix& a, const Matrix& b, const std::string& what) {
+  if (a.rows != b.rows || a.cols != b.cols) {
+    throw InputError(InputProblem::shape_mismatch, "compare: " + what + ": " + std::to_string(a.rows) + "x" +
+                                                       std::to_string(a.cols) + " against " + std::to_string(b.rows) +
+                                                       "x" + std::to_string(b.cols));
+  }
+}
+
+int run_compare(const CompareSettings& settings) {
+  const auto format_lookup = find_float_format(settings.format);
+  if (!format_lookup || !(**format_lookup == fp32 || **format_lookup == bf16 || **format_lookup == fp16 ||
+                          **format_lookup == fp64)) {
+    throw InputError(InputProblem::unsupported_format, "compare: --format must be fp64, fp32, bf16 or fp16, got '" +
+                                                           settings.format + "'");
+  }
+  const FloatFormat& format = **format_lookup;
+  const bool attention = !settings.q.empty();
+  if (attention == !settings.logits.empty()) {
+    throw InputError(InputProblem::out_of_range, "compare: give either --logits and --probs, or --q --k --v --out");
+  }
+  CaseOutcome outcome;
+  outcome.format = std::string(format.name);
+  outcome.gate_case.input = "npy";
+  if (!attention) {
+    if (settings.probabilities.empty()) throw InputError(InputProblem::out_of_range, "compare: --probs is required");
+    const Matrix logits = exact_values(settings.logits);
+    const Matrix probabilities = values_in_format(settings.probabilities, format);
+    require_same_shape(logits, probabilities, "--probs does not match --logits");
+    outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.probabilities).filename().string();
+    outcome.gate_case.n = logits.cols;
+    const kernels::SoftmaxKernel description{outcome.gate_case.kernel, "outputs from a file", kernels::Operation::softmax,
+                                             &format, &format, &fp32, false, nullptr};
+    const auto& tolerance =
+        metrics::tolerance_for(settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
+    outcome.comparison = metrics::judge_softmax(description, tolerance, logits, settings.theta, probabilities).comparison;
+  } else {
+    if (settings.k.empty() || settings.v.empty() || settings.out.empty()) {
+      throw InputError(InputProblem::out_of_range, "compare: attention needs --q, --k, --v and --out");
+    }
+    const Matrix q = exact_values(settings.q);
+    const Matrix k = exact_values(settings.k);
+    const Matrix v = exact_values(settings.v);
+    const Matrix out = values_in_format(settings.out, format);
+    outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.out).filename().string();
+    outcome.gate_case.n = k.rows;
+    if (out.rows != q.rows || out.cols != v.cols) {
+      throw InputError(InputProblem::shape_mismatch, "compare: --out is " + std::to_string(out.rows) + "x" +
+                                                         std::to_string(out.cols) + ", expected " +
+                                                         std::to_string(q.rows) + "x" + std::to_string(v.cols));
+    }
+    const kernels::AttentionKernel description{outcome.gate_case.kernel, "outputs from a file", &format, &format,
+                                               &fp32, false,
+                                               [](const Matrix&, const Matrix&, const Matrix&, double, bool, Matrix&) {}};
+    outcome.comparison = metrics::judge_attention(description, metrics::tolerance_for(settings.tolerance_entry.empty()
+                                                                                          ? "attention_flash"
+                                                                                          : settings.tolerance_entry),
+                                                  q, k, v, settings.causal, settings.theta, out)
+                             .comparison;
+  }
+  if (!outcome.comparison.passed()) {
+    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
+                               " violations; worst " + outcome.comparison.worst.describe());
+  }
+  if (!settings.budget_path.empty()) {
+    apply_budget(outcome, read_json_file(settings.budget_path, "budget"));
+  }
+  const auto& c = outcome.comparison;
+  std::printf("%s: %zu elements in %s, max %llu ulp, mean %.3g ulp, bound ratio %.3g, max |sum - 1| %.3g, %zu false "
+              "zeros, %zu non-finite\n",
+              outcome.gate_case.kernel.c_str(), c.elements, outcome.format.c_str(),
+              static_cast<unsigned long long>(c.max_ulps), c.mean_ulps, c.max_bound_ratio, c.max_sum_error,
+              c.false_zeros, c.non_finite);
+  std::printf("worst: %s\n", c.worst.describe().c_str());
+  for (const auto& failure : outcome.failures) std::printf("FAIL %s\n", failure.c_str());
+  std::printf("%s\n", outcome.passed() ? "pass" : "FAIL");
+  const std::vector<nlohmann::json> cases{to_json(outcome)};
+  if (!settings.json_path.empty()) write_atomically(settings.json_path, nlohmann::json{{"cases", cases}}.dump(1) + "\n");
+  if (!settings.junit_path.empty()) write_atomically(settings.junit_path, junit_xml(cases));
+  return outcome.passed() ? exit_pass : exit_failure;
+}
+
+}  // namespace
+
+Command add_compare_command(CLI::App& app) {
+  auto settings = std::make_shared<CompareSettings>();
+  auto* command = app.add_subcommand("compare", "Judge softmax or attention outputs saved as .npy files");
+  command->add_option("--logits", settings->logits, "Logits (.npy, 1-D or 2-D; bf16 as uint16 bits)");
+  command->add_option("--probs", settings->probabilities, "The kernel's probabilities, same shape");
+  command->add_option("--q", settings->q, "Attention queries (m x d)");
+  command->add_option("--k", settings->k, "Attention keys (n x d)");
+  command->add_option("--v", settings->v, "Attention values (n x dv)");
+  command->add_option("--out", settings->out, "The kernel's attention output (m x dv)");
+  command->add_flag("--causal", settings->causal, "Top-left causal mask");
+  command->add_option("--format", settings->format, "The outputs' format: fp32, bf16, fp16 or fp64");
+  command->add_option("--theta", settings->theta, "Temperature");
+  command->add_option("--tolerance-of", settings->tolerance_entry, "Judge by this kernel's tolerance-table entry");
+  command->add_option("--budget", settings->budget_path, "JSON budget (see gate)");
+  command->add_option("--json", settings->json_path, "Write the report as JSON");
+  command->add_option("--junit", settings->junit_path, "Write JUnit XML");
+  return [command, settings]() -> int { return *command ? run_compare(*settings) : -1; };
+}
+
+}  // namespace sharpcheck::cli
