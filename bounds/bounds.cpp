@@ -100,24 +100,38 @@ double theorem_2_2_threshold(double delta, double theta, double eps) {
 }
 
 namespace {
-// Encloses t = 1 + (1/h - 1) exp(delta/theta) at the given precision.
-void enclose_count(double delta, double theta, double h, mpfr_prec_t precision, MpfrNumber& low, MpfrNumber& high) {
+// Encloses t = 1 + (1/h - 1) exp(delta/theta) at the given precision, for h = h_significand *
+// 2^h_exponent (so thresholds below double's range, like fp64's 2^-1075, are exact).
+void enclose_count(double delta, double theta, double h_significand, long h_exponent, mpfr_prec_t precision,
+                   MpfrNumber& low, MpfrNumber& high) {
   mpfr_set_prec(low.get(), precision);
   mpfr_set_prec(high.get(), precision);
   auto factor = number(precision);
-  // Lower end: (1/h - 1) rounded down times exp rounded down, plus 1 rounded down.
-  mpfr_set_d(factor.get(), h, MPFR_RNDN);
-  mpfr_ui_div(factor.get(), 1, factor.get(), MPFR_RNDD);
-  mpfr_sub_ui(factor.get(), factor.get(), 1, MPFR_RNDD);
-  exp_of_ratio(low.get(), delta, theta, +1, MPFR_RNDD);
-  mpfr_mul(low.get(), low.get(), factor.get(), MPFR_RNDD);
-  mpfr_add_ui(low.get(), low.get(), 1, MPFR_RNDD);
-  mpfr_set_d(factor.get(), h, MPFR_RNDN);
-  mpfr_ui_div(factor.get(), 1, factor.get(), MPFR_RNDU);
-  mpfr_sub_ui(factor.get(), factor.get(), 1, MPFR_RNDU);
-  exp_of_ratio(high.get(), delta, theta, +1, MPFR_RNDU);
-  mpfr_mul(high.get(), high.get(), factor.get(), MPFR_RNDU);
-  mpfr_add_ui(high.get(), high.get(), 1, MPFR_RNDU);
+  for (const bool upper : {false, true}) {
+    const mpfr_rnd_t rounding = upper ? MPFR_RNDU : MPFR_RNDD;
+    MpfrNumber& end = upper ? high : low;
+    mpfr_set_d(factor.get(), h_significand, MPFR_RNDN);
+    mpfr_mul_2si(factor.get(), factor.get(), h_exponent, MPFR_RNDN);  // exact
+    mpfr_ui_div(factor.get(), 1, factor.get(), rounding);
+    mpfr_sub_ui(factor.get(), factor.get(), 1, rounding);
+    exp_of_ratio(end.get(), delta, theta, +1, rounding);
+    mpfr_mul(end.get(), end.get(), factor.get(), rounding);
+    mpfr_add_ui(end.get(), end.get(), 1, rounding);
+  }
+}
+
+Enclosure horizon_for(double delta, double theta, double h_significand, long h_exponent) {
+  // The largest coefficient 1/(1 + (n-1) exp(-delta/theta)) is <= h exactly when
+  // n >= t = 1 + (1/h - 1) exp(delta/theta): the horizon is ceil(t).
+  auto low = number();
+  auto high = number();
+  for (mpfr_prec_t precision = 128;; precision *= 2) {
+    enclose_count(delta, theta, h_significand, h_exponent, precision, low, high);
+    mpfr_ceil(low.get(), low.get());
+    mpfr_ceil(high.get(), high.get());
+    const Enclosure result{to_double(low.get(), MPFR_RNDD), to_double(high.get(), MPFR_RNDU)};
+    if (mpfr_equal_p(low.get(), high.get()) || precision >= 4096) return result;
+  }
 }
 }  // namespace
 
@@ -130,7 +144,7 @@ std::uint64_t smallest_n_below(double delta, double theta, double eps) {
   auto low = number();
   auto high = number();
   for (mpfr_prec_t precision = 128; precision <= 8192; precision *= 2) {
-    enclose_count(delta, theta, eps, precision, low, high);
+    enclose_count(delta, theta, eps, 0, precision, low, high);
     mpfr_floor(low.get(), low.get());
     mpfr_floor(high.get(), high.get());
     if (!mpfr_equal_p(low.get(), high.get())) continue;
@@ -159,21 +173,12 @@ Enclosure underflow_horizon(double delta, double theta, double half_smallest_pos
   if (!(half_smallest_positive > 0 && half_smallest_positive < 1)) {
     throw InputError(InputProblem::out_of_range, "bounds: the underflow threshold must lie in (0, 1)");
   }
-  // The largest coefficient 1/(1 + (n-1) exp(-delta/theta)) is <= h exactly when
-  // n >= t = 1 + (1/h - 1) exp(delta/theta): the horizon is ceil(t).
-  auto low = number();
-  auto high = number();
-  for (mpfr_prec_t precision = 128;; precision *= 2) {
-    enclose_count(delta, theta, half_smallest_positive, precision, low, high);
-    mpfr_ceil(low.get(), low.get());
-    mpfr_ceil(high.get(), high.get());
-    const Enclosure result{to_double(low.get(), MPFR_RNDD), to_double(high.get(), MPFR_RNDU)};
-    if (mpfr_equal_p(low.get(), high.get()) || precision >= 4096) return result;
-  }
+  return horizon_for(delta, theta, half_smallest_positive, 0);
 }
 
 Enclosure underflow_horizon(double delta, double theta, const FloatFormat& format) {
-  return underflow_horizon(delta, theta, std::ldexp(1.0, format.min_subnormal_exponent() - 1));
+  check_row(1, delta, theta);
+  return horizon_for(delta, theta, 1.0, format.min_subnormal_exponent() - 1);
 }
 
 std::uint64_t accumulation_horizon(const FloatFormat& format) {
