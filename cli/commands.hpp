@@ -21,6 +21,7 @@ Command add_gate_command(CLI::App& app);  // also the default job
 Command add_merge_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_bounds_command(CLI::App& app);
+Command add_study_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
 Command add_softmax_command(CLI::App& app);
 Command add_prove_command(CLI::App& app);

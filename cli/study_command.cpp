@@ -1,0 +1,144 @@
+// sharpcheck study: a precision study over n x format x spread (and kernels), written as CSV and
+// SVG plots: the largest coefficient against Lemma 2.1's bound and the tight bound, kernel error
+// against n per format, and each format's precision horizons.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "bounds/bounds.hpp"
+#include "cli/commands.hpp"
+#include "cli/gate.hpp"
+#include "core/errors.hpp"
+#include "inputs/rows.hpp"
+#include "io/svg_plot.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/evaluate.hpp"
+#include "reference/softmax.hpp"
+
+namespace sharpcheck::cli {
+namespace {
+
+struct StudySettings {
+  std::string preset = "paper";
+  std::string out = "study";
+  std::vector<double> spreads;
+  std::vector<std::size_t> sizes;
+  std::vector<std::string> kernels{"safe3", "online2", "safe3_bf16", "safe3_fp16", "bf16acc"};
+  std::uint64_t seed = 20241008;
+};
+
+const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+
+std::string spread_text(double delta) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", delta);
+  return text;
+}
+
+int run_study(StudySettings s) {
+  if (s.preset != "paper") throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
+  if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
+  if (s.sizes.empty()) {
+    for (std::size_t n = 16; n <= 16384; n *= 2) s.sizes.push_back(n);
+  }
+  std::filesystem::create_directories(s.out);
+  const std::vector<const FloatFormat*> formats{&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
+
+  std::ofstream dispersion(s.out + "/dispersion.csv");
+  dispersion.precision(17);
+  dispersion << "delta,n,lemma_2_1_upper,tight_upper";
+  for (const auto* format : formats) dispersion << ",largest_in_" << format->name;
+  dispersion << "\n";
+  std::ofstream horizons(s.out + "/horizons.csv");
+  horizons.precision(17);
+  horizons << "format,delta,underflow_horizon_lower,underflow_horizon_upper,accumulation_horizon\n";
+  for (const double delta : s.spreads) {
+    io::Chart chart{"Largest coefficient of any row with spread " + spread_text(delta) + " (theta = 1)", "n",
+                    "largest coefficient", true, true, {}, {}};
+    io::Series lemma{"Lemma 2.1: exp(delta)/n", {}, {}, "#000000", true, false};
+    io::Series tight{"tight: 1/(1+(n-1)exp(-delta))", {}, {}, "#555555", false, false};
+    std::vector<io::Series> per_format;
+    for (std::size_t f = 0; f < formats.size(); ++f) {
+      per_format.push_back({std::string(formats[f]->name), {}, {}, palette[f], false, true});
+    }
+    for (const std::size_t n : s.sizes) {
+      const auto bound = bounds::lemma_2_1(static_cast<double>(n), delta, 1.0);
+      const double largest = bounds::tight_largest_coefficient(static_cast<double>(n), delta, 1.0);
+      lemma.x.push_back(static_cast<double>(n));
+      lemma.y.push_back(bound.upper);
+      tight.x.push_back(static_cast<double>(n));
+      tight.y.push_back(largest);
+      dispersion << delta << "," << n << "," << bound.upper << "," << largest;
+      // The extremal row: one logit delta above the n - 1 others, correctly rounded in each format.
+      std::vector<double> row(n, 0.0);
+      row[0] = delta;
+      for (std::size_t f = 0; f < formats.size(); ++f) {
+        const double value = reference::softmax(row, *formats[f])[0];
+        per_format[f].x.push_back(static_cast<double>(n));
+        per_format[f].y.push_back(value);
+        dispersion << "," << hex_float(value);
+      }
+      dispersion << "\n";
+    }
+    chart.series.push_back(lemma);
+    chart.series.push_back(tight);
+    for (auto& series : per_format) chart.series.push_back(std::move(series));
+    for (std::size_t f = 0; f < formats.size(); ++f) {
+      const auto horizon = bounds::underflow_horizon(delta, 1.0, *formats[f]);
+      horizons << formats[f]->name << "," << delta << "," << horizon.lower << "," << horizon.upper << ","
+               << bounds::accumulation_horizon(*formats[f]) << "\n";
+      chart.markers.push_back({horizon.lower, std::string(formats[f]->name) + " underflows", palette[f]});
+    }
+    const auto uint8_horizon = bounds::underflow_horizon(delta, 1.0, 1.0 / 512);
+    horizons << "uint8," << delta << "," << uint8_horizon.lower << "," << uint8_horizon.upper << ",\n";
+    chart.markers.push_back({uint8_horizon.lower, "uint8 underflows", "#bcbd22"});
+    std::ofstream(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg") << io::render_svg(chart);
+  }
+
+  // Kernel error against n: four random normal rows per size.
+  std::ofstream errors(s.out + "/kernel_error.csv");
+  errors.precision(17);
+  errors << "kernel,format,n,max_ulps,mean_ulps,max_bound_ratio\n";
+  io::Chart error_chart{"Kernel error against the correctly rounded reference (random normal rows)", "n",
+                        "max ulp in the output format", true, false, {}, {}};
+  for (std::size_t k = 0; k < s.kernels.size(); ++k) {
+    const auto* kernel = kernels::find_softmax_kernel(s.kernels[k]);
+    if (kernel == nullptr) throw InputError(InputProblem::out_of_range, "study: no kernel '" + s.kernels[k] + "'");
+    io::Series series{std::string(kernel->name) + " (" + std::string(kernel->output->name) + ")", {}, {},
+                      palette[k % 8], kernel->deliberately_broken, true};
+    for (const std::size_t n : s.sizes) {
+      Matrix logits(4, n);
+      for (std::size_t r = 0; r < 4; ++r) {
+        const auto row = inputs::make_row(inputs::RowKind::random_normal, n, *kernel->input, s.seed + r);
+        std::copy(row.begin(), row.end(), logits.row(r).begin());
+      }
+      const auto evaluation = metrics::evaluate_softmax(*kernel, logits, 1.0);
+      const auto& c = evaluation.comparison;
+      errors << kernel->name << "," << kernel->output->name << "," << n << "," << c.max_ulps << "," << c.mean_ulps << ","
+             << c.max_bound_ratio << "\n";
+      series.x.push_back(static_cast<double>(n));
+      series.y.push_back(static_cast<double>(c.max_ulps));
+    }
+    error_chart.series.push_back(std::move(series));
+  }
+  std::ofstream(s.out + "/kernel_error.svg") << io::render_svg(error_chart);
+  std::printf("study written to %s: dispersion.csv, horizons.csv, kernel_error.csv and their SVG plots\n",
+              s.out.c_str());
+  return exit_pass;
+}
+
+}  // namespace
+
+Command add_study_command(CLI::App& app) {
+  auto s = std::make_shared<StudySettings>();
+  auto* command = app.add_subcommand("study", "A precision study: dispersion, kernel error and horizons, CSV and SVG");
+  command->add_option("--preset", s->preset, "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B)");
+  command->add_option("--out", s->out, "Output directory (default ./study)");
+  command->add_option("--spreads", s->spreads, "Spreads delta to study")->delimiter(',');
+  command->add_option("--sizes", s->sizes, "Sizes n to study")->delimiter(',');
+  command->add_option("--kernels", s->kernels, "Kernels whose error to plot")->delimiter(',');
+  return [command, s]() -> int { return *command ? run_study(*s) : -1; };
+}
+
+}  // namespace sharpcheck::cli
