@@ -116,11 +116,13 @@ std::string render_svg(const Chart& chart) {
       << escape(chart.x_label) << "</text>\n";
   svg << "<text transform=\"translate(22," << top + plot_height / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
       << escape(chart.y_label) << "</text>\n";
+  double marker_label_y = top + 12;
   for (const auto& marker : chart.markers) {
     if (marker.x < x_axis.low || marker.x > x_axis.high) continue;
+    marker_label_y += 12;  // staggered, so labels of nearby markers do not overlap
     svg << "<line x1=\"" << px(marker.x) << "\" y1=\"" << top << "\" x2=\"" << px(marker.x) << "\" y2=\""
         << top + plot_height << "\" stroke=\"" << marker.colour << "\" stroke-dasharray=\"2,3\"/>\n<text x=\""
-        << px(marker.x) + 3 << "\" y=\"" << top + 12 << "\" fill=\"" << marker.colour << "\" font-size=\"10\">"
+        << px(marker.x) + 3 << "\" y=\"" << marker_label_y << "\" fill=\"" << marker.colour << "\" font-size=\"10\">"
         << escape(marker.label) << "</text>\n";
   }
   double legend_y = top + 10;
