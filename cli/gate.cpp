@@ -171,14 +171,17 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
   }
   const kernels::SoftmaxKernel description{gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format,
                                            &fp32, false, nullptr};
-  outcome.comparison =
-      metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"), logits, 1.0, run.out).comparison;
+  const auto evaluation =
+      metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"), logits, 1.0, run.out);
+  outcome.comparison = evaluation.comparison;
+  outcome.reference_statistics = evaluation.reference_statistics;
 }
 }  // namespace
 
 CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
   const auto start = std::chrono::steady_clock::now();
-  CaseOutcome outcome{gate_case, "", {}, 0, 0, {}, false, ""};
+  CaseOutcome outcome;
+  outcome.gate_case = gate_case;
   if (gate_case.plugin_format != nullptr) {
     run_plugin_case(gate_case, settings, outcome);
   } else if (const auto* kernel = kernels::find_softmax_kernel(gate_case.kernel)) {
@@ -188,6 +191,7 @@ CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
     const auto evaluation = metrics::evaluate_softmax(*kernel, one_row(row), 1.0);
     outcome.comparison = evaluation.comparison;
     outcome.rows_not_judged = evaluation.rows_not_judged;
+    outcome.reference_statistics = evaluation.reference_statistics;
   } else {
     const auto* attention = kernels::find_attention_kernel(gate_case.kernel);
     outcome.format = std::string(attention->output->name);
@@ -195,7 +199,9 @@ CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
     const Matrix q = normal_matrix(attention_queries, attention_dimension, random, *attention->input);
     const Matrix k = normal_matrix(gate_case.n, attention_dimension, random, *attention->input);
     const Matrix v = normal_matrix(gate_case.n, attention_dimension, random, *attention->input);
-    outcome.comparison = metrics::evaluate_attention(*attention, q, k, v, false).comparison;
+    const auto evaluation = metrics::evaluate_attention(*attention, q, k, v, false);
+    outcome.comparison = evaluation.comparison;
+    outcome.reference_statistics = evaluation.reference_statistics;
   }
   if (!outcome.crashed && !outcome.comparison.passed()) {
     outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
@@ -255,6 +261,12 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
           {"reproducer", outcome.reproducer},
           {"failures", outcome.failures},
           {"rows_not_judged", outcome.rows_not_judged},
+          {"reference",
+           {{"calls", outcome.reference_statistics.calls},
+            {"decided_by_balls", outcome.reference_statistics.decided_by_balls},
+            {"escalations", outcome.reference_statistics.escalations},
+            {"exact_cases", outcome.reference_statistics.exact_cases},
+            {"highest_mpfr_precision", outcome.reference_statistics.highest_precision}}},
           {"seconds", outcome.seconds},
           {"elements", c.elements},
           {"max_ulps", c.max_ulps},

@@ -11,6 +11,7 @@
 
 #include "kernels/plugin.hpp"
 #include "metrics/comparison.hpp"
+#include "reference/exact_rounding.hpp"
 
 namespace sharpcheck::cli {
 
@@ -33,6 +34,7 @@ struct CaseOutcome {
   std::string format;
   metrics::Comparison comparison;
   std::size_t rows_not_judged = 0;
+  reference::ZivStatistics reference_statistics;
   double seconds = 0;
   std::vector<std::string> failures;  // tolerance, budget and baseline findings; empty = pass
   bool crashed = false;               // the kernel crashed, hung or returned an error
@@ -53,6 +55,7 @@ struct GateSettings {
   std::shared_ptr<kernels::Plugin> plugin;  // --plugin: its cases join the sweep
   double plugin_timeout_seconds = 10;
   std::string reproducer_directory = "sharpcheck-reproducers";
+  unsigned threads = 0;  // 0: every core; plugin runs use one (they fork)
 };
 
 // The cases of a sweep, in a fixed order (so shards partition it the same way on every machine).

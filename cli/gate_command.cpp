@@ -2,6 +2,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
@@ -82,8 +88,50 @@ int run_gate(GateSettings settings, bool list) {
     if (!settings.json_path.empty()) write_atomically(settings.json_path, report.dump(1) + "\n");
     if (!settings.junit_path.empty()) write_atomically(settings.junit_path, junit_xml(results));
   };
+  // Cases run on a pool of threads; results are taken in sweep order, so reports and verdicts
+  // are the same for any thread count. Plugin cases fork, which wants a single thread.
+  const unsigned threads = settings.plugin ? 1u
+                                           : (settings.threads != 0 ? settings.threads
+                                                                    : std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::optional<CaseOutcome>> finished(cases.size());
+  std::mutex lock;
+  std::condition_variable ready;
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr worker_error;
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (std::size_t j = next++; j < cases.size(); j = next++) {
+        std::optional<CaseOutcome> outcome;
+        try {
+          outcome = run_case(cases[j], settings);
+        } catch (...) {
+          const std::lock_guard<std::mutex> guard(lock);
+          if (!worker_error) worker_error = std::current_exception();
+          next = cases.size();
+        }
+        const std::lock_guard<std::mutex> guard(lock);
+        finished[j] = std::move(outcome);
+        ready.notify_all();
+      }
+    });
+  }
+  const auto join_pool = [&] {
+    for (auto& thread : pool) thread.join();
+    pool.clear();
+  };
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    CaseOutcome outcome = run_case(cases[i], settings);
+    std::unique_lock<std::mutex> guard(lock);
+    ready.wait(guard, [&] { return finished[i].has_value() || worker_error != nullptr; });
+    if (worker_error) {
+      guard.unlock();
+      join_pool();
+      write_reports();
+      std::rethrow_exception(worker_error);
+    }
+    CaseOutcome outcome = std::move(*finished[i]);
+    finished[i].reset();
+    guard.unlock();
     apply_budget(outcome, budget);
     apply_baseline(outcome, baseline);
     results.push_back(to_json(outcome));
@@ -95,6 +143,7 @@ int run_gate(GateSettings settings, bool list) {
     // The report so far is never lost: rewritten (atomically) every 25 cases and at each kernel.
     if ((i + 1) % 25 == 0 || i + 1 == cases.size() || cases[i].kernel != cases[i + 1].kernel) write_reports();
   }
+  join_pool();
   if (terminal) std::fprintf(stderr, "\n");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -185,6 +234,7 @@ Command add_gate_command(CLI::App& app) {
   command->add_option("--plugin-timeout", settings->plugin_timeout_seconds, "Seconds a plugin call may take")
       ->check(CLI::PositiveNumber);
   command->add_option("--reproducers", settings->reproducer_directory, "Where inputs of crashed cases are saved");
+  command->add_option("--threads", settings->threads, "Worker threads (default: every core; results do not depend on it)");
   return [command, kernel_option, settings, shard, sizes, list, plugin_path, &app]() -> int {
     // The built-in default job when no subcommand is named.
     if (!*command && !app.get_subcommands().empty()) return -1;

@@ -3,6 +3,7 @@
 // against n per format, and each format's precision horizons.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -34,6 +35,25 @@ std::string spread_text(double delta) {
   char text[32];
   std::snprintf(text, sizeof text, "%g", delta);
   return text;
+}
+
+// PNG copies of the dispersion plots through gnuplot, when it is installed (the SVGs need nothing).
+void write_png_copies(const StudySettings& s) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+    std::printf("gnuplot is not installed: no PNG copies (the SVG plots are complete)\n");
+    return;
+  }
+  for (const double delta : s.spreads) {
+    const std::string name = s.out + "/dispersion_delta_" + spread_text(delta);
+    std::ofstream script(name + ".gp");
+    script << "set terminal pngcairo size 900,560\nset output '" << name << ".png'\nset datafile separator ','\n"
+           << "set logscale xy\nset xlabel 'n'\nset ylabel 'largest coefficient'\n"
+           << "set title 'Largest coefficient, spread " << spread_text(delta) << "'\n"
+           << "plot '" << s.out << "/dispersion.csv' using ($1==" << delta << " ? $2 : 1/0):3 with lines title "
+           << "'Lemma 2.1', '' using ($1==" << delta << " ? $2 : 1/0):4 with lines title 'tight bound'\n";
+    script.close();
+    if (std::system(("gnuplot '" + name + ".gp'").c_str()) != 0) std::printf("gnuplot failed on %s.gp\n", name.c_str());
+  }
 }
 
 int run_study(StudySettings s) {
@@ -125,6 +145,7 @@ int run_study(StudySettings s) {
   std::ofstream(s.out + "/kernel_error.svg") << io::render_svg(error_chart);
   std::printf("study written to %s: dispersion.csv, horizons.csv, kernel_error.csv and their SVG plots\n",
               s.out.c_str());
+  write_png_copies(s);
   return exit_pass;
 }
 

@@ -67,6 +67,7 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
     RowGeometry geometry = row_geometry(row, theta);
     reference::RowOptions options;
     options.theta = theta;
+    options.statistics = &evaluation.reference_statistics;
     if (kernel.operation == kernels::Operation::adaptive_temperature) {
       // beta from the exact definition (probabilities correctly rounded to fp64, entropy with the
       // 1e-9 term in double: both far below the kernel's error), then softmax(beta e / theta).
@@ -135,6 +136,7 @@ Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Toleran
   options.causal = causal;
   options.return_weights = true;
   options.fully_masked_gives_zeros = true;
+  options.statistics = &evaluation.reference_statistics;
   auto reference_result = reference::attention(queries, keys, values, *kernel.output, options);
   evaluation.expected = std::move(reference_result.output);
   const Matrix& weights = *reference_result.weights;

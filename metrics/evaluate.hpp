@@ -6,6 +6,7 @@
 #include "core/matrix.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/comparison.hpp"
+#include "reference/exact_rounding.hpp"
 
 namespace sharpcheck::metrics {
 
@@ -14,6 +15,7 @@ struct Evaluation {
   Matrix expected;  // the correctly rounded reference, in the kernel's output format
   Matrix actual;    // the kernel's output
   Matrix allowed;   // each element's allowed error under the tolerance table
+  reference::ZivStatistics reference_statistics;  // how the reference decided (balls, MPFR loop, exact cases)
   // Adaptive temperature only: rows whose entropy or polynomial sits within the kernel's own
   // error of a switching point (H = 0.5 or poly(H) = 1) are not judged; counted here.
   std::size_t rows_not_judged = 0;
