@@ -4,12 +4,15 @@
 // Run with OMP_NUM_THREADS=1 for one-thread figures (oneDNN threads with OpenMP).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/random.hpp"
 #include "formats/storage.hpp"
 #include "kernels/attention_kernels.hpp"
+#include "kernels/quantized_softmax.hpp"
 #include "kernels/softmax_kernels.hpp"
 
 #ifdef SHARPCHECK_HAVE_DNNL
@@ -28,6 +31,8 @@ std::vector<Storage> normal_logits(std::size_t count) {
   for (auto& x : logits) {
     if constexpr (std::is_same_v<Storage, float>) {
       x = static_cast<float>(random.normal(0, 3));
+    } else if constexpr (std::is_same_v<Storage, std::int8_t>) {
+      x = static_cast<std::int8_t>(std::clamp(std::lround(random.normal(0, 3) * 16), -127L, 127L));
     } else {
       x = Storage::from_float(static_cast<float>(random.normal(0, 3)));
     }
@@ -93,6 +98,7 @@ BENCHMARK(softmax_kernel<Bfloat16, k::softmax_online2_bf16>)->Name("online2_bf16
 BENCHMARK(softmax_kernel<Bfloat16, k::softmax_bf16_accumulator>)->Name("bf16acc")->Apply(shapes);
 BENCHMARK(softmax_kernel<Float16, k::softmax_safe3_fp16>)->Name("safe3_fp16")->Apply(shapes);
 BENCHMARK(softmax_kernel<Float16, k::softmax_online2_fp16>)->Name("online2_fp16")->Apply(shapes);
+BENCHMARK(softmax_kernel<std::int8_t, k::softmax_int8>)->Name("int8_lut")->Apply(shapes);
 
 #ifdef SHARPCHECK_HAVE_DNNL
 void onednn_softmax(benchmark::State& state, dnnl::memory::data_type type, std::size_t bytes_per_element) {

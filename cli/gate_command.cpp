@@ -167,7 +167,7 @@ int run_gate(GateSettings settings, bool list) {
       summary.worst = &c;
     }
   }
-  std::printf("%-22s %-9s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp", "bound ratio",
+  std::printf("%-22s %-16s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp", "bound ratio",
               "verdict");
   bool run_failed = false;
   for (const auto& kernel : order) {
@@ -179,7 +179,7 @@ int run_gate(GateSettings settings, bool list) {
       verdict = Verdict::fail;
     }
     run_failed = run_failed || verdict == Verdict::fail || verdict == Verdict::unexpected_pass;
-    std::printf("%-22s %-9s %6zu %7zu %9llu %12.3g  %s\n", kernel.c_str(), s.format.c_str(), s.cases, s.failed,
+    std::printf("%-22s %-16s %6zu %7zu %9llu %12.3g  %s\n", kernel.c_str(), s.format.c_str(), s.cases, s.failed,
                 static_cast<unsigned long long>(s.max_ulps), s.max_bound_ratio, verdict_name(verdict));
   }
   std::printf("\nworst case of each kernel (bound ratio = |error| / allowed; > 1 fails):\n");

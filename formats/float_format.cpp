@@ -15,6 +15,7 @@ constexpr double infinity = std::numeric_limits<double>::infinity();
 
 double overflow_value(bool negative, const FloatFormat& format) {
   if (format.overflow == OverflowBehaviour::to_nan) return quiet_nan;
+  if (format.overflow == OverflowBehaviour::saturate) return negative ? -format.max_finite : format.max_finite;
   return negative ? -infinity : infinity;
 }
 
@@ -67,12 +68,17 @@ std::optional<const FloatFormat*> find_float_format(std::string_view name) {
   if (name == "float64" || name == "double") return &fp64;
   if (name == "float16" || name == "half") return &fp16;
   if (name == "bfloat16") return &bf16;
+  if (name == "q8_probabilities" || name == "uint8" || name == "int8") return &q8_probabilities;
+  if (name == "q8_logits") return &q8_logits;
   return std::nullopt;
 }
 
 double round_to_format(double x, const FloatFormat& format) {
   if (std::isnan(x)) return quiet_nan;
-  if (std::isinf(x)) return format.has_infinity() ? x : quiet_nan;
+  if (std::isinf(x)) {
+    if (format.overflow == OverflowBehaviour::saturate) return overflow_value(x < 0, format);
+    return format.has_infinity() ? x : quiet_nan;
+  }
   if (x == 0.0) return x;
   int exponent = 0;
   std::frexp(x, &exponent);
@@ -85,7 +91,10 @@ double round_to_format(double x, const FloatFormat& format) {
 double round_to_format(mpfr_srcptr x, const FloatFormat& format) {
   if (mpfr_nan_p(x)) return quiet_nan;
   const bool negative = mpfr_signbit(x) != 0;
-  if (mpfr_inf_p(x)) return format.has_infinity() ? (negative ? -infinity : infinity) : quiet_nan;
+  if (mpfr_inf_p(x)) {
+    if (format.overflow == OverflowBehaviour::saturate) return overflow_value(negative, format);
+    return format.has_infinity() ? (negative ? -infinity : infinity) : quiet_nan;
+  }
   if (mpfr_zero_p(x)) return negative ? -0.0 : 0.0;
   const mpfr_exp_t exponent = mpfr_get_exp(x);  // x = m * 2^exponent with 1/2 <= |m| < 1
   if (exponent >= format.max_exponent + 2) return overflow_value(negative, format);
@@ -113,6 +122,7 @@ double round_to_format(mpfr_srcptr x, const FloatFormat& format) {
 bool is_representable(double x, const FloatFormat& format) {
   if (std::isnan(x)) return true;
   if (std::isinf(x)) return format.has_infinity();
+  if (std::fabs(x) > format.max_finite) return false;
   return round_to_format(x, format) == x;
 }
 

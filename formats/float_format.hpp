@@ -23,6 +23,7 @@ namespace sharpcheck {
 enum class OverflowBehaviour {
   to_infinity,  // IEEE 754: round to nearest gives +-infinity (fp64, fp32, bf16, fp16, fp8 e5m2).
   to_nan,       // OCP fp8 e4m3 "fn" has no infinity; like PyTorch's cast, overflow gives NaN.
+  saturate,     // fixed-point grids of quantized kernels: beyond the range (infinities too) clamps.
 };
 
 struct FloatFormat {
@@ -54,6 +55,17 @@ inline constexpr FloatFormat fp16{"fp16", 5, 10, -14, 15, 65504.0, OverflowBehav
 // OCP 8-bit e4m3 "fn": bias 7, no infinities, only S.1111.111 is NaN, so the largest finite is 448.
 inline constexpr FloatFormat fp8_e4m3{"fp8_e4m3", 4, 3, -6, 8, 448.0, OverflowBehaviour::to_nan};
 inline constexpr FloatFormat fp8_e5m2{"fp8_e5m2", 5, 2, -14, 15, 57344.0, OverflowBehaviour::to_infinity};
+
+// Affine-quantized 8-bit values seen as fixed-point grids (value = scale * (code - zero point)
+// with a power-of-two scale), so that the same exact rounding serves them: every grid value is a
+// "subnormal" of the pseudo-format below, and overflow saturates.
+//  q8_probabilities: TFLite's softmax outputs, scale 1/256: the grid k/256, k in [0, 255]
+//    (uint8 with zero point 0 and int8 with zero point -128 hold the same values).
+//  q8_logits: int8 logits with scale 1/16 and zero point 0, codes -127 to 127 (symmetric:
+//    -128 is left out so the grid is one format): k/16 in [-7.9375, 7.9375].
+inline constexpr FloatFormat q8_probabilities{"q8_probabilities", 2, 8, 0, 0, 255.0 / 256,
+                                              OverflowBehaviour::saturate};
+inline constexpr FloatFormat q8_logits{"q8_logits", 4, 7, 3, 3, 127.0 / 16, OverflowBehaviour::saturate};
 
 // All formats, widest first.
 inline constexpr const FloatFormat* all_float_formats[] = {&fp64, &fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};

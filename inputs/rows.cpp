@@ -75,6 +75,10 @@ std::vector<double> make_row(RowKind kind, std::size_t n, const FloatFormat& for
       std::fill(row.begin(), row.end(), 0.0);
       break;
   }
+  // A saturating (quantized) format has no -inf: masked entries clamp to its smallest value.
+  if (format.overflow == OverflowBehaviour::saturate) {
+    for (double& e : row) e = in_format(e);
+  }
   return row;
 }
 

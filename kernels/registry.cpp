@@ -6,6 +6,7 @@
 
 #include "core/errors.hpp"
 #include "kernels/attention_kernels.hpp"
+#include "kernels/quantized_softmax.hpp"
 #include "kernels/softmax_kernels.hpp"
 
 namespace sharpcheck::kernels {
@@ -63,6 +64,25 @@ void blocked(const float* logits, float* out, std::size_t n, float scale) {
   softmax_blocked_fp32(logits, out, n, scale);
 }
 
+// Quantized kernels: logits are values of q8_logits (k/16), outputs codes with zero point zp.
+template <typename Code, void (*Kernel)(const std::int8_t*, Code*, std::size_t, float), int ZeroPoint>
+void run_quantized(const Matrix& logits, double theta, Matrix& out) {
+  out = Matrix(logits.rows, logits.cols);
+  std::vector<std::int8_t> codes(logits.cols);
+  std::vector<Code> result(logits.cols);
+  for (std::size_t r = 0; r < logits.rows; ++r) {
+    for (std::size_t j = 0; j < logits.cols; ++j) {
+      if (!is_representable(logits(r, j), q8_logits)) {
+        throw InputError(InputProblem::out_of_range, "logit " + std::to_string(j) + " (" + hex_float(logits(r, j)) +
+                                                         ") is not a value of q8_logits (k/16, |k| <= 127)");
+      }
+      codes[j] = static_cast<std::int8_t>(logits(r, j) * 16);
+    }
+    Kernel(codes.data(), result.data(), logits.cols, kernel_scale(theta));
+    for (std::size_t j = 0; j < logits.cols; ++j) out(r, j) = (static_cast<int>(result[j]) - ZeroPoint) / 256.0;
+  }
+}
+
 template <typename Storage>
 std::vector<Storage> matrix_to_storage(const Matrix& matrix, const FloatFormat& format, const char* what) {
   std::vector<Storage> values(matrix.values.size());
@@ -115,6 +135,11 @@ const SoftmaxKernel softmax_table[] = {
      run_rows<Float16, softmax_online2_fp16>},
     {"bf16acc", "bf16 with a bf16 running sum that stalls at 256 (kept to prove the gate catches it)",
      Operation::softmax, &bf16, &bf16, &bf16, true, run_rows<Bfloat16, softmax_bf16_accumulator>},
+    {"int8", "TFLite-style int8 softmax: exp lookup table over 256 code differences, float sum, out scale 1/256, zp -128",
+     Operation::softmax, &q8_logits, &q8_probabilities, &fp32, false,
+     run_quantized<std::int8_t, softmax_int8, -128>},
+    {"uint8", "TFLite-style softmax to uint8: exp lookup table, float sum, out scale 1/256, zero point 0",
+     Operation::softmax, &q8_logits, &q8_probabilities, &fp32, false, run_quantized<std::uint8_t, softmax_uint8, 0>},
     {"adaptive", "fp32 adaptive temperature exactly as the paper's code (entropy, polynomial beta, re-softmax)",
      Operation::adaptive_temperature, &fp32, &fp32, &fp32, false, run_rows<float, softmax_adaptive_fp32>},
     {"adaptive_streaming", "fp32 adaptive temperature with the entropy from the online pass (logits read twice)",

@@ -41,6 +41,13 @@ constexpr Tolerance table[] = {
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
     {"bf16acc", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: the bf16 contract (fp32 accumulation), which this kernel breaks",
      "judged by what a bf16 kernel must deliver; its bf16 running sum cannot meet it"},
+    // Quantized kernels: the float lookup table and sum carry about (n + 4) u_fp32 relative error,
+    // under a quarter of an output step for n <= 16,384; what remains is the output grid itself
+    // (TFLite rounds half away from zero, the reference ties to even): one step of 1/256, which
+    // allowed_error's floor (one output subnormal = one grid step) grants.
+    {"int8", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: float LUT and sum (BHH 2021) plus one grid step",
+     "outputs are codes of 1/256; a kernel within one code of the correctly rounded code passes"},
+    {"uint8", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: as int8", "the same computation with zero point 0"},
     // A plugin's softmax is judged by the contract of any shifted fp32-accumulating softmax; the
     // online normaliser's entry covers the three-pass one, so it is the one used.
     {"plugin_softmax", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: as online2 (covers safe3 and blocked)",

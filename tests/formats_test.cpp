@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpfr.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -235,6 +236,34 @@ TEST(Lookup, FindsFormatsByNameAndAlias) {
   EXPECT_EQ(find_float_format("bf16").value(), &bf16);
   EXPECT_EQ(find_float_format("e4m3").value(), &fp8_e4m3);
   EXPECT_FALSE(find_float_format("fp4").has_value());
+}
+
+}  // namespace
+}  // namespace sharpcheck
+
+namespace sharpcheck {
+namespace {
+
+// The quantized grids: round to the nearest multiple of the scale, ties to the even code, and
+// saturate (infinities too) at the ends, exactly as an independent integer computation does.
+TEST(QuantizedGrids, RoundToTheNearestCodeTiesToEvenAndSaturate) {
+  DeterministicRandom random(19);
+  for (int i = 0; i < 100000; ++i) {
+    const double x = random.uniform(-0.1, 1.2);
+    const double scaled = x * 256;  // exact
+    double code = std::nearbyint(scaled);  // the default environment rounds ties to even
+    code = std::clamp(code, -255.0, 255.0);
+    ASSERT_EQ(round_to_format(x, q8_probabilities), code / 256) << hex_float(x);
+  }
+  EXPECT_EQ(round_to_format(0.5 / 256, q8_probabilities), 0.0);        // tie to the even code 0
+  EXPECT_EQ(round_to_format(1.5 / 256, q8_probabilities), 2.0 / 256);  // tie to the even code 2
+  EXPECT_EQ(round_to_format(1.0, q8_probabilities), 255.0 / 256);      // p = 1 saturates to code 255
+  EXPECT_EQ(round_to_format(INFINITY, q8_logits), 127.0 / 16);
+  EXPECT_EQ(round_to_format(-INFINITY, q8_logits), -127.0 / 16);
+  EXPECT_EQ(round_to_format(88.7, q8_logits), 127.0 / 16);
+  EXPECT_EQ(round_to_format(0.03125, q8_logits), 0.0);  // half of 1/16: tie to the even code 0
+  EXPECT_EQ(ulp_distance(3.0 / 256, 7.0 / 256, q8_probabilities), 4u);
+  EXPECT_FALSE(is_representable(8.0, q8_logits));
 }
 
 }  // namespace
