@@ -1,14 +1,11 @@
 #include "kernels/plugin.hpp"
 
 #include <dlfcn.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstring>
+#include <utility>
 
+#include "core/child_process.hpp"
 #include "core/errors.hpp"
 #include "formats/storage.hpp"
 #include "kernels/plugin_abi.h"
@@ -25,9 +22,10 @@ uint32_t format_code(const FloatFormat& format) {
   return SHARPCHECK_FP16;
 }
 
-// Runs in the child: converts to storage, calls the plugin, writes doubles to the pipe.
-[[noreturn]] void child_main(SoftmaxEntry softmax, const FloatFormat& format, const Matrix& logits, float scale,
-                             int out_fd) {
+// Runs in the child: converts to storage, calls the plugin, returns the outputs as doubles' bytes
+// (or, when the plugin reports an error, exit status 10 + its code).
+std::pair<std::string, int> call_plugin(SoftmaxEntry softmax, const FloatFormat& format, const Matrix& logits,
+                                        float scale) {
   const std::size_t count = logits.values.size();
   std::vector<double> result(count);
   int code = 0;
@@ -42,16 +40,8 @@ uint32_t format_code(const FloatFormat& format) {
     code = softmax(format_code(format), in.data(), out.data(), logits.rows, logits.cols, scale);
     for (std::size_t i = 0; i < count; ++i) result[i] = decode(out[i], format);
   }
-  if (code != 0) _exit(10 + (code & 0x7F));
-  const char* bytes = reinterpret_cast<const char*>(result.data());
-  std::size_t left = count * sizeof(double);
-  while (left > 0) {
-    const ssize_t written = write(out_fd, bytes, left);
-    if (written <= 0) _exit(2);
-    bytes += written;
-    left -= static_cast<std::size_t>(written);
-  }
-  _exit(0);
+  if (code != 0) return {"", 10 + (code & 0x7F)};
+  return {std::string(reinterpret_cast<const char*>(result.data()), count * sizeof(double)), 0};
 }
 
 }  // namespace
@@ -105,51 +95,30 @@ Plugin::~Plugin() {
 
 PluginRun Plugin::run_softmax(const FloatFormat& format, const Matrix& logits, float scale,
                               double timeout_seconds) const {
-  PluginRun run;
-  int channel[2];
-  if (pipe(channel) != 0) return {PluginRun::Status::returned_error, "cannot create a pipe", {}};
-  std::fflush(nullptr);
-  const pid_t child = fork();
-  if (child < 0) return {PluginRun::Status::returned_error, "cannot fork", {}};
-  if (child == 0) {
-    close(channel[0]);
-    child_main(reinterpret_cast<SoftmaxEntry>(softmax_), format, logits, scale, channel[1]);
-  }
-  close(channel[1]);
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<char> bytes;
+  const auto entry = reinterpret_cast<SoftmaxEntry>(softmax_);
+  const ChildOutcome child =
+      run_in_child([&] { return call_plugin(entry, format, logits, scale); }, timeout_seconds);
   const std::size_t expected = logits.values.size() * sizeof(double);
-  bool hung = false;
-  char buffer[65536];
-  while (true) {
-    const double left = timeout_seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (left <= 0) {
-      hung = true;
-      break;
-    }
-    pollfd descriptor{channel[0], POLLIN, 0};
-    if (poll(&descriptor, 1, static_cast<int>(left * 1000) + 1) <= 0) continue;
-    const ssize_t count = read(channel[0], buffer, sizeof buffer);
-    if (count <= 0) break;
-    bytes.insert(bytes.end(), buffer, buffer + count);
+  switch (child.ending) {
+    case ChildOutcome::Ending::could_not_start:
+      return {PluginRun::Status::returned_error, "could not start a child process", {}};
+    case ChildOutcome::Ending::timed_out:
+      return {PluginRun::Status::hung, "no answer within " + std::to_string(timeout_seconds) + " s (killed)", {}};
+    case ChildOutcome::Ending::killed_by_signal:
+      return {PluginRun::Status::crashed, "killed by " + child.signal, {}};
+    case ChildOutcome::Ending::exited: break;
   }
-  close(channel[0]);
-  if (hung) kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
-  if (hung) {
-    return {PluginRun::Status::hung, "no answer within " + std::to_string(timeout_seconds) + " s (killed)", {}};
+  if (child.exit_code >= 10) {
+    return {PluginRun::Status::returned_error, "sharpcheck_softmax returned " + std::to_string(child.exit_code - 10), {}};
   }
-  if (WIFSIGNALED(status)) return {PluginRun::Status::crashed, std::string("killed by ") + strsignal(WTERMSIG(status)), {}};
-  if (WIFEXITED(status) && WEXITSTATUS(status) >= 10) {
-    return {PluginRun::Status::returned_error, "sharpcheck_softmax returned " + std::to_string(WEXITSTATUS(status) - 10), {}};
+  if (child.exit_code != 0 || child.output.size() != expected) {
+    return {PluginRun::Status::crashed, "the child exited (status " + std::to_string(child.exit_code) +
+                                            ") without its output (" + std::to_string(child.output.size()) + " of " +
+                                            std::to_string(expected) + " bytes)", {}};
   }
-  if (bytes.size() != expected) {
-    return {PluginRun::Status::crashed, "the child exited without its output (" + std::to_string(bytes.size()) +
-                                            " of " + std::to_string(expected) + " bytes)", {}};
-  }
+  PluginRun run;
   run.out = Matrix(logits.rows, logits.cols);
-  std::memcpy(run.out.values.data(), bytes.data(), expected);
+  std::memcpy(run.out.values.data(), child.output.data(), expected);
   return run;
 }
 

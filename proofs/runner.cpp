@@ -1,13 +1,9 @@
 #include "proofs/runner.hpp"
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <cstring>
 #include <string>
+#include <utility>
+
+#include "core/child_process.hpp"
 
 namespace sharpcheck::proofs {
 namespace {
@@ -40,50 +36,20 @@ std::string solve(const Obligation& obligation, Mode mode, unsigned timeout_ms) 
   return "unknown\n";
 }
 
-CheckOutcome run_in_child(const Obligation& obligation, Mode mode, const RunOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  int channel[2];
-  if (pipe(channel) != 0) return {Verdict::unknown, "could not create a pipe", 0};
-  const pid_t child = fork();
-  if (child < 0) return {Verdict::unknown, "could not fork", 0};
-  if (child == 0) {
-    close(channel[0]);
-    const std::string answer = solve(obligation, mode, options.timeout_ms);
-    std::size_t written = 0;
-    while (written < answer.size()) {
-      const ssize_t count = write(channel[1], answer.data() + written, answer.size() - written);
-      if (count <= 0) break;
-      written += static_cast<std::size_t>(count);
-    }
-    _exit(0);
+CheckOutcome check_in_child(const Obligation& obligation, Mode mode, const RunOptions& options) {
+  // A second beyond the solver's own limit, which Z3 4.8 does not always honour.
+  const ChildOutcome child = run_in_child(
+      [&] { return std::pair{solve(obligation, mode, options.timeout_ms), 0}; }, options.timeout_ms / 1000.0 + 1.0);
+  const double seconds = child.seconds;
+  switch (child.ending) {
+    case ChildOutcome::Ending::could_not_start: return {Verdict::unknown, "could not start a solver process", 0};
+    case ChildOutcome::Ending::timed_out:
+      return {Verdict::unknown, "timed out after " + std::to_string(options.timeout_ms) + " ms", seconds};
+    case ChildOutcome::Ending::killed_by_signal:
+      return {Verdict::unknown, "solver process died: " + child.signal, seconds};
+    case ChildOutcome::Ending::exited: break;
   }
-  close(channel[1]);
-  std::string answer;
-  const double deadline = options.timeout_ms / 1000.0 + 1.0;
-  bool timed_out = false;
-  char buffer[4096];
-  while (true) {
-    const double left = deadline - elapsed();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd descriptor{channel[0], POLLIN, 0};
-    if (poll(&descriptor, 1, static_cast<int>(left * 1000) + 1) <= 0) continue;
-    const ssize_t count = read(channel[0], buffer, sizeof buffer);
-    if (count <= 0) break;
-    answer.append(buffer, static_cast<std::size_t>(count));
-  }
-  close(channel[0]);
-  if (timed_out) kill(child, SIGKILL);
-  int status = 0;
-  waitpid(child, &status, 0);
-  const double seconds = elapsed();
-  if (timed_out) return {Verdict::unknown, "timed out after " + std::to_string(options.timeout_ms) + " ms", seconds};
-  if (WIFSIGNALED(status)) {
-    return {Verdict::unknown, std::string("solver process died: ") + strsignal(WTERMSIG(status)), seconds};
-  }
+  const std::string& answer = child.output;
   const std::size_t line_end = answer.find('\n');
   const std::string first = answer.substr(0, line_end);
   const std::string rest = line_end == std::string::npos ? "" : answer.substr(line_end + 1);
@@ -117,9 +83,9 @@ ObligationReport check_obligation(const Obligation& obligation, const RunOptions
     for (const auto& premise : statement.premises) report.premises.push_back(premise.name);
     for (const auto& axiom : statement.axioms) report.axioms.push_back(axiom.name);
   }
-  report.proof = run_in_child(obligation, Mode::prove, options);
-  report.premises_check = run_in_child(obligation, Mode::satisfy_premises, options);
-  report.mutant = run_in_child(obligation, Mode::refute_mutant, options);
+  report.proof = check_in_child(obligation, Mode::prove, options);
+  report.premises_check = check_in_child(obligation, Mode::satisfy_premises, options);
+  report.mutant = check_in_child(obligation, Mode::refute_mutant, options);
   return report;
 }
 
