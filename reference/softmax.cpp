@@ -132,6 +132,29 @@ void count_call(const RowOptions& options, bool exact) {
   if (exact) ++options.statistics->exact_cases;
 }
 
+// One pass of an element-wise Ziv loop: for each unmasked element not yet decided, `enclose`
+// writes its enclosure into [lo, hi]; decided elements are rounded into result. True when all are.
+template <typename Enclose>
+bool decide_elements(const PreparedRow& row, const FloatFormat& target, mpfr_prec_t precision,
+                     std::vector<bool>& decided, std::vector<double>& result, Enclose&& enclose) {
+  thread_local MpfrNumber lo(64);
+  thread_local MpfrNumber hi(64);
+  mpfr_set_prec(lo.get(), precision);
+  mpfr_set_prec(hi.get(), precision);
+  bool all_decided = true;
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    if (decided[a]) continue;
+    enclose(a, lo.get(), hi.get());
+    if (const auto rounded = round_if_decided(lo.get(), hi.get(), target)) {
+      result[row.active[a]] = *rounded;
+      decided[a] = true;
+    } else {
+      all_decided = false;
+    }
+  }
+  return all_decided;
+}
+
 // log S in [log_lo, log_hi] from the sum's enclosure.
 void enclose_log_sum(const ExponentialEnclosure& enclosure, mpfr_prec_t precision, MpfrNumber& log_lo,
                      MpfrNumber& log_hi) {
@@ -161,24 +184,11 @@ std::vector<double> softmax(std::span<const double> logits, const FloatFormat& t
   if (options.statistics != nullptr) options.statistics->decided_by_balls += static_cast<long>(by_balls);
   count_call(options, false);
   if (by_balls == row.active.size()) return result;
-  MpfrNumber lo(64);
-  MpfrNumber hi(64);
   run_ziv_loop(logits, row, target, options, "softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
-    mpfr_set_prec(lo.get(), precision);
-    mpfr_set_prec(hi.get(), precision);
-    bool all_decided = true;
-    for (std::size_t a = 0; a < row.active.size(); ++a) {
-      if (decided[a]) continue;
-      mpfr_div(lo.get(), enclosure.w_lo[a], enclosure.sum_hi.get(), MPFR_RNDD);
-      mpfr_div(hi.get(), enclosure.w_hi[a], enclosure.sum_lo.get(), MPFR_RNDU);
-      if (const auto rounded = round_if_decided(lo.get(), hi.get(), target)) {
-        result[row.active[a]] = *rounded;
-        decided[a] = true;
-      } else {
-        all_decided = false;
-      }
-    }
-    return all_decided;
+    return decide_elements(row, target, precision, decided, result, [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
+      mpfr_div(lo, enclosure.w_lo[a], enclosure.sum_hi.get(), MPFR_RNDD);
+      mpfr_div(hi, enclosure.w_hi[a], enclosure.sum_lo.get(), MPFR_RNDU);
+    });
   });
   return result;
 }
@@ -202,25 +212,12 @@ std::vector<double> log_softmax(std::span<const double> logits, const FloatForma
   std::vector<bool> decided(row.active.size(), false);
   MpfrNumber log_lo(64);
   MpfrNumber log_hi(64);
-  MpfrNumber lo(64);
-  MpfrNumber hi(64);
   run_ziv_loop(logits, row, target, options, "log_softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
     enclose_log_sum(enclosure, precision, log_lo, log_hi);
-    mpfr_set_prec(lo.get(), precision);
-    mpfr_set_prec(hi.get(), precision);
-    bool all_decided = true;
-    for (std::size_t a = 0; a < row.active.size(); ++a) {
-      if (decided[a]) continue;
-      mpfr_sub(lo.get(), enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
-      mpfr_sub(hi.get(), enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
-      if (const auto rounded = round_if_decided(lo.get(), hi.get(), target)) {
-        result[row.active[a]] = *rounded;
-        decided[a] = true;
-      } else {
-        all_decided = false;
-      }
-    }
-    return all_decided;
+    return decide_elements(row, target, precision, decided, result, [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
+      mpfr_sub(lo, enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
+      mpfr_sub(hi, enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
+    });
   });
   count_call(options, false);
   return result;
