@@ -120,6 +120,19 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
       }
     }
   }
+  if (settings.plugin) {
+    for (const FloatFormat* format : settings.plugin->attention_formats()) {
+      for (const std::size_t n : sizes) {
+        cases.push_back({.kernel = "plugin:" + settings.plugin->name() + ":attention_" + std::string(format->name),
+                         .input = attention_input,
+                         .n = n,
+                         .base_seed = settings.seed,
+                         .deliberately_broken = false,
+                         .plugin_format = format,
+                         .plugin_path = settings.plugin->path()});
+      }
+    }
+  }
   std::vector<GateCase> selected;
   for (std::size_t index = 0; index < cases.size(); ++index) {
     GateCase& gate_case = cases[index];
@@ -144,27 +157,59 @@ std::string file_name_of(const std::string& id) {
   return name;
 }
 
+// Saves a crashed case's input next to the others, as the plugin saw it (bf16 as bit patterns).
+std::string save_reproducer(const GateSettings& settings, const std::string& name, const Matrix& input,
+                            const FloatFormat& format) {
+  std::filesystem::create_directories(settings.reproducer_directory);
+  const std::string path = settings.reproducer_directory + "/" + name + ".npy";
+  std::vector<double> stored = input.values;
+  io::NpyType type = io::NpyType::float32;
+  if (format == bf16) {
+    type = io::NpyType::uint16;
+    for (double& x : stored) x = static_cast<double>(encode(x, bf16));
+  } else if (format == fp16) {
+    type = io::NpyType::float16;
+  }
+  io::write_npy(path, type, {input.rows, input.cols}, stored);
+  return path;
+}
+
 // A plugin's case: run in a child process; a crash or hang is recorded with a reproducer.
 void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
   const FloatFormat& format = *gate_case.plugin_format;
   outcome.format = std::string(format.name);
+  const std::string base_name = file_name_of(gate_case.id());
+  if (gate_case.input == attention_input) {
+    DeterministicRandom random(gate_case.seed);
+    const Matrix q = normal_matrix(attention_queries, attention_dimension, random, format);
+    const Matrix k = normal_matrix(gate_case.n, attention_dimension, random, format);
+    const Matrix v = normal_matrix(gate_case.n, attention_dimension, random, format);
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(attention_dimension)));
+    const kernels::PluginRun run =
+        settings.plugin->run_attention(format, q, k, v, scale, false, settings.plugin_timeout_seconds);
+    if (run.status != kernels::PluginRun::Status::ok) {
+      outcome.crashed = true;
+      outcome.reproducer = save_reproducer(settings, base_name + "_q", q, format);
+      (void)save_reproducer(settings, base_name + "_k", k, format);
+      (void)save_reproducer(settings, base_name + "_v", v, format);
+      outcome.failures.push_back(std::string("plugin ") + kernels::plugin_status_name(run.status) + ": " + run.detail +
+                                 "; inputs saved to " + outcome.reproducer + " and its _k, _v siblings");
+      return;
+    }
+    const kernels::AttentionKernel description{gate_case.kernel, "plugin", &format, &format, &fp32, false, nullptr};
+    const auto evaluation = metrics::judge_attention(description, metrics::tolerance_for("attention_flash"), q, k, v,
+                                                     false, 1.0, run.out);
+    outcome.comparison = evaluation.comparison;
+    outcome.reference_statistics = evaluation.reference_statistics;
+    return;
+  }
   const auto kind = inputs::find_row_kind(gate_case.input).value();
   const Matrix logits = one_row(inputs::make_row(kind, gate_case.n, format, gate_case.seed));
   const kernels::PluginRun run =
       settings.plugin->run_softmax(format, logits, 1.0F, settings.plugin_timeout_seconds);
   if (run.status != kernels::PluginRun::Status::ok) {
     outcome.crashed = true;
-    std::filesystem::create_directories(settings.reproducer_directory);
-    outcome.reproducer = settings.reproducer_directory + "/" + file_name_of(gate_case.id()) + ".npy";
-    std::vector<double> stored = logits.values;
-    io::NpyType type = io::NpyType::float32;
-    if (format == bf16) {
-      type = io::NpyType::uint16;  // bf16 bit patterns
-      for (double& x : stored) x = static_cast<double>(encode(x, bf16));
-    } else if (format == fp16) {
-      type = io::NpyType::float16;
-    }
-    io::write_npy(outcome.reproducer, type, {logits.rows, logits.cols}, stored);
+    outcome.reproducer = save_reproducer(settings, base_name, logits, format);
     outcome.failures.push_back(std::string("plugin ") + kernels::plugin_status_name(run.status) + ": " + run.detail +
                                "; input saved to " + outcome.reproducer);
     return;

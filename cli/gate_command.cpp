@@ -167,7 +167,7 @@ int run_gate(GateSettings settings, bool list) {
       summary.worst = &c;
     }
   }
-  std::printf("%-22s %-16s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp", "bound ratio",
+  std::printf("%-26s %-16s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp", "bound ratio",
               "verdict");
   bool run_failed = false;
   for (const auto& kernel : order) {
@@ -179,13 +179,13 @@ int run_gate(GateSettings settings, bool list) {
       verdict = Verdict::fail;
     }
     run_failed = run_failed || verdict == Verdict::fail || verdict == Verdict::unexpected_pass;
-    std::printf("%-22s %-16s %6zu %7zu %9llu %12.3g  %s\n", kernel.c_str(), s.format.c_str(), s.cases, s.failed,
+    std::printf("%-26s %-16s %6zu %7zu %9llu %12.3g  %s\n", kernel.c_str(), s.format.c_str(), s.cases, s.failed,
                 static_cast<unsigned long long>(s.max_ulps), s.max_bound_ratio, verdict_name(verdict));
   }
   std::printf("\nworst case of each kernel (bound ratio = |error| / allowed; > 1 fails):\n");
   for (const auto& kernel : order) {
     const auto& worst = *summaries[kernel].worst;
-    std::printf("  %-22s %s seed %llu: index %zu expected %s got %s (%s ulp)\n", kernel.c_str(),
+    std::printf("  %-26s %s seed %llu: index %zu expected %s got %s (%s ulp)\n", kernel.c_str(),
                 worst["id"].get<std::string>().c_str(), static_cast<unsigned long long>(worst["seed"].get<std::uint64_t>()),
                 worst["worst"]["index"].get<std::size_t>(), worst["worst"]["expected"].get<std::string>().c_str(),
                 worst["worst"]["actual"].get<std::string>().c_str(), worst["worst"]["ulps"].dump().c_str());

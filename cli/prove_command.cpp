@@ -16,7 +16,7 @@ struct ProveSettings {
   std::string json_path;
   unsigned timeout_ms = 10000;
   std::string filter;
-  bool show_axioms = false;
+  bool brief = false;
 };
 
 nlohmann::json to_json(const proofs::ObligationReport& report) {
@@ -56,7 +56,7 @@ int run_prove(const ProveSettings& settings) {
                 report.non_vacuous() ? "sat" : "VACUOUS", report.mutant.verdict == proofs::Verdict::refuted ? "refuted" : "NOT-REFUTED",
                 report.name.c_str(), report.paper_step.c_str());
     if (report.proof.verdict != proofs::Verdict::proved) std::printf("         %s\n", report.proof.detail.c_str());
-    if (settings.show_axioms || !report.passed()) {
+    if (!settings.brief || !report.passed()) {
       for (const auto& axiom : report.axioms) std::printf("         axiom: %s\n", axiom.c_str());
     }
     reports.push_back(to_json(report));
@@ -80,7 +80,7 @@ Command add_prove_command(CLI::App& app) {
   command->add_option("--timeout-ms", settings->timeout_ms, "Per-check solver time limit (a watchdog enforces it)")
       ->check(CLI::Range(1u, 600000u));
   command->add_option("--filter", settings->filter, "Only obligations whose name or paper step contains this text");
-  command->add_flag("--axioms", settings->show_axioms, "List the axioms of every obligation, not only failing ones");
+  command->add_flag("--brief", settings->brief, "One row per obligation; list axioms only for failing ones");
   return [command, settings]() -> int { return *command ? run_prove(*settings) : -1; };
 }
 

@@ -33,7 +33,7 @@ void softmax_row(const float* in, float* out, std::size_t n, float scale) {
 
 const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION, SHARPCHECK_TEST_PLUGIN_NAME,
                                   "a scalar three-pass softmax for the gate's own tests",
-                                  SHARPCHECK_FP32 | SHARPCHECK_BF16, 0};
+                                  SHARPCHECK_FP32 | SHARPCHECK_BF16, SHARPCHECK_FP32};
 
 }  // namespace
 
@@ -64,6 +64,38 @@ extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out
       for (size_t i = 0; i < n; ++i) result[i] = float_to_bf16(wide_out[i]);
     } else {
       return 1;
+    }
+  }
+  return 0;
+}
+
+// Attention in fp32: scores, the same softmax, and the weighted sum (one query at a time).
+extern "C" int sharpcheck_attention(uint32_t format, const void* q, const void* k, const void* v, void* out,
+                                    size_t queries, size_t keys, size_t dim, size_t value_dim, float scale, int causal) {
+  if (format != SHARPCHECK_FP32 || keys > 16384) return 1;
+#if SHARPCHECK_TEST_PLUGIN_MODE == 1
+  if (keys >= 64) {
+    volatile int* nowhere = nullptr;
+    *nowhere = 1;
+  }
+#endif
+  const auto* qf = static_cast<const float*>(q);
+  const auto* kf = static_cast<const float*>(k);
+  const auto* vf = static_cast<const float*>(v);
+  auto* of = static_cast<float*>(out);
+  static float scores[16384], weights[16384];
+  for (size_t i = 0; i < queries; ++i) {
+    const size_t visible = causal != 0 ? (i + 1 < keys ? i + 1 : keys) : keys;
+    for (size_t j = 0; j < visible; ++j) {
+      float dot = 0;
+      for (size_t t = 0; t < dim; ++t) dot += qf[i * dim + t] * kf[j * dim + t];
+      scores[j] = dot;
+    }
+    softmax_row(scores, weights, visible, scale);
+    for (size_t c = 0; c < value_dim; ++c) {
+      float sum = 0;
+      for (size_t j = 0; j < visible; ++j) sum += weights[j] * vf[j * value_dim + c];
+      of[i * value_dim + c] = sum;
     }
   }
   return 0;
