@@ -141,7 +141,8 @@ std::uint64_t encode(double x, const FloatFormat& format) {
   if (unbiased < format.min_normal_exponent) {  // subnormal: fraction counts smallest subnormals
     return sign | static_cast<std::uint64_t>(std::ldexp(magnitude, -format.min_subnormal_exponent()));
   }
-  const auto biased = static_cast<std::uint64_t>(unbiased + exponent_bias(format));
+  const int biased_exponent = unbiased + exponent_bias(format);  // in [1, 2^exponent_bits - 1]
+  const auto biased = static_cast<std::uint64_t>(biased_exponent);
   const auto fraction =
       static_cast<std::uint64_t>(std::ldexp(magnitude, format.fraction_bits - unbiased)) -
       (std::uint64_t{1} << format.fraction_bits);

@@ -35,7 +35,7 @@ struct Float16 {
   std::uint16_t bits = 0;
 
   [[nodiscard]] static Float16 from_float(float value) {
-    // _Float16 conversion is IEEE round-to-nearest-even (g++ >= 12 on x86-64).
+    // _Float16 conversion is IEEE round-to-nearest-even (g++ >= 12 or clang >= 15 on x86-64).
     return Float16{std::bit_cast<std::uint16_t>(static_cast<_Float16>(value))};
   }
   [[nodiscard]] float to_float() const { return static_cast<float>(std::bit_cast<_Float16>(bits)); }
