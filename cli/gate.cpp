@@ -161,7 +161,7 @@ std::string file_name_of(const std::string& id) {
 std::string save_reproducer(const GateSettings& settings, const std::string& name, const Matrix& input,
                             const FloatFormat& format) {
   std::filesystem::create_directories(settings.reproducer_directory);
-  const std::string path = settings.reproducer_directory + "/" + name + ".npy";
+  std::string path = settings.reproducer_directory + "/" + name + ".npy";
   std::vector<double> stored = input.values;
   io::NpyType type = io::NpyType::float32;
   if (format == bf16) {
