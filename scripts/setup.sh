@@ -11,6 +11,7 @@ packages=(
   librapidcheck-dev libz3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libhwy-dev libflint-arb-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libdnnl-dev
+  libtorch-dev libopenblas0-pthread
 )
 
 missing=()
