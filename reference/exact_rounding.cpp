@@ -14,27 +14,46 @@ std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi, const Flo
   return low;
 }
 
-double round_exact_quotient(mpfr_srcptr numerator, std::uint64_t denominator, const FloatFormat& format) {
-  // Every value of the format and every midpoint between two neighbours (the rounding
-  // boundaries) has at most precision + 1 significant bits. Divide to precision + 2 bits toward
-  // zero: if that is exact, round it; if not, the quotient lies strictly between q and its
-  // neighbour away from zero, an interval holding no boundary in its interior, so its midpoint
-  // rounds exactly as the quotient does.
-  const mpfr_prec_t precision = format.precision() + 2;
-  MpfrNumber quotient(precision);
-  const int ternary = mpfr_div_ui(quotient.get(), numerator, denominator, MPFR_RNDZ);
-  if (ternary == 0) return round_to_format(quotient.get(), format);
+namespace {
+
+// Every value of the format and every midpoint between two neighbours (the rounding boundaries)
+// has at most precision + 1 significant bits. Given the quotient rounded toward zero to
+// precision + 2 bits and its ternary value: if exact, round it; if not, the true quotient lies
+// strictly between q and its neighbour away from zero, an interval holding no boundary in its
+// interior, so its midpoint rounds exactly as the quotient does.
+double round_truncated_quotient(mpfr_srcptr quotient, int ternary, const FloatFormat& format) {
+  if (ternary == 0) return round_to_format(quotient, format);
+  const mpfr_prec_t precision = mpfr_get_prec(quotient);
   MpfrNumber neighbour(precision);
-  mpfr_set(neighbour.get(), quotient.get(), MPFR_RNDN);
-  if (mpfr_sgn(quotient.get()) > 0) {
+  mpfr_set(neighbour.get(), quotient, MPFR_RNDN);
+  if (mpfr_sgn(quotient) > 0) {
     mpfr_nextabove(neighbour.get());
   } else {
     mpfr_nextbelow(neighbour.get());
   }
   MpfrNumber midpoint(precision + 1);
-  mpfr_add(midpoint.get(), quotient.get(), neighbour.get(), MPFR_RNDN);  // exact in precision + 1 bits
+  mpfr_add(midpoint.get(), quotient, neighbour.get(), MPFR_RNDN);  // exact in precision + 1 bits
   mpfr_div_2ui(midpoint.get(), midpoint.get(), 1, MPFR_RNDN);
   return round_to_format(midpoint.get(), format);
+}
+
+}  // namespace
+
+double round_exact_quotient(mpfr_srcptr numerator, std::uint64_t denominator, const FloatFormat& format) {
+  MpfrNumber quotient(format.precision() + 2);
+  const int ternary = mpfr_div_ui(quotient.get(), numerator, denominator, MPFR_RNDZ);
+  return round_truncated_quotient(quotient.get(), ternary, format);
+}
+
+double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator, const FloatFormat& format) {
+  const auto bits = [](mpz_srcptr value) { return static_cast<mpfr_prec_t>(std::max<std::size_t>(mpz_sizeinbase(value, 2), 2)); };
+  MpfrNumber top(bits(numerator));
+  MpfrNumber bottom(bits(denominator));
+  mpfr_set_z(top.get(), numerator, MPFR_RNDN);  // exact: precision holds every bit
+  mpfr_set_z(bottom.get(), denominator, MPFR_RNDN);
+  MpfrNumber quotient(format.precision() + 2);
+  const int ternary = mpfr_div(quotient.get(), top.get(), bottom.get(), MPFR_RNDZ);
+  return round_truncated_quotient(quotient.get(), ternary, format);
 }
 
 ZivSchedule ZivSchedule::for_format(const FloatFormat& format) {

@@ -2,6 +2,7 @@
 // an enclosure [lo, hi] that rounding decides (the Ziv test), and an exactly known quotient.
 #pragma once
 
+#include <gmp.h>
 #include <mpfr.h>
 
 #include <cstdint>
@@ -20,6 +21,8 @@ namespace sharpcheck::reference {
 // denominator a positive integer. Handles quotients that are exactly a rounding boundary.
 [[nodiscard]] double round_exact_quotient(mpfr_srcptr numerator, std::uint64_t denominator,
                                           const FloatFormat& format);
+// The same for a ratio of two integers (denominator positive), of any size.
+[[nodiscard]] double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator, const FloatFormat& format);
 
 // Working precisions of the Ziv loops: start near the target's precision plus guard bits,
 // grow geometrically, and stop at a cap beyond which the reference reports UndecidedRounding.
