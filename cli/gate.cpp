@@ -235,7 +235,6 @@ CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
     const auto row = inputs::make_row(kind, gate_case.n, *kernel->input, gate_case.seed);
     const auto evaluation = metrics::evaluate_softmax(*kernel, one_row(row), 1.0);
     outcome.comparison = evaluation.comparison;
-    outcome.rows_not_judged = evaluation.rows_not_judged;
     outcome.reference_statistics = evaluation.reference_statistics;
   } else {
     const auto* attention = kernels::find_attention_kernel(gate_case.kernel);
@@ -305,7 +304,6 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
           {"status", outcome.crashed ? "crash" : (outcome.passed() ? "pass" : "fail")},
           {"reproducer", outcome.reproducer},
           {"failures", outcome.failures},
-          {"rows_not_judged", outcome.rows_not_judged},
           {"reference",
            {{"calls", outcome.reference_statistics.calls},
             {"decided_by_balls", outcome.reference_statistics.decided_by_balls},

@@ -33,7 +33,6 @@ struct CaseOutcome {
   GateCase gate_case;
   std::string format;
   metrics::Comparison comparison;
-  std::size_t rows_not_judged = 0;
   reference::ZivStatistics reference_statistics;
   double seconds = 0;
   std::vector<std::string> failures;  // tolerance, budget and baseline findings; empty = pass

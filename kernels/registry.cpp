@@ -6,6 +6,7 @@
 
 #include "core/errors.hpp"
 #include "kernels/attention_kernels.hpp"
+#include "kernels/escape_kernels.hpp"
 #include "kernels/quantized_softmax.hpp"
 #include "kernels/softmax_kernels.hpp"
 
@@ -144,6 +145,24 @@ const SoftmaxKernel softmax_table[] = {
      Operation::adaptive_temperature, &fp32, &fp32, &fp32, false, run_rows<float, softmax_adaptive_fp32>},
     {"adaptive_streaming", "fp32 adaptive temperature with the entropy from the online pass (logits read twice)",
      Operation::adaptive_temperature, &fp32, &fp32, &fp32, false, run_rows<float, softmax_adaptive_streaming_fp32>},
+    {"adaptive_bf16", "bf16 in and out, the fp32 adaptive kernel inside", Operation::adaptive_temperature, &bf16,
+     &bf16, &fp32, false, run_rows<Bfloat16, softmax_adaptive_bf16>},
+    {"ssmax", "fp32 scalable softmax (SSMax): safe3 at scale s ln n, s = 1/theta", Operation::scalable_softmax, &fp32,
+     &fp32, &fp32, false, run_rows<float, scalable_softmax_fp32>},
+    {"ssmax_bf16", "bf16 in and out, the fp32 SSMax kernel inside", Operation::scalable_softmax, &bf16, &bf16, &fp32,
+     false, run_rows<Bfloat16, scalable_softmax_bf16>},
+    {"length_scaled", "fp32 softmax with logits scaled by max(1, ln n / ln 16) (Qwen's logn attention)",
+     Operation::length_scaled_softmax, &fp32, &fp32, &fp32, false, run_rows<float, length_scaled_softmax_fp32>},
+    {"length_scaled_bf16", "bf16 in and out, the fp32 length-scaled kernel inside", Operation::length_scaled_softmax,
+     &bf16, &bf16, &fp32, false, run_rows<Bfloat16, length_scaled_softmax_bf16>},
+    {"sigmoid", "fp32 sigmoid attention weights sigmoid(e/theta - ln n), stable for both signs",
+     Operation::sigmoid_attention, &fp32, &fp32, &fp32, false, run_rows<float, sigmoid_attention_fp32>},
+    {"sigmoid_bf16", "bf16 in and out, the fp32 sigmoid kernel inside", Operation::sigmoid_attention, &bf16, &bf16,
+     &fp32, false, run_rows<Bfloat16, sigmoid_attention_bf16>},
+    {"stick_breaking", "fp32 stick-breaking weights in log space (running softplus sum from the nearest key)",
+     Operation::stick_breaking, &fp32, &fp32, &fp32, false, run_rows<float, stick_breaking_fp32>},
+    {"stick_breaking_bf16", "bf16 in and out, the fp32 stick-breaking kernel inside", Operation::stick_breaking,
+     &bf16, &bf16, &fp32, false, run_rows<Bfloat16, stick_breaking_bf16>},
 };
 
 const AttentionKernel attention_table[] = {

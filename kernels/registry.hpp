@@ -14,6 +14,10 @@ namespace sharpcheck::kernels {
 enum class Operation {
   softmax,               // softmax(e / theta)
   adaptive_temperature,  // the paper's adaptive-temperature softmax
+  scalable_softmax,      // SSMax: softmax(ln(n) e / theta)
+  length_scaled_softmax, // softmax(f e / theta), f = max(1, ln n / ln 16)
+  sigmoid_attention,     // sigmoid(e / theta - ln n), weights on their own
+  stick_breaking,        // stick-breaking weights of sigmoid(e / theta), nearest key last
   attention,             // one attention head
 };
 

@@ -8,19 +8,6 @@
 namespace sharpcheck::kernels {
 namespace {
 
-// Runs an fp32 core on a row of narrow values: widen (exact), compute, round once to the output.
-template <typename Storage>
-void through_fp32(const Storage* logits, Storage* out, std::size_t n, float scale,
-                  void (*core)(const float*, float*, std::size_t, float)) {
-  thread_local std::vector<float> widened;
-  thread_local std::vector<float> result;
-  widened.resize(n);
-  result.resize(n);
-  widen(logits, widened.data(), n);
-  core(widened.data(), result.data(), n, scale);
-  narrow(result.data(), out, n);
-}
-
 constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
 
 // The unmasked logit that maximises e * scale.

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "formats/storage.hpp"
 
@@ -53,6 +54,19 @@ void widen(const Bfloat16* in, float* out, std::size_t n);
 void narrow(const float* in, Bfloat16* out, std::size_t n);
 void widen(const Float16* in, float* out, std::size_t n);
 void narrow(const float* in, Float16* out, std::size_t n);
+
+// Runs an fp32 row kernel on a row of narrow values: widen (exact), compute, round once.
+template <typename Storage>
+void through_fp32(const Storage* logits, Storage* out, std::size_t n, float scale,
+                  void (*core)(const float*, float*, std::size_t, float)) {
+  thread_local std::vector<float> widened;
+  thread_local std::vector<float> result;
+  widened.resize(n);
+  result.resize(n);
+  widen(logits, widened.data(), n);
+  core(widened.data(), result.data(), n, scale);
+  narrow(result.data(), out, n);
+}
 
 // The paper's polynomial and clamp: beta(H) = max(poly(H), 1) for H > 0.5, else 1.
 [[nodiscard]] float adaptive_inverse_temperature(float entropy);

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
+#include "kernels/escape_kernels.hpp"
 #include "reference/attention.hpp"
+#include "reference/dispersion_escapes.hpp"
 #include "reference/softmax.hpp"
 
 namespace sharpcheck::metrics {
@@ -37,8 +41,68 @@ RowGeometry row_geometry(std::span<const double> logits, double theta) {
   return geometry;
 }
 
-}  // namespace
+// |z_j| = |e_j / theta| over the unmasked entries, for operators that do not shift (sigmoid and
+// stick-breaking look at each logit itself).
+RowGeometry unshifted_geometry(std::span<const double> logits, double theta) {
+  RowGeometry geometry;
+  geometry.z_magnitudes.assign(logits.size(), 0.0);
+  for (std::size_t j = 0; j < logits.size(); ++j) {
+    if (logits[j] == -INFINITY) continue;
+    ++geometry.scale.n;
+    geometry.z_magnitudes[j] = std::fabs(logits[j] / theta);
+    geometry.scale.largest_magnitude = std::max(geometry.scale.largest_magnitude, geometry.z_magnitudes[j]);
+  }
+  return geometry;
+}
 
+std::size_t unmasked(std::span<const double> logits) {
+  return static_cast<std::size_t>(std::count_if(logits.begin(), logits.end(), [](double e) { return e != -INFINITY; }));
+}
+
+struct ReferenceRow {
+  std::vector<double> expected;
+  RowGeometry geometry;  // in terms of what the operator exponentiates
+};
+
+// The correctly rounded reference for the kernel's operation on one row, and the row's geometry
+// for the tolerance table.
+ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const double> row, double theta,
+                           reference::ZivStatistics* statistics) {
+  reference::RowOptions options;
+  options.theta = theta;
+  options.statistics = statistics;
+  const FloatFormat& target = *kernel.output;
+  const auto n = static_cast<double>(unmasked(row));
+  switch (kernel.operation) {
+    case kernels::Operation::softmax:
+      return {reference::softmax(row, target, options), row_geometry(row, theta)};
+    case kernels::Operation::adaptive_temperature: {
+      // The geometry at the row's beta (in double: it only scales the bound's u terms).
+      const auto probabilities = reference::softmax(row, fp64, reference::RowOptions{theta});
+      double entropy = 0;
+      for (const double p : probabilities) entropy -= p * std::log(p + 1e-9);
+      return {reference::adaptive_temperature_softmax(row, target, options),
+              row_geometry(row, theta / bounds::adaptive_beta(entropy))};
+    }
+    case kernels::Operation::scalable_softmax:  // n = 1: theta / 0 is infinite and every z is 0
+      return {reference::scalable_softmax(row, target, options), row_geometry(row, theta / std::log(n))};
+    case kernels::Operation::length_scaled_softmax: {
+      const double factor =
+          reference::length_scale_factor(static_cast<std::uint64_t>(n), kernels::length_scaled_training_length);
+      return {reference::length_scaled_softmax(row, target, kernels::length_scaled_training_length, options),
+              row_geometry(row, theta / factor)};
+    }
+    case kernels::Operation::sigmoid_attention:
+      return {reference::sigmoid_attention_weights(row, target, options), unshifted_geometry(row, theta)};
+    case kernels::Operation::stick_breaking:
+      return {reference::stick_breaking_weights(row, target, options), unshifted_geometry(row, theta)};
+    case kernels::Operation::attention:
+      break;
+  }
+  throw std::logic_error("judge_softmax: kernel '" + std::string(kernel.name) + "' is not a row operation");
+}
+
+}  // namespace
 
 Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta) {
   Matrix actual;
@@ -59,63 +123,22 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
   Matrix magnitudes(logits.rows, logits.cols);
   Matrix z_magnitudes(logits.rows, logits.cols);
   evaluation.allowed = Matrix(logits.rows, logits.cols);
-  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, true, 0,
+  // Sigmoid and stick-breaking weights are not distributions: no sum, argmax or KL check for them.
+  const bool distributions = kernel.operation != kernels::Operation::sigmoid_attention &&
+                             kernel.operation != kernels::Operation::stick_breaking;
+  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, distributions, 0,
                         &evaluation.allowed};
-  std::vector<std::size_t> judged_rows;
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const std::span<const double> row = logits.row(r);
-    RowGeometry geometry = row_geometry(row, theta);
-    reference::RowOptions options;
-    options.theta = theta;
-    options.statistics = &evaluation.reference_statistics;
-    if (kernel.operation == kernels::Operation::adaptive_temperature) {
-      // beta from the exact definition (probabilities correctly rounded to fp64, entropy with the
-      // 1e-9 term in double: both far below the kernel's error), then softmax(beta e / theta).
-      const auto probabilities = reference::softmax(row, fp64, options);
-      double entropy = 0;
-      for (const double p : probabilities) entropy -= p * std::log(p + 1e-9);
-      const double n = static_cast<double>(geometry.scale.n);
-      const double entropy_error =
-          tolerance.accumulation->unit_roundoff() * n * (2 + std::log(n) + geometry.scale.largest_magnitude) + 1e-9 * n;
-      const bool near_switch = std::fabs(entropy - 0.5) <= entropy_error ||
-                               (entropy > 0.5 && std::fabs(bounds::adaptive_polynomial(entropy) - 1) <= 5 * entropy_error);
-      if (near_switch) {
-        ++evaluation.rows_not_judged;
-        continue;
-      }
-      options.theta = theta / bounds::adaptive_beta(entropy);
-      geometry = row_geometry(row, options.theta);
-    }
-    const auto expected = reference::softmax(row, *kernel.output, options);
-    std::copy(expected.begin(), expected.end(), evaluation.expected.row(r).begin());
+    const ReferenceRow reference_row = reference_for(kernel, row, theta, &evaluation.reference_statistics);
+    std::copy(reference_row.expected.begin(), reference_row.expected.end(), evaluation.expected.row(r).begin());
     for (std::size_t j = 0; j < row.size(); ++j) {
-      magnitudes(r, j) = std::fabs(expected[j]);
-      z_magnitudes(r, j) = geometry.z_magnitudes[j];
+      magnitudes(r, j) = std::fabs(reference_row.expected[j]);
+      z_magnitudes(r, j) = reference_row.geometry.z_magnitudes[j];
     }
-    input.scales.push_back(geometry.scale);
-    judged_rows.push_back(r);
+    input.scales.push_back(reference_row.geometry.scale);
   }
-  if (judged_rows.size() == logits.rows) {
-    evaluation.comparison = compare(input, tolerance, *kernel.output);
-    return evaluation;
-  }
-  // Compare the judged rows only, one at a time, keeping their row numbers.
-  for (std::size_t k = 0; k < judged_rows.size(); ++k) {
-    const std::size_t r = judged_rows[k];
-    Matrix expected_row(1, logits.cols), actual_row(1, logits.cols), magnitude_row(1, logits.cols),
-        z_row(1, logits.cols);
-    for (std::size_t j = 0; j < logits.cols; ++j) {
-      expected_row(0, j) = evaluation.expected(r, j);
-      actual_row(0, j) = evaluation.actual(r, j);
-      magnitude_row(0, j) = magnitudes(r, j);
-      z_row(0, j) = z_magnitudes(r, j);
-    }
-    Matrix allowed_row(1, logits.cols);
-    const ComparisonInput one{&expected_row, &actual_row, &magnitude_row, &z_row, {input.scales[k]}, true, r,
-                              &allowed_row};
-    evaluation.comparison.merge(compare(one, tolerance, *kernel.output));
-    std::copy(allowed_row.values.begin(), allowed_row.values.end(), evaluation.allowed.row(r).begin());
-  }
+  evaluation.comparison = compare(input, tolerance, *kernel.output);
   return evaluation;
 }
 

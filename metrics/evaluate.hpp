@@ -16,9 +16,6 @@ struct Evaluation {
   Matrix actual;    // the kernel's output
   Matrix allowed;   // each element's allowed error under the tolerance table
   reference::ZivStatistics reference_statistics;  // how the reference decided (balls, MPFR loop, exact cases)
-  // Adaptive temperature only: rows whose entropy or polynomial sits within the kernel's own
-  // error of a switching point (H = 0.5 or poly(H) = 1) are not judged; counted here.
-  std::size_t rows_not_judged = 0;
 };
 
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta);

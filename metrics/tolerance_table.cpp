@@ -57,10 +57,39 @@ constexpr Tolerance table[] = {
     // elsewhere, so |d beta| <= 5 u n (2 + ln n + max|z|); a change d beta moves log p_j by at
     // most d beta (|z_j| + max|z|). The second softmax then adds safe3's error.
     {"adaptive", &fp32, 3, 3, 0, 1, 10, 5, 0, "analysis: BHH 2021 for both softmaxes plus the entropy's error through beta",
-     "beta from an fp32 entropy; rows with H or poly(H) at a switching point are not judged"},
+     "beta from an fp32 entropy; beta(H) is continuous (poly(0.5) < 1), so no row is exempt"},
     {"adaptive_streaming", &fp32, 3, 9, 0, 3, 12, 5, 0,
      "analysis: as adaptive, with the online normaliser's rescaling in the first pass",
      "entropy from log Z - sum p e (no 1e-9 term): within the same beta bound plus 1e-9 n"},
+    {"adaptive_bf16", &fp32, 3, 3, 0, 1, 10, 5, 0, "analysis: as adaptive, plus one rounding to bf16",
+     "bf16 inputs are exact in fp32; the output rounding dominates"},
+    // The escapes (z_j below is what the operator exponentiates: (e_j - m) ln(n) / theta for SSMax,
+    // (e_j - m) f / theta for length-scaled logits, e_j / theta for sigmoid and stick-breaking).
+    // SSMax runs safe3 at scale fl(fl(1/theta) fl(ln n)): the multiplier carries 3u more (logf is
+    // within 1 ulp), which scales every argument: safe3's entry with argument and spread 3 + 3.
+    {"ssmax", &fp32, 6, 6, 0, 1, 10, 0, 0, "analysis: BHH 2021 shifted softmax, multiplier rounded",
+     "safe3 at scale s ln n; the rounded multiplier perturbs each argument by 3u relative"},
+    {"ssmax_bf16", &fp32, 6, 6, 0, 1, 10, 0, 0, "analysis: as ssmax, plus one rounding to bf16",
+     "fp32 inside; the output rounding dominates"},
+    // f = fl(fl(ln n) / fl(ln 16)) is within 5u, times the scale 6u: safe3 with 3 + 6.
+    {"length_scaled", &fp32, 9, 9, 0, 1, 10, 0, 0, "analysis: BHH 2021 shifted softmax, factor rounded",
+     "safe3 at scale f / theta; f's two logs and quotient perturb each argument by 6u relative"},
+    {"length_scaled_bf16", &fp32, 9, 9, 0, 1, 10, 0, 0, "analysis: as length_scaled, plus one rounding to bf16",
+     "fp32 inside; the output rounding dominates"},
+    // x = fl(fl(e s) + fl(-ln n)) is within 3u|z| + 3u ln n of z - ln n; sigma'(x)/sigma(x) =
+    // 1 - sigma(x) <= 1 passes that on as relative error; exp, one add and one division add 6u.
+    {"sigmoid", &fp32, 3, 0, 0, 0, 8, 0, 0, "analysis: first-order error of the stable sigmoid form",
+     "argument error 3u|z| + 3u ln n passed on with factor 1 - sigma <= 1; exp, add, divide", 4, 0},
+    {"sigmoid_bf16", &fp32, 3, 0, 0, 0, 8, 0, 0, "analysis: as sigmoid, plus one rounding to bf16",
+     "fp32 inside; the output rounding dominates", 4, 0},
+    // log A_j = -softplus(-z_j) - T_j with T_j a recursive sum of m <= n - 1 softplus terms; the
+    // sum's error is (m + 6)u T_j plus 2u sum |z_k| sigma(z_k) <= 2u (T_j + 0.28 m); with
+    // T_j + softplus(-z_j) = |ln A_j| the exponent is within u((n + 6)|ln A_j| + 0.6 n + 2|z_j| + 2)
+    // ("logarithm 4": 4(n + 1) >= n + 6), and exp turns it into relative error.
+    {"stick_breaking", &fp32, 3, 0, 0, 1, 12, 0, 0, "analysis: recursive summation of the softplus exponent",
+     "the exponent's absolute error grows with n |ln A_j| and becomes A_j's relative error", 0, 4},
+    {"stick_breaking_bf16", &fp32, 3, 0, 0, 1, 12, 0, 0, "analysis: as stick_breaking, plus one rounding to bf16",
+     "fp32 inside; the output rounding dominates", 0, 4},
     // Attention: a logit formed as an fp32 dot product of length d is within d u sum_t|q_t k_t|
     // |scale/theta| of the exact one (absolute); that error moves numerator and denominator, so
     // "dot_product 2". The output o = sum_j p_j v_j is judged relative to sum_j p_j |v_j|, not
@@ -83,8 +112,9 @@ double Tolerance::allowed_error(double magnitude, double z_magnitude, const RowS
   const double z = row.largest_magnitude;
   const double units = argument * z_magnitude + spread * z + unshifted * row.shift_magnitude + per_item * n +
                        constant + beta_sensitivity * n * (2 + std::log(std::max(n, 1.0)) + z) * (z_magnitude + z) +
-                       dot_product * row.logit_rounding;
-  const double relative = units * u + 2 * u_out;
+                       dot_product * row.logit_rounding + log_length * std::log(std::max(n, 1.0)) +
+                       (magnitude != 0 ? logarithm * (n + 1) * std::fabs(std::log(std::fabs(magnitude))) : 0.0);
+  const double relative = std::expm1(units * u) + 2 * u_out;
   const double floor = std::ldexp(1.0, output.min_subnormal_exponent()) +
                        4 * std::ldexp(1.0, accumulation->min_subnormal_exponent());
   // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors.

@@ -32,7 +32,9 @@ struct Tolerance {
   // Relative error bound of element j, in units of u:
   //   argument |z_j| + spread max|z| + unshifted |m/theta| + per_item n + constant
   //   + beta_sensitivity n (2 + ln n + max|z|) (|z_j| + max|z|) + dot_product logit_rounding
-  // relative to the element's magnitude (|expected| for softmax, sum_j p_j |v_j| for attention).
+  //   + log_length ln n + logarithm (n + 1) |ln magnitude|
+  // relative to the element's magnitude (|expected| for softmax, sum_j p_j |v_j| for attention),
+  // taken as exp(units u) - 1 so that the large exponent errors of stick-breaking stay bounds.
   double argument;
   double spread;
   double unshifted;
@@ -42,6 +44,8 @@ struct Tolerance {
   double dot_product;
   std::string_view basis;   // "analysis: ..." or "measured: ..."
   std::string_view reason;  // one line: why these coefficients
+  double log_length = 0;    // sigmoid attention's bias -ln n, rounded
+  double logarithm = 0;     // stick-breaking: an exponent of size |ln A_j| summed over up to n terms
 
   // Largest accepted |actual - expected| for one element of the given magnitude. Includes the
   // output rounding (the kernel's and the reference's, 2 u_out relative) and an absolute floor

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,7 +59,7 @@ TEST_P(EverySoundSoftmaxKernel, StaysWithinItsTableEntryOnEveryRowKindAndSize) {
       }
     }
   }
-  EXPECT_GT(judged, 100u);  // adaptive rows at a switching point are skipped, never most of them
+  EXPECT_GT(judged, 100u);
 }
 
 std::string kernel_name(const ::testing::TestParamInfo<const SoftmaxKernel*>& parameter) {
@@ -90,6 +92,61 @@ TEST(BrokenKernels, Bf16AccumulatorFailsOnAUniformRowOf512AndTheWorstElementSays
   // The same row through the fp32-accumulating bf16 kernel passes.
   EXPECT_TRUE(
       metrics::evaluate_softmax(*kernels::find_softmax_kernel("safe3_bf16"), rows_of({row}), 1.0).comparison.passed());
+}
+
+// Mutation checks for the escape kernels' entries: a wrong variant of each operator, computed
+// carefully in double (so only the operator is wrong), must fail its table entry on ordinary rows.
+template <void (*Row)(std::span<const double>, double, std::span<double>)>
+void run_double_rows(const Matrix& logits, double theta, Matrix& out) {
+  out = Matrix(logits.rows, logits.cols);
+  for (std::size_t r = 0; r < logits.rows; ++r) Row(logits.row(r), theta, out.row(r));
+}
+
+void ssmax_with_log2(std::span<const double> row, double theta, std::span<double> out) {
+  // The bug: log2 n where SSMax scales by ln n.
+  const double multiplier = std::log2(static_cast<double>(row.size())) / theta;
+  const double top = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (std::size_t j = 0; j < row.size(); ++j) sum += out[j] = std::exp((row[j] - top) * multiplier);
+  for (double& w : out) w /= sum;
+}
+
+void sigmoid_without_bias(std::span<const double> row, double theta, std::span<double> out) {
+  for (std::size_t j = 0; j < row.size(); ++j) out[j] = 1 / (1 + std::exp(-row[j] / theta));  // the bug: no -ln n
+}
+
+void stick_breaking_farthest_first(std::span<const double> row, double theta, std::span<double> out) {
+  double remaining = 1;  // the bug: the stick is broken from the first key, not the nearest
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    const double beta = 1 / (1 + std::exp(-row[j] / theta));
+    out[j] = beta * remaining;
+    remaining *= 1 - beta;
+  }
+}
+
+TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
+  const Matrix logits = rows_of({inputs::make_row(inputs::RowKind::random_normal, 64, fp32, 5)});
+  const struct {
+    const char* entry;
+    kernels::Operation operation;
+    void (*run)(const Matrix&, double, Matrix&);
+  } wrong[] = {{"ssmax", kernels::Operation::scalable_softmax, run_double_rows<ssmax_with_log2>},
+               {"sigmoid", kernels::Operation::sigmoid_attention, run_double_rows<sigmoid_without_bias>},
+               {"stick_breaking", kernels::Operation::stick_breaking, run_double_rows<stick_breaking_farthest_first>}};
+  for (const auto& variant : wrong) {
+    const SoftmaxKernel kernel{variant.entry, "a wrong variant", variant.operation, &fp32, &fp32, &fp32, true,
+                               variant.run};
+    Matrix actual;
+    kernel.run(logits, 1.0, actual);
+    const auto evaluation =
+        metrics::judge_softmax(kernel, metrics::tolerance_for(variant.entry), logits, 1.0, std::move(actual));
+    EXPECT_FALSE(evaluation.comparison.passed()) << variant.entry;
+    EXPECT_GT(evaluation.comparison.max_bound_ratio, 100.0) << variant.entry;
+  }
+  // ...while the registered kernels pass on the same row.
+  for (const char* name : {"ssmax", "sigmoid", "stick_breaking"}) {
+    EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel(name), logits, 1.0).comparison.passed()) << name;
+  }
 }
 
 TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
