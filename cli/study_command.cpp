@@ -1,11 +1,15 @@
 // sharpcheck study: a precision study over n x format x spread (and kernels), written as CSV and
 // SVG plots: the largest coefficient against Lemma 2.1's bound and the tight bound, kernel error
-// against n per format, and each format's precision horizons.
+// against n per format, and each format's precision horizons; or, with --preset dispersion, the
+// same question for every escape from dispersion (studies/dispersion_study.hpp).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
 
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
@@ -16,6 +20,7 @@
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
 #include "reference/softmax.hpp"
+#include "studies/dispersion_study.hpp"
 
 namespace sharpcheck::cli {
 namespace {
@@ -27,6 +32,7 @@ struct StudySettings {
   std::vector<std::size_t> sizes;
   std::vector<std::string> kernels{"safe3", "online2", "safe3_bf16", "safe3_fp16", "bf16acc"};
   std::uint64_t seed = 20241008;
+  unsigned threads = 0;
 };
 
 const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
@@ -56,7 +62,141 @@ void write_png_copies(const StudySettings& s) {
   }
 }
 
+std::string decimal(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+std::string size_text(std::optional<std::uint64_t> n, std::uint64_t largest) {
+  if (!n) return "> " + std::to_string(largest);
+  return std::to_string(*n);
+}
+
+// `study --preset dispersion`: every escape's spike weight against n, per spread, with the
+// formats' values, the adaptive entropies, a summary table and one log-log plot per spread.
+int run_dispersion_preset(const StudySettings& s) {
+  studies::DispersionSettings settings;
+  if (!s.spreads.empty()) settings.spreads = s.spreads;
+  for (const std::size_t n : s.sizes) settings.sizes.push_back(n);
+  settings.threads = s.threads;
+  const studies::DispersionStudy study = studies::run_dispersion_study(settings);
+  std::filesystem::create_directories(s.out);
+  const std::uint64_t largest_size = study.settings.sizes.back();
+
+  std::ofstream weights(s.out + "/escapes.csv");
+  weights << "operator,delta,n,lemma_2_1_upper,tight_upper";
+  for (const auto* format : studies::study_formats) weights << ",spike_weight_" << format->name;
+  weights << "\n";
+  for (const auto& point : study.points) {
+    const auto n = static_cast<double>(point.n);
+    weights << studies::escape_name(point.escape) << "," << point.delta << "," << point.n << ","
+            << decimal(bounds::lemma_2_1(n, point.delta, 1.0).upper) << ","
+            << decimal(bounds::tight_largest_coefficient(n, point.delta, 1.0));
+    for (const double w : point.spike_weight) weights << "," << decimal(w);
+    weights << "\n";
+  }
+  std::ofstream entropy(s.out + "/adaptive_entropy.csv");
+  entropy << "delta,n,entropy_fp64,beta,corrected\n";
+  for (const auto& point : study.entropies) {
+    entropy << point.delta << "," << point.n << "," << decimal(point.entropy) << "," << decimal(point.beta) << ","
+            << (point.corrected ? 1 : 0) << "\n";
+  }
+
+  // The summary: where each operator's spike weight falls below 1/2 and 1/10.
+  std::ofstream summary(s.out + "/summary.md");
+  summary << "# Dispersion of the escapes\n\nSpike weight of the row (delta, 0, ..., 0) (spike last for "
+             "stick-breaking's nearest key), exact and rounded to fp64; the first n of the study (powers of two "
+             "up to "
+          << largest_size << ") at which it falls below 1/2 and below 1/10. SSMax s = " << study.settings.ssmax_s
+          << ", length-scaled L = " << study.settings.training_length << ".\n\n| operator |";
+  for (const double delta : study.settings.spreads) summary << " delta " << delta << ": < 1/2 | < 1/10 |";
+  summary << "\n|---|";
+  for (std::size_t i = 0; i < study.settings.spreads.size(); ++i) summary << "---:|---:|";
+  summary << "\n";
+  for (const auto escape : studies::all_escapes) {
+    summary << "| " << studies::escape_name(escape) << " |";
+    for (const double delta : study.settings.spreads) {
+      summary << " " << size_text(studies::first_size_below(study, escape, delta, 0.5), largest_size) << " | "
+              << size_text(studies::first_size_below(study, escape, delta, 0.1), largest_size) << " |";
+    }
+    summary << "\n";
+  }
+  summary << "\nAdaptive temperature's correction (beta > 1) switches off for good at n (exact integer, "
+             "closed-form entropy against the certified root of poly(H) = 1):\n\n";
+  for (const double delta : study.settings.spreads) {
+    const auto off = studies::adaptive_switch_off(delta);
+    summary << "- delta " << delta << ": beta = 1 from n = " << off.first_uncorrected << " on (n = "
+            << off.last_corrected << " still corrected)" << (off.separated ? "" : " [not separated: check]") << "\n";
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", study.seconds);
+  summary << "\nComputed in " << seconds << " s.\n";
+  summary.close();
+
+  // One plot per spread: every operator (fp64 values), Lemma 2.1 and the tight bound, and where
+  // softmax's spike underflows in each format.
+  const char* const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
+  for (const double delta : study.settings.spreads) {
+    io::Chart chart{"Spike weight on the extremal row, spread " + spread_text(delta), "n", "weight of the spike", true,
+                    true, {}, {}};
+    io::Series lemma{"Lemma 2.1 for softmax: exp(delta)/n", {}, {}, "#000000", true, false};
+    io::Series tight{"tight softmax bound", {}, {}, "#555555", true, false};
+    for (const std::uint64_t n : study.settings.sizes) {
+      const auto x = static_cast<double>(n);
+      lemma.x.push_back(x);
+      lemma.y.push_back(std::min(1.0, bounds::lemma_2_1(x, delta, 1.0).upper));
+      tight.x.push_back(x);
+      tight.y.push_back(bounds::tight_largest_coefficient(x, delta, 1.0));
+    }
+    chart.series.push_back(lemma);
+    chart.series.push_back(tight);
+    std::size_t c = 0;
+    for (const auto escape : studies::all_escapes) {
+      io::Series series{std::string(studies::escape_name(escape)), {}, {}, colours[c++ % 7], false, true};
+      for (const auto* point : studies::series_of(study, escape, delta)) {
+        series.x.push_back(static_cast<double>(point->n));
+        series.y.push_back(point->spike_weight[0]);
+      }
+      chart.series.push_back(std::move(series));
+    }
+    for (std::size_t f = 1; f < studies::study_format_count; ++f) {
+      const auto* format = studies::study_formats[f];
+      const auto horizon = bounds::underflow_horizon(delta, 1.0, *format);
+      if (horizon.lower <= static_cast<double>(largest_size)) {
+        chart.markers.push_back({horizon.lower, "softmax underflows in " + std::string(format->name), "#999999"});
+      }
+    }
+    std::ofstream(s.out + "/escapes_delta_" + spread_text(delta) + ".svg") << io::render_svg(chart);
+  }
+  io::Chart entropy_chart{"Adaptive temperature: entropy of the plain row against n", "n", "entropy (nats)", true,
+                          false, {}, {}};
+  const auto root = bounds::adaptive_active_interval().upper_root.lower;
+  io::Series threshold{"poly(H) = 1: beta clamps to 1 above", {}, {}, "#000000", true, false};
+  threshold.x = {static_cast<double>(study.settings.sizes.front()), static_cast<double>(largest_size)};
+  threshold.y = {root, root};
+  entropy_chart.series.push_back(threshold);
+  std::size_t c = 0;
+  for (const double delta : study.settings.spreads) {
+    io::Series series{"delta " + spread_text(delta), {}, {}, colours[c++ % 7], false, true};
+    for (const auto& point : study.entropies) {
+      if (point.delta != delta) continue;
+      series.x.push_back(static_cast<double>(point.n));
+      series.y.push_back(point.entropy);
+    }
+    entropy_chart.series.push_back(std::move(series));
+  }
+  std::ofstream(s.out + "/adaptive_entropy.svg") << io::render_svg(entropy_chart);
+  std::printf("dispersion study (%zu points) in %.1f s, written to %s: escapes.csv, adaptive_entropy.csv, summary.md "
+              "and SVG plots\n",
+              study.points.size(), study.seconds, s.out.c_str());
+  std::ifstream table(s.out + "/summary.md");
+  std::printf("%s", std::string(std::istreambuf_iterator<char>(table), {}).c_str());
+  return exit_pass;
+}
+
 int run_study(StudySettings s) {
+  if (s.preset == "dispersion") return run_dispersion_preset(s);
   if (s.preset != "paper") throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
   if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
   if (s.sizes.empty()) {
@@ -154,7 +294,10 @@ int run_study(StudySettings s) {
 Command add_study_command(CLI::App& app) {
   auto s = std::make_shared<StudySettings>();
   auto* command = app.add_subcommand("study", "A precision study: dispersion, kernel error and horizons, CSV and SVG");
-  command->add_option("--preset", s->preset, "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B)");
+  command->add_option("--preset", s->preset,
+                      "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B); dispersion: every escape "
+                      "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576");
+  command->add_option("--threads", s->threads, "Threads for the dispersion preset (0: every core)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
   command->add_option("--spreads", s->spreads, "Spreads delta to study")->delimiter(',');
   command->add_option("--sizes", s->sizes, "Sizes n to study")->delimiter(',');

@@ -1,0 +1,130 @@
+// The dispersion study's own numbers carry the claims: softmax's spike weight stays under
+// Lemma 2.1 and falls as O(1/n); SSMax with s delta >= 1 stays above 1/2 at every n; the
+// checks fail when handed the wrong operator's numbers; results do not depend on threads.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+
+#include "bounds/bounds.hpp"
+#include "core/errors.hpp"
+#include "studies/dispersion_study.hpp"
+
+namespace sharpcheck::studies {
+namespace {
+
+using Series = std::vector<const DispersionPoint*>;
+
+// Every spike weight at or under Lemma 2.1's bound exp(delta)/n (rounded up), and falling with n
+// until it underflows.
+::testing::AssertionResult stays_under_lemma_2_1(const Series& series) {
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    const auto& point = *series[i];
+    const double bound = bounds::lemma_2_1(static_cast<double>(point.n), point.delta, 1.0).upper;
+    if (!(point.spike_weight[0] <= bound)) {
+      return ::testing::AssertionFailure() << escape_name(point.escape) << " delta " << point.delta << " n " << point.n
+                                           << ": " << point.spike_weight[0] << " > Lemma 2.1's " << bound;
+    }
+    const bool underflowed = point.spike_weight[0] == 0;  // below fp64's range: no longer falls
+    if (i > 0 && !underflowed && !(point.spike_weight[0] < series[i - 1]->spike_weight[0])) {
+      return ::testing::AssertionFailure() << escape_name(point.escape) << " does not fall at n " << point.n;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult stays_at_least(const Series& series, double constant) {
+  for (const auto* point : series) {
+    if (!(point->spike_weight[0] >= constant)) {
+      return ::testing::AssertionFailure() << escape_name(point->escape) << " delta " << point->delta << " n "
+                                           << point->n << ": " << point->spike_weight[0] << " < " << constant;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(DispersionStudy, TheDefaultStudysNumbersShowDispersionAndItsEscapes) {
+  const DispersionStudy study = run_dispersion_study({});
+  ASSERT_EQ(study.settings.sizes.back(), std::uint64_t{1} << 20);
+  for (const double delta : study.settings.spreads) {
+    SCOPED_TRACE("delta " + std::to_string(delta));
+    // Softmax disperses: under Lemma 2.1 at every n, falling.
+    EXPECT_TRUE(stays_under_lemma_2_1(series_of(study, Escape::softmax, delta)));
+    // SSMax with s delta >= 1: n^(s delta) >= n > n - 1 keeps the spike above 1/2 at every n.
+    ASSERT_GE(study.settings.ssmax_s * delta, 1.0);
+    EXPECT_TRUE(stays_at_least(series_of(study, Escape::scalable_softmax, delta), 0.5));
+    // Mutation check: each claim fails on the other operator's numbers.
+    EXPECT_FALSE(stays_under_lemma_2_1(series_of(study, Escape::scalable_softmax, delta)));
+    if (delta < 10) {  // at 14.78 softmax's spike stays above 1/2 to n = 2^20
+      EXPECT_FALSE(stays_at_least(series_of(study, Escape::softmax, delta), 0.5));
+    }
+    // Sigmoid with b = -ln n disperses too (sigma(delta - ln n) <= e^delta / n); the nearest key
+    // of stick-breaking keeps sigma(delta) at every n; the farthest falls as 2^-(n - 1).
+    EXPECT_TRUE(stays_under_lemma_2_1(series_of(study, Escape::sigmoid, delta)));
+    const Series nearest = series_of(study, Escape::stick_breaking_nearest, delta);
+    for (const auto* point : nearest) EXPECT_EQ(point->spike_weight[0], nearest.front()->spike_weight[0]);
+    EXPECT_TRUE(stays_under_lemma_2_1(series_of(study, Escape::stick_breaking_farthest, delta)));
+    // The summary's softmax crossing agrees with the bound's exact threshold.
+    const std::uint64_t exact = bounds::smallest_n_below(delta, 1.0, 0.5);
+    const auto crossing = first_size_below(study, Escape::softmax, delta, 0.5);
+    if (exact <= study.settings.sizes.back()) {
+      ASSERT_TRUE(crossing.has_value());
+      EXPECT_EQ(*crossing, std::max<std::uint64_t>(16, std::bit_ceil(exact)));
+    } else {
+      EXPECT_FALSE(crossing.has_value());
+    }
+    // Adaptive temperature: the entropy grows with n and the correction is off beyond the
+    // switch-off integer.
+    const SwitchOff off = adaptive_switch_off(delta);
+    EXPECT_TRUE(off.separated);
+    double previous = -1;
+    for (const auto& point : study.entropies) {
+      if (point.delta != delta) continue;
+      EXPECT_GT(point.entropy, previous);
+      previous = point.entropy;
+      if (point.n >= off.first_uncorrected) {
+        EXPECT_FALSE(point.corrected) << point.n;
+      } else if (point.entropy > 1.0) {  // above the lower root of poly(H) = 1 (about 0.85)
+        EXPECT_TRUE(point.corrected) << point.n;
+      }
+    }
+  }
+  // Rounding into a narrower format never moves a weight across a representable threshold the
+  // wrong way: each column is within one of its ulps of the fp64 value.
+  for (const auto& point : study.points) {
+    for (std::size_t f = 1; f < study_format_count; ++f) {
+      const auto& format = *study_formats[f];
+      const double rounded = round_to_format(point.spike_weight[0], format);
+      EXPECT_LE(ulp_distance(point.spike_weight[f], rounded, format), 1u)
+          << escape_name(point.escape) << " " << format.name << " n " << point.n;
+    }
+  }
+}
+
+TEST(DispersionStudy, ResultsDoNotDependOnTheThreadCount) {
+  DispersionSettings settings;
+  settings.sizes = {16, 100, 1024, 4096};
+  settings.threads = 1;
+  const auto one = run_dispersion_study(settings);
+  settings.threads = 3;
+  const auto three = run_dispersion_study(settings);
+  ASSERT_EQ(one.points.size(), three.points.size());
+  for (std::size_t i = 0; i < one.points.size(); ++i) {
+    for (std::size_t f = 0; f < study_format_count; ++f) {
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(one.points[i].spike_weight[f]),
+                std::bit_cast<std::uint64_t>(three.points[i].spike_weight[f]));
+    }
+  }
+}
+
+TEST(DispersionStudy, BadSettingsAreInputErrors) {
+  DispersionSettings settings;
+  settings.spreads = {-1.0};
+  EXPECT_THROW((void)run_dispersion_study(settings), InputError);
+  settings.spreads = {1.0};
+  settings.sizes = {0};
+  EXPECT_THROW((void)run_dispersion_study(settings), InputError);
+}
+
+}  // namespace
+}  // namespace sharpcheck::studies
