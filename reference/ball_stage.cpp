@@ -2,6 +2,8 @@
 
 #include <mpfr.h>
 
+#include <unordered_map>
+
 #include "reference/exact_rounding.hpp"
 
 namespace sharpcheck::reference {
@@ -18,34 +20,88 @@ std::optional<double> round_ball_if_decided(arb_srcptr ball, const FloatFormat& 
   return round_if_decided(ends.lo, ends.hi, format);
 }
 
+DistinctLogits distinct_logits(std::span<const double> logits, const PreparedRow& row) {
+  DistinctLogits distinct;
+  std::unordered_map<double, std::size_t> position;  // +0 and -0 are one key, as they are one value
+  distinct.of_active.reserve(row.active.size());
+  for (const std::size_t j : row.active) {
+    const auto [slot, inserted] = position.try_emplace(logits[j], distinct.values.size());
+    if (inserted) {
+      distinct.values.push_back(logits[j]);
+      distinct.counts.push_back(0);
+    }
+    ++distinct.counts[slot->second];
+    distinct.of_active.push_back(slot->second);
+  }
+  return distinct;
+}
+
+namespace {
+
+// w_v = exp((v - shift) / theta) for each distinct value and S = sum_v count_v w_v.
+void enclose_weights(const DistinctLogits& distinct, double shift, double theta, slong precision, BallVector& weights,
+                     arb_ptr sum) {
+  Ball shift_ball, temperature;
+  arb_set_d(shift_ball.get(), shift);  // doubles convert exactly
+  arb_set_d(temperature.get(), theta);
+  arb_zero(sum);
+  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
+    arb_ptr w = weights[v];
+    arb_set_d(w, distinct.values[v]);
+    arb_sub(w, w, shift_ball.get(), precision);
+    if (theta != 1.0) arb_div(w, w, temperature.get(), precision);
+    arb_exp(w, w, precision);
+    arb_addmul_ui(sum, w, distinct.counts[v], precision);
+  }
+}
+
+}  // namespace
+
 std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
                                     const FloatFormat& target, std::span<double> result, std::vector<bool>& decided) {
   const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
-  const std::size_t count = row.active.size();
-  BallVector weights(count);
-  Ball shift, temperature, sum, coefficient;
-  arb_set_d(shift.get(), row.shift);  // doubles convert exactly
-  arb_set_d(temperature.get(), theta);
-  arb_zero(sum.get());
-  for (std::size_t a = 0; a < count; ++a) {
-    arb_ptr w = weights[a];
-    arb_set_d(w, logits[row.active[a]]);
-    arb_sub(w, w, shift.get(), precision);
-    if (theta != 1.0) arb_div(w, w, temperature.get(), precision);
-    arb_exp(w, w, precision);
-    arb_add(sum.get(), sum.get(), w, precision);
+  const DistinctLogits distinct = distinct_logits(logits, row);
+  BallVector weights(distinct.values.size());
+  Ball sum, coefficient;
+  enclose_weights(distinct, row.shift, theta, precision, weights, sum.get());
+  std::vector<std::optional<double>> per_value(distinct.values.size());
+  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
+    arb_div(coefficient.get(), weights[v], sum.get(), precision);
+    per_value[v] = round_ball_if_decided(coefficient.get(), target);
   }
   std::size_t decided_count = 0;
-  for (std::size_t a = 0; a < count; ++a) {
-    if (decided[a]) continue;
-    arb_div(coefficient.get(), weights[a], sum.get(), precision);
-    if (const auto rounded = round_ball_if_decided(coefficient.get(), target)) {
-      result[row.active[a]] = *rounded;
-      decided[a] = true;
-      ++decided_count;
-    }
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    const auto& rounded = per_value[distinct.of_active[a]];
+    if (decided[a] || !rounded) continue;
+    result[row.active[a]] = *rounded;
+    decided[a] = true;
+    ++decided_count;
   }
   return decided_count;
+}
+
+std::optional<double> decide_entropy_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
+                                              const FloatFormat& target) {
+  // H = log S - sum_v count_v w_v z_v / S with z_v = (v - shift) / theta.
+  const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
+  const DistinctLogits distinct = distinct_logits(logits, row);
+  BallVector weights(distinct.values.size());
+  Ball sum, weighted, z, shift_ball, temperature, entropy;
+  enclose_weights(distinct, row.shift, theta, precision, weights, sum.get());
+  arb_set_d(shift_ball.get(), row.shift);
+  arb_set_d(temperature.get(), theta);
+  arb_zero(weighted.get());
+  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
+    arb_set_d(z.get(), distinct.values[v]);
+    arb_sub(z.get(), z.get(), shift_ball.get(), precision);
+    arb_div(z.get(), z.get(), temperature.get(), precision);
+    arb_mul(z.get(), z.get(), weights[v], precision);
+    arb_addmul_ui(weighted.get(), z.get(), distinct.counts[v], precision);
+  }
+  arb_div(weighted.get(), weighted.get(), sum.get(), precision);
+  arb_log(entropy.get(), sum.get(), precision);
+  arb_sub(entropy.get(), entropy.get(), weighted.get(), precision);
+  return round_ball_if_decided(entropy.get(), target);
 }
 
 void decide_attention_row_by_balls(std::span<const double> query, const Matrix& keys, const Matrix& values,

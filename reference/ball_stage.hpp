@@ -8,6 +8,7 @@
 #include <arb.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <vector>
@@ -52,6 +53,17 @@ class Ball {
   arb_t ball_;
 };
 
+// The distinct unmasked logits of a row, how often each occurs, and which one each unmasked entry
+// is. Equal logits get equal weights under softmax and every escape but stick-breaking, so the
+// ball stages enclose and round once per distinct value: rows of masked, padded, quantized or
+// bf16 logits (at most 65,536 values) cost little more than their distinct values.
+struct DistinctLogits {
+  std::vector<double> values;
+  std::vector<std::uint64_t> counts;
+  std::vector<std::size_t> of_active;  // per entry of row.active: its index into values
+};
+[[nodiscard]] DistinctLogits distinct_logits(std::span<const double> logits, const PreparedRow& row);
+
 // The format value every point of the ball rounds to, if there is one.
 [[nodiscard]] std::optional<double> round_ball_if_decided(arb_srcptr ball, const FloatFormat& format);
 
@@ -59,6 +71,10 @@ class Ball {
 // decided[a] for each coefficient it decides; returns how many it decided.
 std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
                                     const FloatFormat& target, std::span<double> result, std::vector<bool>& decided);
+
+// The entropy of the row by balls: the correctly rounded value if the ball decides it.
+[[nodiscard]] std::optional<double> decide_entropy_by_balls(std::span<const double> logits, const PreparedRow& row,
+                                                            double theta, const FloatFormat& target);
 
 // One attention query row by balls, over the keys in `active`: weights (if `weights` is not
 // empty; indexed by key) and outputs (indexed by value column). Sets the matching done flags

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <functional>
 #include <string>
-#include <unordered_map>
 
 #include "core/mpfr_number.hpp"
 #include "reference/ball_stage.hpp"
@@ -40,31 +39,6 @@
 
 namespace sharpcheck::reference {
 namespace {
-
-// The distinct unmasked logits and, per unmasked entry, which one it is. Every escape but
-// stick-breaking gives equal logits equal weights, so each is enclosed and rounded once per
-// distinct value: what makes rows of a million entries with few values cheap.
-struct DistinctLogits {
-  std::vector<double> values;
-  std::vector<std::uint64_t> counts;
-  std::vector<std::size_t> of_active;
-};
-
-DistinctLogits distinct_logits(std::span<const double> logits, const PreparedRow& row) {
-  DistinctLogits distinct;
-  std::unordered_map<double, std::size_t> position;  // +0 and -0 are one key, as they are one value
-  distinct.of_active.reserve(row.active.size());
-  for (const std::size_t j : row.active) {
-    const auto [slot, inserted] = position.try_emplace(logits[j], distinct.values.size());
-    if (inserted) {
-      distinct.values.push_back(logits[j]);
-      distinct.counts.push_back(0);
-    }
-    ++distinct.counts[slot->second];
-    distinct.of_active.push_back(slot->second);
-  }
-  return distinct;
-}
 
 // A rational number held exactly, for the exact-case tests.
 class Rational {

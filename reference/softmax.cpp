@@ -265,6 +265,13 @@ double entropy(std::span<const double> logits, const FloatFormat& target, const 
     count_call(options, true);
     return 0.0;
   }
+  if (!options.mpfr_only) {
+    if (const auto by_balls = decide_entropy_by_balls(logits, row, options.theta, target)) {
+      count_call(options, false);
+      if (options.statistics != nullptr) ++options.statistics->decided_by_balls;
+      return *by_balls;
+    }
+  }
   double result = 0.0;
   const std::size_t count = row.active.size();
   MpfrArray products(count, 64);

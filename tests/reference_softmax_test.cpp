@@ -97,6 +97,8 @@ TEST_P(EveryFormat, AgreesWithAnIndependentCppBinFloatComputation) {
     const double theta = std::array{1.0, 0.7, -2.5, 1.0}[trial % 4];
     std::vector<double> row(n);
     for (double& e : row) e = random.normal(0, sigma);
+    // Rows with repeated logits, which the ball stages group by value.
+    if (trial % 5 == 4) for (double& e : row) e = std::round(e * 2) / 2;
     RowOptions options;
     options.theta = theta;
     const auto exact = testing::independent_softmax(row, theta);
@@ -117,7 +119,9 @@ TEST_P(EveryFormat, AgreesWithAnIndependentCppBinFloatComputation) {
     }
     const Exact lse = theta * (best + log(sum));
     ASSERT_TRUE(is_nearest_in_format(reference::logsumexp(row, format(), options), lse, format()));
-    ASSERT_TRUE(is_nearest_in_format(reference::entropy(row, format(), options), entropy, format()));
+    const double rounded_entropy = reference::entropy(row, format(), options);
+    ASSERT_TRUE(is_nearest_in_format(rounded_entropy, entropy, format()));
+    ASSERT_EQ(reference::entropy(row, format(), mpfr_only), rounded_entropy);
   }
 }
 
