@@ -138,10 +138,10 @@ int run_dispersion_preset(const StudySettings& s) {
   // softmax's spike underflows in each format.
   const char* const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
   for (const double delta : study.settings.spreads) {
-    io::Chart chart{"Spike weight on the extremal row, spread " + spread_text(delta), "n", "weight of the spike", true,
-                    true, {}, {}};
-    io::Series lemma{"Lemma 2.1 for softmax: exp(delta)/n", {}, {}, "#000000", true, false};
-    io::Series tight{"tight softmax bound", {}, {}, "#555555", true, false};
+    io::Chart chart{"Spike weight on the extremal row, spread " + spread_text(delta) + " (below 1e-7 not drawn)", "n",
+                    "weight of the spike", true, true, {}, {}};
+    io::Series lemma{"Lemma 2.1 (softmax)", {}, {}, "#000000", true, false};
+    io::Series tight{"tight (softmax)", {}, {}, "#555555", true, false};
     for (const std::uint64_t n : study.settings.sizes) {
       const auto x = static_cast<double>(n);
       lemma.x.push_back(x);
@@ -155,6 +155,7 @@ int run_dispersion_preset(const StudySettings& s) {
     for (const auto escape : studies::all_escapes) {
       io::Series series{std::string(studies::escape_name(escape)), {}, {}, colours[c++ % 7], false, true};
       for (const auto* point : studies::series_of(study, escape, delta)) {
+        if (point->spike_weight[0] < 1e-7) continue;  // stick-breaking's far key: 2^-(n-1), in the CSV
         series.x.push_back(static_cast<double>(point->n));
         series.y.push_back(point->spike_weight[0]);
       }
@@ -164,7 +165,7 @@ int run_dispersion_preset(const StudySettings& s) {
       const auto* format = studies::study_formats[f];
       const auto horizon = bounds::underflow_horizon(delta, 1.0, *format);
       if (horizon.lower <= static_cast<double>(largest_size)) {
-        chart.markers.push_back({horizon.lower, "softmax underflows in " + std::string(format->name), "#999999"});
+        chart.markers.push_back({horizon.lower, "softmax spike 0 in " + std::string(format->name), "#999999"});
       }
     }
     std::ofstream(s.out + "/escapes_delta_" + spread_text(delta) + ".svg") << io::render_svg(chart);
