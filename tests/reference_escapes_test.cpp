@@ -266,6 +266,48 @@ TEST_P(EveryFormat, LengthScaledLogitsAreSoftmaxUpToTheTrainingLengthAndScaledBe
   }
 }
 
+TEST_P(EveryFormat, EveryEscapeMeetsItsClosedFormsAtOneTwoAndEqualLogits) {
+  const auto sigma = [](const Exact& x) { return 1 / (1 + exp(-x)); };
+  // n = 1: the normalised escapes give 1; sigmoid (bias -ln 1 = 0) and stick-breaking sigma(z).
+  const std::vector<double> one{0.75};
+  for (const auto& result :
+       {reference::adaptive_temperature_softmax(one, format()), reference::scalable_softmax(one, format()),
+        reference::length_scaled_softmax(one, format(), 16)}) {
+    EXPECT_EQ(result, std::vector<double>{1.0});
+  }
+  EXPECT_TRUE(is_nearest_in_format(reference::sigmoid_attention_weights(one, format())[0], sigma(Exact(0.75)), format()));
+  EXPECT_TRUE(is_nearest_in_format(reference::stick_breaking_weights(one, format())[0], sigma(Exact(0.75)), format()));
+  // Two logits a, b.
+  const double a = 1.25;
+  const double b = -0.5;
+  const std::vector<double> two{a, b};
+  const Exact d = Exact(a) - Exact(b);
+  EXPECT_TRUE(is_nearest_in_format(reference::scalable_softmax(two, format())[0], sigma(d * log(Exact(2))), format()));
+  EXPECT_TRUE(is_nearest_in_format(reference::length_scaled_softmax(two, format(), 16)[0], sigma(d), format()));
+  EXPECT_TRUE(is_nearest_in_format(reference::adaptive_temperature_softmax(two, format())[0], sigma(d), format()));
+  const auto sigmoid = reference::sigmoid_attention_weights(two, format());
+  EXPECT_TRUE(is_nearest_in_format(sigmoid[1], sigma(Exact(b) - log(Exact(2))), format()));
+  const auto stick = reference::stick_breaking_weights(two, format());
+  EXPECT_TRUE(is_nearest_in_format(stick[0], sigma(Exact(a)) * sigma(-Exact(b)), format()));
+  EXPECT_TRUE(is_nearest_in_format(stick[1], sigma(Exact(b)), format()));
+  // k equal logits z: 1/k for the normalised escapes; sigma(z - ln k) each for sigmoid; the
+  // m-th key from the query sigma(z) (1 - sigma(z))^(m-1) for stick-breaking.
+  const std::size_t k = 5;
+  const std::vector<double> equal(k, -1.5);
+  for (const auto& result :
+       {reference::adaptive_temperature_softmax(equal, format()), reference::scalable_softmax(equal, format()),
+        reference::length_scaled_softmax(equal, format(), 2)}) {
+    for (const double w : result) ASSERT_TRUE(is_nearest_in_format(w, Exact(1) / Exact(k), format()));
+  }
+  for (const double w : reference::sigmoid_attention_weights(equal, format())) {
+    ASSERT_TRUE(is_nearest_in_format(w, sigma(Exact(-1.5) - log(Exact(k))), format()));
+  }
+  const auto sticks = reference::stick_breaking_weights(equal, format());
+  for (std::size_t m = 1; m <= k; ++m) {
+    ASSERT_TRUE(is_nearest_in_format(sticks[k - m], sigma(Exact(-1.5)) * pow(sigma(Exact(1.5)), m - 1), format()));
+  }
+}
+
 const auto format_name = [](const auto& info) { return std::string(info.param->name); };
 INSTANTIATE_TEST_SUITE_P(Escapes, EveryFormat, ::testing::ValuesIn(all_float_formats), format_name);
 
