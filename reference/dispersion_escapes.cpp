@@ -224,17 +224,18 @@ bool scalable_softmax_exactly(const DistinctLogits& distinct, double shift, doub
   }
   const long lowest = *std::min_element(exponents.begin(), exponents.end());
   if (-static_cast<double>(lowest) * std::log2(static_cast<double>(base)) > largest_exact_bits) return false;
-  std::vector<mpz_t> numerators(exponents.size());
+  // Numerators r^(G_v - lowest) and their count-weighted sum, as GMP integers.
+  std::vector<__mpz_struct> numerators(exponents.size());
   mpz_t denominator;
   mpz_init(denominator);
   for (std::size_t v = 0; v < exponents.size(); ++v) {
-    mpz_init(numerators[v]);
-    mpz_ui_pow_ui(numerators[v], base, static_cast<unsigned long>(exponents[v] - lowest));
-    mpz_addmul_ui(denominator, numerators[v], distinct.counts[v]);
+    mpz_init(&numerators[v]);
+    mpz_ui_pow_ui(&numerators[v], base, static_cast<unsigned long>(exponents[v] - lowest));
+    mpz_addmul_ui(denominator, &numerators[v], distinct.counts[v]);
   }
   for (std::size_t v = 0; v < exponents.size(); ++v) {
-    values[v] = round_exact_ratio(numerators[v], denominator, target);
-    mpz_clear(numerators[v]);
+    values[v] = round_exact_ratio(&numerators[v], denominator, target);
+    mpz_clear(&numerators[v]);
   }
   mpz_clear(denominator);
   return true;
