@@ -306,6 +306,7 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
           {"failures", outcome.failures},
           {"reference",
            {{"calls", outcome.reference_statistics.calls},
+            {"decided_in_double", outcome.reference_statistics.decided_in_double},
             {"decided_by_balls", outcome.reference_statistics.decided_by_balls},
             {"escalations", outcome.reference_statistics.escalations},
             {"exact_cases", outcome.reference_statistics.exact_cases},

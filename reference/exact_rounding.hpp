@@ -38,7 +38,8 @@ struct ZivStatistics {
   long calls = 0;
   long escalations = 0;  // precision increases past the initial one
   long exact_cases = 0;  // results decided by the exact (rational) branch
-  long decided_by_balls = 0;  // results the fast Arb stage decided (the rest went to the MPFR loop)
+  long decided_in_double = 0;  // results the certified double stage decided (softmax, <= 24-bit targets)
+  long decided_by_balls = 0;  // results the Arb stage decided (the rest went to the MPFR loop)
   mpfr_prec_t highest_precision = 0;
 };
 

@@ -6,6 +6,7 @@
 
 #include "core/mpfr_number.hpp"
 #include "reference/ball_stage.hpp"
+#include "reference/double_stage.hpp"
 #include "reference/input_checks.hpp"
 
 // Termination of the Ziv loops (why the reference never spins forever).
@@ -179,11 +180,15 @@ std::vector<double> softmax(std::span<const double> logits, const FloatFormat& t
     return result;
   }
   std::vector<bool> decided(row.active.size(), false);
-  const std::size_t by_balls =
-      options.mpfr_only ? 0 : decide_softmax_by_balls(logits, row, options.theta, target, result, decided);
-  if (options.statistics != nullptr) options.statistics->decided_by_balls += static_cast<long>(by_balls);
   count_call(options, false);
-  if (by_balls == row.active.size()) return result;
+  if (!options.mpfr_only) {
+    const std::size_t in_double = decide_softmax_in_double(logits, row, options.theta, target, result, decided);
+    if (options.statistics != nullptr) options.statistics->decided_in_double += static_cast<long>(in_double);
+    if (in_double == row.active.size()) return result;
+    const std::size_t by_balls = decide_softmax_by_balls(logits, row, options.theta, target, result, decided);
+    if (options.statistics != nullptr) options.statistics->decided_by_balls += static_cast<long>(by_balls);
+    if (in_double + by_balls == row.active.size()) return result;
+  }
   run_ziv_loop(logits, row, target, options, "softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
     return decide_elements(row, target, precision, decided, result, [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
       mpfr_div(lo, enclosure.w_lo[a], enclosure.sum_hi.get(), MPFR_RNDD);

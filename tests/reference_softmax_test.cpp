@@ -246,10 +246,15 @@ TEST(Statistics, TheLoopReportsItsPrecisionAndExactCases) {
   EXPECT_EQ(statistics.exact_cases, 1);
   (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, options);
   EXPECT_EQ(statistics.calls, 2);
-  EXPECT_EQ(statistics.decided_by_balls, 2);
+  EXPECT_EQ(statistics.decided_in_double, 2);  // fp32: the double stage decides both
+  EXPECT_EQ(statistics.decided_by_balls, 0);
   EXPECT_EQ(statistics.highest_precision, 0);  // the MPFR loop was not needed
+  (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp64, options);
+  EXPECT_EQ(statistics.decided_in_double, 2);  // fp64 is too wide for it: the balls decide
+  EXPECT_EQ(statistics.decided_by_balls, 2);
   options.mpfr_only = true;
   (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, options);
+  EXPECT_EQ(statistics.decided_in_double, 2);
   EXPECT_EQ(statistics.decided_by_balls, 2);
   EXPECT_EQ(statistics.highest_precision, reference::ZivSchedule::for_format(fp32).initial);
 }

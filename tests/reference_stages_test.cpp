@@ -1,11 +1,16 @@
-// The staged reference (Arb balls, then MPFR's Ziv loop) against the MPFR loop alone, and inputs
-// built to sit next to a rounding boundary, which must force escalation and still round right.
+// The staged reference (certified double, Arb balls, then MPFR's Ziv loop) against the MPFR loop
+// alone; the double stage's exp against its proven bound; and inputs built to sit next to a
+// rounding boundary, which must force escalation and still round right.
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "core/random.hpp"
+#include "core/mpfr_number.hpp"
+#include "reference/double_stage.hpp"
 #include "reference/softmax.hpp"
 #include "support/independent_reference.hpp"
 
@@ -33,8 +38,14 @@ TEST(Stages, BallsThenMpfrEqualMpfrAloneOnAMillionElementsPerFormat) {
       elements += row.size();
     }
     EXPECT_EQ(elements, 1000000u);
-    // The fast stage carries the load: it decides all but a handful of the million.
-    EXPECT_GT(static_cast<double>(staged.decided_by_balls), 0.9999 * 1e6) << format->name;
+    // The fast stages carry the load: they decide all but a handful of the million, the double
+    // stage nearly all of them for targets of 24 bits or fewer.
+    EXPECT_GT(static_cast<double>(staged.decided_in_double + staged.decided_by_balls), 0.9999 * 1e6) << format->name;
+    if (format->precision() <= 24) {
+      EXPECT_GT(static_cast<double>(staged.decided_in_double), 0.999 * 1e6) << format->name;
+    } else {
+      EXPECT_EQ(staged.decided_in_double, 0) << format->name;
+    }
   }
 }
 
@@ -63,6 +74,68 @@ TEST(Stages, ARowAHairFromARoundingBoundaryForcesEscalationAndRoundsCorrectly) {
   // to the even neighbour, 0.
   row[1023] = 0.0;
   EXPECT_EQ(reference::softmax(row, fp8_e4m3)[0], 0.0);
+}
+
+// The largest relative error of `exp_under_test` over `inputs`, against MPFR at 256 bits.
+template <typename Exp>
+double largest_relative_error(const std::vector<double>& inputs, Exp exp_under_test) {
+  MpfrNumber exact(256);
+  MpfrNumber error(256);
+  double largest = 0;
+  for (const double x : inputs) {
+    mpfr_set_d(exact.get(), x, MPFR_RNDN);
+    mpfr_exp(exact.get(), exact.get(), MPFR_RNDN);
+    mpfr_sub_d(error.get(), exact.get(), exp_under_test(x), MPFR_RNDN);
+    mpfr_div(error.get(), error.get(), exact.get(), MPFR_RNDN);
+    largest = std::max(largest, std::fabs(mpfr_get_d(error.get(), MPFR_RNDU)));
+  }
+  return largest;
+}
+
+std::vector<double> exp_test_inputs() {
+  std::vector<double> inputs;
+  DeterministicRandom random(47);
+  for (int i = 0; i < 1000000; ++i) inputs.push_back(-708 * random.uniform());
+  // The reduction's worst cases: x next to k ln 2 (r near 0, where x - k ln2_high cancels) and next
+  // to (k + 1/2) ln 2 (where k flips and |r| is largest), a few ulps either side, every k.
+  for (int k = 0; k <= 1021; ++k) {
+    for (const double centre : {-k * 0x1.62e42fefa39efp-1, -(k + 0.5) * 0x1.62e42fefa39efp-1}) {
+      double x = centre;
+      for (int step = 0; step < 8; ++step) x = std::nextafter(x, 0.0);
+      for (int step = 0; step < 17; ++step, x = std::nextafter(x, -INFINITY)) {
+        if (x <= 0 && x >= -708) inputs.push_back(x);
+      }
+    }
+  }
+  for (const double x : {0.0, -0.0, -0x1p-1074, -0x1p-60, -0x1p-30, -708.0}) inputs.push_back(x);
+  return inputs;
+}
+
+TEST(DoubleStage, CertifiedExpStaysWithinItsProvenBoundOnAMillionInputsAndTheReductionsWorstCases) {
+  const auto inputs = exp_test_inputs();
+  const double observed = largest_relative_error(inputs, reference::certified_exp);
+  EXPECT_LE(observed, reference::certified_exp_error);
+  std::printf("certified_exp: largest relative error %.3g = %.2f u over %zu inputs (bound 2^-47 = 64 u)\n", observed,
+              observed / 0x1p-53, inputs.size());
+  // Mutation check: an exp 2^-46 off would be caught by the same comparison.
+  EXPECT_GT(largest_relative_error(inputs, [](double x) { return reference::certified_exp(x) * (1 + 0x1p-46); }),
+            reference::certified_exp_error);
+}
+
+TEST(DoubleStage, DecidesNothingForWideTargetsOrOtherRoundingModes) {
+  std::vector<double> row{1.0, 2.0, 3.5};
+  reference::ZivStatistics statistics;
+  RowOptions options;
+  options.statistics = &statistics;
+  (void)reference::softmax(row, fp64, options);
+  EXPECT_EQ(statistics.decided_in_double, 0);
+  (void)reference::softmax(row, fp32, options);
+  EXPECT_EQ(statistics.decided_in_double, 3);
+  std::fesetround(FE_UPWARD);
+  const auto upward = reference::softmax(row, fp32, options);
+  std::fesetround(FE_TONEAREST);
+  EXPECT_EQ(statistics.decided_in_double, 3);  // the stage stood aside; the result is unchanged
+  EXPECT_EQ(upward, reference::softmax(row, fp32));
 }
 
 }  // namespace

@@ -1,0 +1,146 @@
+#include "reference/double_stage.hpp"
+
+#include <bit>
+#include <cfenv>
+#include <cmath>
+#include <cstdint>
+
+// Error bound of certified_exp (u = 2^-53, round to nearest throughout).
+//
+// Reduction: k = nearbyint(fl(x / ln 2)), r~ = (x - k c_hi) - k c_lo with c_hi + c_lo = ln 2 to
+// within 2^-89 (c_hi has 33 significant bits). fl(x fl(1/ln 2)) lies within 2^-42 of x / ln 2
+// for |x| <= 708, so |r| <= ln 2 (1/2 + 2^-42) < 0.3467. Each of the three floating-point steps errs by
+// at most u times its result (|x - k c_hi| < 0.35, |k c_lo| < 2^-22, |r~| < 0.3467), and
+// |k| <= 1022 makes k |ln 2 - c_hi - c_lo| < 2^-79: |r~ - (x - k ln 2)| < 0.71u + 2^-79 < 0.72u,
+// which changes e^r by a relative factor within 0.73u.
+//
+// Polynomial: p(r) = sum_{i <= 13} c_i r^i with c_i = 1/i! rounded to double (relative error u
+// each, so at most u e^|r| <= 1.42u absolute). Taylor's remainder is at most
+// |r|^14 / 14! e^|r| < 6e-18 < 2^-57 absolute. Horner's rule in double errs by at most
+// gamma_26 sum_i |c_i| |r|^i <= 26.1u e^|r| < 37u absolute (Higham, Accuracy and Stability,
+// eq. 5.3). Relative to e^r >= e^-0.3467 > 0.707: (37 + 1.42) u / 0.707 + 2^-57 / 0.707 < 55u.
+//
+// Scaling: p 2^k is exact while the result is normal, which x >= -708 guarantees.
+// In all: relative error < 55u + 0.73u + O(u^2) < 56u < 2^-47.
+//
+// Softmax (decide_softmax_in_double): z~_j = fl(fl(e_j - m) / theta) errs by at most
+// (2u + u^2) |z_j|, so w~_j = certified_exp(z~_j) = w_j (1 + eta_j) with
+// |eta_j| <= 2^-47 + 2.01u |z_j| (for |z_j| <= 708). Entries with z~_j < -700 are not
+// exponentiated: their w_j < e^-699 < 2^-1008 each, bounded as an absolute term. The pairwise
+// sum S~ of the w~ (each term passes through at most ceil(log2 n) additions) errs by
+// gamma_{ceil(log2 n)} relative (Higham, eq. 4.6; S >= 1: the max entry has w = 1 exactly), and the
+// quotient by u. So p~_j = fl(w~_j / S~) = p_j (1 + eps_j) with
+// |eps_j| <= (|eta_j| + eta_max + gamma_{ceil(log2 n)} + u + n 2^-1008) (1 + 2^-20): the 2^-20
+// covers every product of two of these small terms for n < 2^30.
+
+namespace sharpcheck::reference {
+namespace {
+
+constexpr double unit_roundoff = 0x1p-53;
+
+double power_of_two(int k) { return std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52); }
+
+// Adds the values pairwise in place (destroying them): each passes through at most ceil(log2 n)
+// additions, which is what the error bound above counts.
+double pairwise_sum(std::vector<double>& values) {
+  std::size_t count = values.size();
+  if (count == 0) return 0;
+  while (count > 1) {
+    const std::size_t half = count / 2;
+    for (std::size_t i = 0; i < half; ++i) values[i] = values[2 * i] + values[2 * i + 1];
+    if (count % 2 == 1) values[half] = values[count - 1];
+    count = half + count % 2;
+  }
+  return values[0];
+}
+
+bool decided_equal(double low, double high, const FloatFormat& target) {
+  if (&target == &fp32 || target.name == fp32.name) {
+    // Hardware conversion rounds to nearest even, subnormals included: exactly fp32's rounding.
+    return static_cast<float>(low) == static_cast<float>(high);
+  }
+  return std::bit_cast<std::uint64_t>(round_to_format(low, target)) ==
+         std::bit_cast<std::uint64_t>(round_to_format(high, target));
+}
+
+}  // namespace
+
+double certified_exp(double x) {
+  constexpr double inverse_ln2 = 0x1.71547652b82fep0;
+  constexpr double ln2_high = 0x1.62e42fefp-1;  // 33 significant bits: k * ln2_high is exact for |k| < 2^20
+  constexpr double ln2_low = 0x1.473de6af278edp-34;  // ln 2 - ln2_high, to within 2^-89
+  constexpr double c[] = {1.0,
+                          1.0,
+                          1.0 / 2,
+                          1.0 / 6,
+                          1.0 / 24,
+                          1.0 / 120,
+                          1.0 / 720,
+                          1.0 / 5040,
+                          1.0 / 40320,
+                          1.0 / 362880,
+                          1.0 / 3628800,
+                          1.0 / 39916800,
+                          1.0 / 479001600,
+                          1.0 / 6227020800};
+  const double k = std::nearbyint(x * inverse_ln2);
+  const double r = (x - k * ln2_high) - k * ln2_low;
+  double p = c[13];
+  for (int i = 12; i >= 0; --i) p = p * r + c[i];
+  return p * power_of_two(static_cast<int>(k));
+}
+
+std::size_t decide_softmax_in_double(std::span<const double> logits, const PreparedRow& row, double theta,
+                                     const FloatFormat& target, std::span<double> result, std::vector<bool>& decided) {
+  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST) return 0;
+  const std::size_t count = row.active.size();
+  thread_local std::vector<double> weights;
+  thread_local std::vector<double> magnitudes;
+  thread_local std::vector<double> partial_sums;
+  weights.resize(count);
+  magnitudes.resize(count);
+  double largest_magnitude = 0;
+  std::size_t tiny = 0;
+  for (std::size_t a = 0; a < count; ++a) {
+    double z = logits[row.active[a]] - row.shift;
+    if (theta != 1.0) z /= theta;
+    // z <= 0 up to rounding (the shift maximises e / theta); -0.0 and tiny positive are fine.
+    const double magnitude = std::fabs(z);
+    magnitudes[a] = magnitude;
+    if (z < -700) {
+      weights[a] = 0;
+      ++tiny;
+      continue;
+    }
+    largest_magnitude = std::max(largest_magnitude, magnitude);
+    weights[a] = certified_exp(std::min(z, 0.0));
+  }
+  partial_sums.assign(weights.begin(), weights.end());
+  const double sum = pairwise_sum(partial_sums);
+  const double depth = std::ceil(std::log2(static_cast<double>(count)));
+  const double summation = depth * unit_roundoff / (1 - depth * unit_roundoff);
+  const double shared = certified_exp_error + 2.01 * unit_roundoff * largest_magnitude + summation + unit_roundoff +
+                        static_cast<double>(tiny) * 0x1p-1008;
+  std::size_t decided_count = 0;
+  for (std::size_t a = 0; a < count; ++a) {
+    if (decided[a]) continue;
+    double low = 0;
+    double high = 0;
+    if (weights[a] == 0) {
+      high = 0x1p-1008;  // w < 2^-1008 and S >= 1
+    } else {
+      const double coefficient = weights[a] / sum;
+      const double error = (certified_exp_error + 2.01 * unit_roundoff * magnitudes[a] + shared) * (1 + 0x1p-20);
+      // The ends in double err by u each; widen by 4u more to stay outside the true interval.
+      low = coefficient * (1 - error - 4 * unit_roundoff);
+      high = coefficient * (1 + error + 4 * unit_roundoff);
+    }
+    if (!decided_equal(low, high, target)) continue;
+    result[row.active[a]] = target.name == fp32.name ? static_cast<float>(low) : round_to_format(low, target);
+    decided[a] = true;
+    ++decided_count;
+  }
+  return decided_count;
+}
+
+}  // namespace sharpcheck::reference
