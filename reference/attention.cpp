@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "reference/ball_stage.hpp"
+#include "reference/double_stage.hpp"
 #include "reference/input_checks.hpp"
 #include "core/mpfr_number.hpp"
 
@@ -105,11 +106,17 @@ class QueryRow {
     std::vector<bool> output_done(values_.cols, false);
     std::vector<bool> weight_done(weights.empty() ? 0 : active_.size(), false);
     if (!options_.mpfr_only) {
+      decide_attention_row_in_double(query_, keys_, values_, active_, options_.scale, options_.theta, target_, output,
+                                     weights, output_done, weight_done);
+      const auto in_double = std::count(output_done.begin(), output_done.end(), true) +
+                             std::count(weight_done.begin(), weight_done.end(), true);
+      if (options_.statistics != nullptr) options_.statistics->decided_in_double += in_double;
+      if (all_done(output_done) && all_done(weight_done)) return;
       decide_attention_row_by_balls(query_, keys_, values_, active_, options_.scale, options_.theta, target_, output,
                                     weights, output_done, weight_done);
       if (options_.statistics != nullptr) {
         options_.statistics->decided_by_balls += std::count(output_done.begin(), output_done.end(), true) +
-                                                 std::count(weight_done.begin(), weight_done.end(), true);
+                                                 std::count(weight_done.begin(), weight_done.end(), true) - in_double;
       }
       if (all_done(output_done) && all_done(weight_done)) return;
     }

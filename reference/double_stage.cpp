@@ -4,6 +4,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 // Error bound of certified_exp (u = 2^-53, round to nearest throughout).
 //
@@ -141,6 +142,98 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
     ++decided_count;
   }
   return decided_count;
+}
+
+void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
+                                    std::span<const std::size_t> active, std::optional<double> scale, double theta,
+                                    const FloatFormat& target, std::span<double> output, std::span<double> weights,
+                                    std::vector<bool>& output_done, std::vector<bool>& weight_done) {
+  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || active.empty()) return;
+  const std::size_t count = active.size();
+  const std::size_t dimension = keys.cols;
+  const auto gamma = [](double k) { return k * unit_roundoff / (1 - k * unit_roundoff); };
+  const double multiplier =
+      (scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dimension))) / theta;  // within 3.01u of c
+  thread_local std::vector<double> logits, logit_errors, exponentials, scratch, magnitude_scratch;
+  logits.resize(count);
+  logit_errors.resize(count);
+  exponentials.resize(count);
+  const double dot_gamma = gamma(static_cast<double>(dimension));
+  double largest = -INFINITY;
+  for (std::size_t a = 0; a < count; ++a) {
+    const auto key = keys.row(active[a]);
+    double dot = 0;
+    double absolute = 0;
+    for (std::size_t t = 0; t < dimension; ++t) {
+      dot += query[t] * key[t];
+      absolute += std::fabs(query[t] * key[t]);
+    }
+    const double z = dot * multiplier;
+    logits[a] = z;
+    logit_errors[a] = std::fabs(multiplier) * dot_gamma * absolute * (1 + 0x1p-40) + 4.1 * unit_roundoff * std::fabs(z);
+    if (!std::isfinite(z) || !std::isfinite(logit_errors[a]) || logit_errors[a] > 0x1p-30) return;
+    largest = std::max(largest, z);
+  }
+  double eta_max = 0;
+  std::size_t tiny = 0;
+  for (std::size_t a = 0; a < count; ++a) {
+    const double x = logits[a] - largest;
+    if (x < -700) {
+      exponentials[a] = 0;
+      ++tiny;
+      continue;
+    }
+    exponentials[a] = certified_exp(std::min(x, 0.0));
+    // Reusing logit_errors for eta_j.
+    logit_errors[a] = certified_exp_error + (logit_errors[a] + unit_roundoff * std::fabs(x)) * (1 + 0x1p-20);
+    eta_max = std::max(eta_max, logit_errors[a]);
+  }
+  scratch.assign(exponentials.begin(), exponentials.end());
+  const double sum = pairwise_sum(scratch);
+  const double depth = std::ceil(std::log2(static_cast<double>(count)));
+  const double tiny_mass = static_cast<double>(tiny) * 0x1p-1008;
+  const double sum_error = eta_max + gamma(depth) + tiny_mass;
+  if (!weights.empty()) {
+    for (std::size_t a = 0; a < count; ++a) {
+      if (weight_done[a]) continue;
+      double low = 0;
+      double high = 0x1p-1008;
+      if (exponentials[a] != 0) {
+        const double coefficient = exponentials[a] / sum;
+        const double error = (logit_errors[a] + sum_error + unit_roundoff) * (1 + 0x1p-20) + 4 * unit_roundoff;
+        low = coefficient * (1 - error);
+        high = coefficient * (1 + error);
+      }
+      if (!decided_equal(low, high, target)) continue;
+      weights[active[a]] = round_to_format(low, target);
+      weight_done[a] = true;
+    }
+  }
+  magnitude_scratch.resize(count);
+  for (std::size_t c = 0; c < values.cols; ++c) {
+    if (output_done[c]) continue;
+    scratch.resize(count);
+    double largest_value = 0;
+    for (std::size_t a = 0; a < count; ++a) {
+      const double v = values(active[a], c);
+      scratch[a] = exponentials[a] * v;
+      magnitude_scratch[a] = std::fabs(scratch[a]);
+      largest_value = std::max(largest_value, std::fabs(v));
+    }
+    const double numerator = pairwise_sum(scratch);
+    const double magnitude = pairwise_sum(magnitude_scratch) * (1 + gamma(depth + 2));
+    const double result = numerator / sum;
+    if (!std::isfinite(result) || !std::isfinite(magnitude)) continue;
+    const double bound = ((eta_max + gamma(depth + 1)) * magnitude / sum +
+                          (sum_error + unit_roundoff) * std::fabs(result) + tiny_mass * largest_value / sum) *
+                             (1 + 0x1p-20) +
+                         4 * unit_roundoff * std::fabs(result);
+    const double low = result - bound;
+    const double high = result + bound;
+    if (!decided_equal(low, high, target)) continue;
+    output[c] = round_to_format(low, target);
+    output_done[c] = true;
+  }
 }
 
 }  // namespace sharpcheck::reference

@@ -10,6 +10,7 @@
 
 #include "core/random.hpp"
 #include "core/mpfr_number.hpp"
+#include "reference/attention.hpp"
 #include "reference/double_stage.hpp"
 #include "reference/softmax.hpp"
 #include "support/independent_reference.hpp"
@@ -120,6 +121,33 @@ TEST(DoubleStage, CertifiedExpStaysWithinItsProvenBoundOnAMillionInputsAndTheRed
   // Mutation check: an exp 2^-46 off would be caught by the same comparison.
   EXPECT_GT(largest_relative_error(inputs, [](double x) { return reference::certified_exp(x) * (1 + 0x1p-46); }),
             reference::certified_exp_error);
+}
+
+TEST(DoubleStage, AttentionRowsEqualTheMpfrLoopAloneAndTheDoubleStageCarriesThem) {
+  // 16 queries against 1,024 keys of dimension 64 (fp32 entries, N(0, 1)), weights too.
+  DeterministicRandom random(61);
+  const auto matrix = [&](std::size_t rows, std::size_t cols) {
+    Matrix result(rows, cols);
+    for (double& x : result.values) x = static_cast<float>(random.normal(0, 1));
+    return result;
+  };
+  const Matrix q = matrix(16, 64);
+  const Matrix k = matrix(1024, 64);
+  const Matrix v = matrix(1024, 16);
+  for (const FloatFormat* format : {&fp32, &bf16, &fp8_e4m3}) {
+    reference::ZivStatistics statistics;
+    reference::AttentionOptions options;
+    options.return_weights = true;
+    options.statistics = &statistics;
+    const auto staged = reference::attention(q, k, v, *format, options);
+    options.mpfr_only = true;
+    options.statistics = nullptr;
+    const auto alone = reference::attention(q, k, v, *format, options);
+    ASSERT_EQ(staged.output.values, alone.output.values) << format->name;
+    ASSERT_EQ(staged.weights->values, alone.weights->values) << format->name;
+    const double results = 16 * 16 + 16 * 1024;  // outputs and weights
+    EXPECT_GT(static_cast<double>(statistics.decided_in_double), 0.99 * results) << format->name;
+  }
 }
 
 TEST(DoubleStage, DecidesNothingForWideTargetsOrOtherRoundingModes) {
