@@ -28,10 +28,10 @@ void scalable_softmax_fp32(const float* logits, float* out, std::size_t n, float
 
 void length_scaled_softmax_fp32(const float* logits, float* out, std::size_t n, float scale) {
   const std::size_t length = unmasked_count(logits, n);
-  const float factor = length > length_scaled_training_length
-                           ? std::log(static_cast<float>(length)) /
-                                 std::log(static_cast<float>(length_scaled_training_length))
-                           : 1.0F;
+  const float factor =
+      length > length_scaled_training_length
+          ? std::log(static_cast<float>(length)) / std::log(static_cast<float>(length_scaled_training_length))
+          : 1.0F;
   softmax_safe3_fp32(logits, out, n, scale * factor);
 }
 

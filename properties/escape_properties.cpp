@@ -28,9 +28,12 @@ std::vector<double> normalised_escape(Normalised which, const Row& row, double t
   reference::RowOptions options;
   options.theta = theta;
   switch (which) {
-    case Normalised::adaptive: return reference::adaptive_temperature_softmax(row, fp32, options);
-    case Normalised::ssmax: return reference::scalable_softmax(row, fp32, options);
-    case Normalised::length_scaled: return reference::length_scaled_softmax(row, fp32, short_training_length, options);
+    case Normalised::adaptive:
+      return reference::adaptive_temperature_softmax(row, fp32, options);
+    case Normalised::ssmax:
+      return reference::scalable_softmax(row, fp32, options);
+    case Normalised::length_scaled:
+      return reference::length_scaled_softmax(row, fp32, short_training_length, options);
   }
   return {};
 }
@@ -45,7 +48,9 @@ double sum_of(const std::vector<double>& weights) {
 
 // fp32 values of a row of at most 64: each rounding is at most u p_j (normal) or half the
 // smallest subnormal, and the long double sum of 64 of them is exact to far below that.
-double fp32_sum_slack(std::size_t n) { return fp32.unit_roundoff() + static_cast<double>(n) * 0x1p-150 + 0x1p-60; }
+double fp32_sum_slack(std::size_t n) {
+  return fp32.unit_roundoff() + static_cast<double>(n) * 0x1p-150 + 0x1p-60;
+}
 
 double spread(const Row& row) {
   const auto [low, high] = std::minmax_element(row.begin(), row.end());
@@ -81,7 +86,8 @@ RC_GTEST_PROP(Escapes, SsmaxAndLengthScaledObeyLemma21AtTheirEffectiveTemperatur
   const double theta = *a_temperature();
   const auto n = static_cast<double>(row.size());
   const bool ssmax = *rc::gen::arbitrary<bool>();
-  const double factor = ssmax ? std::log(n) : reference::length_scale_factor(row.size(), short_training_length);
+  const double factor =
+      ssmax ? std::log(n) : reference::length_scale_factor(row.size(), short_training_length);
   // Rounding the effective temperature down only raises the bound: it stays rigorous.
   const double effective = std::nextafter(std::nextafter(theta / factor, 0.0), 0.0);
   const auto bound = bounds::lemma_2_1(n, spread(row), effective);
@@ -99,7 +105,8 @@ RC_GTEST_PROP(Escapes, SigmoidWeightsStayBelowExpZOverN, ()) {
   const auto weights = reference::sigmoid_attention_weights(row, fp32, options);
   const auto n = static_cast<double>(row.size());
   for (std::size_t j = 0; j < row.size(); ++j) {
-    const double bound = std::exp(row[j] / theta) / n * (1 + 0x1p-40);  // double's own error is far below 2^-40
+    const double bound =
+        std::exp(row[j] / theta) / n * (1 + 0x1p-40);  // double's own error is far below 2^-40
     // fp32 rounding: u relative, or half the smallest subnormal absolute.
     RC_ASSERT(weights[j] <= std::min(1.0, bound) * (1 + fp32.unit_roundoff() * 2) + 0x1p-150);
   }
@@ -121,7 +128,8 @@ RC_GTEST_PROP(Escapes, StickBreakingRowsSumToOneMinusWhatNoKeyTook, ()) {
 std::vector<const kernels::SoftmaxKernel*> escape_kernels() {
   std::vector<const kernels::SoftmaxKernel*> result;
   for (const auto& kernel : kernels::softmax_kernels()) {
-    if (kernel.operation != kernels::Operation::softmax && !kernel.deliberately_broken) result.push_back(&kernel);
+    if (kernel.operation != kernels::Operation::softmax && !kernel.deliberately_broken)
+      result.push_back(&kernel);
   }
   return result;
 }

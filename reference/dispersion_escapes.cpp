@@ -68,7 +68,12 @@ class BallZiv {
 
   BallZiv(std::size_t slots, const FloatFormat& target, std::size_t n, const RowOptions& options,
           std::string_view operation)
-      : values(slots, 0.0), decided(slots, false), target_(target), n_(n), options_(options), operation_(operation) {}
+      : values(slots, 0.0),
+        decided(slots, false),
+        target_(target),
+        n_(n),
+        options_(options),
+        operation_(operation) {}
 
   void decide_exactly(std::size_t slot, double value) {
     values[slot] = value;
@@ -131,7 +136,8 @@ class BallZiv {
 std::vector<double> scatter(std::size_t row_size, const PreparedRow& row, const DistinctLogits& distinct,
                             const std::vector<double>& per_value) {
   std::vector<double> result(row_size, 0.0);
-  for (std::size_t a = 0; a < row.active.size(); ++a) result[row.active[a]] = per_value[distinct.of_active[a]];
+  for (std::size_t a = 0; a < row.active.size(); ++a)
+    result[row.active[a]] = per_value[distinct.of_active[a]];
   return result;
 }
 
@@ -151,8 +157,8 @@ std::vector<double> uniform_row(std::size_t row_size, const PreparedRow& row, co
 
 // out[v] = exp(multiplier (v - shift)) / sum_w count_w exp(multiplier (w - shift)), every value
 // of multiplier (v - shift) <= 0 (the caller's shift and multiplier's sign see to it).
-void enclose_scaled_softmax(const DistinctLogits& distinct, double shift, arb_srcptr multiplier, slong precision,
-                            BallVector& out) {
+void enclose_scaled_softmax(const DistinctLogits& distinct, double shift, arb_srcptr multiplier,
+                            slong precision, BallVector& out) {
   Ball sum, shift_ball;
   arb_zero(sum.get());
   arb_set_d(shift_ball.get(), shift);  // doubles convert exactly
@@ -206,8 +212,8 @@ std::pair<std::uint64_t, unsigned> perfect_power_base(std::uint64_t n) {
 
 // SSMax's rational case (see the termination note): if every g (v - shift) / theta is an integer,
 // rounds every coefficient exactly and returns true.
-bool scalable_softmax_exactly(const DistinctLogits& distinct, double shift, double theta, std::uint64_t length,
-                              const FloatFormat& target, std::vector<double>& values) {
+bool scalable_softmax_exactly(const DistinctLogits& distinct, double shift, double theta,
+                              std::uint64_t length, const FloatFormat& target, std::vector<double>& values) {
   constexpr double largest_exact_bits = 1 << 16;
   const auto [base, power] = perfect_power_base(length);
   std::vector<long> exponents;
@@ -241,9 +247,11 @@ bool scalable_softmax_exactly(const DistinctLogits& distinct, double shift, doub
   return true;
 }
 
-std::uint64_t row_length(std::optional<std::uint64_t> length, const PreparedRow& row, std::string_view operation) {
+std::uint64_t row_length(std::optional<std::uint64_t> length, const PreparedRow& row,
+                         std::string_view operation) {
   if (length && *length == 0) {
-    throw InputError(InputProblem::out_of_range, std::string(operation) + ": the length n must be at least 1");
+    throw InputError(InputProblem::out_of_range,
+                     std::string(operation) + ": the length n must be at least 1");
   }
   return length.value_or(row.active.size());
 }
@@ -253,7 +261,8 @@ std::uint64_t row_length(std::optional<std::uint64_t> length, const PreparedRow&
 std::vector<double> adaptive_temperature_softmax(std::span<const double> logits, const FloatFormat& target,
                                                  const RowOptions& options) {
   constexpr std::string_view operation = "adaptive_temperature_softmax";
-  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
   if (row.active.empty()) return std::vector<double>(logits.size(), 0.0);
   if (row.all_equal) return uniform_row(logits.size(), row, target, options);  // 1/k whatever beta is
   const DistinctLogits distinct = distinct_logits(logits, row);
@@ -290,10 +299,12 @@ std::vector<double> adaptive_temperature_softmax(std::span<const double> logits,
 std::vector<double> scalable_softmax(std::span<const double> logits, const FloatFormat& target,
                                      const RowOptions& options, std::optional<std::uint64_t> length) {
   constexpr std::string_view operation = "scalable_softmax";
-  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
   if (row.active.empty()) return std::vector<double>(logits.size(), 0.0);
   const std::uint64_t n = row_length(length, row, operation);
-  if (row.all_equal || n == 1) return uniform_row(logits.size(), row, target, options);  // log 1 = 0: all weights 1
+  if (row.all_equal || n == 1)
+    return uniform_row(logits.size(), row, target, options);  // log 1 = 0: all weights 1
   const DistinctLogits distinct = distinct_logits(logits, row);
   BallZiv ziv(distinct.values.size(), target, row.active.size(), options, operation);
   ziv.run(
@@ -314,9 +325,11 @@ std::vector<double> sigmoid_attention_weights(std::span<const double> logits, co
                                               const RowOptions& options, std::optional<double> bias,
                                               std::optional<std::uint64_t> length) {
   constexpr std::string_view operation = "sigmoid_attention_weights";
-  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
   if (bias && !std::isfinite(*bias)) {
-    throw InputError(InputProblem::non_finite_value, std::string(operation) + ": the bias is " + hex_float(*bias));
+    throw InputError(InputProblem::non_finite_value,
+                     std::string(operation) + ": the bias is " + hex_float(*bias));
   }
   if (row.active.empty()) return std::vector<double>(logits.size(), 0.0);
   const std::uint64_t n = row_length(length, row, operation);
@@ -368,7 +381,8 @@ std::vector<double> sigmoid_attention_weights(std::span<const double> logits, co
 std::vector<double> stick_breaking_weights(std::span<const double> logits, const FloatFormat& target,
                                            const RowOptions& options) {
   constexpr std::string_view operation = "stick_breaking_weights";
-  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
   if (row.active.empty()) return std::vector<double>(logits.size(), 0.0);
   const std::size_t count = row.active.size();
   const DistinctLogits distinct = distinct_logits(logits, row);
@@ -430,10 +444,12 @@ std::vector<double> length_scaled_softmax(std::span<const double> logits, const 
   constexpr std::string_view operation = "length_scaled_softmax";
   if (training_length < 2) {
     throw InputError(InputProblem::out_of_range,
-                     std::string(operation) + ": the training length L must be at least 2 (ln L divides), got " +
+                     std::string(operation) +
+                         ": the training length L must be at least 2 (ln L divides), got " +
                          std::to_string(training_length));
   }
-  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, operation);
   if (row.active.empty()) return std::vector<double>(logits.size(), 0.0);
   const std::uint64_t n = row_length(length, row, operation);
   if (n <= training_length) return softmax(logits, target, options);  // f = 1 exactly

@@ -38,22 +38,24 @@ namespace sharpcheck::reference {
 
 // Ramapuram et al. 2024: a_j = sigmoid(z_j + b), each weight on its own (rows need not sum to 1),
 // with b = -log n unless `bias` is given.
-[[nodiscard]] std::vector<double> sigmoid_attention_weights(std::span<const double> logits,
-                                                            const FloatFormat& target, const RowOptions& options = {},
-                                                            std::optional<double> bias = std::nullopt,
-                                                            std::optional<std::uint64_t> length = std::nullopt);
+[[nodiscard]] std::vector<double> sigmoid_attention_weights(
+    std::span<const double> logits, const FloatFormat& target, const RowOptions& options = {},
+    std::optional<double> bias = std::nullopt, std::optional<std::uint64_t> length = std::nullopt);
 
 // Tan et al. 2024: keys in order, the query just after the last one. beta_j = sigmoid(z_j) and
 // A_j = beta_j prod_{k > j, unmasked} (1 - beta_k): the nearest key breaks the stick first.
 // Rows sum to 1 - prod_j (1 - beta_j) < 1.
-[[nodiscard]] std::vector<double> stick_breaking_weights(std::span<const double> logits, const FloatFormat& target,
+[[nodiscard]] std::vector<double> stick_breaking_weights(std::span<const double> logits,
+                                                         const FloatFormat& target,
                                                          const RowOptions& options = {});
 
 // Length-scaled logits as Qwen's "logn attention" (QWen-7B modeling_qwen.py, use_logn_attn:
 // queries multiplied by log(n) / log(L) for n > L, L the training length): softmax(f z) with
 // f = max(1, ln n / ln L). L must be at least 2.
-[[nodiscard]] std::vector<double> length_scaled_softmax(std::span<const double> logits, const FloatFormat& target,
-                                                        std::uint64_t training_length, const RowOptions& options = {},
+[[nodiscard]] std::vector<double> length_scaled_softmax(std::span<const double> logits,
+                                                        const FloatFormat& target,
+                                                        std::uint64_t training_length,
+                                                        const RowOptions& options = {},
                                                         std::optional<std::uint64_t> length = std::nullopt);
 
 // The factor f = max(1, ln n / ln L) above, in double (for kernels and reports, not the reference).

@@ -92,7 +92,8 @@ double certified_exp(double x) {
 }
 
 std::size_t decide_softmax_in_double(std::span<const double> logits, const PreparedRow& row, double theta,
-                                     const FloatFormat& target, std::span<double> result, std::vector<bool>& decided) {
+                                     const FloatFormat& target, std::span<double> result,
+                                     std::vector<bool>& decided) {
   if (target.precision() > 24 || std::fegetround() != FE_TONEAREST) return 0;
   const std::size_t count = row.active.size();
   thread_local std::vector<double> weights;
@@ -120,8 +121,8 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
   const double sum = pairwise_sum(partial_sums);
   const double depth = std::ceil(std::log2(static_cast<double>(count)));
   const double summation = depth * unit_roundoff / (1 - depth * unit_roundoff);
-  const double shared = certified_exp_error + 2.01 * unit_roundoff * largest_magnitude + summation + unit_roundoff +
-                        static_cast<double>(tiny) * 0x1p-1008;
+  const double shared = certified_exp_error + 2.01 * unit_roundoff * largest_magnitude + summation +
+                        unit_roundoff + static_cast<double>(tiny) * 0x1p-1008;
   std::size_t decided_count = 0;
   for (std::size_t a = 0; a < count; ++a) {
     if (decided[a]) continue;
@@ -131,7 +132,8 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
       high = 0x1p-1008;  // w < 2^-1008 and S >= 1
     } else {
       const double coefficient = weights[a] / sum;
-      const double error = (certified_exp_error + 2.01 * unit_roundoff * magnitudes[a] + shared) * (1 + 0x1p-20);
+      const double error =
+          (certified_exp_error + 2.01 * unit_roundoff * magnitudes[a] + shared) * (1 + 0x1p-20);
       // The ends in double err by u each; widen by 4u more to stay outside the true interval.
       low = coefficient * (1 - error - 4 * unit_roundoff);
       high = coefficient * (1 + error + 4 * unit_roundoff);
@@ -145,9 +147,10 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
 }
 
 void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                    std::span<const std::size_t> active, std::optional<double> scale, double theta,
-                                    const FloatFormat& target, std::span<double> output, std::span<double> weights,
-                                    std::vector<bool>& output_done, std::vector<bool>& weight_done) {
+                                    std::span<const std::size_t> active, std::optional<double> scale,
+                                    double theta, const FloatFormat& target, std::span<double> output,
+                                    std::span<double> weights, std::vector<bool>& output_done,
+                                    std::vector<bool>& weight_done) {
   if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || active.empty()) return;
   const std::size_t count = active.size();
   const std::size_t dimension = keys.cols;
@@ -170,7 +173,8 @@ void decide_attention_row_in_double(std::span<const double> query, const Matrix&
     }
     const double z = dot * multiplier;
     logits[a] = z;
-    logit_errors[a] = std::fabs(multiplier) * dot_gamma * absolute * (1 + 0x1p-40) + 4.1 * unit_roundoff * std::fabs(z);
+    logit_errors[a] =
+        std::fabs(multiplier) * dot_gamma * absolute * (1 + 0x1p-40) + 4.1 * unit_roundoff * std::fabs(z);
     if (!std::isfinite(z) || !std::isfinite(logit_errors[a]) || logit_errors[a] > 0x1p-30) return;
     largest = std::max(largest, z);
   }
@@ -200,7 +204,8 @@ void decide_attention_row_in_double(std::span<const double> query, const Matrix&
       double high = 0x1p-1008;
       if (exponentials[a] != 0) {
         const double coefficient = exponentials[a] / sum;
-        const double error = (logit_errors[a] + sum_error + unit_roundoff) * (1 + 0x1p-20) + 4 * unit_roundoff;
+        const double error =
+            (logit_errors[a] + sum_error + unit_roundoff) * (1 + 0x1p-20) + 4 * unit_roundoff;
         low = coefficient * (1 - error);
         high = coefficient * (1 + error);
       }

@@ -24,15 +24,17 @@ inline constexpr double certified_exp_error = 0x1p-47;
 // and sets decided[a] for each decided coefficient; returns how many. Decides nothing unless the
 // target has at most 24 bits of precision and the rounding mode is to nearest (the bound assumes it).
 std::size_t decide_softmax_in_double(std::span<const double> logits, const PreparedRow& row, double theta,
-                                     const FloatFormat& target, std::span<double> result, std::vector<bool>& decided);
+                                     const FloatFormat& target, std::span<double> result,
+                                     std::vector<bool>& decided);
 
 // One attention query row in double over the keys in `active`, with the same contract: weights
 // (if `weights` is not empty; indexed by key) and outputs (indexed by value column) are written
 // and their done flags set where decided (weight_done indexed like active). `scale` absent means
 // exactly 1/sqrt(d). Decides nothing if a logit or product overflows double.
 void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                    std::span<const std::size_t> active, std::optional<double> scale, double theta,
-                                    const FloatFormat& target, std::span<double> output, std::span<double> weights,
-                                    std::vector<bool>& output_done, std::vector<bool>& weight_done);
+                                    std::span<const std::size_t> active, std::optional<double> scale,
+                                    double theta, const FloatFormat& target, std::span<double> output,
+                                    std::span<double> weights, std::vector<bool>& output_done,
+                                    std::vector<bool>& weight_done);
 
 }  // namespace sharpcheck::reference

@@ -84,13 +84,20 @@ long double closed_form_entropy(double delta, std::uint64_t n) {
 
 std::string_view escape_name(Escape escape) {
   switch (escape) {
-    case Escape::softmax: return "softmax";
-    case Escape::adaptive_temperature: return "adaptive_temperature";
-    case Escape::scalable_softmax: return "ssmax";
-    case Escape::length_scaled: return "length_scaled";
-    case Escape::sigmoid: return "sigmoid";
-    case Escape::stick_breaking_nearest: return "stick_breaking_nearest";
-    case Escape::stick_breaking_farthest: return "stick_breaking_farthest";
+    case Escape::softmax:
+      return "softmax";
+    case Escape::adaptive_temperature:
+      return "adaptive_temperature";
+    case Escape::scalable_softmax:
+      return "ssmax";
+    case Escape::length_scaled:
+      return "length_scaled";
+    case Escape::sigmoid:
+      return "sigmoid";
+    case Escape::stick_breaking_nearest:
+      return "stick_breaking_nearest";
+    case Escape::stick_breaking_farthest:
+      return "stick_breaking_farthest";
   }
   return "?";
 }
@@ -102,13 +109,15 @@ DispersionStudy run_dispersion_study(DispersionSettings settings) {
   }
   for (const double delta : settings.spreads) {
     if (!std::isfinite(delta) || delta < 0) {
-      throw InputError(InputProblem::out_of_range, "study: a spread must be finite and >= 0, got " + hex_float(delta));
+      throw InputError(InputProblem::out_of_range,
+                       "study: a spread must be finite and >= 0, got " + hex_float(delta));
     }
   }
   for (const std::uint64_t n : settings.sizes) {
     if (n < 1 || n > (std::uint64_t{1} << 26)) {
-      throw InputError(InputProblem::out_of_range,
-                       "study: sizes must lie in [1, 67108864] (rows are built in memory), got " + std::to_string(n));
+      throw InputError(
+          InputProblem::out_of_range,
+          "study: sizes must lie in [1, 67108864] (rows are built in memory), got " + std::to_string(n));
     }
   }
   if (!(settings.ssmax_s > 0) || !std::isfinite(settings.ssmax_s)) {
@@ -127,14 +136,18 @@ DispersionStudy run_dispersion_study(DispersionSettings settings) {
   for (const double delta : settings.spreads) {
     for (const std::uint64_t n : settings.sizes) study.entropies.push_back({delta, n, 0, 1, false});
   }
-  const unsigned threads = settings.threads != 0 ? settings.threads : std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads =
+      settings.threads != 0 ? settings.threads : std::max(1u, std::thread::hardware_concurrency());
   // Largest rows first, so the pool ends on short jobs.
   const std::size_t points = study.points.size();
   const std::size_t jobs = points + study.entropies.size();
   std::vector<std::size_t> order(jobs);
   for (std::size_t i = 0; i < jobs; ++i) order[i] = i;
-  const auto size_of = [&](std::size_t i) { return i < points ? study.points[i].n : study.entropies[i - points].n; };
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return size_of(a) > size_of(b); });
+  const auto size_of = [&](std::size_t i) {
+    return i < points ? study.points[i].n : study.entropies[i - points].n;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return size_of(a) > size_of(b); });
   run_jobs(jobs, threads, [&](std::size_t k) {
     const std::size_t i = order[k];
     if (i < points) {
@@ -180,7 +193,8 @@ SwitchOff adaptive_switch_off(double delta) {
   while (closed_form_entropy(delta, high) < middle) {
     low = high;
     high *= 2;
-    if (high > (std::uint64_t{1} << 62)) throw std::runtime_error("adaptive_switch_off: no switch-off below 2^62");
+    if (high > (std::uint64_t{1} << 62))
+      throw std::runtime_error("adaptive_switch_off: no switch-off below 2^62");
   }
   while (high - low > 1) {
     const std::uint64_t mid = low + (high - low) / 2;

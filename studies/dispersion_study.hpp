@@ -22,23 +22,22 @@ enum class Escape {
   stick_breaking_nearest,   // the spike is the key nearest the query (breaks the stick first)
   stick_breaking_farthest,  // the spike is the key farthest from it
 };
-inline constexpr Escape all_escapes[] = {Escape::softmax,        Escape::adaptive_temperature,
-                                         Escape::scalable_softmax, Escape::length_scaled,
-                                         Escape::sigmoid,        Escape::stick_breaking_nearest,
-                                         Escape::stick_breaking_farthest};
+inline constexpr Escape all_escapes[] = {
+    Escape::softmax, Escape::adaptive_temperature,   Escape::scalable_softmax,       Escape::length_scaled,
+    Escape::sigmoid, Escape::stick_breaking_nearest, Escape::stick_breaking_farthest};
 [[nodiscard]] std::string_view escape_name(Escape escape);
 
 // The output formats of the study, in column order; q8_probabilities is the uint8 output grid.
-inline constexpr const FloatFormat* study_formats[] = {&fp64, &fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2,
-                                                       &q8_probabilities};
+inline constexpr const FloatFormat* study_formats[] = {
+    &fp64, &fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2, &q8_probabilities};
 inline constexpr std::size_t study_format_count = std::size(study_formats);
 
 struct DispersionSettings {
   std::vector<double> spreads{2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
-  std::vector<std::uint64_t> sizes;                 // empty: 16, 32, ..., 1,048,576
-  double ssmax_s = 1.0;                             // SSMax's per-head scalar
-  std::uint64_t training_length = 16;               // L of the length-scaled logits
-  unsigned threads = 0;                             // 0: every core; results do not depend on it
+  std::vector<std::uint64_t> sizes;                // empty: 16, 32, ..., 1,048,576
+  double ssmax_s = 1.0;                            // SSMax's per-head scalar
+  std::uint64_t training_length = 16;              // L of the length-scaled logits
+  unsigned threads = 0;                            // 0: every core; results do not depend on it
 };
 
 // One operator at one (delta, n): the spike's weight on the extremal row, correctly rounded to
@@ -73,11 +72,12 @@ struct DispersionStudy {
 [[nodiscard]] DispersionStudy run_dispersion_study(DispersionSettings settings);
 
 // The spike weights of one operator at one spread, in fp64, in order of n.
-[[nodiscard]] std::vector<const DispersionPoint*> series_of(const DispersionStudy& study, Escape escape, double delta);
+[[nodiscard]] std::vector<const DispersionPoint*> series_of(const DispersionStudy& study, Escape escape,
+                                                            double delta);
 
 // The first n of the study at which the operator's spike weight (fp64) is below `threshold`.
-[[nodiscard]] std::optional<std::uint64_t> first_size_below(const DispersionStudy& study, Escape escape, double delta,
-                                                            double threshold);
+[[nodiscard]] std::optional<std::uint64_t> first_size_below(const DispersionStudy& study, Escape escape,
+                                                            double delta, double threshold);
 
 // The smallest integer n at which adaptive temperature's correction is off for good on the row
 // (delta, 0, ..., 0): its entropy ln S - delta e^delta / S (S = e^delta + n - 1) reaches the upper

@@ -1,6 +1,8 @@
 // The dispersion study's own numbers carry the claims: softmax's spike weight stays under
 // Lemma 2.1 and falls as O(1/n); SSMax with s delta >= 1 stays above 1/2 at every n; the
 // checks fail when handed the wrong operator's numbers; results do not depend on threads.
+#include "studies/dispersion_study.hpp"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -8,7 +10,6 @@
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
-#include "studies/dispersion_study.hpp"
 
 namespace sharpcheck::studies {
 namespace {
@@ -22,8 +23,9 @@ using Series = std::vector<const DispersionPoint*>;
     const auto& point = *series[i];
     const double bound = bounds::lemma_2_1(static_cast<double>(point.n), point.delta, 1.0).upper;
     if (!(point.spike_weight[0] <= bound)) {
-      return ::testing::AssertionFailure() << escape_name(point.escape) << " delta " << point.delta << " n " << point.n
-                                           << ": " << point.spike_weight[0] << " > Lemma 2.1's " << bound;
+      return ::testing::AssertionFailure()
+             << escape_name(point.escape) << " delta " << point.delta << " n " << point.n << ": "
+             << point.spike_weight[0] << " > Lemma 2.1's " << bound;
     }
     const bool underflowed = point.spike_weight[0] == 0;  // below fp64's range: no longer falls
     if (i > 0 && !underflowed && !(point.spike_weight[0] < series[i - 1]->spike_weight[0])) {

@@ -46,7 +46,8 @@ std::vector<Exact> exact_adaptive(const std::vector<double>& logits, double thet
   Exact beta = 1;
   if (entropy > Exact(0.5)) {
     const Exact h = entropy;
-    const Exact poly = (((Exact(-37) * h + Exact(481)) * h - Exact(2300)) * h + Exact(4917)) * h - Exact(1791);
+    const Exact poly =
+        (((Exact(-37) * h + Exact(481)) * h - Exact(2300)) * h + Exact(4917)) * h - Exact(1791);
     beta = std::max(poly / 1000, Exact(1));
   }
   return exact_softmax(logits, beta * inverse);
@@ -86,7 +87,9 @@ std::vector<double> random_row(DeterministicRandom& random, std::size_t n, doubl
   return ::testing::AssertionSuccess();
 }
 
-bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
+bool same_bits(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
 
 class EveryFormat : public ::testing::TestWithParam<const FloatFormat*> {
  protected:
@@ -107,7 +110,8 @@ TEST_P(EveryFormat, AdaptiveTemperatureMatchesItsDefinitionAcrossTheEntropyRange
     RowOptions options;
     options.theta = theta;
     const auto expected = exact_adaptive(row, theta);
-    ASSERT_TRUE(all_nearest(reference::adaptive_temperature_softmax(row, format(), options), expected, format()))
+    ASSERT_TRUE(
+        all_nearest(reference::adaptive_temperature_softmax(row, format(), options), expected, format()))
         << "trial " << trial << " n=" << n << " sigma=" << sigma;
     const auto plain = exact_softmax(row, Exact(1) / Exact(theta));
     if (abs(expected[0] - plain[0]) > Exact(1e-6) * plain[0]) ++active_rows;
@@ -120,7 +124,8 @@ TEST_P(EveryFormat, AdaptiveTemperatureKeepsEqualLogitsUniformAndOneLogitWhole) 
   for (const double p : reference::adaptive_temperature_softmax(equal, format())) {
     ASSERT_TRUE(is_nearest_in_format(p, Exact(1) / 7, format()));
   }
-  EXPECT_EQ(reference::adaptive_temperature_softmax(std::vector<double>{-3.0}, format()), std::vector<double>{1.0});
+  EXPECT_EQ(reference::adaptive_temperature_softmax(std::vector<double>{-3.0}, format()),
+            std::vector<double>{1.0});
   // Two logits: H <= ln 2 (about 0.69), where poly(H) < 1, so beta = 1: the logistic function.
   const std::vector<double> two{1.0, -0.5};
   const Exact logistic = 1 / (1 + exp(Exact(-1.5)));
@@ -139,8 +144,8 @@ TEST_P(EveryFormat, ScalableSoftmaxIsSoftmaxScaledByLogN) {
     RowOptions options;
     options.theta = theta;
     const Exact multiplier = log(Exact(n)) / Exact(theta);
-    ASSERT_TRUE(all_nearest(reference::scalable_softmax(row, format(), options), exact_softmax(row, multiplier),
-                            format()))
+    ASSERT_TRUE(all_nearest(reference::scalable_softmax(row, format(), options),
+                            exact_softmax(row, multiplier), format()))
         << "trial " << trial << " n=" << n << " theta=" << theta;
   }
 }
@@ -275,16 +280,21 @@ TEST_P(EveryFormat, EveryEscapeMeetsItsClosedFormsAtOneTwoAndEqualLogits) {
         reference::length_scaled_softmax(one, format(), 16)}) {
     EXPECT_EQ(result, std::vector<double>{1.0});
   }
-  EXPECT_TRUE(is_nearest_in_format(reference::sigmoid_attention_weights(one, format())[0], sigma(Exact(0.75)), format()));
-  EXPECT_TRUE(is_nearest_in_format(reference::stick_breaking_weights(one, format())[0], sigma(Exact(0.75)), format()));
+  EXPECT_TRUE(is_nearest_in_format(reference::sigmoid_attention_weights(one, format())[0], sigma(Exact(0.75)),
+                                   format()));
+  EXPECT_TRUE(is_nearest_in_format(reference::stick_breaking_weights(one, format())[0], sigma(Exact(0.75)),
+                                   format()));
   // Two logits a, b.
   const double a = 1.25;
   const double b = -0.5;
   const std::vector<double> two{a, b};
   const Exact d = Exact(a) - Exact(b);
-  EXPECT_TRUE(is_nearest_in_format(reference::scalable_softmax(two, format())[0], sigma(d * log(Exact(2))), format()));
-  EXPECT_TRUE(is_nearest_in_format(reference::length_scaled_softmax(two, format(), 16)[0], sigma(d), format()));
-  EXPECT_TRUE(is_nearest_in_format(reference::adaptive_temperature_softmax(two, format())[0], sigma(d), format()));
+  EXPECT_TRUE(is_nearest_in_format(reference::scalable_softmax(two, format())[0], sigma(d * log(Exact(2))),
+                                   format()));
+  EXPECT_TRUE(
+      is_nearest_in_format(reference::length_scaled_softmax(two, format(), 16)[0], sigma(d), format()));
+  EXPECT_TRUE(
+      is_nearest_in_format(reference::adaptive_temperature_softmax(two, format())[0], sigma(d), format()));
   const auto sigmoid = reference::sigmoid_attention_weights(two, format());
   EXPECT_TRUE(is_nearest_in_format(sigmoid[1], sigma(Exact(b) - log(Exact(2))), format()));
   const auto stick = reference::stick_breaking_weights(two, format());
@@ -295,8 +305,8 @@ TEST_P(EveryFormat, EveryEscapeMeetsItsClosedFormsAtOneTwoAndEqualLogits) {
   const std::size_t k = 5;
   const std::vector<double> equal(k, -1.5);
   for (const auto& result :
-       {reference::adaptive_temperature_softmax(equal, format()), reference::scalable_softmax(equal, format()),
-        reference::length_scaled_softmax(equal, format(), 2)}) {
+       {reference::adaptive_temperature_softmax(equal, format()),
+        reference::scalable_softmax(equal, format()), reference::length_scaled_softmax(equal, format(), 2)}) {
     for (const double w : result) ASSERT_TRUE(is_nearest_in_format(w, Exact(1) / Exact(k), format()));
   }
   for (const double w : reference::sigmoid_attention_weights(equal, format())) {
@@ -304,7 +314,8 @@ TEST_P(EveryFormat, EveryEscapeMeetsItsClosedFormsAtOneTwoAndEqualLogits) {
   }
   const auto sticks = reference::stick_breaking_weights(equal, format());
   for (std::size_t m = 1; m <= k; ++m) {
-    ASSERT_TRUE(is_nearest_in_format(sticks[k - m], sigma(Exact(-1.5)) * pow(sigma(Exact(1.5)), m - 1), format()));
+    ASSERT_TRUE(
+        is_nearest_in_format(sticks[k - m], sigma(Exact(-1.5)) * pow(sigma(Exact(1.5)), m - 1), format()));
   }
 }
 
@@ -318,10 +329,11 @@ TEST(EveryEscape, MaskedEntriesGetExactlyZero) {
   const std::vector<std::uint8_t> keep{1, 1, 1, 0};
   RowOptions options;
   options.keep = keep;
-  const std::vector<std::vector<double>> results{
-      reference::adaptive_temperature_softmax(row, fp32, options), reference::scalable_softmax(row, fp32, options),
-      reference::sigmoid_attention_weights(row, fp32, options), reference::stick_breaking_weights(row, fp32, options),
-      reference::length_scaled_softmax(row, fp32, 2, options)};
+  const std::vector<std::vector<double>> results{reference::adaptive_temperature_softmax(row, fp32, options),
+                                                 reference::scalable_softmax(row, fp32, options),
+                                                 reference::sigmoid_attention_weights(row, fp32, options),
+                                                 reference::stick_breaking_weights(row, fp32, options),
+                                                 reference::length_scaled_softmax(row, fp32, 2, options)};
   for (const auto& result : results) {
     EXPECT_TRUE(same_bits(result[1], 0.0));
     EXPECT_TRUE(same_bits(result[3], 0.0));
@@ -345,19 +357,21 @@ TEST(EveryEscape, BadInputIsAnInputErrorNamingThePlace) {
   const std::vector<double> empty;
   RowOptions zero_theta;
   zero_theta.theta = 0.0;
-  expect_problem([&] { (void)reference::adaptive_temperature_softmax(nan_row, fp32); }, InputProblem::nan_value,
-                 "adaptive_temperature_softmax: logit 1 is NaN");
+  expect_problem([&] { (void)reference::adaptive_temperature_softmax(nan_row, fp32); },
+                 InputProblem::nan_value, "adaptive_temperature_softmax: logit 1 is NaN");
   expect_problem([&] { (void)reference::scalable_softmax(empty, fp32); }, InputProblem::empty_input, "empty");
-  expect_problem([&] { (void)reference::sigmoid_attention_weights(std::vector<double>{1.0}, fp32, zero_theta); },
-                 InputProblem::bad_temperature, "theta");
+  expect_problem(
+      [&] { (void)reference::sigmoid_attention_weights(std::vector<double>{1.0}, fp32, zero_theta); },
+      InputProblem::bad_temperature, "theta");
   expect_problem([&] { (void)reference::stick_breaking_weights(std::vector<double>{INFINITY}, fp32); },
                  InputProblem::positive_infinity, "logit 0 is +inf");
   expect_problem([&] { (void)reference::length_scaled_softmax(std::vector<double>{1.0}, fp32, 1); },
                  InputProblem::out_of_range, "training length L must be at least 2");
   expect_problem([&] { (void)reference::scalable_softmax(std::vector<double>{1.0}, fp32, {}, 0); },
                  InputProblem::out_of_range, "length n must be at least 1");
-  expect_problem([&] { (void)reference::sigmoid_attention_weights(std::vector<double>{1.0}, fp32, {}, INFINITY); },
-                 InputProblem::non_finite_value, "bias");
+  expect_problem(
+      [&] { (void)reference::sigmoid_attention_weights(std::vector<double>{1.0}, fp32, {}, INFINITY); },
+      InputProblem::non_finite_value, "bias");
   expect_problem([&] { (void)reference::stick_breaking_weights(std::vector<double>{-INFINITY}, fp32); },
                  InputProblem::fully_masked_row, "masked");
 }

@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "core/random.hpp"
 #include "core/mpfr_number.hpp"
+#include "core/random.hpp"
 #include "reference/attention.hpp"
 #include "reference/double_stage.hpp"
 #include "reference/softmax.hpp"
@@ -41,7 +41,8 @@ TEST(Stages, BallsThenMpfrEqualMpfrAloneOnAMillionElementsPerFormat) {
     EXPECT_EQ(elements, 1000000u);
     // The fast stages carry the load: they decide all but a handful of the million, the double
     // stage nearly all of them for targets of 24 bits or fewer.
-    EXPECT_GT(static_cast<double>(staged.decided_in_double + staged.decided_by_balls), 0.9999 * 1e6) << format->name;
+    EXPECT_GT(static_cast<double>(staged.decided_in_double + staged.decided_by_balls), 0.9999 * 1e6)
+        << format->name;
     if (format->precision() <= 24) {
       EXPECT_GT(static_cast<double>(staged.decided_in_double), 0.999 * 1e6) << format->name;
     } else {
@@ -116,11 +117,12 @@ TEST(DoubleStage, CertifiedExpStaysWithinItsProvenBoundOnAMillionInputsAndTheRed
   const auto inputs = exp_test_inputs();
   const double observed = largest_relative_error(inputs, reference::certified_exp);
   EXPECT_LE(observed, reference::certified_exp_error);
-  std::printf("certified_exp: largest relative error %.3g = %.2f u over %zu inputs (bound 2^-47 = 64 u)\n", observed,
-              observed / 0x1p-53, inputs.size());
+  std::printf("certified_exp: largest relative error %.3g = %.2f u over %zu inputs (bound 2^-47 = 64 u)\n",
+              observed, observed / 0x1p-53, inputs.size());
   // Mutation check: an exp 2^-46 off would be caught by the same comparison.
-  EXPECT_GT(largest_relative_error(inputs, [](double x) { return reference::certified_exp(x) * (1 + 0x1p-46); }),
-            reference::certified_exp_error);
+  EXPECT_GT(
+      largest_relative_error(inputs, [](double x) { return reference::certified_exp(x) * (1 + 0x1p-46); }),
+      reference::certified_exp_error);
 }
 
 TEST(DoubleStage, AttentionRowsEqualTheMpfrLoopAloneAndTheDoubleStageCarriesThem) {
