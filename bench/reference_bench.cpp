@@ -21,11 +21,28 @@ std::vector<double> normal_row(std::size_t n, std::uint64_t seed) {
 }
 
 
+// Which stage decided the results, as fractions of them, as benchmark counters.
+void report_stages(benchmark::State& state, const sharpcheck::reference::ZivStatistics& statistics, double results) {
+  state.counters["in_double"] = static_cast<double>(statistics.decided_in_double) / results;
+  state.counters["by_balls"] = static_cast<double>(statistics.decided_by_balls) / results;
+  state.counters["escalations"] = static_cast<double>(statistics.escalations);
+}
+
+// The rows change each iteration (8 seeds in turn), so that one row with an element near a
+// rounding boundary (which sends the row on to the ball stage) does not decide the figure alone.
 void correctly_rounded_softmax_fp32(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  const std::vector<double> row = normal_row(n, 1);
-  for (auto _ : state) benchmark::DoNotOptimize(sharpcheck::reference::softmax(row, sharpcheck::fp32));
+  std::vector<std::vector<double>> rows;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) rows.push_back(normal_row(n, seed));
+  sharpcheck::reference::ZivStatistics statistics;
+  sharpcheck::reference::RowOptions options;
+  options.statistics = &statistics;
+  std::size_t next = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sharpcheck::reference::softmax(rows[next++ % rows.size()], sharpcheck::fp32, options));
+  }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  report_stages(state, statistics, static_cast<double>(state.iterations() * n));
 }
 BENCHMARK(correctly_rounded_softmax_fp32)->Arg(1024)->Arg(16384)->Arg(262144)->Unit(benchmark::kMillisecond);
 
@@ -84,10 +101,14 @@ void correctly_rounded_attention_row(benchmark::State& state) {
   for (auto* matrix : {&q, &k, &v}) {
     for (double& x : matrix->values) x = static_cast<float>(random.normal(0, 1));
   }
-  for (auto _ : state) benchmark::DoNotOptimize(sharpcheck::reference::attention(q, k, v, sharpcheck::fp32));
+  sharpcheck::reference::ZivStatistics statistics;
+  sharpcheck::reference::AttentionOptions options;
+  options.statistics = &statistics;
+  for (auto _ : state) benchmark::DoNotOptimize(sharpcheck::reference::attention(q, k, v, sharpcheck::fp32, options));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  report_stages(state, statistics, static_cast<double>(state.iterations() * d));  // d outputs a row
 }
-BENCHMARK(correctly_rounded_attention_row)->Arg(16384)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(correctly_rounded_attention_row)->Arg(16384)->Unit(benchmark::kMillisecond)->Iterations(5);
 
 }  // namespace
 
