@@ -6,6 +6,23 @@
 #include "formats/float_format.hpp"
 
 namespace sharpcheck::reference {
+namespace {
+
+thread_local std::vector<std::size_t> spare_indices;  // the buffer the last PreparedRow gave back
+
+}  // namespace
+
+PreparedRow::PreparedRow() {
+  active.swap(spare_indices);
+  active.clear();
+}
+
+PreparedRow::~PreparedRow() {
+  if (active.capacity() > spare_indices.capacity()) {
+    active.clear();
+    spare_indices.swap(active);
+  }
+}
 
 void check_temperature(double theta, std::string_view operation) {
   if (!std::isfinite(theta) || theta == 0.0) {

@@ -18,6 +18,16 @@ struct PreparedRow {
   std::vector<std::size_t> active;  // indices of the unmasked entries, in order
   double shift = 0.0;  // the unmasked logit that maximises e / theta (max for theta > 0, min for theta < 0)
   bool all_equal = false;  // every unmasked logit is the same value
+
+  // The index buffer is reused from call to call on a thread: allocating and freeing it per call
+  // let glibc return the pages to the system and fault them in again, which doubled the cost of a
+  // 16,384-entry softmax (docs/performance.md).
+  PreparedRow();
+  ~PreparedRow();
+  PreparedRow(PreparedRow&&) noexcept = default;
+  PreparedRow& operator=(PreparedRow&&) noexcept = default;
+  PreparedRow(const PreparedRow&) = delete;
+  PreparedRow& operator=(const PreparedRow&) = delete;
 };
 
 // Throws InputError for: empty logits, a non-finite or zero theta, a mask of the wrong length, a
