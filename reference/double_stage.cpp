@@ -55,13 +55,31 @@ double pairwise_sum(std::vector<double>& values) {
   return values[0];
 }
 
-bool decided_equal(double low, double high, const FloatFormat& target) {
+// The value of the format every point of [low, high] rounds to, if there is one.
+std::optional<double> round_if_decided(double low, double high, const FloatFormat& target) {
   if (&target == &fp32 || target.name == fp32.name) {
     // Hardware conversion rounds to nearest even, subnormals included: exactly fp32's rounding.
-    return static_cast<float>(low) == static_cast<float>(high);
+    const float rounded = static_cast<float>(low);
+    if (rounded != static_cast<float>(high)) return std::nullopt;
+    return rounded;
   }
-  return std::bit_cast<std::uint64_t>(round_to_format(low, target)) ==
-         std::bit_cast<std::uint64_t>(round_to_format(high, target));
+  const double rounded = round_to_format(low, target);
+  if (std::bit_cast<std::uint64_t>(rounded) != std::bit_cast<std::uint64_t>(round_to_format(high, target))) {
+    return std::nullopt;
+  }
+  return rounded;
+}
+
+// A coefficient w~ / S~ within relative `error` of the true one (the bounds above), rounded if
+// that decides it. An exponential of 0 stands for an argument below -700: the coefficient lies
+// in [0, 2^-1008] (w < 2^-1008 and S >= 1).
+std::optional<double> decide_coefficient(double exponential, double sum, double error,
+                                         const FloatFormat& target) {
+  if (exponential == 0) return round_if_decided(0, 0x1p-1008, target);
+  const double coefficient = exponential / sum;
+  // The ends in double err by u each; widen by 4u more to stay outside the true interval.
+  return round_if_decided(coefficient * (1 - error - 4 * unit_roundoff),
+                          coefficient * (1 + error + 4 * unit_roundoff), target);
 }
 
 }  // namespace
@@ -126,20 +144,11 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
   std::size_t decided_count = 0;
   for (std::size_t a = 0; a < count; ++a) {
     if (decided[a]) continue;
-    double low = 0;
-    double high = 0;
-    if (weights[a] == 0) {
-      high = 0x1p-1008;  // w < 2^-1008 and S >= 1
-    } else {
-      const double coefficient = weights[a] / sum;
-      const double error =
-          (certified_exp_error + 2.01 * unit_roundoff * magnitudes[a] + shared) * (1 + 0x1p-20);
-      // The ends in double err by u each; widen by 4u more to stay outside the true interval.
-      low = coefficient * (1 - error - 4 * unit_roundoff);
-      high = coefficient * (1 + error + 4 * unit_roundoff);
-    }
-    if (!decided_equal(low, high, target)) continue;
-    result[row.active[a]] = target.name == fp32.name ? static_cast<float>(low) : round_to_format(low, target);
+    const double error =
+        (certified_exp_error + 2.01 * unit_roundoff * magnitudes[a] + shared) * (1 + 0x1p-20);
+    const auto rounded = decide_coefficient(weights[a], sum, error, target);
+    if (!rounded) continue;
+    result[row.active[a]] = *rounded;
     decided[a] = true;
     ++decided_count;
   }
@@ -200,17 +209,10 @@ void decide_attention_row_in_double(std::span<const double> query, const Matrix&
   if (!weights.empty()) {
     for (std::size_t a = 0; a < count; ++a) {
       if (weight_done[a]) continue;
-      double low = 0;
-      double high = 0x1p-1008;
-      if (exponentials[a] != 0) {
-        const double coefficient = exponentials[a] / sum;
-        const double error =
-            (logit_errors[a] + sum_error + unit_roundoff) * (1 + 0x1p-20) + 4 * unit_roundoff;
-        low = coefficient * (1 - error);
-        high = coefficient * (1 + error);
-      }
-      if (!decided_equal(low, high, target)) continue;
-      weights[active[a]] = round_to_format(low, target);
+      const double error = (logit_errors[a] + sum_error + unit_roundoff) * (1 + 0x1p-20);
+      const auto rounded = decide_coefficient(exponentials[a], sum, error, target);
+      if (!rounded) continue;
+      weights[active[a]] = *rounded;
       weight_done[a] = true;
     }
   }
@@ -233,10 +235,9 @@ void decide_attention_row_in_double(std::span<const double> query, const Matrix&
                           (sum_error + unit_roundoff) * std::fabs(result) + tiny_mass * largest_value / sum) *
                              (1 + 0x1p-20) +
                          4 * unit_roundoff * std::fabs(result);
-    const double low = result - bound;
-    const double high = result + bound;
-    if (!decided_equal(low, high, target)) continue;
-    output[c] = round_to_format(low, target);
+    const auto rounded = round_if_decided(result - bound, result + bound, target);
+    if (!rounded) continue;
+    output[c] = *rounded;
     output_done[c] = true;
   }
 }
