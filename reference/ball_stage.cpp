@@ -36,34 +36,35 @@ DistinctLogits distinct_logits(std::span<const double> logits, const PreparedRow
   return distinct;
 }
 
-namespace {
+void enclose_inverse_temperature(arb_ptr multiplier, double theta, slong precision) {
+  arb_set_d(multiplier, theta);
+  arb_inv(multiplier, multiplier, precision);
+}
 
-// w_v = exp((v - shift) / theta) for each distinct value and S = sum_v count_v w_v.
-void enclose_weights(const DistinctLogits& distinct, double shift, double theta, slong precision, BallVector& weights,
-                     arb_ptr sum) {
-  Ball shift_ball, temperature;
+void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcptr multiplier, slong precision,
+                          BallVector& exponentials, arb_ptr sum, BallVector* arguments) {
+  Ball shift_ball;
   arb_set_d(shift_ball.get(), shift);  // doubles convert exactly
-  arb_set_d(temperature.get(), theta);
   arb_zero(sum);
   for (std::size_t v = 0; v < distinct.values.size(); ++v) {
-    arb_ptr w = weights[v];
+    arb_ptr w = exponentials[v];
     arb_set_d(w, distinct.values[v]);
     arb_sub(w, w, shift_ball.get(), precision);
-    if (theta != 1.0) arb_div(w, w, temperature.get(), precision);
+    arb_mul(w, w, multiplier, precision);
+    if (arguments != nullptr) arb_set((*arguments)[v], w);
     arb_exp(w, w, precision);
     arb_addmul_ui(sum, w, distinct.counts[v], precision);
   }
 }
-
-}  // namespace
 
 std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
                                     const FloatFormat& target, std::span<double> result, std::vector<bool>& decided) {
   const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
   const DistinctLogits distinct = distinct_logits(logits, row);
   BallVector weights(distinct.values.size());
-  Ball sum, coefficient;
-  enclose_weights(distinct, row.shift, theta, precision, weights, sum.get());
+  Ball multiplier, sum, coefficient;
+  enclose_inverse_temperature(multiplier.get(), theta, precision);
+  enclose_exponentials(distinct, row.shift, multiplier.get(), precision, weights, sum.get());
   std::vector<std::optional<double>> per_value(distinct.values.size());
   for (std::size_t v = 0; v < distinct.values.size(); ++v) {
     arb_div(coefficient.get(), weights[v], sum.get(), precision);
@@ -86,17 +87,14 @@ std::optional<double> decide_entropy_by_balls(std::span<const double> logits, co
   const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
   const DistinctLogits distinct = distinct_logits(logits, row);
   BallVector weights(distinct.values.size());
-  Ball sum, weighted, z, shift_ball, temperature, entropy;
-  enclose_weights(distinct, row.shift, theta, precision, weights, sum.get());
-  arb_set_d(shift_ball.get(), row.shift);
-  arb_set_d(temperature.get(), theta);
+  BallVector arguments(distinct.values.size());
+  Ball multiplier, sum, weighted, term, entropy;
+  enclose_inverse_temperature(multiplier.get(), theta, precision);
+  enclose_exponentials(distinct, row.shift, multiplier.get(), precision, weights, sum.get(), &arguments);
   arb_zero(weighted.get());
   for (std::size_t v = 0; v < distinct.values.size(); ++v) {
-    arb_set_d(z.get(), distinct.values[v]);
-    arb_sub(z.get(), z.get(), shift_ball.get(), precision);
-    arb_div(z.get(), z.get(), temperature.get(), precision);
-    arb_mul(z.get(), z.get(), weights[v], precision);
-    arb_addmul_ui(weighted.get(), z.get(), distinct.counts[v], precision);
+    arb_mul(term.get(), arguments[v], weights[v], precision);
+    arb_addmul_ui(weighted.get(), term.get(), distinct.counts[v], precision);
   }
   arb_div(weighted.get(), weighted.get(), sum.get(), precision);
   arb_log(entropy.get(), sum.get(), precision);

@@ -64,6 +64,15 @@ struct DistinctLogits {
 };
 [[nodiscard]] DistinctLogits distinct_logits(std::span<const double> logits, const PreparedRow& row);
 
+// A ball around 1 / theta.
+void enclose_inverse_temperature(arb_ptr multiplier, double theta, slong precision);
+
+// w_v = exp(multiplier (v - shift)) for each distinct value and S = sum_v count_v w_v; the caller's
+// shift and multiplier keep every argument <= 0. `arguments`, if given, receives each
+// multiplier (v - shift).
+void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcptr multiplier, slong precision,
+                          BallVector& exponentials, arb_ptr sum, BallVector* arguments = nullptr);
+
 // The format value every point of the ball rounds to, if there is one.
 [[nodiscard]] std::optional<double> round_ball_if_decided(arb_srcptr ball, const FloatFormat& format);
 

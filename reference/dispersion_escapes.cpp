@@ -159,23 +159,9 @@ std::vector<double> uniform_row(std::size_t row_size, const PreparedRow& row, co
 // of multiplier (v - shift) <= 0 (the caller's shift and multiplier's sign see to it).
 void enclose_scaled_softmax(const DistinctLogits& distinct, double shift, arb_srcptr multiplier,
                             slong precision, BallVector& out) {
-  Ball sum, shift_ball;
-  arb_zero(sum.get());
-  arb_set_d(shift_ball.get(), shift);  // doubles convert exactly
-  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
-    arb_ptr w = out[v];
-    arb_set_d(w, distinct.values[v]);
-    arb_sub(w, w, shift_ball.get(), precision);
-    arb_mul(w, w, multiplier, precision);
-    arb_exp(w, w, precision);
-    arb_addmul_ui(sum.get(), w, distinct.counts[v], precision);
-  }
+  Ball sum;
+  enclose_exponentials(distinct, shift, multiplier, precision, out, sum.get());
   for (std::size_t v = 0; v < distinct.values.size(); ++v) arb_div(out[v], out[v], sum.get(), precision);
-}
-
-void set_inverse_temperature(arb_ptr multiplier, double theta, slong precision) {
-  arb_set_d(multiplier, theta);
-  arb_inv(multiplier, multiplier, precision);
 }
 
 // The paper's polynomial with its decimal constants, at a ball H.
@@ -269,7 +255,7 @@ std::vector<double> adaptive_temperature_softmax(std::span<const double> logits,
   BallZiv ziv(distinct.values.size(), target, row.active.size(), options, operation);
   ziv.run([&](slong precision, const std::vector<bool>&, BallVector& out) {
     Ball multiplier, entropy, term, tiny, half, one, beta;
-    set_inverse_temperature(multiplier.get(), options.theta, precision);
+    enclose_inverse_temperature(multiplier.get(), options.theta, precision);
     enclose_scaled_softmax(distinct, row.shift, multiplier.get(), precision, out);
     // H = -sum_v count_v p_v log(p_v + 1e-9)
     arb_set_ui(tiny.get(), 1);
@@ -311,7 +297,7 @@ std::vector<double> scalable_softmax(std::span<const double> logits, const Float
       [&](slong precision, const std::vector<bool>&, BallVector& out) {
         Ball multiplier, inverse_temperature;
         arb_log_ui(multiplier.get(), n, precision);
-        set_inverse_temperature(inverse_temperature.get(), options.theta, precision);
+        enclose_inverse_temperature(inverse_temperature.get(), options.theta, precision);
         arb_mul(multiplier.get(), multiplier.get(), inverse_temperature.get(), precision);
         enclose_scaled_softmax(distinct, row.shift, multiplier.get(), precision, out);
       },
@@ -361,7 +347,7 @@ std::vector<double> sigmoid_attention_weights(std::span<const double> logits, co
       arb_log_ui(offset.get(), n, precision);
       arb_neg(offset.get(), offset.get());
     }
-    set_inverse_temperature(inverse_temperature.get(), options.theta, precision);
+    enclose_inverse_temperature(inverse_temperature.get(), options.theta, precision);
     for (std::size_t v = 0; v < distinct.values.size(); ++v) {
       if (decided[v]) continue;
       // sigma(x) = 1 / (1 + exp(-x))
@@ -399,7 +385,7 @@ std::vector<double> stick_breaking_weights(std::span<const double> logits, const
     const std::size_t values = distinct.values.size();
     BallVector plus(values), minus(values);
     Ball inverse_temperature, scratch, later;
-    set_inverse_temperature(inverse_temperature.get(), options.theta, precision);
+    enclose_inverse_temperature(inverse_temperature.get(), options.theta, precision);
     const auto softplus = [&](arb_ptr result, arb_srcptr x, bool positive) {
       arb_set(scratch.get(), x);
       if (positive) arb_neg(scratch.get(), scratch.get());
@@ -461,7 +447,7 @@ std::vector<double> length_scaled_softmax(std::span<const double> logits, const 
     arb_log_ui(multiplier.get(), n, precision);
     arb_log_ui(scratch.get(), training_length, precision);
     arb_div(multiplier.get(), multiplier.get(), scratch.get(), precision);
-    set_inverse_temperature(scratch.get(), options.theta, precision);
+    enclose_inverse_temperature(scratch.get(), options.theta, precision);
     arb_mul(multiplier.get(), multiplier.get(), scratch.get(), precision);
     enclose_scaled_softmax(distinct, row.shift, multiplier.get(), precision, out);
   });
