@@ -65,20 +65,4 @@ void stick_breaking_fp32(const float* logits, float* out, std::size_t n, float s
   }
 }
 
-void scalable_softmax_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, scalable_softmax_fp32);
-}
-void length_scaled_softmax_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, length_scaled_softmax_fp32);
-}
-void sigmoid_attention_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, sigmoid_attention_fp32);
-}
-void stick_breaking_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, stick_breaking_fp32);
-}
-void softmax_adaptive_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, softmax_adaptive_fp32);
-}
-
 }  // namespace sharpcheck::kernels

@@ -2,14 +2,12 @@
 //
 // Each takes a row of logits and `scale` = 1/theta as the softmax kernels do; -inf entries are
 // masked (weight 0) and n in the formulas is the number of unmasked entries. Arithmetic is fp32;
-// the bf16 variants widen, run the fp32 kernel and round once (through_fp32). Their error
+// the registry's bf16 variants widen, run them and round once (narrow_through_fp32). Their error
 // contracts are entries of the tolerance table (metrics/tolerance_table.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-
-#include "formats/storage.hpp"
 
 namespace sharpcheck::kernels {
 
@@ -26,11 +24,5 @@ void sigmoid_attention_fp32(const float* logits, float* out, std::size_t n, floa
 // Stick-breaking weights in log space: from the nearest key back, log A_j = -softplus(-z_j) minus
 // the running sum of softplus(z_k) over later keys; one exp per weight.
 void stick_breaking_fp32(const float* logits, float* out, std::size_t n, float scale);
-
-void scalable_softmax_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
-void length_scaled_softmax_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
-void sigmoid_attention_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
-void stick_breaking_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
-void softmax_adaptive_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
 
 }  // namespace sharpcheck::kernels

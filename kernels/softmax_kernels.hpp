@@ -68,6 +68,12 @@ void through_fp32(const Storage* logits, Storage* out, std::size_t n, float scal
   narrow(result.data(), out, n);
 }
 
+// through_fp32 with the core fixed at compile time: a narrow kernel the registry can point to.
+template <typename Storage, void (*Core)(const float*, float*, std::size_t, float)>
+void narrow_through_fp32(const Storage* logits, Storage* out, std::size_t n, float scale) {
+  through_fp32(logits, out, n, scale, Core);
+}
+
 // The paper's polynomial and clamp: beta(H) = max(poly(H), 1) for H > 0.5, else 1.
 [[nodiscard]] float adaptive_inverse_temperature(float entropy);
 
