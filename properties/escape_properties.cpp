@@ -52,6 +52,21 @@ double fp32_sum_slack(std::size_t n) {
   return fp32.unit_roundoff() + static_cast<double>(n) * 0x1p-150 + 0x1p-60;
 }
 
+// Each correctly rounded weight is within u of its value (or half the smallest subnormal), so a
+// row summing to 1 sums to 1 within fp32_sum_slack.
+void assert_sums_to_one(const std::vector<double>& weights) {
+  RC_ASSERT(std::fabs(sum_of(weights) - 1) <= fp32_sum_slack(weights.size()));
+}
+
+// Rounding is monotone, so a larger logit must get at least the weight: no slack.
+void assert_larger_logits_weigh_no_less(const Row& row, const std::vector<double>& weights) {
+  for (std::size_t i = 0; i < row.size(); ++i) {
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      if (row[i] > row[j]) RC_ASSERT(weights[i] >= weights[j]);
+    }
+  }
+}
+
 double spread(const Row& row) {
   const auto [low, high] = std::minmax_element(row.begin(), row.end());
   return *high - *low;
@@ -60,8 +75,7 @@ double spread(const Row& row) {
 RC_GTEST_PROP(Escapes, AdaptiveSsmaxAndLengthScaledRowsSumToOneWithinTheirRounding, ()) {
   const Row row = *rows_of_logits_within(20);
   const double theta = *a_temperature();
-  const auto weights = normalised_escape(*a_normalised_escape(), row, theta);
-  RC_ASSERT(std::fabs(sum_of(weights) - 1) <= fp32_sum_slack(row.size()));
+  assert_sums_to_one(normalised_escape(*a_normalised_escape(), row, theta));
 }
 
 RC_GTEST_PROP(Escapes, ALargerLogitNeverGetsASmallerWeightUnderTheNormalisedEscapesAndSigmoid, ()) {
@@ -72,11 +86,7 @@ RC_GTEST_PROP(Escapes, ALargerLogitNeverGetsASmallerWeightUnderTheNormalisedEsca
   options.theta = theta;
   const auto weights = sigmoid ? reference::sigmoid_attention_weights(row, fp32, options)
                                : normalised_escape(*a_normalised_escape(), row, theta);
-  for (std::size_t i = 0; i < row.size(); ++i) {
-    for (std::size_t j = 0; j < row.size(); ++j) {
-      if (row[i] > row[j]) RC_ASSERT(weights[i] >= weights[j]);  // rounding is monotone: no slack
-    }
-  }
+  assert_larger_logits_weigh_no_less(row, weights);
 }
 
 RC_GTEST_PROP(Escapes, SsmaxAndLengthScaledObeyLemma21AtTheirEffectiveTemperature, ()) {
@@ -136,12 +146,9 @@ std::vector<const kernels::SoftmaxKernel*> escape_kernels() {
 
 RC_GTEST_PROP(Escapes, EveryEscapeKernelStaysWithinItsEntryOnStressingRows, ()) {
   const auto* kernel = *rc::gen::elementOf(escape_kernels());
-  Row row = *any_stressing_row();
-  for (double& e : row) e = round_to_format(e, *kernel->input);
+  const Row row = in_format(*any_stressing_row(), *kernel->input);
   const double theta = *a_temperature();
-  Matrix logits(1, row.size());
-  std::copy(row.begin(), row.end(), logits.values.begin());
-  const auto evaluation = metrics::evaluate_softmax(*kernel, logits, theta);
+  const auto evaluation = metrics::evaluate_softmax(*kernel, as_matrix(row), theta);
   RC_ASSERT(evaluation.comparison.passed());
 }
 
@@ -149,8 +156,7 @@ RC_GTEST_PROP(Escapes, EveryEscapeKernelStaysWithinItsEntryOnStressingRows, ()) 
 TEST(EscapesWherePropertiesFail, SigmoidWeightsDoNotSumToOne) {
   const bool held = rc::check("sigmoid weights sum to 1 (false)", [] {
     const Row row = *rows_of_logits_within(20);
-    const auto weights = reference::sigmoid_attention_weights(row, fp32);
-    RC_ASSERT(std::fabs(sum_of(weights) - 1) <= fp32_sum_slack(row.size()));
+    assert_sums_to_one(reference::sigmoid_attention_weights(row, fp32));
   });
   EXPECT_FALSE(held);
 }
@@ -158,12 +164,7 @@ TEST(EscapesWherePropertiesFail, SigmoidWeightsDoNotSumToOne) {
 TEST(EscapesWherePropertiesFail, StickBreakingWeightsAreNotMonotoneInTheLogit) {
   const bool held = rc::check("a larger logit gets at least the weight (false for stick-breaking)", [] {
     const Row row = *rows_of_logits_within(20);
-    const auto weights = reference::stick_breaking_weights(row, fp32);
-    for (std::size_t i = 0; i < row.size(); ++i) {
-      for (std::size_t j = 0; j < row.size(); ++j) {
-        if (row[i] > row[j]) RC_ASSERT(weights[i] >= weights[j]);
-      }
-    }
+    assert_larger_logits_weigh_no_less(row, reference::stick_breaking_weights(row, fp32));
   });
   EXPECT_FALSE(held);
 }

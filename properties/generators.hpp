@@ -5,11 +5,13 @@
 
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/matrix.hpp"
+#include "formats/float_format.hpp"
 
 namespace sharpcheck::properties {
 
@@ -98,6 +100,19 @@ inline rc::Gen<Row> any_stressing_row(int max_size = 64) {
                         rows_near_the_exp_overflow_threshold(max_size), all_negative_rows(max_size),
                         rows_with_tied_maxima(max_size), a_spike_over_flat_noise(max_size),
                         rows_with_masked_entries(max_size));
+}
+
+// A generated row as a one-row matrix, as the kernels and metrics take it.
+inline Matrix as_matrix(const Row& row) {
+  Matrix matrix(1, row.size());
+  std::copy(row.begin(), row.end(), matrix.values.begin());
+  return matrix;
+}
+
+// Rounds a generated fp32 row into a kernel's input format.
+inline Row in_format(Row row, const FloatFormat& format) {
+  for (double& e : row) e = round_to_format(e, format);
+  return row;
 }
 
 inline rc::Gen<double> a_temperature() {

@@ -43,24 +43,12 @@ std::vector<double> reference_softmax(const Row& row, double theta) {
   return reference::softmax(row, fp64, options);
 }
 
-Matrix as_matrix(const Row& row) {
-  Matrix matrix(1, row.size());
-  std::copy(row.begin(), row.end(), matrix.values.begin());
-  return matrix;
-}
-
 std::vector<const kernels::SoftmaxKernel*> sound_plain_softmax_kernels() {
   std::vector<const kernels::SoftmaxKernel*> result;
   for (const auto& kernel : kernels::softmax_kernels()) {
     if (!kernel.deliberately_broken && kernel.operation == kernels::Operation::softmax) result.push_back(&kernel);
   }
   return result;
-}
-
-// Rounds a generated fp32 row into the kernel's input format.
-Row in_format(Row row, const FloatFormat& format) {
-  for (double& e : row) e = round_to_format(e, format);
-  return row;
 }
 
 RC_GTEST_PROP(Reference, EveryCoefficientLiesWithinLemma21sBoundsWithNoSlack, ()) {
