@@ -22,14 +22,16 @@ struct RowGeometry {
   std::vector<double> z_magnitudes;
 };
 
-// |z_j| = |e_j - m| / |theta| over the unmasked entries (masked entries get 0).
-RowGeometry row_geometry(std::span<const double> logits, double theta) {
+// |z_j| = |e_j - m| / |theta| over the unmasked entries (masked entries get 0), with m the logit
+// that maximises e / theta; or, for operators that do not shift (sigmoid and stick-breaking look
+// at each logit itself), m = 0.
+RowGeometry row_geometry(std::span<const double> logits, double theta, bool shifted = true) {
   RowGeometry geometry;
   geometry.z_magnitudes.assign(logits.size(), 0.0);
-  double shift = theta > 0 ? -INFINITY : INFINITY;
+  double shift = shifted ? (theta > 0 ? -INFINITY : INFINITY) : 0.0;
   for (const double e : logits) {
     if (e == -INFINITY) continue;
-    shift = theta > 0 ? std::max(shift, e) : std::min(shift, e);
+    if (shifted) shift = theta > 0 ? std::max(shift, e) : std::min(shift, e);
     ++geometry.scale.n;
   }
   for (std::size_t j = 0; j < logits.size(); ++j) {
@@ -38,20 +40,6 @@ RowGeometry row_geometry(std::span<const double> logits, double theta) {
     geometry.scale.largest_magnitude = std::max(geometry.scale.largest_magnitude, geometry.z_magnitudes[j]);
   }
   geometry.scale.shift_magnitude = std::fabs(shift / theta);
-  return geometry;
-}
-
-// |z_j| = |e_j / theta| over the unmasked entries, for operators that do not shift (sigmoid and
-// stick-breaking look at each logit itself).
-RowGeometry unshifted_geometry(std::span<const double> logits, double theta) {
-  RowGeometry geometry;
-  geometry.z_magnitudes.assign(logits.size(), 0.0);
-  for (std::size_t j = 0; j < logits.size(); ++j) {
-    if (logits[j] == -INFINITY) continue;
-    ++geometry.scale.n;
-    geometry.z_magnitudes[j] = std::fabs(logits[j] / theta);
-    geometry.scale.largest_magnitude = std::max(geometry.scale.largest_magnitude, geometry.z_magnitudes[j]);
-  }
   return geometry;
 }
 
@@ -93,9 +81,9 @@ ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const
               row_geometry(row, theta / factor)};
     }
     case kernels::Operation::sigmoid_attention:
-      return {reference::sigmoid_attention_weights(row, target, options), unshifted_geometry(row, theta)};
+      return {reference::sigmoid_attention_weights(row, target, options), row_geometry(row, theta, false)};
     case kernels::Operation::stick_breaking:
-      return {reference::stick_breaking_weights(row, target, options), unshifted_geometry(row, theta)};
+      return {reference::stick_breaking_weights(row, target, options), row_geometry(row, theta, false)};
     case kernels::Operation::attention:
       break;
   }
