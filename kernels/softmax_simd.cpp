@@ -1,6 +1,7 @@
 // The fp32 softmax cores, vectorised with Highway and compiled once per SIMD target; the best
-// target the CPU supports is chosen at run time (HWY_DYNAMIC_DISPATCH). Highway's Exp has a
-// documented maximum error of 1 ulp over float's range; ties to the tolerance table.
+// target the CPU supports is chosen at run time (HWY_DYNAMIC_DISPATCH). The shifted cores use
+// ExpOfNonpositive (2u relative, checked on every float: the tolerance table's assumption); the
+// unshifted naive core needs positive arguments and keeps Highway's Exp (1 ulp, documented).
 //
 // A negative scale is handled by negating the logits (exact) and using |scale|, so every core
 // shifts by a maximum.
@@ -11,12 +12,15 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "kernels/nonpositive_exp-inl.h"
+
 #include "formats/storage.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 HWY_BEFORE_NAMESPACE();
@@ -27,10 +31,47 @@ using FloatVector = hn::Vec<FloatTag>;
 constexpr std::size_t max_lanes = HWY_MAX_BYTES / sizeof(float);
 constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
 
+// The cores read fp32 or bf16 logits (bf16 as its bits: the top half of a float, so widening is
+// an exact shift) and write fp32 or bf16 (rounded to nearest even from the fp32 result, as
+// Bfloat16::from_float does); arithmetic is fp32 either way.
+using Bf16Bits = std::uint16_t;
+using NarrowTag = hn::Rebind<Bf16Bits, FloatTag>;
+
+HWY_INLINE FloatVector load_logits(const float* p) { return hn::LoadU(FloatTag(), p); }
+HWY_INLINE FloatVector load_logits(const Bf16Bits* p) {
+  const hn::RebindToUnsigned<FloatTag> wide;
+  return hn::BitCast(FloatTag(), hn::ShiftLeft<16>(hn::PromoteTo(wide, hn::LoadU(NarrowTag(), p))));
+}
+HWY_INLINE float widen_one(float value) { return value; }
+HWY_INLINE float widen_one(Bf16Bits bits) { return Bfloat16{bits}.to_float(); }
+
+// Round to nearest even into bf16 (Highway 1.0's DemoteTo truncates, so it is not used).
+HWY_INLINE hn::Vec<NarrowTag> round_to_bf16(FloatVector value) {
+  const hn::RebindToUnsigned<FloatTag> wide;
+  const hn::RebindToSigned<FloatTag> wide_signed;
+  const auto bits = hn::BitCast(wide, value);
+  const auto rounding = hn::Add(hn::Set(wide, 0x7FFFU), hn::And(hn::ShiftRight<16>(bits), hn::Set(wide, 1U)));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(bits, rounding));
+  const auto nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(wide, 0x0040U));
+  const auto result = hn::IfThenElse(hn::RebindMask(wide, hn::IsNaN(value)), nan, rounded);
+  return hn::DemoteTo(NarrowTag(), hn::BitCast(wide_signed, result));
+}
+HWY_INLINE void store_full(FloatVector value, float* out) { hn::StoreU(value, FloatTag(), out); }
+HWY_INLINE void store_full(FloatVector value, Bf16Bits* out) { hn::StoreU(round_to_bf16(value), NarrowTag(), out); }
+
+template <class Input>
+constexpr Input masked_logit() {
+  if constexpr (std::is_same_v<Input, float>) {
+    return negative_infinity;
+  } else {
+    return Bf16Bits{0xFF80};  // bf16 -inf
+  }
+}
+
 // Calls body(vector_of_signed_logits, index, lanes_valid) over the row; the tail is padded with
 // -inf, which every core treats as a masked entry (exp gives 0, max ignores it).
-template <typename Body>
-HWY_INLINE void for_each_vector(const float* logits, std::size_t n, float sign, Body&& body) {
+template <class Input, typename Body>
+HWY_INLINE void for_each_vector(const Input* logits, std::size_t n, float sign, Body&& body) {
   const FloatTag tag;
   const std::size_t lanes = hn::Lanes(tag);
   const FloatVector signs = hn::Set(tag, sign);
@@ -38,28 +79,43 @@ HWY_INLINE void for_each_vector(const float* logits, std::size_t n, float sign, 
   // A -inf logit is a masked entry whatever the sign of the temperature: it stays -inf.
   const auto signed_logits = [&](FloatVector x) { return hn::IfThenElse(hn::Eq(x, masked), masked, hn::Mul(x, signs)); };
   std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) body(signed_logits(hn::LoadU(tag, logits + i)), i, lanes);
+  for (; i + lanes <= n; i += lanes) body(signed_logits(load_logits(logits + i)), i, lanes);
   if (i < n) {
-    HWY_ALIGN float padded[max_lanes];
-    std::fill(padded, padded + lanes, negative_infinity);
+    HWY_ALIGN Input padded[max_lanes];
+    std::fill(padded, padded + lanes, masked_logit<Input>());
     std::copy(logits + i, logits + n, padded);
-    body(signed_logits(hn::Load(tag, padded)), i, n - i);
+    body(signed_logits(load_logits(padded)), i, n - i);
   }
 }
 
-HWY_INLINE void store_partial(FloatVector value, float* out, std::size_t lanes_valid) {
-  const FloatTag tag;
-  if (lanes_valid == hn::Lanes(tag)) {
-    hn::StoreU(value, tag, out);
+template <class Output>
+HWY_INLINE void store_partial(FloatVector value, Output* out, std::size_t lanes_valid) {
+  if (lanes_valid == hn::Lanes(FloatTag())) {
+    store_full(value, out);
     return;
   }
-  HWY_ALIGN float padded[max_lanes];
-  hn::Store(value, tag, padded);
+  HWY_ALIGN Output padded[max_lanes];
+  store_full(value, padded);
   std::copy(padded, padded + lanes_valid, out);
 }
 
+// out = exps * factor, rounded to the output's format.
+template <class Output>
+HWY_INLINE void normalise(const float* exps, Output* out, std::size_t n, FloatVector factor) {
+  const FloatTag tag;
+  const std::size_t lanes = hn::Lanes(tag);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) store_full(hn::Mul(hn::LoadU(tag, exps + i), factor), out + i);
+  if (i < n) {
+    HWY_ALIGN float padded[max_lanes] = {};
+    std::copy(exps + i, exps + n, padded);
+    store_partial(hn::Mul(hn::Load(tag, padded), factor), out + i, n - i);
+  }
+}
+
 // Four accumulators in flight, so the loop is not bound by the latency of one max or add chain.
-HWY_INLINE float row_max(const float* logits, std::size_t n, float sign) {
+template <class Input>
+HWY_INLINE float row_max(const Input* logits, std::size_t n, float sign) {
   const FloatTag tag;
   const std::size_t lanes = hn::Lanes(tag);
   FloatVector best[4] = {hn::Set(tag, negative_infinity), hn::Set(tag, negative_infinity),
@@ -67,7 +123,7 @@ HWY_INLINE float row_max(const float* logits, std::size_t n, float sign) {
   std::size_t i = 0;
   if (sign > 0) {  // the common case, without the masked-entry select
     for (; i + 4 * lanes <= n; i += 4 * lanes) {
-      for (int a = 0; a < 4; ++a) best[a] = hn::Max(best[a], hn::LoadU(tag, logits + i + a * lanes));
+      for (int a = 0; a < 4; ++a) best[a] = hn::Max(best[a], load_logits(logits + i + a * lanes));
     }
   }
   for_each_vector(logits + i, n - i, sign, [&](FloatVector x, std::size_t, std::size_t) { best[0] = hn::Max(best[0], x); });
@@ -76,7 +132,8 @@ HWY_INLINE float row_max(const float* logits, std::size_t n, float sign) {
 }
 
 // out = exp((sign * e - shift) * magnitude); returns their sum (per-lane sums, then lanes).
-HWY_INLINE float exp_and_sum(const float* logits, float* out, std::size_t n, float sign, float shift,
+template <class Input>
+HWY_INLINE float exp_and_sum(const Input* logits, float* out, std::size_t n, float sign, float shift,
                              float magnitude) {
   const FloatTag tag;
   const std::size_t lanes = hn::Lanes(tag);
@@ -87,14 +144,15 @@ HWY_INLINE float exp_and_sum(const float* logits, float* out, std::size_t n, flo
   if (sign > 0) {
     for (; i + 4 * lanes <= n; i += 4 * lanes) {
       for (int a = 0; a < 4; ++a) {
-        const FloatVector w = hn::Exp(tag, hn::Mul(hn::Sub(hn::LoadU(tag, logits + i + a * lanes), shifts), scales));
+        const FloatVector w =
+            ExpOfNonpositive(tag, hn::Mul(hn::Sub(load_logits(logits + i + a * lanes), shifts), scales));
         sum[a] = hn::Add(sum[a], w);
         hn::StoreU(w, tag, out + i + a * lanes);
       }
     }
   }
   for_each_vector(logits + i, n - i, sign, [&](FloatVector x, std::size_t j, std::size_t valid) {
-    const FloatVector w = hn::Exp(tag, hn::Mul(hn::Sub(x, shifts), scales));
+    const FloatVector w = ExpOfNonpositive(tag, hn::Mul(hn::Sub(x, shifts), scales));
     sum[0] = hn::Add(sum[0], w);
     store_partial(w, out + i + j, valid);
   });
@@ -111,13 +169,37 @@ HWY_INLINE void multiply_row(float* out, std::size_t n, float factor) {
   for (; i < n; ++i) out[i] *= factor;
 }
 
-void Safe3(const float* logits, float* out, std::size_t n, float scale) {
+// scale = 0 (theta = inf): every unmasked logit's argument is 0, so the row is uniform over them.
+// Said separately because the cores' arguments would be -inf * 0 = NaN on masked entries.
+template <class Input, class Output>
+bool uniform_when_scale_is_zero(const Input* logits, Output* out, std::size_t n, float scale) {
+  if (scale != 0.0F) return false;
+  std::size_t unmasked = 0;
+  for (std::size_t i = 0; i < n; ++i) unmasked += widen_one(logits[i]) != negative_infinity ? 1 : 0;
+  const float share = 1.0F / static_cast<float>(unmasked);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float value = widen_one(logits[i]) != negative_infinity ? share : 0.0F;
+    if constexpr (std::is_same_v<Output, float>) {
+      out[i] = value;
+    } else {
+      out[i] = Bfloat16::from_float(value).bits;
+    }
+  }
+  return true;
+}
+
+// Exponentials go to `exps` (the output row itself for fp32), then are normalised into `out`.
+template <class Input, class Output>
+void Safe3Row(const Input* logits, float* exps, Output* out, std::size_t n, float scale) {
+  if (uniform_when_scale_is_zero(logits, out, n, scale)) return;
   const float sign = scale < 0 ? -1.0F : 1.0F;
   const float magnitude = std::fabs(scale);
   const float shift = row_max(logits, n, sign);
-  const float sum = exp_and_sum(logits, out, n, sign, shift, magnitude);
-  multiply_row(out, n, 1.0F / sum);
+  const float sum = exp_and_sum(logits, exps, n, sign, shift, magnitude);
+  normalise(exps, out, n, hn::Set(FloatTag(), 1.0F / sum));
 }
+
+void Safe3(const float* logits, float* out, std::size_t n, float scale) { Safe3Row(logits, out, out, n, scale); }
 
 void Naive(const float* logits, float* out, std::size_t n, float scale) {
   const FloatTag tag;
@@ -135,40 +217,127 @@ void Naive(const float* logits, float* out, std::size_t n, float scale) {
   multiply_row(out, n, 1.0F / hn::GetLane(hn::SumOfLanes(tag, sum)));
 }
 
-void Online2(const float* logits, float* out, std::size_t n, float scale) {
+// One pass over tiles of 4 vectors keeps one running max (of the row so far) and a sum rescaled
+// whenever a tile raises it, and stores each exp against the running max at its tile; every tile
+// that raises the max starts a segment. The second pass multiplies each segment by
+// exp(segment max - final max) / sum. One exp per element, one scalar exp per segment: about
+// ln(n / tile) segments on a random row, one per tile on a rising row. (A running max per SIMD
+// lane would start a segment at almost every vector: 16 lanes each see their own new maxima.)
+template <bool kNegate, class Input>
+HWY_INLINE FloatVector load_signed(const Input* p) {
+  const FloatVector x = load_logits(p);
+  if constexpr (!kNegate) {
+    return x;
+  } else {  // a -inf logit is a masked entry whatever the temperature's sign: it stays -inf
+    const FloatVector masked = hn::Set(FloatTag(), negative_infinity);
+    return hn::IfThenElse(hn::Eq(x, masked), masked, hn::Neg(x));
+  }
+}
+
+template <bool kNegate, class Input, class Output>
+void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, float magnitude) {
   const FloatTag tag;
   const std::size_t lanes = hn::Lanes(tag);
-  const float sign = scale < 0 ? -1.0F : 1.0F;
-  const FloatVector scales = hn::Set(tag, std::fabs(scale));
-  FloatVector running_max = hn::Set(tag, negative_infinity);
-  FloatVector running_sum = hn::Zero(tag);
-  for_each_vector(logits, n, sign, [&](FloatVector x, std::size_t, std::size_t) {
-    const FloatVector new_max = hn::Max(running_max, x);
-    // Rescale only when some lane's maximum grew: after the first few vectors of a row the
-    // maximum rarely moves, so this costs one exp per element, not two.
-    if (!hn::AllFalse(tag, hn::Gt(x, running_max))) {
-      running_sum = hn::Mul(running_sum, hn::Exp(tag, hn::Mul(hn::Sub(running_max, new_max), scales)));
-      running_max = new_max;
+  constexpr std::size_t unroll = 4;
+  const std::size_t tile = unroll * lanes;
+  const FloatVector scales = hn::Set(tag, magnitude);
+  thread_local std::vector<std::size_t> segment_starts;
+  thread_local std::vector<float> segment_maxima;
+  segment_starts.clear();
+  segment_maxima.clear();
+  // The lowest finite float, not -inf, stands for "nothing seen yet": masked entries then give
+  // exp(-inf - lowest) = 0 rather than exp(-inf + inf) = NaN.
+  float running_max = std::numeric_limits<float>::lowest();
+  FloatVector shift = hn::Set(tag, running_max);
+  FloatVector sums[unroll] = {hn::Zero(tag), hn::Zero(tag), hn::Zero(tag), hn::Zero(tag)};
+  // One loop body for every tile (kept inline, so the sums stay in registers); the last, partial
+  // tile runs on copies padded with masked entries.
+  HWY_ALIGN Input padded_logits[unroll * max_lanes];
+  HWY_ALIGN float padded_exps[unroll * max_lanes];
+  for (std::size_t start = 0; start < n; start += tile) {
+    const Input* tile_logits = logits + start;
+    float* tile_exps = exps + start;
+    const bool partial = start + tile > n;
+    if (partial) {
+      std::fill(padded_logits, padded_logits + tile, masked_logit<Input>());
+      std::copy(logits + start, logits + n, padded_logits);
+      tile_logits = padded_logits;
+      tile_exps = padded_exps;
     }
-    running_sum = hn::Add(running_sum, hn::Exp(tag, hn::Mul(hn::Sub(x, running_max), scales)));
-  });
-  HWY_ALIGN float lane_max[max_lanes];
-  HWY_ALIGN float lane_sum[max_lanes];
-  hn::Store(running_max, tag, lane_max);
-  hn::Store(running_sum, tag, lane_sum);
-  const float shift = *std::max_element(lane_max, lane_max + lanes);
-  float sum = 0.0F;
-  for (std::size_t lane = 0; lane < lanes; ++lane) {
-    if (lane_sum[lane] != 0.0F) sum += lane_sum[lane] * std::exp((lane_max[lane] - shift) * std::fabs(scale));
+    FloatVector x[unroll];
+    for (std::size_t a = 0; a < unroll; ++a) x[a] = load_signed<kNegate>(tile_logits + a * lanes);
+    const FloatVector lane_maxima = hn::Max(hn::Max(x[0], x[1]), hn::Max(x[2], x[3]));
+    // A vector compare first: the reduction across lanes is paid only by tiles that raise the max.
+    if (HWY_UNLIKELY(!hn::AllFalse(tag, hn::Gt(lane_maxima, shift)))) {
+      const float tile_max = hn::GetLane(hn::MaxOfLanes(tag, lane_maxima));
+      if (!segment_starts.empty()) {  // before the first segment the sums are 0: nothing to rescale
+        const FloatVector rescale = ExpOfNonpositive(tag, hn::Set(tag, (running_max - tile_max) * magnitude));
+        for (auto& sum : sums) sum = hn::Mul(sum, rescale);
+      }
+      running_max = tile_max;
+      shift = hn::Set(tag, running_max);
+      segment_starts.push_back(start);
+      segment_maxima.push_back(running_max);
+    }
+    for (std::size_t a = 0; a < unroll; ++a) {
+      const FloatVector w = ExpOfNonpositive(tag, hn::Mul(hn::Sub(x[a], shift), scales));
+      sums[a] = hn::Add(sums[a], w);
+      hn::StoreU(w, tag, tile_exps + a * lanes);
+    }
+    if (partial) std::copy(padded_exps, padded_exps + (n - start), exps + start);
   }
-  const FloatVector shifts = hn::Set(tag, shift);
+  if (segment_starts.empty()) {  // every entry masked: nothing to normalise, as safe3 gives
+    normalise(exps, out, n, hn::Set(tag, std::numeric_limits<float>::infinity()));
+    return;
+  }
+  // Tiles before the first segment were all masked: their exps are 0, and a narrow output still
+  // needs them written.
+  normalise(exps, out, segment_starts.front(), hn::Zero(tag));
+  const float sum = hn::GetLane(hn::SumOfLanes(tag, hn::Add(hn::Add(sums[0], sums[1]), hn::Add(sums[2], sums[3]))));
+  // Every segment's factor exp(segment max - final max) / sum, a vector of segments at a time.
+  const std::size_t segments = segment_starts.size();
+  segment_maxima.resize((segments + lanes - 1) / lanes * lanes, running_max);  // padding: factor 1/sum
+  const FloatVector final_max = hn::Set(tag, running_max);
   const FloatVector inverse = hn::Set(tag, 1.0F / sum);
-  for_each_vector(logits, n, sign, [&](FloatVector x, std::size_t i, std::size_t valid) {
-    store_partial(hn::Mul(hn::Exp(tag, hn::Mul(hn::Sub(x, shifts), scales)), inverse), out + i, valid);
-  });
+  for (std::size_t s = 0; s < segments; s += lanes) {
+    const FloatVector maxima = hn::LoadU(tag, segment_maxima.data() + s);
+    const FloatVector factors = hn::Mul(ExpOfNonpositive(tag, hn::Mul(hn::Sub(maxima, final_max), scales)), inverse);
+    hn::StoreU(factors, tag, segment_maxima.data() + s);  // the maxima are not needed again
+  }
+  for (std::size_t s = 0; s < segments; ++s) {
+    const std::size_t begin = segment_starts[s];
+    const std::size_t end = s + 1 < segments ? segment_starts[s + 1] : n;
+    normalise(exps + begin, out + begin, end - begin, hn::Set(tag, segment_maxima[s]));
+  }
+}
+
+template <class Input, class Output>
+void Online2Row(const Input* logits, float* exps, Output* out, std::size_t n, float scale) {
+  if (uniform_when_scale_is_zero(logits, out, n, scale)) return;
+  if (scale < 0) {
+    Online2Tiles<true>(logits, exps, out, n, -scale);
+  } else {
+    Online2Tiles<false>(logits, exps, out, n, scale);
+  }
+}
+
+void Online2(const float* logits, float* out, std::size_t n, float scale) { Online2Row(logits, out, out, n, scale); }
+
+// bf16 rows: read and written as bf16, exponentials kept in fp32 in a per-thread buffer.
+float* bf16_row_buffer(std::size_t n) {
+  thread_local std::vector<float> exps;
+  exps.resize(n);
+  return exps.data();
+}
+void Safe3Bf16(const Bf16Bits* logits, Bf16Bits* out, std::size_t n, float scale) {
+  Safe3Row(logits, bf16_row_buffer(n), out, n, scale);
+}
+void Online2Bf16(const Bf16Bits* logits, Bf16Bits* out, std::size_t n, float scale) {
+  Online2Row(logits, bf16_row_buffer(n), out, n, scale);
 }
 
 void Blocked(const float* logits, float* out, std::size_t n, float scale, std::size_t tile) {
+  if (uniform_when_scale_is_zero(logits, out, n, scale)) return;
   const float sign = scale < 0 ? -1.0F : 1.0F;
   const float magnitude = std::fabs(scale);
   std::vector<float> tile_max;
@@ -194,39 +363,17 @@ void Blocked(const float* logits, float* out, std::size_t n, float scale, std::s
   }
 }
 
-// Exact widening of bf16 (a shift) and fp16 (Highway's PromoteTo, exact on every target).
-void WidenBf16(const std::uint16_t* in, float* out, std::size_t n) {
-  const FloatTag tag;
-  const hn::Rebind<std::uint16_t, FloatTag> narrow;
-  const hn::RebindToUnsigned<FloatTag> wide;
-  const std::size_t lanes = hn::Lanes(tag);
+// Exact widening of bf16 (a shift) and rounding to nearest even into bf16.
+void WidenBf16(const Bf16Bits* in, float* out, std::size_t n) {
+  const std::size_t lanes = hn::Lanes(FloatTag());
   std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(wide, hn::LoadU(narrow, in + i)));
-    hn::StoreU(hn::BitCast(tag, bits), tag, out + i);
-  }
-  for (; i < n; ++i) out[i] = Bfloat16{in[i]}.to_float();
+  for (; i + lanes <= n; i += lanes) store_full(load_logits(in + i), out + i);
+  for (; i < n; ++i) out[i] = widen_one(in[i]);
 }
-
-// Round to nearest even into bf16 (Highway 1.0's DemoteTo truncates, so it is not used).
-void NarrowToBf16(const float* in, std::uint16_t* out, std::size_t n) {
-  const FloatTag tag;
-  const hn::RebindToUnsigned<FloatTag> wide;
-  const hn::RebindToSigned<FloatTag> wide_signed;
-  const hn::Rebind<std::uint16_t, FloatTag> narrow;
-  const std::size_t lanes = hn::Lanes(tag);
-  const auto rounding_base = hn::Set(wide, 0x7FFFU);
-  const auto one = hn::Set(wide, 1U);
-  const auto quiet = hn::Set(wide, 0x0040U);
+void NarrowToBf16(const float* in, Bf16Bits* out, std::size_t n) {
+  const std::size_t lanes = hn::Lanes(FloatTag());
   std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const FloatVector value = hn::LoadU(tag, in + i);
-    const auto bits = hn::BitCast(wide, value);
-    const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(rounding_base, hn::And(hn::ShiftRight<16>(bits), one))));
-    const auto nan = hn::Or(hn::ShiftRight<16>(bits), quiet);
-    const auto result = hn::IfThenElse(hn::RebindMask(wide, hn::IsNaN(value)), nan, rounded);
-    hn::StoreU(hn::DemoteTo(narrow, hn::BitCast(wide_signed, result)), narrow, out + i);
-  }
+  for (; i + lanes <= n; i += lanes) store_full(hn::LoadU(FloatTag(), in + i), out + i);
   for (; i < n; ++i) out[i] = Bfloat16::from_float(in[i]).bits;
 }
 
@@ -249,21 +396,41 @@ void NarrowToFp16(const float* in, std::uint16_t* out, std::size_t n) {
   for (; i < n; ++i) out[i] = Float16::from_float(in[i]).bits;
 }
 
+void ExpOfNonpositiveRow(const float* in, float* out, std::size_t n, const ExpPolynomial& polynomial) {
+  const FloatTag tag;
+  const std::size_t lanes = hn::Lanes(tag);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(ExpOfNonpositive(tag, hn::LoadU(tag, in + i), polynomial), tag, out + i);
+  if (i < n) {
+    HWY_ALIGN float padded[max_lanes] = {};
+    std::copy(in + i, in + n, padded);
+    store_partial(ExpOfNonpositive(tag, hn::Load(tag, padded), polynomial), out + i, n - i);
+  }
+}
+
 }  // namespace sharpcheck::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "kernels/exp_polynomial.hpp"
 #include "kernels/softmax_kernels.hpp"
 
 namespace sharpcheck::kernels {
 HWY_EXPORT(Safe3);
 HWY_EXPORT(Naive);
 HWY_EXPORT(Online2);
+HWY_EXPORT(Safe3Bf16);
+HWY_EXPORT(Online2Bf16);
 HWY_EXPORT(Blocked);
 HWY_EXPORT(WidenBf16);
 HWY_EXPORT(NarrowToBf16);
 HWY_EXPORT(WidenFp16);
 HWY_EXPORT(NarrowToFp16);
+HWY_EXPORT(ExpOfNonpositiveRow);
+
+void exp_of_nonpositive(const float* in, float* out, std::size_t n, const ExpPolynomial& polynomial) {
+  HWY_DYNAMIC_DISPATCH(ExpOfNonpositiveRow)(in, out, n, polynomial);
+}
 
 void widen(const Bfloat16* in, float* out, std::size_t n) {
   HWY_DYNAMIC_DISPATCH(WidenBf16)(reinterpret_cast<const std::uint16_t*>(in), out, n);
@@ -286,6 +453,14 @@ void softmax_safe3_fp32(const float* logits, float* out, std::size_t n, float sc
 }
 void softmax_online2_fp32(const float* logits, float* out, std::size_t n, float scale) {
   HWY_DYNAMIC_DISPATCH(Online2)(logits, out, n, scale);
+}
+void softmax_safe3_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(Safe3Bf16)(reinterpret_cast<const std::uint16_t*>(logits), reinterpret_cast<std::uint16_t*>(out),
+                                  n, scale);
+}
+void softmax_online2_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(Online2Bf16)(reinterpret_cast<const std::uint16_t*>(logits),
+                                    reinterpret_cast<std::uint16_t*>(out), n, scale);
 }
 void softmax_blocked_fp32(const float* logits, float* out, std::size_t n, float scale, std::size_t tile) {
   HWY_DYNAMIC_DISPATCH(Blocked)(logits, out, n, scale, tile);

@@ -12,32 +12,37 @@ namespace {
 //
 // A shifted kernel forms a_j = fl(fl(e_j - m) * fl(1/theta)): three roundings, so
 // a_j = z_j (1 + d), |d| <= 3u + O(u^2), and exp(a_j) = exp(z_j) exp(z_j d): relative error
-// 3u|z_j| from the argument ("argument 3"). Highway's Exp and glibc's expf are within 1 ulp,
-// 2u relative. The denominator sum_i w_i(1 + eps_i) carries the weighted mean of the terms'
-// errors, at most 3u max|z| + 2u ("spread 3"), and its own summation error: recursive summation
+// 3u|z_j| from the argument ("argument 3"). Every exp is within 2u relative: the SIMD cores'
+// ExpOfNonpositive by an exhaustive check (tests/nonpositive_exp_test.cpp: 1.33u measured with
+// FMA, 1.75u without), Highway's Exp (naive) and glibc's expf by their documented 1 ulp. The
+// denominator sum_i w_i(1 + eps_i) carries the weighted mean of the terms' errors, at most 3u max|z| + 2u ("spread 3"), and its own summation error: recursive summation
 // of n positive terms is within (n - 1)u (per SIMD lane fewer, but the scalar target must be
 // covered, so "per_item 1"). Normalising by a reciprocal and a product adds 2u. Constants
 // collect these 2u terms with room for the O(u^2) remainders (4 terms of 2u, plus 2).
 // An online normaliser also rescales its running sum by exp(m_old - m_new) at each growth of the
 // max: every rescale is an exp (2u) of a rounded argument, and the arguments telescope to at most
 // the spread, so the sum gains 2u per item and 3u max|z| twice more ("per_item 3, spread 9").
+// online2 stores each exp against the lane's running max m_s at the time and multiplies it later
+// by exp(m_s - m) / sum: the argument splits into (e_j - m_s) and (m_s - m), both <= 0, so their
+// rounding errors still total 3u|z_j|, but the element now carries two exps and one more product
+// (3u more than safe3's 4u: "constant 15").
 // The output rounding to bf16/fp16 is added by allowed_error as 2 u_out.
 constexpr Tolerance table[] = {
     {"naive", &fp32, 3, 3, 3, 1, 10, 0, 0, "analysis: BHH 2021 section 3 without the shift",
      "exp(e/theta) is formed unshifted, so the argument error is u|e/theta|, not u|z|"},
     {"safe3", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: BHH 2021 shifted softmax",
      "3 roundings in the argument, 1-ulp exp, recursive sum, reciprocal and product"},
-    {"online2", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: BHH 2021 shifted softmax plus online rescaling",
+    {"online2", &fp32, 3, 9, 0, 3, 15, 0, 0, "analysis: BHH 2021 shifted softmax plus online rescaling",
      "each growth of the running max rescales the sum by a rounded exp; arguments telescope to the spread"},
     {"blocked", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: BHH 2021 shifted softmax plus per-tile rescaling",
      "tiles are merged by the online rule, then each tile is rescaled once more"},
     {"safe3_bf16", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: as safe3 in fp32, plus one rounding to bf16",
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
-    {"online2_bf16", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: as online2 in fp32, plus one rounding to bf16",
+    {"online2_bf16", &fp32, 3, 9, 0, 3, 15, 0, 0, "analysis: as online2 in fp32, plus one rounding to bf16",
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
     {"safe3_fp16", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: as safe3 in fp32, plus one rounding to fp16",
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
-    {"online2_fp16", &fp32, 3, 9, 0, 3, 12, 0, 0, "analysis: as online2 in fp32, plus one rounding to fp16",
+    {"online2_fp16", &fp32, 3, 9, 0, 3, 15, 0, 0, "analysis: as online2 in fp32, plus one rounding to fp16",
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
     {"bf16acc", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: the bf16 contract (fp32 accumulation), which this kernel breaks",
      "judged by what a bf16 kernel must deliver; its bf16 running sum cannot meet it"},

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -146,6 +147,65 @@ TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
   // ...while the registered kernels pass on the same row.
   for (const char* name : {"ssmax", "sigmoid", "stick_breaking"}) {
     EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel(name), logits, 1.0).comparison.passed()) << name;
+  }
+}
+
+// The fused bf16 cores (read bf16, compute in fp32, write bf16) give exactly what the fp32 core
+// gives on the widened row rounded once to bf16: the same arithmetic, so the same bits, on every
+// row kind, size (tails included) and temperature sign, on every SIMD target.
+TEST(FusedBf16, EqualsTheFp32CoreOnTheWidenedRowBitForBit) {
+  using Core = void (*)(const float*, float*, std::size_t, float);
+  using Fused = void (*)(const Bfloat16*, Bfloat16*, std::size_t, float);
+  const std::pair<Fused, Core> pairs[] = {{kernels::softmax_safe3_bf16, kernels::softmax_safe3_fp32},
+                                          {kernels::softmax_online2_bf16, kernels::softmax_online2_fp32}};
+  std::size_t compared = 0;
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const inputs::RowKind kind : inputs::all_row_kinds) {
+      for (const std::size_t n : {1u, 5u, 16u, 33u, 1000u, 16384u}) {
+        std::vector<double> row = inputs::make_row(kind, n, bf16, n + 11);
+        // Masked entries leading the row (whole tiles of them where n allows) must still be written.
+        if (kind == inputs::RowKind::masked_entries) std::fill(row.begin(), row.begin() + (n - 1) / 2, -INFINITY);
+        std::vector<Bfloat16> logits(n);
+        for (std::size_t i = 0; i < n; ++i) logits[i] = Bfloat16::from_float(static_cast<float>(row[i]));
+        for (const float scale : {1.0F, 0.0F, -0.5F}) {
+          for (const auto& [fused, core] : pairs) {
+            std::vector<Bfloat16> out(n, Bfloat16{0x7FC1}), expected(n);  // a NaN: unwritten entries show
+            fused(logits.data(), out.data(), n, scale);
+            kernels::through_fp32(logits.data(), expected.data(), n, scale, core);
+            for (std::size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(out[i].bits, expected[i].bits) << hwy::TargetName(target) << " " << inputs::row_kind_name(kind)
+                                                      << " n=" << n << " scale=" << scale << " index " << i;
+            }
+            compared += n;
+          }
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_GT(compared, 100000u);
+}
+
+// online2 keeps one segment per vector in which some lane's running max grew. A rising row (every
+// vector a new segment), a falling one (one segment) and a rising row with masked entries
+// interleaved are its extremes; each stays within the table.
+TEST(Online2, SegmentExtremesStayWithinTheTable) {
+  const SoftmaxKernel& kernel = *kernels::find_softmax_kernel("online2");
+  for (const std::size_t n : {7u, 64u, 1000u, 16384u}) {
+    std::vector<double> rising(n), falling(n), rising_masked(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      rising[i] = static_cast<float>(-20.0 + 40.0 * static_cast<double>(i) / static_cast<double>(n));
+      falling[n - 1 - i] = rising[i];
+      rising_masked[i] = i % 3 == 1 ? -INFINITY : rising[i];
+    }
+    for (const auto& row : {rising, falling, rising_masked}) {
+      for (const double theta : {1.0, -0.5}) {
+        const auto evaluation = metrics::evaluate_softmax(kernel, rows_of({row}), theta);
+        EXPECT_TRUE(evaluation.comparison.passed()) << "n=" << n << " theta=" << theta << ": "
+                                                    << evaluation.comparison.worst.describe();
+      }
+    }
   }
 }
 
