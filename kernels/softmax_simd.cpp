@@ -123,6 +123,7 @@ HWY_INLINE float row_max(const Input* logits, std::size_t n, float sign) {
   std::size_t i = 0;
   if (sign > 0) {  // the common case, without the masked-entry select
     for (; i + 4 * lanes <= n; i += 4 * lanes) {
+      HWY_UNROLL(4)
       for (int a = 0; a < 4; ++a) best[a] = hn::Max(best[a], load_logits(logits + i + a * lanes));
     }
   }
@@ -143,6 +144,7 @@ HWY_INLINE float exp_and_sum(const Input* logits, float* out, std::size_t n, flo
   std::size_t i = 0;
   if (sign > 0) {
     for (; i + 4 * lanes <= n; i += 4 * lanes) {
+      HWY_UNROLL(4)
       for (int a = 0; a < 4; ++a) {
         const FloatVector w =
             ExpOfNonpositive(tag, hn::Mul(hn::Sub(load_logits(logits + i + a * lanes), shifts), scales));
@@ -265,6 +267,7 @@ void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, 
       tile_exps = padded_exps;
     }
     FloatVector x[unroll];
+    HWY_UNROLL(4)  // keeps the accumulators in registers
     for (std::size_t a = 0; a < unroll; ++a) x[a] = load_signed<kNegate>(tile_logits + a * lanes);
     const FloatVector lane_maxima = hn::Max(hn::Max(x[0], x[1]), hn::Max(x[2], x[3]));
     // A vector compare first: the reduction across lanes is paid only by tiles that raise the max.
@@ -272,13 +275,15 @@ void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, 
       const float tile_max = hn::GetLane(hn::MaxOfLanes(tag, lane_maxima));
       if (!segment_starts.empty()) {  // before the first segment the sums are 0: nothing to rescale
         const FloatVector rescale = ExpOfNonpositive(tag, hn::Set(tag, (running_max - tile_max) * magnitude));
-        for (auto& sum : sums) sum = hn::Mul(sum, rescale);
+        HWY_UNROLL(4)
+      for (auto& sum : sums) sum = hn::Mul(sum, rescale);
       }
       running_max = tile_max;
       shift = hn::Set(tag, running_max);
       segment_starts.push_back(start);
       segment_maxima.push_back(running_max);
     }
+    HWY_UNROLL(4)
     for (std::size_t a = 0; a < unroll; ++a) {
       const FloatVector w = ExpOfNonpositive(tag, hn::Mul(hn::Sub(x[a], shift), scales));
       sums[a] = hn::Add(sums[a], w);
