@@ -22,12 +22,6 @@ float shift_for(const float* logits, std::size_t n, float scale) {
 
 }  // namespace
 
-void softmax_safe3_fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, softmax_safe3_fp32);
-}
-void softmax_online2_fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
-  through_fp32(logits, out, n, scale, softmax_online2_fp32);
-}
 
 void softmax_bf16_accumulator(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
   thread_local std::vector<float> widened;

@@ -26,10 +26,9 @@ void softmax_online2_fp32(const float* logits, float* out, std::size_t n, float 
 // FlashAttention-style: (max, sum) per tile of `tile` logits, tiles merged by the online rule.
 void softmax_blocked_fp32(const float* logits, float* out, std::size_t n, float scale, std::size_t tile = 256);
 
-// bf16 / fp16 in and out, fp32 accumulation, outputs rounded to nearest even from the fp32
-// result. bf16: the fp32 cores read bf16 and write bf16 themselves (three passes, as in fp32);
-// fp16: the fp32 kernels on widened rows (through_fp32). Either way the same values as the fp32
-// kernel on the widened row, rounded once to the narrow format.
+// bf16 / fp16 in and out, fp32 accumulation: the fp32 cores read and write the narrow format
+// themselves (no widening passes), giving exactly the fp32 kernel's values on the widened row,
+// each rounded to nearest even into the narrow format.
 void softmax_safe3_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
 void softmax_online2_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale);
 void softmax_safe3_fp16(const Float16* logits, Float16* out, std::size_t n, float scale);

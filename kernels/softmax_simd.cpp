@@ -31,21 +31,37 @@ using FloatVector = hn::Vec<FloatTag>;
 constexpr std::size_t max_lanes = HWY_MAX_BYTES / sizeof(float);
 constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
 
-// The cores read fp32 or bf16 logits (bf16 as its bits: the top half of a float, so widening is
-// an exact shift) and write fp32 or bf16 (rounded to nearest even from the fp32 result, as
-// Bfloat16::from_float does); arithmetic is fp32 either way.
-using Bf16Bits = std::uint16_t;
-using NarrowTag = hn::Rebind<Bf16Bits, FloatTag>;
+// The cores read fp32, bf16 or fp16 logits and write the same format, arithmetic in fp32 either
+// way. bf16 widens exactly by a shift (its bits are the top half of a float's) and is rounded to
+// nearest even by integer arithmetic (Highway 1.0's DemoteTo truncates). fp16 uses F16C where the
+// target has it (exact widening, round-to-nearest-even narrowing); elsewhere Highway 1.0's
+// emulation maps inf and NaN to finite values and truncates, so those targets convert one value at
+// a time with the exact scalar conversions of formats/storage.hpp.
+using NarrowTag = hn::Rebind<std::uint16_t, FloatTag>;
 
 HWY_INLINE FloatVector load_logits(const float* p) { return hn::LoadU(FloatTag(), p); }
-HWY_INLINE FloatVector load_logits(const Bf16Bits* p) {
+HWY_INLINE FloatVector load_logits(const Bfloat16* p) {
   const hn::RebindToUnsigned<FloatTag> wide;
-  return hn::BitCast(FloatTag(), hn::ShiftLeft<16>(hn::PromoteTo(wide, hn::LoadU(NarrowTag(), p))));
+  const auto bits = hn::LoadU(NarrowTag(), reinterpret_cast<const std::uint16_t*>(p));
+  return hn::BitCast(FloatTag(), hn::ShiftLeft<16>(hn::PromoteTo(wide, bits)));
+}
+HWY_INLINE FloatVector load_logits(const Float16* p) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<hwy::float16_t, FloatTag> half;
+  return hn::PromoteTo(FloatTag(), hn::LoadU(half, reinterpret_cast<const hwy::float16_t*>(p)));
+#else
+  HWY_ALIGN float widened[max_lanes];
+  for (std::size_t i = 0; i < hn::Lanes(FloatTag()); ++i) widened[i] = p[i].to_float();
+  return hn::Load(FloatTag(), widened);
+#endif
 }
 HWY_INLINE float widen_one(float value) { return value; }
-HWY_INLINE float widen_one(Bf16Bits bits) { return Bfloat16{bits}.to_float(); }
+HWY_INLINE float widen_one(Bfloat16 value) { return value.to_float(); }
+HWY_INLINE float widen_one(Float16 value) { return value.to_float(); }
+HWY_INLINE void narrow_one(float value, float* out) { *out = value; }
+HWY_INLINE void narrow_one(float value, Bfloat16* out) { *out = Bfloat16::from_float(value); }
+HWY_INLINE void narrow_one(float value, Float16* out) { *out = Float16::from_float(value); }
 
-// Round to nearest even into bf16 (Highway 1.0's DemoteTo truncates, so it is not used).
 HWY_INLINE hn::Vec<NarrowTag> round_to_bf16(FloatVector value) {
   const hn::RebindToUnsigned<FloatTag> wide;
   const hn::RebindToSigned<FloatTag> wide_signed;
@@ -57,14 +73,28 @@ HWY_INLINE hn::Vec<NarrowTag> round_to_bf16(FloatVector value) {
   return hn::DemoteTo(NarrowTag(), hn::BitCast(wide_signed, result));
 }
 HWY_INLINE void store_full(FloatVector value, float* out) { hn::StoreU(value, FloatTag(), out); }
-HWY_INLINE void store_full(FloatVector value, Bf16Bits* out) { hn::StoreU(round_to_bf16(value), NarrowTag(), out); }
+HWY_INLINE void store_full(FloatVector value, Bfloat16* out) {
+  hn::StoreU(round_to_bf16(value), NarrowTag(), reinterpret_cast<std::uint16_t*>(out));
+}
+HWY_INLINE void store_full(FloatVector value, Float16* out) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<hwy::float16_t, FloatTag> half;
+  hn::StoreU(hn::DemoteTo(half, value), half, reinterpret_cast<hwy::float16_t*>(out));
+#else
+  HWY_ALIGN float values[max_lanes];
+  hn::Store(value, FloatTag(), values);
+  for (std::size_t i = 0; i < hn::Lanes(FloatTag()); ++i) out[i] = Float16::from_float(values[i]);
+#endif
+}
 
 template <class Input>
 constexpr Input masked_logit() {
   if constexpr (std::is_same_v<Input, float>) {
     return negative_infinity;
+  } else if constexpr (std::is_same_v<Input, Bfloat16>) {
+    return Bfloat16{0xFF80};  // -inf
   } else {
-    return Bf16Bits{0xFF80};  // bf16 -inf
+    return Float16{0xFC00};  // -inf
   }
 }
 
@@ -179,14 +209,7 @@ bool uniform_when_scale_is_zero(const Input* logits, Output* out, std::size_t n,
   std::size_t unmasked = 0;
   for (std::size_t i = 0; i < n; ++i) unmasked += widen_one(logits[i]) != negative_infinity ? 1 : 0;
   const float share = 1.0F / static_cast<float>(unmasked);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float value = widen_one(logits[i]) != negative_infinity ? share : 0.0F;
-    if constexpr (std::is_same_v<Output, float>) {
-      out[i] = value;
-    } else {
-      out[i] = Bfloat16::from_float(value).bits;
-    }
-  }
+  for (std::size_t i = 0; i < n; ++i) narrow_one(widen_one(logits[i]) != negative_infinity ? share : 0.0F, out + i);
   return true;
 }
 
@@ -328,17 +351,28 @@ void Online2Row(const Input* logits, float* exps, Output* out, std::size_t n, fl
 
 void Online2(const float* logits, float* out, std::size_t n, float scale) { Online2Row(logits, out, out, n, scale); }
 
-// bf16 rows: read and written as bf16, exponentials kept in fp32 in a per-thread buffer.
-float* bf16_row_buffer(std::size_t n) {
+// bf16 and fp16 rows: read and written in their format, exponentials kept in fp32 in a per-thread
+// buffer.
+float* narrow_row_buffer(std::size_t n) {
   thread_local std::vector<float> exps;
   exps.resize(n);
   return exps.data();
 }
-void Safe3Bf16(const Bf16Bits* logits, Bf16Bits* out, std::size_t n, float scale) {
-  Safe3Row(logits, bf16_row_buffer(n), out, n, scale);
+template <class Storage>
+void Safe3Narrow(const Storage* logits, Storage* out, std::size_t n, float scale) {
+  Safe3Row(logits, narrow_row_buffer(n), out, n, scale);
 }
-void Online2Bf16(const Bf16Bits* logits, Bf16Bits* out, std::size_t n, float scale) {
-  Online2Row(logits, bf16_row_buffer(n), out, n, scale);
+template <class Storage>
+void Online2Narrow(const Storage* logits, Storage* out, std::size_t n, float scale) {
+  Online2Row(logits, narrow_row_buffer(n), out, n, scale);
+}
+void Safe3Bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) { Safe3Narrow(logits, out, n, scale); }
+void Online2Bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
+  Online2Narrow(logits, out, n, scale);
+}
+void Safe3Fp16(const Float16* logits, Float16* out, std::size_t n, float scale) { Safe3Narrow(logits, out, n, scale); }
+void Online2Fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
+  Online2Narrow(logits, out, n, scale);
 }
 
 void Blocked(const float* logits, float* out, std::size_t n, float scale, std::size_t tile) {
@@ -368,38 +402,25 @@ void Blocked(const float* logits, float* out, std::size_t n, float scale, std::s
   }
 }
 
-// Exact widening of bf16 (a shift) and rounding to nearest even into bf16.
-void WidenBf16(const Bf16Bits* in, float* out, std::size_t n) {
+// Row conversions: exact widening, rounding to nearest even (the helpers above).
+template <class Storage>
+void WidenRow(const Storage* in, float* out, std::size_t n) {
   const std::size_t lanes = hn::Lanes(FloatTag());
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) store_full(load_logits(in + i), out + i);
   for (; i < n; ++i) out[i] = widen_one(in[i]);
 }
-void NarrowToBf16(const float* in, Bf16Bits* out, std::size_t n) {
+template <class Storage>
+void NarrowRow(const float* in, Storage* out, std::size_t n) {
   const std::size_t lanes = hn::Lanes(FloatTag());
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) store_full(hn::LoadU(FloatTag(), in + i), out + i);
-  for (; i < n; ++i) out[i] = Bfloat16::from_float(in[i]).bits;
+  for (; i < n; ++i) narrow_one(in[i], out + i);
 }
-
-void WidenFp16(const std::uint16_t* in, float* out, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = Float16{in[i]}.to_float();
-}
-
-// F16C's conversion rounds to nearest even; Highway's emulation on other targets truncates, so
-// those targets use the exact scalar conversion instead.
-void NarrowToFp16(const float* in, std::uint16_t* out, std::size_t n) {
-  std::size_t i = 0;
-#if HWY_TARGET <= HWY_AVX2
-  const FloatTag tag;
-  const hn::Rebind<hwy::float16_t, FloatTag> half;
-  const std::size_t lanes = hn::Lanes(tag);
-  for (; i + lanes <= n; i += lanes) {
-    hn::StoreU(hn::DemoteTo(half, hn::LoadU(tag, in + i)), half, reinterpret_cast<hwy::float16_t*>(out + i));
-  }
-#endif
-  for (; i < n; ++i) out[i] = Float16::from_float(in[i]).bits;
-}
+void WidenBf16(const Bfloat16* in, float* out, std::size_t n) { WidenRow(in, out, n); }
+void NarrowToBf16(const float* in, Bfloat16* out, std::size_t n) { NarrowRow(in, out, n); }
+void WidenFp16(const Float16* in, float* out, std::size_t n) { WidenRow(in, out, n); }
+void NarrowToFp16(const float* in, Float16* out, std::size_t n) { NarrowRow(in, out, n); }
 
 void ExpOfNonpositiveRow(const float* in, float* out, std::size_t n, const ExpPolynomial& polynomial) {
   const FloatTag tag;
@@ -426,6 +447,8 @@ HWY_EXPORT(Naive);
 HWY_EXPORT(Online2);
 HWY_EXPORT(Safe3Bf16);
 HWY_EXPORT(Online2Bf16);
+HWY_EXPORT(Safe3Fp16);
+HWY_EXPORT(Online2Fp16);
 HWY_EXPORT(Blocked);
 HWY_EXPORT(WidenBf16);
 HWY_EXPORT(NarrowToBf16);
@@ -437,18 +460,10 @@ void exp_of_nonpositive(const float* in, float* out, std::size_t n, const ExpPol
   HWY_DYNAMIC_DISPATCH(ExpOfNonpositiveRow)(in, out, n, polynomial);
 }
 
-void widen(const Bfloat16* in, float* out, std::size_t n) {
-  HWY_DYNAMIC_DISPATCH(WidenBf16)(reinterpret_cast<const std::uint16_t*>(in), out, n);
-}
-void narrow(const float* in, Bfloat16* out, std::size_t n) {
-  HWY_DYNAMIC_DISPATCH(NarrowToBf16)(in, reinterpret_cast<std::uint16_t*>(out), n);
-}
-void widen(const Float16* in, float* out, std::size_t n) {
-  HWY_DYNAMIC_DISPATCH(WidenFp16)(reinterpret_cast<const std::uint16_t*>(in), out, n);
-}
-void narrow(const float* in, Float16* out, std::size_t n) {
-  HWY_DYNAMIC_DISPATCH(NarrowToFp16)(in, reinterpret_cast<std::uint16_t*>(out), n);
-}
+void widen(const Bfloat16* in, float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(WidenBf16)(in, out, n); }
+void narrow(const float* in, Bfloat16* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(NarrowToBf16)(in, out, n); }
+void widen(const Float16* in, float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(WidenFp16)(in, out, n); }
+void narrow(const float* in, Float16* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(NarrowToFp16)(in, out, n); }
 
 void softmax_naive_fp32(const float* logits, float* out, std::size_t n, float scale) {
   HWY_DYNAMIC_DISPATCH(Naive)(logits, out, n, scale);
@@ -459,16 +474,20 @@ void softmax_safe3_fp32(const float* logits, float* out, std::size_t n, float sc
 void softmax_online2_fp32(const float* logits, float* out, std::size_t n, float scale) {
   HWY_DYNAMIC_DISPATCH(Online2)(logits, out, n, scale);
 }
-void softmax_safe3_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  HWY_DYNAMIC_DISPATCH(Safe3Bf16)(reinterpret_cast<const std::uint16_t*>(logits), reinterpret_cast<std::uint16_t*>(out),
-                                  n, scale);
-}
-void softmax_online2_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
-  HWY_DYNAMIC_DISPATCH(Online2Bf16)(reinterpret_cast<const std::uint16_t*>(logits),
-                                    reinterpret_cast<std::uint16_t*>(out), n, scale);
-}
 void softmax_blocked_fp32(const float* logits, float* out, std::size_t n, float scale, std::size_t tile) {
   HWY_DYNAMIC_DISPATCH(Blocked)(logits, out, n, scale, tile);
+}
+void softmax_safe3_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(Safe3Bf16)(logits, out, n, scale);
+}
+void softmax_online2_bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(Online2Bf16)(logits, out, n, scale);
+}
+void softmax_safe3_fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(Safe3Fp16)(logits, out, n, scale);
+}
+void softmax_online2_fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(Online2Fp16)(logits, out, n, scale);
 }
 }  // namespace sharpcheck::kernels
 #endif

@@ -150,41 +150,56 @@ TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
   }
 }
 
-// The fused bf16 cores (read bf16, compute in fp32, write bf16) give exactly what the fp32 core
-// gives on the widened row rounded once to bf16: the same arithmetic, so the same bits, on every
-// row kind, size (tails included) and temperature sign, on every SIMD target.
-TEST(FusedBf16, EqualsTheFp32CoreOnTheWidenedRowBitForBit) {
-  using Core = void (*)(const float*, float*, std::size_t, float);
-  using Fused = void (*)(const Bfloat16*, Bfloat16*, std::size_t, float);
-  const std::pair<Fused, Core> pairs[] = {{kernels::softmax_safe3_bf16, kernels::softmax_safe3_fp32},
-                                          {kernels::softmax_online2_bf16, kernels::softmax_online2_fp32}};
+// The fused narrow cores (read bf16 or fp16, compute in fp32, write the narrow format) give
+// exactly what the fp32 core gives on the widened row rounded once: the same arithmetic, so the
+// same bits, on every row kind, size (tails included), temperature sign and SIMD target.
+template <typename Storage>
+std::size_t expect_fused_equals_widened(
+    const std::vector<std::pair<void (*)(const Storage*, Storage*, std::size_t, float),
+                                void (*)(const float*, float*, std::size_t, float)>>& pairs,
+    const FloatFormat& format, std::int64_t target) {
   std::size_t compared = 0;
-  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    for (const inputs::RowKind kind : inputs::all_row_kinds) {
-      for (const std::size_t n : {1u, 5u, 16u, 33u, 1000u, 16384u}) {
-        std::vector<double> row = inputs::make_row(kind, n, bf16, n + 11);
-        // Masked entries leading the row (whole tiles of them where n allows) must still be written.
-        if (kind == inputs::RowKind::masked_entries) std::fill(row.begin(), row.begin() + (n - 1) / 2, -INFINITY);
-        std::vector<Bfloat16> logits(n);
-        for (std::size_t i = 0; i < n; ++i) logits[i] = Bfloat16::from_float(static_cast<float>(row[i]));
-        for (const float scale : {1.0F, 0.0F, -0.5F}) {
-          for (const auto& [fused, core] : pairs) {
-            std::vector<Bfloat16> out(n, Bfloat16{0x7FC1}), expected(n);  // a NaN: unwritten entries show
-            fused(logits.data(), out.data(), n, scale);
-            kernels::through_fp32(logits.data(), expected.data(), n, scale, core);
-            for (std::size_t i = 0; i < n; ++i) {
-              ASSERT_EQ(out[i].bits, expected[i].bits) << hwy::TargetName(target) << " " << inputs::row_kind_name(kind)
-                                                      << " n=" << n << " scale=" << scale << " index " << i;
-            }
-            compared += n;
+  for (const inputs::RowKind kind : inputs::all_row_kinds) {
+    for (const std::size_t n : {1u, 5u, 16u, 33u, 1000u, 16384u}) {
+      std::vector<double> row = inputs::make_row(kind, n, format, n + 11);
+      // Masked entries leading the row (whole tiles of them where n allows) must still be written.
+      if (kind == inputs::RowKind::masked_entries) std::fill(row.begin(), row.begin() + (n - 1) / 2, -INFINITY);
+      std::vector<Storage> logits(n);
+      for (std::size_t i = 0; i < n; ++i) logits[i] = Storage::from_float(static_cast<float>(row[i]));
+      for (const float scale : {1.0F, 0.0F, -0.5F}) {
+        for (const auto& [fused, core] : pairs) {
+          std::vector<Storage> out(n, Storage{0x7E01}), expected(n);  // a NaN: unwritten entries show
+          fused(logits.data(), out.data(), n, scale);
+          kernels::through_fp32(logits.data(), expected.data(), n, scale, core);
+          for (std::size_t i = 0; i < n; ++i) {
+            EXPECT_EQ(out[i].bits, expected[i].bits) << hwy::TargetName(target) << " " << format.name << " "
+                                                     << inputs::row_kind_name(kind) << " n=" << n
+                                                     << " scale=" << scale << " index " << i;
+            if (out[i].bits != expected[i].bits) return compared;
           }
+          compared += n;
         }
       }
     }
   }
+  return compared;
+}
+
+TEST(FusedNarrowCores, EqualTheFp32CoreOnTheWidenedRowBitForBit) {
+  std::size_t compared = 0;
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    compared += expect_fused_equals_widened<Bfloat16>(
+        {{kernels::softmax_safe3_bf16, kernels::softmax_safe3_fp32},
+         {kernels::softmax_online2_bf16, kernels::softmax_online2_fp32}},
+        bf16, target);
+    compared += expect_fused_equals_widened<Float16>(
+        {{kernels::softmax_safe3_fp16, kernels::softmax_safe3_fp32},
+         {kernels::softmax_online2_fp16, kernels::softmax_online2_fp32}},
+        fp16, target);
+  }
   hwy::SetSupportedTargetsForTest(0);
-  EXPECT_GT(compared, 100000u);
+  EXPECT_GT(compared, 200000u);
 }
 
 // online2 keeps one segment per vector in which some lane's running max grew. A rising row (every
@@ -256,6 +271,28 @@ TEST(Dispatch, RowConversionsRoundToNearestEvenOnEveryTarget) {
     }
     kernels::widen(as_fp16.data(), back.data(), values.size());
     for (std::size_t i = 0; i + 1 < values.size(); ++i) ASSERT_EQ(back[i], as_fp16[i].to_float());
+    // Widening every pattern, infinities and NaNs included, is exact (Highway 1.0's fp16
+    // emulation is not: it maps inf and NaN to finite values).
+    std::vector<Bfloat16> every_bf16(65536);
+    std::vector<Float16> every_fp16(65536);
+    for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+      every_bf16[bits].bits = static_cast<std::uint16_t>(bits);
+      every_fp16[bits].bits = static_cast<std::uint16_t>(bits);
+    }
+    std::vector<float> wide_bf16(65536), wide_fp16(65536);
+    kernels::widen(every_bf16.data(), wide_bf16.data(), 65536);
+    kernels::widen(every_fp16.data(), wide_fp16.data(), 65536);
+    for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+      for (const auto& [actual, expected] : {std::pair{wide_bf16[bits], every_bf16[bits].to_float()},
+                                             std::pair{wide_fp16[bits], every_fp16[bits].to_float()}}) {
+        if (std::isnan(expected)) {
+          ASSERT_TRUE(std::isnan(actual)) << hwy::TargetName(target) << " pattern " << bits;
+        } else {
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(actual), std::bit_cast<std::uint32_t>(expected))
+              << hwy::TargetName(target) << " pattern " << bits;
+        }
+      }
+    }
   }
   hwy::SetSupportedTargetsForTest(0);
 }
