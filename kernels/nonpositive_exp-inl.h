@@ -51,7 +51,8 @@ HWY_INLINE V ExpOfNonpositive(D d, V x, const ExpPolynomial& polynomial = softma
   // 2^(k + 64) is a normal float for k in [-151, 0]: its exponent field is (k + 64 + 127), and
   // shifting the biased bits left by 23 leaves exactly that (the constant's own bits shift out).
   // The product by it is exact; the product by 2^-64 rounds once, into the subnormals if needed.
-  const auto exponent = hn::ShiftLeft<23>(hn::Add(hn::BitCast(integers, biased), hn::Set(integers, 64 + 127)));
+  const auto exponent =
+      hn::ShiftLeft<23>(hn::Add(hn::BitCast(integers, biased), hn::Set(integers, 64 + 127)));
   return hn::Mul(hn::Mul(exp_r, hn::BitCast(d, exponent)), hn::Set(d, 0x1p-64F));
 }
 

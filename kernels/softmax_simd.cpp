@@ -245,7 +245,7 @@ void Naive(const float* logits, float* out, std::size_t n, float scale) {
 // One pass over tiles of 4 vectors keeps one running max (of the row so far) and a sum rescaled
 // whenever a tile raises it, and stores each exp against the running max at its tile; every tile
 // that raises the max starts a segment. The second pass multiplies each segment by
-// exp(segment max - final max) / sum. One exp per element, one scalar exp per segment: about
+// exp(segment max - final max) / sum. One exp per element and one per segment: about
 // ln(n / tile) segments on a random row, one per tile on a rising row. (A running max per SIMD
 // lane would start a segment at almost every vector: 16 lanes each see their own new maxima.)
 template <bool kNegate, class Input>
@@ -290,7 +290,8 @@ void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, 
       tile_exps = padded_exps;
     }
     FloatVector x[unroll];
-    HWY_UNROLL(4)  // keeps the accumulators in registers
+    // Unrolled by pragma: without it GCC keeps x[] and sums[] in stack arrays, not registers.
+    HWY_UNROLL(4)
     for (std::size_t a = 0; a < unroll; ++a) x[a] = load_signed<kNegate>(tile_logits + a * lanes);
     const FloatVector lane_maxima = hn::Max(hn::Max(x[0], x[1]), hn::Max(x[2], x[3]));
     // A vector compare first: the reduction across lanes is paid only by tiles that raise the max.
@@ -299,7 +300,7 @@ void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, 
       if (!segment_starts.empty()) {  // before the first segment the sums are 0: nothing to rescale
         const FloatVector rescale = ExpOfNonpositive(tag, hn::Set(tag, (running_max - tile_max) * magnitude));
         HWY_UNROLL(4)
-      for (auto& sum : sums) sum = hn::Mul(sum, rescale);
+        for (auto& sum : sums) sum = hn::Mul(sum, rescale);
       }
       running_max = tile_max;
       shift = hn::Set(tag, running_max);

@@ -108,8 +108,15 @@ TEST(NonpositiveExp, MeetsItsContractOnEveryFloatFromMinus104ToZero) {
 TEST(NonpositiveExp, SpecialValuesOnEveryTarget) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float infinity = std::numeric_limits<float>::infinity();
-  const std::vector<float> in{-0.0F, 0.0F, -infinity, nan, -104.0F, -1e30F, -std::numeric_limits<float>::max(),
-                              -std::numeric_limits<float>::denorm_min(), std::bit_cast<float>(0xFFC00001U)};
+  const std::vector<float> in{-0.0F,
+                              0.0F,
+                              -infinity,
+                              nan,
+                              -104.0F,
+                              -1e30F,
+                              -std::numeric_limits<float>::max(),
+                              -std::numeric_limits<float>::denorm_min(),
+                              std::bit_cast<float>(0xFFC00001U)};
   for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     std::vector<float> out(in.size());
@@ -128,7 +135,7 @@ TEST(NonpositiveExp, SpecialValuesOnEveryTarget) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
-// Every floor to -inf below -104 gives +0 (sampled every 4,099th pattern and the ends).
+// Every float from -104 down to -inf gives +0 (sampled every 4,099th pattern and the ends).
 TEST(NonpositiveExp, GivesZeroBelowMinus104) {
   std::vector<float> in;
   for (std::uint64_t bits = lowest_argument_bits + 1; bits <= 0xFF800000U; bits += 4099) {
