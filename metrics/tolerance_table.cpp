@@ -22,7 +22,7 @@ namespace {
 // An online normaliser also rescales its running sum by exp(m_old - m_new) at each growth of the
 // max: every rescale is an exp (2u) of a rounded argument, and the arguments telescope to at most
 // the spread, so the sum gains 2u per item and 3u max|z| twice more ("per_item 3, spread 9").
-// online2 stores each exp against the lane's running max m_s at the time and multiplies it later
+// online2 stores each exp against the running max m_s current at its tile and multiplies it later
 // by exp(m_s - m) / sum: the argument splits into (e_j - m_s) and (m_s - m), both <= 0, so their
 // rounding errors still total 3u|z_j|, but the element now carries two exps and one more product
 // (3u more than safe3's 4u: "constant 15").
