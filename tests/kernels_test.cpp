@@ -225,15 +225,20 @@ TEST(Online2, SegmentExtremesStayWithinTheTable) {
 }
 
 TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
-  const Matrix logits = rows_of({inputs::make_row(inputs::RowKind::random_normal, 1000, fp32, 3),
-                                 inputs::make_row(inputs::RowKind::masked_entries, 1000, fp32, 4)});
   std::vector<std::string> targets;
   for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     targets.emplace_back(hwy::TargetName(target));
-    for (const char* name : {"safe3", "online2", "blocked"}) {
-      const auto evaluation = metrics::evaluate_softmax(*kernels::find_softmax_kernel(name), logits, 1.0);
-      EXPECT_TRUE(evaluation.comparison.passed()) << name << " on " << targets.back();
+    for (const char* name : {"safe3", "online2", "blocked", "safe3_bf16", "online2_bf16", "safe3_fp16", "online2_fp16",
+                             "int8", "uint8"}) {
+      const SoftmaxKernel& kernel = *kernels::find_softmax_kernel(name);
+      for (const inputs::RowKind kind : inputs::all_row_kinds) {
+        const Matrix logits = rows_of({inputs::make_row(kind, 1000, *kernel.input, 3)});
+        const auto evaluation = metrics::evaluate_softmax(kernel, logits, 1.0);
+        EXPECT_TRUE(evaluation.comparison.passed())
+            << name << " on " << targets.back() << ", " << inputs::row_kind_name(kind) << ": "
+            << evaluation.comparison.worst.describe();
+      }
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
