@@ -16,6 +16,7 @@
 #include "core/random.hpp"
 #include "formats/storage.hpp"
 #include "inputs/rows.hpp"
+#include "kernels/quantized_softmax.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_kernels.hpp"
 #include "metrics/evaluate.hpp"
@@ -222,6 +223,51 @@ TEST(Online2, SegmentExtremesStayWithinTheTable) {
       }
     }
   }
+}
+
+// The quantized kernels follow TFLite's arithmetic exactly: code = lround(table[max - q] * 256 /
+// sum) + zero point, saturated, with table[d] = expf(-d * scale * beta). The tolerance table grants
+// one code (for the tie TFLite's lround breaks away from zero), so it cannot see a kernel that
+// floors instead; this test can. Outputs within 2^-10 of a half code may go either way (the
+// kernel's float sum is kept per SIMD lane); every other output must be exact, on every target.
+TEST(Quantized, FollowsTfLiteRoundingOnEveryTarget) {
+  std::size_t exact = 0;
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    DeterministicRandom random(41);
+    for (const std::size_t n : {1u, 7u, 100u, 1000u}) {
+      for (const float beta : {1.0F, 0.5F}) {
+        std::vector<std::int8_t> codes(n);
+        for (auto& code : codes) code = static_cast<std::int8_t>(static_cast<int>(random.next_u64() % 256) - 128);
+        std::vector<std::int8_t> out8(n);
+        std::vector<std::uint8_t> outu8(n);
+        kernels::softmax_int8(codes.data(), out8.data(), n, beta);
+        kernels::softmax_uint8(codes.data(), outu8.data(), n, beta);
+        const std::int8_t largest = *std::max_element(codes.begin(), codes.end());
+        const auto table = [&](std::size_t i) {
+          return std::exp(-static_cast<float>(largest - codes[i]) * kernels::quantized_input_scale * beta);
+        };
+        double sum = 0;
+        for (std::size_t i = 0; i < n; ++i) sum += table(i);
+        for (std::size_t i = 0; i < n; ++i) {
+          const double scaled = table(i) * 256.0 / sum;
+          const double fraction = scaled - std::floor(scaled);
+          const long nearest = std::lround(scaled);
+          const std::string where = std::string(hwy::TargetName(target)) + " n=" + std::to_string(n) +
+                                    " beta=" + std::to_string(beta) + " index " + std::to_string(i);
+          if (std::fabs(fraction - 0.5) > 0x1p-10) {
+            ASSERT_EQ(out8[i], std::clamp(nearest - 128, -128L, 127L)) << where << " scaled " << scaled;
+            ASSERT_EQ(outu8[i], std::clamp(nearest, 0L, 255L)) << where << " scaled " << scaled;
+            ++exact;
+          } else {
+            ASSERT_LE(std::abs(out8[i] + 128 - nearest), 1) << where;
+          }
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_GT(exact, 5000u);
 }
 
 TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
