@@ -146,16 +146,16 @@ int main(int argc, char** argv) {
   int threads = 1;
   std::string out = "max_retrieval";
   bool check = false;
-  app.add_option("--steps", steps, "Training steps (batch 128, 16 items)");
-  app.add_option("--seeds", evaluation_seeds, "Evaluation seeds per size");
-  app.add_option("--samples", samples, "Sets per size and seed");
-  app.add_option("--max-size", max_size, "Largest set size (powers of two from 16)");
+  app.add_option("--steps", steps, "Training steps (batch 128, 16 items)")->check(CLI::NonNegativeNumber);
+  app.add_option("--seeds", evaluation_seeds, "Evaluation seeds per size")->check(CLI::Range(1, 1000));
+  app.add_option("--samples", samples, "Sets per size and seed")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-size", max_size, "Largest set size (powers of two from 16)")->check(CLI::Range(16, 1 << 20));
   app.add_option("--training-seed", training_seed, "Seed of the model's initialisation and data");
   app.add_option("--out", out, "Output directory");
-  app.add_option("--threads", threads, "Torch threads")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "Torch threads")->check(CLI::Range(1, 1024));
   app.add_flag("--check", check,
                "Exit 1 unless accuracy at 16 is well above chance, falls with n, and no coefficient exceeds "
-               "Lemma 2.1's bound at its row's spread");
+               "Lemma 2.1's bound at its row's spread, and the folded head's logits equal the model's");
   CLI11_PARSE(app, argc, argv);
   torch::manual_seed(training_seed);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines appear as they happen, also in a pipe
