@@ -98,16 +98,20 @@ constexpr Input masked_logit() {
   }
 }
 
+// -e for a negative temperature; a -inf logit is a masked entry whatever the temperature's sign:
+// it stays -inf.
+HWY_INLINE FloatVector negate_keeping_masked(FloatVector x) {
+  const FloatVector masked = hn::Set(FloatTag(), negative_infinity);
+  return hn::IfThenElse(hn::Eq(x, masked), masked, hn::Neg(x));
+}
+
 // Calls body(vector_of_signed_logits, index, lanes_valid) over the row; the tail is padded with
 // -inf, which every core treats as a masked entry (exp gives 0, max ignores it).
 template <class Input, typename Body>
 HWY_INLINE void for_each_vector(const Input* logits, std::size_t n, float sign, Body&& body) {
   const FloatTag tag;
   const std::size_t lanes = hn::Lanes(tag);
-  const FloatVector signs = hn::Set(tag, sign);
-  const FloatVector masked = hn::Set(tag, negative_infinity);
-  // A -inf logit is a masked entry whatever the sign of the temperature: it stays -inf.
-  const auto signed_logits = [&](FloatVector x) { return hn::IfThenElse(hn::Eq(x, masked), masked, hn::Mul(x, signs)); };
+  const auto signed_logits = [sign](FloatVector x) { return sign < 0 ? negate_keeping_masked(x) : x; };
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) body(signed_logits(load_logits(logits + i)), i, lanes);
   if (i < n) {
@@ -192,15 +196,6 @@ HWY_INLINE float exp_and_sum(const Input* logits, float* out, std::size_t n, flo
   return hn::GetLane(hn::SumOfLanes(tag, all));
 }
 
-HWY_INLINE void multiply_row(float* out, std::size_t n, float factor) {
-  const FloatTag tag;
-  const std::size_t lanes = hn::Lanes(tag);
-  const FloatVector factors = hn::Set(tag, factor);
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(hn::LoadU(tag, out + i), factors), tag, out + i);
-  for (; i < n; ++i) out[i] *= factor;
-}
-
 // scale = 0 (theta = inf): every unmasked logit's argument is 0, so the row is uniform over them.
 // Said separately because the cores' arguments would be -inf * 0 = NaN on masked entries.
 template <class Input, class Output>
@@ -239,7 +234,7 @@ void Naive(const float* logits, float* out, std::size_t n, float scale) {
     sum = hn::Add(sum, w);
     store_partial(w, out + i, valid);
   });
-  multiply_row(out, n, 1.0F / hn::GetLane(hn::SumOfLanes(tag, sum)));
+  normalise(out, out, n, hn::Set(tag, 1.0F / hn::GetLane(hn::SumOfLanes(tag, sum))));
 }
 
 // One pass over tiles of 4 vectors keeps one running max (of the row so far) and a sum rescaled
@@ -251,11 +246,10 @@ void Naive(const float* logits, float* out, std::size_t n, float scale) {
 template <bool kNegate, class Input>
 HWY_INLINE FloatVector load_signed(const Input* p) {
   const FloatVector x = load_logits(p);
-  if constexpr (!kNegate) {
+  if constexpr (kNegate) {
+    return negate_keeping_masked(x);
+  } else {
     return x;
-  } else {  // a -inf logit is a masked entry whatever the temperature's sign: it stays -inf
-    const FloatVector masked = hn::Set(FloatTag(), negative_infinity);
-    return hn::IfThenElse(hn::Eq(x, masked), masked, hn::Neg(x));
   }
 }
 
@@ -399,7 +393,7 @@ void Blocked(const float* logits, float* out, std::size_t n, float scale, std::s
   for (std::size_t t = 0; t < tile_max.size(); ++t) {
     const std::size_t start = t * tile;
     const float factor = tile_max[t] == negative_infinity ? 0.0F : std::exp((tile_max[t] - shift) * magnitude) / sum;
-    multiply_row(out + start, std::min(tile, n - start), factor);
+    normalise(out + start, out + start, std::min(tile, n - start), hn::Set(FloatTag(), factor));
   }
 }
 
@@ -424,15 +418,9 @@ void WidenFp16(const Float16* in, float* out, std::size_t n) { WidenRow(in, out,
 void NarrowToFp16(const float* in, Float16* out, std::size_t n) { NarrowRow(in, out, n); }
 
 void ExpOfNonpositiveRow(const float* in, float* out, std::size_t n, const ExpPolynomial& polynomial) {
-  const FloatTag tag;
-  const std::size_t lanes = hn::Lanes(tag);
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) hn::StoreU(ExpOfNonpositive(tag, hn::LoadU(tag, in + i), polynomial), tag, out + i);
-  if (i < n) {
-    HWY_ALIGN float padded[max_lanes] = {};
-    std::copy(in + i, in + n, padded);
-    store_partial(ExpOfNonpositive(tag, hn::Load(tag, padded), polynomial), out + i, n - i);
-  }
+  for_each_vector(in, n, 1.0F, [&](FloatVector x, std::size_t i, std::size_t valid) {
+    store_partial(ExpOfNonpositive(FloatTag(), x, polynomial), out + i, valid);
+  });
 }
 
 }  // namespace sharpcheck::kernels::HWY_NAMESPACE
