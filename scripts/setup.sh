@@ -5,13 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every package CMakeLists.txt, a test or a CI step uses. Recommended packages are not installed
+# (--no-install-recommends), so what a package only recommends but our build needs is listed too:
+# Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED), which libdnnl-dev merely
+# recommends (ocl-icd-opencl-dev).
 packages=(
-  g++ cmake make pkg-config
+  g++ cmake make pkg-config git
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libz3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libhwy-dev libflint-arb-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev libdnnl-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libdnnl-dev ocl-icd-opencl-dev
   libtorch-dev libopenblas0-pthread
+  clang clang-format clang-tidy
 )
 
 missing=()
