@@ -2,8 +2,17 @@
 # Installs every Debian 12 package sharpcheck needs (skipping those already installed; apt-get
 # update runs only when something is missing), then configures and builds into ./build.
 # Usage: bash scripts/setup.sh            (from the repository root; run as root or with sudo)
+#        bash scripts/setup.sh --tests    also builds the sanitized (ASan/UBSan) copies of the core
+#                                         suites that ctest runs (build/sanitized)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) build_tests=1 ;;
+    *) echo "usage: scripts/setup.sh [--tests]" >&2; exit 2 ;;
+  esac
+done
 
 # Every package CMakeLists.txt, a test or a CI step uses. Recommended packages are not installed
 # (--no-install-recommends), so what a package only recommends but our build needs is listed too:
@@ -37,3 +46,7 @@ fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE="${SHARPCHECK_BUILD_TYPE:-RelWithDebInfo}" > build-configure.log 2>&1 ||
   { cat build-configure.log; exit 1; }
 cmake --build build -j"$(nproc)"
+if ((build_tests)); then
+  echo "setup: building the sanitized core suites (build/sanitized)"
+  cmake --build build --target sanitized_suites > build-sanitized.log 2>&1 || { tail -50 build-sanitized.log; exit 1; }
+fi
