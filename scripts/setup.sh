@@ -17,7 +17,8 @@ done
 # Every package CMakeLists.txt, a test or a CI step uses. Recommended packages are not installed
 # (--no-install-recommends), so what a package only recommends but our build needs is listed too:
 # Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED), which libdnnl-dev merely
-# recommends (ocl-icd-opencl-dev).
+# recommends (ocl-icd-opencl-dev), and clang's libFuzzer and sanitizer runtimes, which clang
+# merely recommends (libclang-rt-14-dev).
 packages=(
   g++ cmake make pkg-config git
   libboost-dev libmpfr-dev libgmp-dev
@@ -26,7 +27,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libdnnl-dev ocl-icd-opencl-dev
   libtorch-dev libopenblas0-pthread
-  clang clang-format clang-tidy
+  clang libclang-rt-14-dev clang-format clang-tidy
 )
 
 missing=()
