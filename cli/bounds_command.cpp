@@ -5,7 +5,9 @@
 
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
-#include "cli/gate.hpp"
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.hpp"
 #include "core/errors.hpp"
 #include "io/npy.hpp"
 
@@ -88,7 +90,7 @@ int run_bounds(const BoundsSettings& s) {
                 result.actual_spread.lower, result.actual_spread.upper,
                 result.bound / std::max(result.actual_spread.upper, 1e-300), result.certificate.c_str());
   }
-  if (!s.json_path.empty()) write_atomically(s.json_path, report.dump(1) + "\n");
+  if (!s.json_path.empty()) io::write_file_atomically(s.json_path, report.dump(1) + "\n");
   return exit_pass;
 }
 

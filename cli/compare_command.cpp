@@ -4,8 +4,10 @@
 #include <filesystem>
 
 #include "cli/commands.hpp"
-#include "cli/gate.hpp"
+#include "gate/report.hpp"
+#include "io/atomic_file.hpp"
 #include "core/errors.hpp"
+#include "core/text.hpp"
 #include "io/npy.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
@@ -25,9 +27,18 @@ struct CompareSettings {
 
 // A matrix of values of `format`: bf16 may come as uint16 bit patterns; anything else must hold
 // values of the format already.
+// An array with no element cannot be judged: refused, never a vacuous pass.
+void require_elements(const Matrix& matrix, const std::string& path) {
+  if (matrix.values.empty()) {
+    throw InputError(InputProblem::empty_input, "compare: " + path + " holds no element (shape " +
+                                                    std::to_string(matrix.rows) + "x" + std::to_string(matrix.cols) + ")");
+  }
+}
+
 Matrix values_in_format(const std::string& path, const FloatFormat& format) {
   const io::NpyArray array = io::read_npy(path);
   Matrix matrix = io::as_matrix(array, path);
+  require_elements(matrix, path);
   if (array.type == io::NpyType::uint16) {
     if (!(format == bf16)) throw InputError(InputProblem::out_of_range, path + ": uint16 data is read as bf16 bits only");
     for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);
@@ -44,12 +55,32 @@ Matrix values_in_format(const std::string& path, const FloatFormat& format) {
 
 Matrix exact_values(const std::string& path) {
   const io::NpyArray array = io::read_npy(path);
+  Matrix matrix = io::as_matrix(array, path);
+  require_elements(matrix, path);
   if (array.type == io::NpyType::uint16) {
-    Matrix matrix = io::as_matrix(array, path);
     for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);  // bf16 bits
-    return matrix;
   }
-  return io::as_matrix(array, path);
+  return matrix;
+}
+
+// The command that reruns this comparison (what a report's "rerun" says).
+std::string rerun_command(const CompareSettings& s) {
+  std::string command = "sharpcheck compare";
+  const auto add = [&](const char* option, const std::string& value) {
+    if (!value.empty()) command += std::string(" ") + option + " " + value;
+  };
+  add("--logits", s.logits);
+  add("--probs", s.probabilities);
+  add("--q", s.q);
+  add("--k", s.k);
+  add("--v", s.v);
+  add("--out", s.out);
+  add("--format", s.format);
+  add("--theta", hex_float(s.theta));
+  if (s.causal) command += " --causal";
+  add("--tolerance-of", s.tolerance_entry);
+  add("--budget", s.budget_path);
+  return command;
 }
 
 void require_same_shape(const Matrix& a, const Matrix& b, const std::string& what) {
@@ -72,7 +103,7 @@ int run_compare(const CompareSettings& settings) {
   if (attention == !settings.logits.empty()) {
     throw InputError(InputProblem::out_of_range, "compare: give either --logits and --probs, or --q --k --v --out");
   }
-  CaseOutcome outcome;
+  gate::CaseOutcome outcome;
   outcome.format = std::string(format.name);
   outcome.gate_case.input = "npy";
   if (!attention) {
@@ -116,7 +147,7 @@ int run_compare(const CompareSettings& settings) {
                                " violations; worst " + outcome.comparison.worst.describe());
   }
   if (!settings.budget_path.empty()) {
-    apply_budget(outcome, read_json_file(settings.budget_path, "budget"));
+    gate::apply_budget(outcome, gate::read_budget(settings.budget_path));
   }
   const auto& c = outcome.comparison;
   std::printf("%s: %zu elements in %s, max %llu ulp, mean %.3g ulp, bound ratio %.3g, max |sum - 1| %.3g, %zu false "
@@ -127,9 +158,13 @@ int run_compare(const CompareSettings& settings) {
   std::printf("worst: %s\n", c.worst.describe().c_str());
   for (const auto& failure : outcome.failures) std::printf("FAIL %s\n", failure.c_str());
   std::printf("%s\n", outcome.passed() ? "pass" : "FAIL");
-  const std::vector<nlohmann::json> cases{to_json(outcome)};
-  if (!settings.json_path.empty()) write_atomically(settings.json_path, nlohmann::json{{"cases", cases}}.dump(1) + "\n");
-  if (!settings.junit_path.empty()) write_atomically(settings.junit_path, junit_xml(cases));
+  nlohmann::json record = gate::to_json(outcome);
+  record["rerun"] = to_valid_utf8(rerun_command(settings));
+  const std::vector<nlohmann::json> cases{record};
+  if (!settings.json_path.empty()) {
+    io::write_file_atomically(settings.json_path, nlohmann::json{{"cases", cases}}.dump(1) + "\n");
+  }
+  if (!settings.junit_path.empty()) io::write_file_atomically(settings.junit_path, gate::junit_xml(cases, {}));
   return outcome.passed() ? exit_pass : exit_failure;
 }
 

@@ -32,11 +32,7 @@ int main(int argc, char** argv) {
       if (code >= 0) return code;
     }
     return sharpcheck::cli::exit_input_error;
-  } catch (const sharpcheck::InputError& error) {
-    std::cerr << "sharpcheck: input error: " << error.what() << "\n";
-    return sharpcheck::cli::exit_input_error;
-  } catch (const std::exception& error) {
-    std::cerr << "sharpcheck: error: " << error.what() << "\n";
-    return sharpcheck::cli::exit_input_error;
+  } catch (...) {
+    return sharpcheck::cli::report_error(std::current_exception());
   }
 }

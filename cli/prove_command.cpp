@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "io/atomic_file.hpp"
 #include "proofs/runner.hpp"
 
 namespace sharpcheck::cli {
@@ -64,9 +65,9 @@ int run_prove(const ProveSettings& settings) {
   }
   std::printf("\n%d passed, %d failed\n", checked - failures, failures);
   if (!settings.json_path.empty()) {
-    std::ofstream out(settings.json_path);
-    out << nlohmann::json{{"obligations", reports}, {"passed", checked - failures}, {"failed", failures}}.dump(2)
-        << "\n";
+    io::write_file_atomically(
+        settings.json_path,
+        nlohmann::json{{"obligations", reports}, {"passed", checked - failures}, {"failed", failures}}.dump(2) + "\n");
   }
   return failures == 0 && checked > 0 ? exit_pass : exit_failure;
 }

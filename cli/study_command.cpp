@@ -13,7 +13,7 @@
 
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
-#include "cli/gate.hpp"
+#include "io/atomic_file.hpp"
 #include "core/errors.hpp"
 #include "inputs/rows.hpp"
 #include "io/svg_plot.hpp"
@@ -51,13 +51,13 @@ void write_png_copies(const StudySettings& s) {
   }
   for (const double delta : s.spreads) {
     const std::string name = s.out + "/dispersion_delta_" + spread_text(delta);
-    std::ofstream script(name + ".gp");
+    io::OutputFile script(name + ".gp");
     script << "set terminal pngcairo size 900,560\nset output '" << name << ".png'\nset datafile separator ','\n"
            << "set logscale xy\nset xlabel 'n'\nset ylabel 'largest coefficient'\n"
            << "set title 'Largest coefficient, spread " << spread_text(delta) << "'\n"
            << "plot '" << s.out << "/dispersion.csv' using ($1==" << delta << " ? $2 : 1/0):3 with lines title "
            << "'Lemma 2.1', '' using ($1==" << delta << " ? $2 : 1/0):4 with lines title 'tight bound'\n";
-    script.close();
+    script.commit();
     if (std::system(("gnuplot '" + name + ".gp'").c_str()) != 0) std::printf("gnuplot failed on %s.gp\n", name.c_str());
   }
 }
@@ -81,10 +81,10 @@ int run_dispersion_preset(const StudySettings& s) {
   for (const std::size_t n : s.sizes) settings.sizes.push_back(n);
   settings.threads = s.threads;
   const studies::DispersionStudy study = studies::run_dispersion_study(settings);
-  std::filesystem::create_directories(s.out);
+  io::make_writable_directory(s.out);
   const std::uint64_t largest_size = study.settings.sizes.back();
 
-  std::ofstream weights(s.out + "/escapes.csv");
+  io::OutputFile weights(s.out + "/escapes.csv");
   weights << "operator,delta,n,lemma_2_1_upper,tight_upper";
   for (const auto* format : studies::study_formats) weights << ",spike_weight_" << format->name;
   weights << "\n";
@@ -96,12 +96,14 @@ int run_dispersion_preset(const StudySettings& s) {
     for (const double w : point.spike_weight) weights << "," << decimal(w);
     weights << "\n";
   }
-  std::ofstream entropy(s.out + "/adaptive_entropy.csv");
+  io::OutputFile entropy(s.out + "/adaptive_entropy.csv");
   entropy << "delta,n,entropy_fp64,beta,corrected\n";
   for (const auto& point : study.entropies) {
     entropy << point.delta << "," << point.n << "," << decimal(point.entropy) << "," << decimal(point.beta) << ","
             << (point.corrected ? 1 : 0) << "\n";
   }
+  weights.commit();
+  entropy.commit();
 
   // The summary: where each operator's spike weight falls below 1/2 and 1/10.
   std::ostringstream summary;
@@ -132,7 +134,7 @@ int run_dispersion_preset(const StudySettings& s) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.1f", study.seconds);
   summary << "\nComputed in " << seconds << " s.\n";
-  std::ofstream(s.out + "/summary.md") << summary.str();
+  io::write_file_atomically(s.out + "/summary.md", summary.str());
 
   // One plot per spread: every operator (fp64 values), Lemma 2.1 and the tight bound, and where
   // softmax's spike underflows in each format.
@@ -168,7 +170,7 @@ int run_dispersion_preset(const StudySettings& s) {
         chart.markers.push_back({horizon.lower, "softmax spike 0 in " + std::string(format->name), "#999999"});
       }
     }
-    std::ofstream(s.out + "/escapes_delta_" + spread_text(delta) + ".svg") << io::render_svg(chart);
+    io::write_file_atomically(s.out + "/escapes_delta_" + spread_text(delta) + ".svg", io::render_svg(chart));
   }
   io::Chart entropy_chart{"Adaptive temperature: entropy of the plain row against n", "n", "entropy (nats)", true,
                           false, {}, {}};
@@ -187,7 +189,7 @@ int run_dispersion_preset(const StudySettings& s) {
     }
     entropy_chart.series.push_back(std::move(series));
   }
-  std::ofstream(s.out + "/adaptive_entropy.svg") << io::render_svg(entropy_chart);
+  io::write_file_atomically(s.out + "/adaptive_entropy.svg", io::render_svg(entropy_chart));
   std::printf("dispersion study (%zu points) in %.1f s, written to %s: escapes.csv, adaptive_entropy.csv, summary.md "
               "and SVG plots\n",
               study.points.size(), study.seconds, s.out.c_str());
@@ -202,15 +204,15 @@ int run_study(StudySettings s) {
   if (s.sizes.empty()) {
     for (std::size_t n = 16; n <= 16384; n *= 2) s.sizes.push_back(n);
   }
-  std::filesystem::create_directories(s.out);
+  io::make_writable_directory(s.out);
   const std::vector<const FloatFormat*> formats{&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
 
-  std::ofstream dispersion(s.out + "/dispersion.csv");
+  io::OutputFile dispersion(s.out + "/dispersion.csv");
   dispersion.precision(17);
   dispersion << "delta,n,lemma_2_1_upper,tight_upper";
   for (const auto* format : formats) dispersion << ",largest_in_" << format->name;
   dispersion << "\n";
-  std::ofstream horizons(s.out + "/horizons.csv");
+  io::OutputFile horizons(s.out + "/horizons.csv");
   horizons.precision(17);
   horizons << "format,delta,underflow_horizon_lower,underflow_horizon_upper,accumulation_horizon\n";
   for (const double delta : s.spreads) {
@@ -253,11 +255,11 @@ int run_study(StudySettings s) {
     const auto uint8_horizon = bounds::underflow_horizon(delta, 1.0, 1.0 / 512);
     horizons << "uint8," << delta << "," << uint8_horizon.lower << "," << uint8_horizon.upper << ",\n";
     chart.markers.push_back({uint8_horizon.lower, "uint8 underflows", "#bcbd22"});
-    std::ofstream(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg") << io::render_svg(chart);
+    io::write_file_atomically(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg", io::render_svg(chart));
   }
 
   // Kernel error against n: four random normal rows per size.
-  std::ofstream errors(s.out + "/kernel_error.csv");
+  io::OutputFile errors(s.out + "/kernel_error.csv");
   errors.precision(17);
   errors << "kernel,format,n,max_ulps,mean_ulps,max_bound_ratio\n";
   io::Chart error_chart{"Kernel error against the correctly rounded reference (random normal rows)", "n",
@@ -282,7 +284,10 @@ int run_study(StudySettings s) {
     }
     error_chart.series.push_back(std::move(series));
   }
-  std::ofstream(s.out + "/kernel_error.svg") << io::render_svg(error_chart);
+  errors.commit();
+  dispersion.commit();
+  horizons.commit();
+  io::write_file_atomically(s.out + "/kernel_error.svg", io::render_svg(error_chart));
   std::printf("study written to %s: dispersion.csv, horizons.csv, kernel_error.csv and their SVG plots\n",
               s.out.c_str());
   write_png_copies(s);

@@ -37,4 +37,30 @@ class UndecidedRounding : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A file could not be read or written (the path and the system's reason are in the message).
+// Distinct from InputError: the input may be fine and the file system at fault.
+class IoError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A plugin's own code crashed, hung or ran out of memory outside a judged case (while it was
+// loaded or described): the documented exit code is the crash code, 3.
+class PluginCrash : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// SIGINT or SIGTERM arrived (core/interrupt.hpp): the command stops, writes what it has and exits
+// 128 + the signal.
+class Interrupted : public std::runtime_error {
+ public:
+  explicit Interrupted(int signal_number)
+      : std::runtime_error("interrupted by signal " + std::to_string(signal_number)), signal_(signal_number) {}
+  [[nodiscard]] int signal_number() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 }  // namespace sharpcheck

@@ -1,5 +1,7 @@
 #include "io/npy.hpp"
 
+#include "io/atomic_file.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -212,8 +214,7 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
                        shape_text + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw InputError(InputProblem::out_of_range, path + ": cannot be written");
+  std::ostringstream out(std::ios::binary);
   out.write("\x93NUMPY\x01\x00", 8);
   const auto length = static_cast<std::uint16_t>(header.size());
   const char length_bytes[2] = {static_cast<char>(length & 0xFF), static_cast<char>(length >> 8)};
@@ -245,6 +246,7 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
       }
     }
   }
+  write_file_atomically(path, out.str());
 }
 
 Matrix as_matrix(const NpyArray& array, const std::string& source) {

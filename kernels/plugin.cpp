@@ -1,12 +1,15 @@
 #include "kernels/plugin.hpp"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <utility>
 
 #include "core/child_process.hpp"
 #include "core/errors.hpp"
+#include "core/interrupt.hpp"
+#include "core/text.hpp"
 #include "formats/storage.hpp"
 #include "kernels/plugin_abi.h"
 
@@ -17,6 +20,9 @@ using SoftmaxEntry = int (*)(uint32_t, const void*, void*, size_t, size_t, float
 using AttentionEntry = int (*)(uint32_t, const void*, const void*, const void*, void*, size_t, size_t, size_t, size_t,
                                float, int);
 using InfoEntry = const sharpcheck_plugin_description* (*)();
+
+// A child's exit status when the library or its entry point could not be found there.
+constexpr int load_failure_status = 9;
 
 uint32_t format_code(const FloatFormat& format) {
   if (format == fp32) return SHARPCHECK_FP32;
@@ -93,30 +99,91 @@ std::pair<std::string, int> call_attention(AttentionEntry attention, const Float
 }
 
 // What a child's ending means for a plugin call whose answer is `expected_values` doubles.
-PluginRun interpret(const ChildOutcome& child, std::size_t expected_values, std::size_t rows, std::size_t cols,
-                    double timeout_seconds, const char* entry) {
+PluginRun interpret(const ChildOutcome& child, const ChildLimits& limits, std::size_t expected_values,
+                    std::size_t rows, std::size_t cols, const char* entry) {
   const std::size_t expected = expected_values * sizeof(double);
+  const auto failed = [&](PluginRun::Status status, std::string detail) {
+    return PluginRun{status, std::move(detail), {}, child.console};
+  };
   switch (child.ending) {
-    case ChildOutcome::Ending::could_not_start:
-      return {PluginRun::Status::returned_error, "could not start a child process", {}};
-    case ChildOutcome::Ending::timed_out:
-      return {PluginRun::Status::hung, "no answer within " + std::to_string(timeout_seconds) + " s (killed)", {}};
-    case ChildOutcome::Ending::killed_by_signal:
-      return {PluginRun::Status::crashed, "killed by " + child.signal, {}};
+    case ChildOutcome::Ending::could_not_start: return failed(PluginRun::Status::returned_error, describe_ending(child, limits));
+    case ChildOutcome::Ending::timed_out: return failed(PluginRun::Status::hung, describe_ending(child, limits));
+    case ChildOutcome::Ending::killed_by_signal: return failed(PluginRun::Status::crashed, describe_ending(child, limits));
+    case ChildOutcome::Ending::out_of_memory: return failed(PluginRun::Status::out_of_memory, describe_ending(child, limits));
+    case ChildOutcome::Ending::interrupted: return failed(PluginRun::Status::interrupted, describe_ending(child, limits));
     case ChildOutcome::Ending::exited: break;
   }
+  if (child.exit_code == load_failure_status) {
+    return failed(PluginRun::Status::crashed, "could not be loaded in the child: " + child.output);
+  }
   if (child.exit_code >= 10) {
-    return {PluginRun::Status::returned_error, std::string(entry) + " returned " + std::to_string(child.exit_code - 10), {}};
+    return failed(PluginRun::Status::returned_error, std::string(entry) + " returned " + std::to_string(child.exit_code - 10));
   }
   if (child.exit_code != 0 || child.output.size() != expected) {
-    return {PluginRun::Status::crashed, "the child exited (status " + std::to_string(child.exit_code) +
-                                            ") without its output (" + std::to_string(child.output.size()) + " of " +
-                                            std::to_string(expected) + " bytes)", {}};
+    return failed(PluginRun::Status::crashed, "the child exited (status " + std::to_string(child.exit_code) +
+                                                  ") without its output (" + std::to_string(child.output.size()) +
+                                                  " of " + std::to_string(expected) + " bytes)");
   }
   PluginRun run;
   run.out = Matrix(rows, cols);
   std::memcpy(run.out.values.data(), child.output.data(), expected);
+  run.console = child.console;
   return run;
+}
+
+// In a child: opens the library and finds `symbol`; on failure writes why and exits
+// load_failure_status. Only a child ever runs a plugin's code: its constructors, its info
+// function and its entry points.
+void* symbol_in_child(const std::string& path, const char* symbol) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  const char* problem = handle == nullptr ? dlerror() : nullptr;
+  void* entry = handle != nullptr ? dlsym(handle, symbol) : nullptr;
+  if (entry == nullptr) {
+    const std::string message = problem != nullptr ? std::string(problem) : std::string("no symbol ") + symbol;
+    [[maybe_unused]] const ssize_t ignored = write(STDOUT_FILENO, message.data(), message.size());
+    _exit(load_failure_status);
+  }
+  return entry;
+}
+
+// The child's side of Plugin::open: the description as lines, or "error" and a message.
+std::pair<std::string, int> describe_in_child(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return {"error\ncannot be loaded: " + std::string(dlerror()), 0};
+  auto info_entry = reinterpret_cast<InfoEntry>(dlsym(handle, "sharpcheck_plugin_info"));
+  if (info_entry == nullptr) return {"error\ndoes not export sharpcheck_plugin_info", 0};
+  const sharpcheck_plugin_description* info = info_entry();
+  if (info == nullptr || info->abi_version != SHARPCHECK_PLUGIN_ABI_VERSION) {
+    return {"error\nspeaks ABI version " + (info ? std::to_string(info->abi_version) : std::string("?")) +
+                ", this sharpcheck speaks " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION), 0};
+  }
+  if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
+    return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};
+  }
+  if (info->softmax_formats != 0 && dlsym(handle, "sharpcheck_softmax") == nullptr) {
+    return {"error\ndeclares softmax formats but does not export sharpcheck_softmax", 0};
+  }
+  const auto one_line = [](const char* text, const char* fallback) {
+    std::string line = text != nullptr ? text : fallback;
+    for (char& c : line) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    return line;
+  };
+  return {"ok\n" + one_line(info->name, "unnamed") + "\n" + one_line(info->description, "") + "\n" +
+              std::to_string(info->softmax_formats) + "\n" + std::to_string(info->attention_formats) + "\n",
+          0};
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  for (std::size_t end = text.find('\n'); end != std::string::npos; end = text.find('\n', start)) {
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  if (start < text.size()) lines.push_back(text.substr(start));
+  return lines;
 }
 
 }  // namespace
@@ -127,69 +194,65 @@ const char* plugin_status_name(PluginRun::Status status) {
     case PluginRun::Status::crashed: return "crashed";
     case PluginRun::Status::hung: return "hung";
     case PluginRun::Status::returned_error: return "returned an error";
+    case PluginRun::Status::out_of_memory: return "ran out of memory";
+    case PluginRun::Status::interrupted: return "interrupted";
   }
   return "?";
 }
 
-std::shared_ptr<Plugin> Plugin::open(const std::string& path) {
+std::shared_ptr<Plugin> Plugin::open(const std::string& path, const ChildLimits& limits) {
+  if (path.empty()) throw InputError(InputProblem::out_of_range, "plugin: the path is empty");
   std::shared_ptr<Plugin> plugin(new Plugin());
   plugin->path_ = path;
-  plugin->handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (plugin->handle_ == nullptr) {
-    throw InputError(InputProblem::out_of_range, "plugin " + path + " cannot be loaded: " + dlerror());
+  plugin->limits_ = limits;
+  const std::string shown = to_valid_utf8(path);
+  const ChildOutcome child = run_in_child([&] { return describe_in_child(path); }, limits);
+  if (child.ending == ChildOutcome::Ending::interrupted) throw Interrupted(interrupt_signal());
+  if (child.ending != ChildOutcome::Ending::exited || child.exit_code != 0) {
+    throw PluginCrash("plugin " + shown + " failed while being loaded and described: " +
+                      describe_ending(child, limits) + (child.console.empty() ? "" : "; it printed: " + child.console));
   }
-  auto info_entry = reinterpret_cast<InfoEntry>(dlsym(plugin->handle_, "sharpcheck_plugin_info"));
-  if (info_entry == nullptr) {
-    throw InputError(InputProblem::out_of_range, "plugin " + path + " does not export sharpcheck_plugin_info");
+  const auto lines = split_lines(child.output);
+  if (lines.size() >= 2 && lines[0] == "error") {
+    throw InputError(InputProblem::out_of_range, "plugin " + shown + " " + to_valid_utf8(lines[1]));
   }
-  const sharpcheck_plugin_description* info = info_entry();
-  if (info == nullptr || info->abi_version != SHARPCHECK_PLUGIN_ABI_VERSION) {
-    throw InputError(InputProblem::out_of_range,
-                     "plugin " + path + " speaks ABI version " + (info ? std::to_string(info->abi_version) : "?") +
-                         ", this sharpcheck speaks " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION));
+  if (lines.size() != 5 || lines[0] != "ok") {
+    throw PluginCrash("plugin " + shown + ": its description could not be read");
   }
-  plugin->name_ = info->name != nullptr ? info->name : "unnamed";
-  plugin->description_ = info->description != nullptr ? info->description : "";
+  plugin->name_ = to_valid_utf8(lines[1]);
+  plugin->description_ = to_valid_utf8(lines[2]);
+  const auto softmax_bits = std::stoul(lines[3]);
+  const auto attention_bits = std::stoul(lines[4]);
   for (const auto& [bit, format] : {std::pair{SHARPCHECK_FP32, &fp32}, std::pair{SHARPCHECK_BF16, &bf16},
                                     std::pair{SHARPCHECK_FP16, &fp16}}) {
-    if ((info->softmax_formats & bit) != 0) plugin->softmax_formats_.push_back(format);
-    if ((info->attention_formats & bit) != 0) plugin->attention_formats_.push_back(format);
+    if ((softmax_bits & bit) != 0) plugin->softmax_formats_.push_back(format);
+    if ((attention_bits & bit) != 0) plugin->attention_formats_.push_back(format);
   }
-  if (!plugin->attention_formats_.empty()) {
-    plugin->attention_ = dlsym(plugin->handle_, "sharpcheck_attention");
-    if (plugin->attention_ == nullptr) {
-      throw InputError(InputProblem::out_of_range,
-                       "plugin " + path + " declares attention formats but does not export sharpcheck_attention");
-    }
-  }
-  if (!plugin->softmax_formats_.empty()) {
-    plugin->softmax_ = dlsym(plugin->handle_, "sharpcheck_softmax");
-    if (plugin->softmax_ == nullptr) {
-      throw InputError(InputProblem::out_of_range,
-                       "plugin " + path + " declares softmax formats but does not export sharpcheck_softmax");
-    }
+  if (plugin->softmax_formats_.empty() && plugin->attention_formats_.empty()) {
+    throw InputError(InputProblem::empty_input, "plugin " + shown + " declares no softmax or attention format: nothing to judge");
   }
   return plugin;
 }
 
-Plugin::~Plugin() {
-  if (handle_ != nullptr) dlclose(handle_);
-}
-
-PluginRun Plugin::run_softmax(const FloatFormat& format, const Matrix& logits, float scale,
-                              double timeout_seconds) const {
-  const auto entry = reinterpret_cast<SoftmaxEntry>(softmax_);
-  const ChildOutcome child =
-      run_in_child([&] { return call_plugin(entry, format, logits, scale); }, timeout_seconds);
-  return interpret(child, logits.values.size(), logits.rows, logits.cols, timeout_seconds, "sharpcheck_softmax");
+PluginRun Plugin::run_softmax(const FloatFormat& format, const Matrix& logits, float scale) const {
+  const ChildOutcome child = run_in_child(
+      [&] {
+        const auto entry = reinterpret_cast<SoftmaxEntry>(symbol_in_child(path_, "sharpcheck_softmax"));
+        return call_plugin(entry, format, logits, scale);
+      },
+      limits_);
+  return interpret(child, limits_, logits.values.size(), logits.rows, logits.cols, "sharpcheck_softmax");
 }
 
 PluginRun Plugin::run_attention(const FloatFormat& format, const Matrix& q, const Matrix& k, const Matrix& v,
-                                float scale, bool causal, double timeout_seconds) const {
-  const auto entry = reinterpret_cast<AttentionEntry>(attention_);
-  const ChildOutcome child =
-      run_in_child([&] { return call_attention(entry, format, q, k, v, scale, causal); }, timeout_seconds);
-  return interpret(child, q.rows * v.cols, q.rows, v.cols, timeout_seconds, "sharpcheck_attention");
+                                float scale, bool causal) const {
+  const ChildOutcome child = run_in_child(
+      [&] {
+        const auto entry = reinterpret_cast<AttentionEntry>(symbol_in_child(path_, "sharpcheck_attention"));
+        return call_attention(entry, format, q, k, v, scale, causal);
+      },
+      limits_);
+  return interpret(child, limits_, q.rows * v.cols, q.rows, v.cols, "sharpcheck_attention");
 }
 
 }  // namespace sharpcheck::kernels

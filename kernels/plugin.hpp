@@ -1,29 +1,34 @@
-// Loads a kernel plugin (kernels/plugin_abi.h) and runs its softmax in a child process with a
-// time limit, so that a crash or a hang is reported, not suffered.
+// A kernel plugin (kernels/plugin_abi.h), judged without ever running its code in the caller:
+// loading, describing and every call happen in a child process (its own process group) under a
+// time and memory limit, so a crash, hang, fork or runaway allocation is reported, not suffered.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/child_process.hpp"
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
 
 namespace sharpcheck::kernels {
 
 struct PluginRun {
-  enum class Status { ok, crashed, hung, returned_error };
+  enum class Status { ok, crashed, hung, returned_error, out_of_memory, interrupted };
   Status status = Status::ok;
   std::string detail;  // the signal, the time limit, or the return code
   Matrix out;
+  std::string console;  // what the plugin printed (stdout and stderr), kept out of the gate's table
 };
 [[nodiscard]] const char* plugin_status_name(PluginRun::Status status);
 
 class Plugin {
  public:
-  // Throws InputError naming the path: cannot be loaded, missing symbols, wrong ABI version.
-  static std::shared_ptr<Plugin> open(const std::string& path);
-  ~Plugin();
+  // Loads and describes the plugin in a child under `limits`. Throws InputError naming the path
+  // (cannot be loaded, missing symbols, wrong ABI version, no formats declared), PluginCrash when
+  // the plugin's own code crashed, hung or ran out of memory there, Interrupted on a signal.
+  static std::shared_ptr<Plugin> open(const std::string& path, const ChildLimits& limits);
+  ~Plugin() = default;
   Plugin(const Plugin&) = delete;
   Plugin& operator=(const Plugin&) = delete;
 
@@ -34,19 +39,16 @@ class Plugin {
   [[nodiscard]] const std::vector<const FloatFormat*>& softmax_formats() const { return softmax_formats_; }
   [[nodiscard]] const std::vector<const FloatFormat*>& attention_formats() const { return attention_formats_; }
 
-  // Runs the plugin's softmax on rows of logits (values of `format`) in a forked child; waits at
-  // most timeout_seconds.
-  [[nodiscard]] PluginRun run_softmax(const FloatFormat& format, const Matrix& logits, float scale,
-                                      double timeout_seconds) const;
+  // Runs the plugin's softmax on rows of logits (values of `format`) in a forked child under the
+  // limits given to open().
+  [[nodiscard]] PluginRun run_softmax(const FloatFormat& format, const Matrix& logits, float scale) const;
   // The same for attention: q (m x d), k (n x d), v (n x dv), values of `format`.
   [[nodiscard]] PluginRun run_attention(const FloatFormat& format, const Matrix& q, const Matrix& k, const Matrix& v,
-                                        float scale, bool causal, double timeout_seconds) const;
+                                        float scale, bool causal) const;
 
  private:
   Plugin() = default;
-  void* handle_ = nullptr;
-  void* softmax_ = nullptr;
-  void* attention_ = nullptr;
+  ChildLimits limits_;
   std::string path_, name_, description_;
   std::vector<const FloatFormat*> softmax_formats_;
   std::vector<const FloatFormat*> attention_formats_;

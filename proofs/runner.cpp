@@ -47,6 +47,9 @@ CheckOutcome check_in_child(const Obligation& obligation, Mode mode, const RunOp
       return {Verdict::unknown, "timed out after " + std::to_string(options.timeout_ms) + " ms", seconds};
     case ChildOutcome::Ending::killed_by_signal:
       return {Verdict::unknown, "solver process died: " + child.signal, seconds};
+    case ChildOutcome::Ending::out_of_memory:
+    case ChildOutcome::Ending::interrupted:
+      return {Verdict::unknown, "solver process " + describe_ending(child, {}), seconds};
     case ChildOutcome::Ending::exited: break;
   }
   const std::string& answer = child.output;

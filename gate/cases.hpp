@@ -1,11 +1,10 @@
-// The CI gate: runs kernels over a sweep of cases, judges each case by the tolerance table (and
-// optionally a budget and a baseline), and reports as a table, JSON and JUnit XML.
+// The gate's cases: what a sweep is made of (a kernel on one generated input), how a sweep is
+// planned, and how one case is run and judged by the tolerance table. The CLI and the Python
+// module both plan and run sweeps through this library (gate/sweep.hpp).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,7 +12,7 @@
 #include "metrics/comparison.hpp"
 #include "reference/exact_rounding.hpp"
 
-namespace sharpcheck::cli {
+namespace sharpcheck::gate {
 
 // One case of the sweep: a kernel on one generated input.
 struct GateCase {
@@ -36,14 +35,16 @@ struct CaseOutcome {
   reference::ZivStatistics reference_statistics;
   double seconds = 0;
   std::vector<std::string> failures;  // tolerance, budget and baseline findings; empty = pass
-  bool crashed = false;               // the kernel crashed, hung or returned an error
+  bool crashed = false;               // the kernel crashed, hung, ran out of memory or returned an error
   std::string reproducer;             // for a crash: the .npy file holding its input
+  std::string console;                // for a plugin: what it printed
+  bool interrupted = false;           // a signal stopped the case: it has no result and is not reported
   [[nodiscard]] bool passed() const { return failures.empty(); }
 };
 
 struct GateSettings {
   std::vector<std::string> kernels{"all"};
-  std::vector<std::size_t> sizes;  // default: 16 to 16,384 in powers of two
+  std::vector<std::size_t> sizes;  // default: 16 to 16,384 in powers of two; no zeros, no repeats
   std::uint64_t seed = 20241008;   // the base seed; each case derives its own from it and its id
   std::string only_case;           // --case: run just this case id
   std::size_t shard_index = 0;
@@ -52,34 +53,16 @@ struct GateSettings {
   bool update_baseline = false;
   bool explicit_kernels = false;  // kernels were named: broken kernels are judged plainly
   std::shared_ptr<kernels::Plugin> plugin;  // --plugin: its cases join the sweep
-  double plugin_timeout_seconds = 10;
   std::string reproducer_directory = "sharpcheck-reproducers";
   unsigned threads = 0;  // 0: every core; plugin runs use one (they fork)
+  [[nodiscard]] bool whole_sweep() const { return shard_count == 1 && only_case.empty(); }
 };
 
 // The cases of a sweep, in a fixed order (so shards partition it the same way on every machine).
+// InputError for an unknown kernel or case id, a size of 0, or a sweep with no cases.
 [[nodiscard]] std::vector<GateCase> plan_cases(const GateSettings& settings);
 
 // Runs one case and judges it by the tolerance table.
 [[nodiscard]] CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings);
 
-// Applies the budget file (max_ulps / max_bound_ratio per kernel) and the baseline (per case).
-void apply_budget(CaseOutcome& outcome, const nlohmann::json& budget);
-void apply_baseline(CaseOutcome& outcome, const nlohmann::json& baseline);
-
-[[nodiscard]] nlohmann::json to_json(const CaseOutcome& outcome);
-// Joins shard reports into the report of the whole sweep (cases in sweep order).
-[[nodiscard]] nlohmann::json merge_reports(const std::vector<nlohmann::json>& reports);
-[[nodiscard]] nlohmann::json baseline_of(const std::vector<nlohmann::json>& cases);
-[[nodiscard]] std::string junit_xml(const std::vector<nlohmann::json>& cases);
-// Reads a JSON file; InputError naming the file (and `what` it is) when unreadable or malformed.
-[[nodiscard]] nlohmann::json read_json_file(const std::string& path, const char* what);
-// Writes text to path through a temporary file and a rename, so a reader never sees half a file.
-void write_atomically(const std::string& path, const std::string& text);
-
-// The verdict of a case under --kernel all: a broken kernel that fails is an expected failure.
-enum class Verdict { pass, fail, expected_failure, unexpected_pass };
-[[nodiscard]] Verdict verdict_of(const nlohmann::json& case_json, bool explicit_kernels);
-[[nodiscard]] const char* verdict_name(Verdict verdict);
-
-}  // namespace sharpcheck::cli
+}  // namespace sharpcheck::gate

@@ -1,0 +1,122 @@
+// Planning a sweep: every (kernel, input, size) case in a fixed order, then the shard's share.
+#include <algorithm>
+
+#include "core/errors.hpp"
+#include "gate/cases.hpp"
+#include "gate/case_inputs.hpp"
+#include "inputs/rows.hpp"
+#include "kernels/registry.hpp"
+
+namespace sharpcheck::gate {
+namespace {
+
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char c : text) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+std::vector<std::size_t> sweep_sizes(const GateSettings& settings) {
+  std::vector<std::size_t> sizes;
+  for (const std::size_t n : settings.sizes) {
+    if (n == 0) throw InputError(InputProblem::out_of_range, "gate: --sizes: a row needs at least 1 element, got 0");
+    if (std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);  // repeats folded
+  }
+  if (sizes.empty()) {
+    for (std::size_t n = 16; n <= 16384; n *= 2) sizes.push_back(n);
+  }
+  return sizes;
+}
+
+void check_kernel_names(const GateSettings& settings) {
+  for (const auto& name : settings.kernels) {
+    if (name != "all" && name != "none" && kernels::find_softmax_kernel(name) == nullptr &&
+        kernels::find_attention_kernel(name) == nullptr) {
+      throw InputError(InputProblem::out_of_range,
+                       "gate: no built-in kernel named '" + name + "' (sharpcheck gate --list shows them)");
+    }
+  }
+}
+
+GateCase make_case(std::string kernel, std::string input, std::size_t n, const GateSettings& settings,
+                   bool broken, const FloatFormat* plugin_format) {
+  return {.kernel = std::move(kernel),
+          .input = std::move(input),
+          .n = n,
+          .base_seed = settings.seed,
+          .deliberately_broken = broken,
+          .plugin_format = plugin_format,
+          .plugin_path = plugin_format != nullptr ? settings.plugin->path() : std::string()};
+}
+
+// Every case of the unsharded sweep, in sweep order.
+std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes) {
+  const auto wanted = [&](std::string_view name) {
+    return std::any_of(settings.kernels.begin(), settings.kernels.end(),
+                       [&](const std::string& k) { return k == "all" || k == name; });
+  };
+  std::vector<GateCase> cases;
+  for (const auto& kernel : kernels::softmax_kernels()) {
+    if (!wanted(kernel.name)) continue;
+    for (const inputs::RowKind kind : inputs::all_row_kinds) {
+      for (const std::size_t n : sizes) {
+        cases.push_back(make_case(std::string(kernel.name), std::string(inputs::row_kind_name(kind)), n, settings,
+                                  kernel.deliberately_broken, nullptr));
+      }
+    }
+  }
+  for (const auto& kernel : kernels::attention_kernels()) {
+    if (!wanted(kernel.name)) continue;
+    for (const std::size_t n : sizes) {
+      cases.push_back(make_case(std::string(kernel.name), attention_input, n, settings, kernel.deliberately_broken, nullptr));
+    }
+  }
+  if (!settings.plugin) return cases;
+  const std::string prefix = "plugin:" + settings.plugin->name() + ":";
+  for (const FloatFormat* format : settings.plugin->softmax_formats()) {
+    for (const inputs::RowKind kind : inputs::all_row_kinds) {
+      for (const std::size_t n : sizes) {
+        cases.push_back(make_case(prefix + std::string(format->name), std::string(inputs::row_kind_name(kind)), n,
+                                  settings, false, format));
+      }
+    }
+  }
+  for (const FloatFormat* format : settings.plugin->attention_formats()) {
+    for (const std::size_t n : sizes) {
+      cases.push_back(make_case(prefix + "attention_" + std::string(format->name), attention_input, n, settings, false, format));
+    }
+  }
+  return cases;
+}
+
+}  // namespace
+
+std::vector<GateCase> plan_cases(const GateSettings& settings) {
+  check_kernel_names(settings);
+  std::vector<GateCase> cases = all_cases(settings, sweep_sizes(settings));
+  std::vector<GateCase> selected;
+  for (std::size_t index = 0; index < cases.size(); ++index) {
+    GateCase& gate_case = cases[index];
+    gate_case.seed = settings.seed ^ fnv1a(gate_case.id());
+    gate_case.index = index;
+    if (!settings.only_case.empty() && gate_case.id() != settings.only_case) continue;
+    if (index % settings.shard_count != settings.shard_index) continue;
+    selected.push_back(gate_case);
+  }
+  if (!settings.only_case.empty() && selected.empty()) {
+    throw InputError(InputProblem::out_of_range, "gate: no case with id '" + settings.only_case + "' in this sweep");
+  }
+  if (selected.empty()) {
+    throw InputError(InputProblem::empty_input,
+                     cases.empty() ? "gate: the sweep has no cases (no kernel selected, or a plugin without formats)"
+                                   : "gate: shard " + std::to_string(settings.shard_index) + "/" +
+                                         std::to_string(settings.shard_count) + " of " + std::to_string(cases.size()) +
+                                         " cases is empty");
+  }
+  return selected;
+}
+
+}  // namespace sharpcheck::gate

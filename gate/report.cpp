@@ -1,0 +1,292 @@
+#include "gate/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/errors.hpp"
+#include "core/text.hpp"
+
+namespace sharpcheck::gate {
+namespace {
+
+[[noreturn]] void malformed(const std::string& what, const std::string& detail) {
+  throw InputError(InputProblem::out_of_range, what + ": " + detail);
+}
+
+// The limits of one budget or baseline entry: max_ulps an unsigned integer, max_bound_ratio a
+// number >= 0 (the string "inf" is what a report writes for an infinite ratio).
+void check_limits(const nlohmann::json& entry, const std::string& where) {
+  if (!entry.is_object()) malformed(where, "must be an object with max_ulps and/or max_bound_ratio");
+  if (entry.contains("max_ulps") && !entry["max_ulps"].is_number_unsigned()) {
+    malformed(where, "max_ulps must be a non-negative integer, got " + entry["max_ulps"].dump());
+  }
+  if (entry.contains("max_bound_ratio")) {
+    const auto& ratio = entry["max_bound_ratio"];
+    const bool infinite = ratio.is_string() && ratio.get<std::string>() == "inf";
+    if (!infinite && (!ratio.is_number() || !(ratio.get<double>() >= 0))) {
+      malformed(where, "max_bound_ratio must be a number >= 0, got " + ratio.dump());
+    }
+  }
+}
+
+double ratio_limit(const nlohmann::json& value) {
+  return value.is_string() ? INFINITY : value.get<double>();
+}
+
+nlohmann::json read_limits_file(const std::string& path, const char* what, const char* key) {
+  nlohmann::json file = read_json_file(path, what);
+  const std::string name = std::string(what) + " file '" + path + "'";
+  if (!file.is_object() || !file.contains(key) || !file[key].is_object()) {
+    malformed(name, std::string("needs an object \"") + key + "\"");
+  }
+  for (const auto& [entry_name, entry] : file[key].items()) {
+    check_limits(entry, name + ", entry '" + entry_name + "'");
+  }
+  return file;
+}
+
+// The keys merge and the verdicts read from each case record, with their types.
+void check_case_record(const nlohmann::json& c, const std::string& where) {
+  if (!c.is_object()) malformed(where, "a case is not an object");
+  const auto need = [&](const char* key, bool ok) {
+    if (!c.contains(key) || !ok) malformed(where, std::string("a case has no valid \"") + key + "\"");
+  };
+  need("id", c.contains("id") && c["id"].is_string());
+  need("kernel", c.contains("kernel") && c["kernel"].is_string());
+  need("format", c.contains("format") && c["format"].is_string());
+  need("index", c.contains("index") && c["index"].is_number_unsigned());
+  need("status", c.contains("status") && c["status"].is_string());
+  need("deliberately_broken", c.contains("deliberately_broken") && c["deliberately_broken"].is_boolean());
+  need("max_ulps", c.contains("max_ulps") && c["max_ulps"].is_number_unsigned());
+  need("max_bound_ratio", c.contains("max_bound_ratio"));
+  need("failures", c.contains("failures") && c["failures"].is_array());
+  need("seconds", c.contains("seconds") && c["seconds"].is_number());
+  need("seed", c.contains("seed") && c["seed"].is_number_unsigned());
+  need("rerun", c.contains("rerun") && c["rerun"].is_string());
+}
+
+// "i/N" of a report's shard field.
+std::pair<std::size_t, std::size_t> shard_of(const nlohmann::json& report) {
+  const std::string text = report.value("shard", std::string("0/1"));
+  const auto slash = text.find('/');
+  try {
+    if (slash != std::string::npos) return {std::stoul(text.substr(0, slash)), std::stoul(text.substr(slash + 1))};
+  } catch (const std::exception&) {
+  }
+  malformed("merge", "a report's shard '" + text + "' is not i/N");
+}
+
+}  // namespace
+
+nlohmann::json to_json(const CaseOutcome& outcome) {
+  const auto& c = outcome.comparison;
+  const auto finite_or_string = [](double x) -> nlohmann::json {
+    if (std::isfinite(x)) return x;
+    return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+  };
+  const auto& gate_case = outcome.gate_case;
+  nlohmann::json record = {{"id", gate_case.id()},
+          {"kernel", gate_case.kernel},
+          {"input", gate_case.input},
+          {"n", gate_case.n},
+          {"index", gate_case.index},
+          {"seed", gate_case.seed},
+          {"format", outcome.format},
+          {"deliberately_broken", gate_case.deliberately_broken},
+          {"status", outcome.crashed ? "crash" : (outcome.passed() ? "pass" : "fail")},
+          {"reproducer", outcome.reproducer},
+          {"failures", outcome.failures},
+          {"reference",
+           {{"calls", outcome.reference_statistics.calls},
+            {"decided_in_double", outcome.reference_statistics.decided_in_double},
+            {"decided_by_balls", outcome.reference_statistics.decided_by_balls},
+            {"escalations", outcome.reference_statistics.escalations},
+            {"exact_cases", outcome.reference_statistics.exact_cases},
+            {"highest_mpfr_precision", outcome.reference_statistics.highest_precision}}},
+          {"seconds", outcome.seconds},
+          {"elements", c.elements},
+          {"max_ulps", c.max_ulps},
+          {"mean_ulps", c.mean_ulps},
+          {"max_bound_ratio", finite_or_string(c.max_bound_ratio)},
+          {"max_absolute_error", finite_or_string(c.max_absolute_error)},
+          {"max_relative_error", finite_or_string(c.max_relative_error)},
+          {"max_sum_error", finite_or_string(c.max_sum_error)},
+          {"max_kl_divergence", finite_or_string(c.max_kl_divergence)},
+          {"argmax_disagreements", c.argmax_disagreements},
+          {"false_zeros", c.false_zeros},
+          {"non_finite", c.non_finite},
+          {"worst",
+           {{"row", c.worst.row},
+            {"index", c.worst.index},
+            {"expected", hex_float(c.worst.expected)},
+            {"actual", hex_float(c.worst.actual)},
+            {"ulps", c.worst.ulps ? nlohmann::json(*c.worst.ulps) : nlohmann::json(nullptr)},
+            {"allowed", c.worst.allowed}}},
+          {"rerun", "sharpcheck gate " +
+                        (gate_case.plugin_path.empty() ? "--kernel " + gate_case.kernel
+                                                       : "--plugin " + to_valid_utf8(gate_case.plugin_path)) +
+                        " --case " + gate_case.id() + " --seed " + std::to_string(gate_case.base_seed)}};
+  if (!outcome.console.empty()) record["console"] = to_valid_utf8(outcome.console);
+  return record;
+}
+
+
+nlohmann::json read_budget(const std::string& path) { return read_limits_file(path, "budget", "kernels"); }
+nlohmann::json read_baseline(const std::string& path) { return read_limits_file(path, "baseline", "cases"); }
+
+void apply_budget(CaseOutcome& outcome, const nlohmann::json& budget) {
+  if (!budget.contains("kernels") || !budget["kernels"].contains(outcome.gate_case.kernel)) return;
+  const auto& entry = budget["kernels"][outcome.gate_case.kernel];
+  if (entry.contains("max_ulps") && outcome.comparison.max_ulps > entry["max_ulps"].get<std::uint64_t>()) {
+    outcome.failures.push_back("budget: max ulps " + std::to_string(outcome.comparison.max_ulps) + " > " +
+                               std::to_string(entry["max_ulps"].get<std::uint64_t>()) + "; worst " +
+                               outcome.comparison.worst.describe());
+  }
+  if (entry.contains("max_bound_ratio") && outcome.comparison.max_bound_ratio > ratio_limit(entry["max_bound_ratio"])) {
+    outcome.failures.push_back("budget: bound ratio " + std::to_string(outcome.comparison.max_bound_ratio) + " > " +
+                               std::to_string(ratio_limit(entry["max_bound_ratio"])));
+  }
+}
+
+void apply_baseline(CaseOutcome& outcome, const nlohmann::json& baseline) {
+  const std::string id = outcome.gate_case.id();
+  if (!baseline.contains("cases") || !baseline["cases"].contains(id)) return;
+  const auto& entry = baseline["cases"][id];
+  const auto previous_ulps = entry.value("max_ulps", std::uint64_t{0});
+  const double previous_ratio = entry.contains("max_bound_ratio") ? ratio_limit(entry["max_bound_ratio"]) : 0.0;
+  if (outcome.comparison.max_ulps > previous_ulps) {
+    outcome.failures.push_back("baseline regression: max ulps grew from " + std::to_string(previous_ulps) + " to " +
+                               std::to_string(outcome.comparison.max_ulps) + "; worst " +
+                               outcome.comparison.worst.describe());
+  }
+  if (outcome.comparison.max_bound_ratio > previous_ratio) {
+    outcome.failures.push_back("baseline regression: bound ratio grew from " + std::to_string(previous_ratio) +
+                               " to " + std::to_string(outcome.comparison.max_bound_ratio));
+  }
+}
+
+nlohmann::json baseline_of(const std::vector<nlohmann::json>& cases) {
+  nlohmann::json baseline{{"cases", nlohmann::json::object()}};
+  for (const auto& c : cases) {
+    baseline["cases"][c.at("id").get<std::string>()] = {{"max_ulps", c.at("max_ulps")},
+                                                        {"max_bound_ratio", c.at("max_bound_ratio")}};
+  }
+  return baseline;
+}
+
+nlohmann::json report_json(const ReportHeader& header, const std::vector<nlohmann::json>& cases) {
+  return {{"seed", header.seed},
+          {"shard", std::to_string(header.shard_index) + "/" + std::to_string(header.shard_count)},
+          {"explicit_kernels", header.explicit_kernels},
+          {"cases", cases}};
+}
+
+MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
+  if (reports.empty()) throw InputError(InputProblem::empty_input, "merge: no reports given");
+  MergedReport merged;
+  std::vector<nlohmann::json> cases;
+  std::set<std::size_t> indices;
+  std::set<std::size_t> shards;
+  std::size_t shard_count = 0;
+  for (std::size_t r = 0; r < reports.size(); ++r) {
+    const auto& report = reports[r];
+    const std::string where = "merge: report " + std::to_string(r + 1);
+    if (!report.is_object() || !report.contains("cases") || !report["cases"].is_array() || !report.contains("seed")) {
+      malformed(where, "has no 'cases' array or 'seed'");
+    }
+    if (report["seed"] != reports.front()["seed"]) malformed(where, "comes from a different seed than report 1");
+    const auto [index, count] = shard_of(report);
+    if (shard_count != 0 && count != shard_count) malformed(where, "is a shard of a sweep cut another way");
+    shard_count = count;
+    shards.insert(index);
+    for (const auto& c : report["cases"]) {
+      check_case_record(c, where);
+      if (!indices.insert(c["index"].get<std::size_t>()).second) {
+        ++merged.duplicates_dropped;
+        continue;
+      }
+      cases.push_back(c);
+    }
+  }
+  if (cases.empty()) throw InputError(InputProblem::empty_input, "merge: the reports hold no case");
+  std::sort(cases.begin(), cases.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["index"].get<std::size_t>() < b["index"].get<std::size_t>();
+  });
+  merged.whole_sweep = shards.size() == shard_count;
+  merged.report = report_json({.seed = reports.front()["seed"].get<std::uint64_t>(),
+                               .shard_index = 0,
+                               .shard_count = 1,
+                               .explicit_kernels = reports.front().value("explicit_kernels", false)},
+                              cases);
+  return merged;
+}
+
+namespace {
+
+void write_case_xml(std::ostringstream& xml, const nlohmann::json& c, const std::string& kernel, JudgingScope scope) {
+  xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\""
+      << xml_escape(c["id"].get<std::string>()) << "\" time=\"" << c["seconds"].get<double>() << "\">\n";
+  if (c["status"] != "pass") {
+    std::string message;
+    for (const auto& failure : c["failures"]) message += failure.get<std::string>() + "\n";
+    const std::string detail =
+        "seed " + std::to_string(c["seed"].get<std::uint64_t>()) + "; rerun: " + c["rerun"].get<std::string>();
+    if (is_expected_failure(c, scope)) {
+      xml << "      <skipped message=\"expected failure (deliberately broken kernel)\"/>\n";
+    } else {
+      xml << "      <failure message=\"" << xml_escape(message) << "\">" << xml_escape(detail) << "</failure>\n";
+    }
+  }
+  if (c.contains("console") && c["console"].is_string()) {
+    xml << "      <system-out>" << xml_escape(c["console"].get<std::string>()) << "</system-out>\n";
+  }
+  xml << "    </testcase>\n";
+}
+
+}  // namespace
+
+std::string junit_xml(const std::vector<nlohmann::json>& cases, JudgingScope scope) {
+  const SweepVerdict sweep = judge_sweep(cases, scope);
+  std::map<std::string, std::vector<const nlohmann::json*>> by_kernel;
+  for (const auto& c : cases) by_kernel[c["kernel"].get<std::string>()].push_back(&c);
+  std::map<std::string, Verdict> verdicts;
+  for (const auto& k : sweep.kernels) verdicts[k.kernel] = k.verdict;
+  std::ostringstream xml;
+  xml << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"sharpcheck gate\">\n";
+  for (const auto& [kernel, list] : by_kernel) {
+    const bool unexpected_pass = verdicts[kernel] == Verdict::unexpected_pass;
+    std::size_t failures = unexpected_pass ? 1 : 0;
+    std::size_t skipped = 0;
+    for (const auto* c : list) {
+      if ((*c)["status"] != "pass") ++(is_expected_failure(*c, scope) ? skipped : failures);
+    }
+    xml << "  <testsuite name=\"sharpcheck." << xml_escape(kernel) << "\" tests=\"" << list.size() + (unexpected_pass ? 1 : 0)
+        << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\">\n";
+    for (const auto* c : list) write_case_xml(xml, *c, kernel, scope);
+    if (unexpected_pass) {
+      xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\"" << xml_escape(kernel)
+          << "/expected_failure\" time=\"0\">\n      <failure message=\"UNEXPECTED PASS: a deliberately broken "
+          << "kernel passed every case of the sweep\"/>\n    </testcase>\n";
+    }
+    xml << "  </testsuite>\n";
+  }
+  xml << "</testsuites>\n";
+  return xml.str();
+}
+
+nlohmann::json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    throw InputError(InputProblem::out_of_range,
+                     std::string(what) + " file '" + path + "' is not valid JSON: " + error.what());
+  }
+}
+
+}  // namespace sharpcheck::gate

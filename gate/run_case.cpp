@@ -1,0 +1,151 @@
+// Running one case: a built-in kernel in this process, a plugin in a child; either way judged by
+// the tolerance table against the correctly rounded reference.
+#include <chrono>
+#include <cmath>
+#include <exception>
+
+#include "core/errors.hpp"
+#include "gate/case_inputs.hpp"
+#include "gate/cases.hpp"
+#include "inputs/rows.hpp"
+#include "io/atomic_file.hpp"
+#include "io/npy.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/evaluate.hpp"
+
+namespace sharpcheck::gate {
+namespace {
+
+std::string file_name_of(const std::string& id) {
+  std::string name = id;
+  for (char& c : name) {
+    if (c == '/' || c == ':' || c == '=') c = '_';
+  }
+  return name;
+}
+
+// Saves a crashed case's input, as the plugin saw it (bf16 as bit patterns). A reproducer that
+// cannot be written must not hide the crash: the reason is returned in place of the path.
+std::string save_reproducer(const GateSettings& settings, const std::string& name, const Matrix& input,
+                            const FloatFormat& format, bool& saved) {
+  std::vector<double> stored = input.values;
+  io::NpyType type = io::NpyType::float32;
+  if (format == bf16) {
+    type = io::NpyType::uint16;
+    for (double& x : stored) x = static_cast<double>(encode(x, bf16));
+  } else if (format == fp16) {
+    type = io::NpyType::float16;
+  }
+  const std::string path = settings.reproducer_directory + "/" + name + ".npy";
+  try {
+    io::make_writable_directory(settings.reproducer_directory);
+    io::write_npy(path, type, {input.rows, input.cols}, stored);
+    saved = true;
+    return path;
+  } catch (const std::exception& error) {
+    saved = false;
+    return std::string("(no reproducer: ") + error.what() + ")";
+  }
+}
+
+// Records a plugin call that did not return an output, with its reproducers.
+void record_plugin_failure(const kernels::PluginRun& run, const GateSettings& settings, const GateCase& gate_case,
+                           const std::vector<std::pair<std::string, const Matrix*>>& inputs, CaseOutcome& outcome) {
+  if (run.status == kernels::PluginRun::Status::interrupted) {
+    outcome.interrupted = true;
+    return;
+  }
+  const FloatFormat& format = *gate_case.plugin_format;
+  const std::string base_name = file_name_of(gate_case.id());
+  outcome.crashed = true;
+  outcome.console = run.console;
+  std::string saved_note;
+  for (const auto& [suffix, matrix] : inputs) {
+    bool saved = false;
+    const std::string where = save_reproducer(settings, base_name + suffix, *matrix, format, saved);
+    if (outcome.reproducer.empty() && saved) outcome.reproducer = where;
+    if (!saved && saved_note.empty()) saved_note = where;
+  }
+  std::string failure = std::string("plugin ") + kernels::plugin_status_name(run.status) + ": " + run.detail;
+  if (!outcome.reproducer.empty()) {
+    failure += inputs.size() > 1 ? "; inputs saved to " + outcome.reproducer + " and its _k, _v siblings"
+                                 : "; input saved to " + outcome.reproducer;
+  }
+  if (!saved_note.empty()) failure += "; " + saved_note;
+  outcome.failures.push_back(failure);
+}
+
+// A plugin's case: run in a child process; a crash or hang is recorded with a reproducer.
+void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
+  const FloatFormat& format = *gate_case.plugin_format;
+  outcome.format = std::string(format.name);
+  if (gate_case.input == attention_input) {
+    const auto [q, k, v] = attention_inputs(gate_case.n, gate_case.seed, format);
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(attention_dimension)));
+    const kernels::PluginRun run = settings.plugin->run_attention(format, q, k, v, scale, false);
+    if (run.status != kernels::PluginRun::Status::ok) {
+      record_plugin_failure(run, settings, gate_case, {{"_q", &q}, {"_k", &k}, {"_v", &v}}, outcome);
+      return;
+    }
+    outcome.console = run.console;
+    const kernels::AttentionKernel description{gate_case.kernel, "plugin", &format, &format, &fp32, false, nullptr};
+    const auto evaluation = metrics::judge_attention(description, metrics::tolerance_for("attention_flash"), q, k, v,
+                                                     false, 1.0, run.out);
+    outcome.comparison = evaluation.comparison;
+    outcome.reference_statistics = evaluation.reference_statistics;
+    return;
+  }
+  const auto kind = inputs::find_row_kind(gate_case.input).value();
+  const Matrix logits = one_row(inputs::make_row(kind, gate_case.n, format, gate_case.seed));
+  const kernels::PluginRun run = settings.plugin->run_softmax(format, logits, 1.0F);
+  if (run.status != kernels::PluginRun::Status::ok) {
+    record_plugin_failure(run, settings, gate_case, {{"", &logits}}, outcome);
+    return;
+  }
+  outcome.console = run.console;
+  const kernels::SoftmaxKernel description{gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format,
+                                           &fp32, false, nullptr};
+  const auto evaluation =
+      metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"), logits, 1.0, run.out);
+  outcome.comparison = evaluation.comparison;
+  outcome.reference_statistics = evaluation.reference_statistics;
+}
+
+void run_builtin_case(const GateCase& gate_case, CaseOutcome& outcome) {
+  if (const auto* kernel = kernels::find_softmax_kernel(gate_case.kernel)) {
+    outcome.format = std::string(kernel->output->name);
+    const auto kind = inputs::find_row_kind(gate_case.input).value();
+    const auto row = inputs::make_row(kind, gate_case.n, *kernel->input, gate_case.seed);
+    const auto evaluation = metrics::evaluate_softmax(*kernel, one_row(row), 1.0);
+    outcome.comparison = evaluation.comparison;
+    outcome.reference_statistics = evaluation.reference_statistics;
+    return;
+  }
+  const auto* attention = kernels::find_attention_kernel(gate_case.kernel);
+  outcome.format = std::string(attention->output->name);
+  const auto [q, k, v] = attention_inputs(gate_case.n, gate_case.seed, *attention->input);
+  const auto evaluation = metrics::evaluate_attention(*attention, q, k, v, false);
+  outcome.comparison = evaluation.comparison;
+  outcome.reference_statistics = evaluation.reference_statistics;
+}
+
+}  // namespace
+
+CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
+  const auto start = std::chrono::steady_clock::now();
+  CaseOutcome outcome;
+  outcome.gate_case = gate_case;
+  if (gate_case.plugin_format != nullptr) {
+    run_plugin_case(gate_case, settings, outcome);
+  } else {
+    run_builtin_case(gate_case, outcome);
+  }
+  if (!outcome.crashed && !outcome.interrupted && !outcome.comparison.passed()) {
+    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
+                               " violations; worst " + outcome.comparison.worst.describe());
+  }
+  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return outcome;
+}
+
+}  // namespace sharpcheck::gate

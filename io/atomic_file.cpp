@@ -1,0 +1,76 @@
+#include "io/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "core/errors.hpp"
+
+namespace sharpcheck::io {
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what, int error) {
+  throw IoError("cannot write '" + path + "': " + what + (error != 0 ? std::string(": ") + std::strerror(error) : ""));
+}
+
+bool write_all(int descriptor, std::string_view text) {
+  std::size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t count = ::write(descriptor, text.data() + written, text.size() - written);
+    if (count < 0 && errno == EINTR) continue;
+    if (count <= 0) return false;
+    written += static_cast<std::size_t>(count);
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, std::string_view text) {
+  if (path.empty()) fail(path, "empty file name", 0);
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) == 0 && S_ISDIR(existing.st_mode)) fail(path, "it is a directory", 0);
+  // mkstemp's template: a unique name in the target's own directory, so the rename stays on one
+  // file system and concurrent runs never share a temporary.
+  std::vector<char> name(path.begin(), path.end());
+  const std::string suffix = ".XXXXXX.partial";
+  name.insert(name.end(), suffix.begin(), suffix.end());
+  name.push_back('\0');
+  const int descriptor = ::mkstemps(name.data(), static_cast<int>(std::strlen(".partial")));
+  if (descriptor < 0) fail(path, "cannot create a temporary file beside it", errno);
+  const std::string temporary(name.data());
+  const bool written = write_all(descriptor, text);
+  const int write_error = errno;
+  const bool synced = written && ::fsync(descriptor) == 0;
+  const int sync_error = errno;
+  const bool closed = ::close(descriptor) == 0;
+  if (!written || !synced || !closed) {
+    ::unlink(temporary.c_str());
+    fail(path, "writing failed", !written ? write_error : sync_error);
+  }
+  // mkstemp makes the file 0600; a report is for others to read too.
+  ::chmod(temporary.c_str(), 0644);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    fail(path, "cannot rename the temporary file onto it", error);
+  }
+}
+
+void make_writable_directory(const std::string& directory) {
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) throw IoError("cannot create directory '" + directory + "': " + error.message());
+  if (!std::filesystem::is_directory(directory)) throw IoError("'" + directory + "' is not a directory");
+  if (::access(directory.c_str(), W_OK) != 0) {
+    throw IoError("directory '" + directory + "' is not writable: " + std::strerror(errno));
+  }
+}
+
+}  // namespace sharpcheck::io
