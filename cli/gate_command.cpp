@@ -123,7 +123,8 @@ int run_gate(GateSettings settings) {
 
 struct GateOptions {
   GateSettings settings;
-  std::string shard, sizes, plugin_timeout = "10", plugin_memory, threads = "0";
+  std::string shard, plugin_timeout = "10", plugin_memory, threads = "0";
+  std::optional<std::string> sizes;  // given but empty is an error, not the default
   std::optional<std::string> plugin_path;
   bool list = false;
 };
@@ -131,7 +132,10 @@ struct GateOptions {
 // Turns the options' text into settings, every number checked (the gate's options, in one place).
 GateSettings settings_of(const GateOptions& options, bool kernels_named) {
   GateSettings run = options.settings;
-  run.sizes = parse_count_list(options.sizes, "--sizes", 1, std::size_t{1} << 26);
+  if (options.sizes) {
+    run.sizes = parse_count_list(*options.sizes, "--sizes", 1, std::size_t{1} << 26);
+    if (run.sizes.empty()) throw InputError(InputProblem::empty_input, "--sizes is empty: give sizes like 16,1024");
+  }
   run.threads = static_cast<unsigned>(parse_count(options.threads, "--threads", 0, 1024));
   if (options.plugin_path) {
     const ChildLimits limits{.timeout_seconds = parse_seconds(options.plugin_timeout, "--plugin-timeout"),

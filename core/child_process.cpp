@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -75,6 +76,9 @@ ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& wo
     close(result_pipe[1]);
     return outcome;
   }
+  // Orphans of the child (what a plugin forked) are re-parented to this process rather than to
+  // init, so the whole group can be reaped below and no zombie outlives the call.
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   std::fflush(nullptr);  // no buffered output may be written twice
   const pid_t child = fork();
   if (child == 0) {
@@ -123,6 +127,9 @@ ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& wo
   int status = 0;
   rusage usage{};
   while (wait4(child, &status, 0, &usage) < 0 && errno == EINTR) {
+  }
+  // The child's own children are ours now (a subreaper's): reap every member of its group.
+  while (waitpid(-child, nullptr, 0) > 0 || errno == EINTR) {
   }
   outcome.peak_rss_kib = static_cast<std::size_t>(usage.ru_maxrss);
   outcome.seconds = elapsed();

@@ -1,6 +1,16 @@
 // Test plugins for the gate: a sound softmax, and the same that segfaults or hangs on rows of 64
-// or more, or returns an error. Which one is chosen at compile time (SHARPCHECK_TEST_PLUGIN_MODE).
+// or more, or returns an error; and the hostile ones of the reliability suite (tests/reliability.sh):
+// code that crashes, hangs or aborts while being loaded, forks children that outlive it, declares
+// nothing, has a name that is not UTF-8, allocates without bound, or prints. Which one is chosen
+// at compile time (SHARPCHECK_TEST_PLUGIN_MODE).
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <vector>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -31,15 +41,68 @@ void softmax_row(const float* in, float* out, std::size_t n, float scale) {
   for (std::size_t i = 0; i < n; ++i) out[i] /= sum;
 }
 
-const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION, SHARPCHECK_TEST_PLUGIN_NAME,
-                                  "a scalar three-pass softmax for the gate's own tests",
-                                  SHARPCHECK_FP32 | SHARPCHECK_BF16, SHARPCHECK_FP32};
+#if SHARPCHECK_TEST_PLUGIN_MODE == 8
+constexpr std::uint32_t softmax_formats = 0, attention_formats = 0;  // declares nothing
+#else
+constexpr std::uint32_t softmax_formats = SHARPCHECK_FP32 | SHARPCHECK_BF16, attention_formats = SHARPCHECK_FP32;
+#endif
+#if SHARPCHECK_TEST_PLUGIN_MODE == 9
+constexpr const char* plugin_name = "bad\xff\xfe_name";  // not valid UTF-8
+#else
+constexpr const char* plugin_name = SHARPCHECK_TEST_PLUGIN_NAME;
+#endif
+const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION, plugin_name,
+                                         "a scalar three-pass softmax for the gate's own tests", softmax_formats,
+                                         attention_formats};
+
+// Spins forever under a process name a test can look for (it must not outlive the gate).
+[[noreturn]] void spin_as(const char* name) {
+  prctl(PR_SET_NAME, name, 0, 0, 0);
+  for (volatile bool forever = true; forever;) {
+  }
+  std::abort();
+}
+
+#if SHARPCHECK_TEST_PLUGIN_MODE == 6
+__attribute__((constructor)) void abort_when_loaded() { std::abort(); }
+#endif
+
+// Mode 7: children that sleep holding the parent's pipes (as a careless plugin's workers would).
+void fork_sleepers() {
+  for (int i = 0; i < 4; ++i) {
+    if (fork() == 0) {
+      prctl(PR_SET_NAME, "sc_grandchild", 0, 0, 0);
+      sleep(60);
+      _exit(0);
+    }
+  }
+}
 
 }  // namespace
 
-extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() { return &info; }
+extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() {
+#if SHARPCHECK_TEST_PLUGIN_MODE == 4
+  volatile int* nowhere = nullptr;
+  *nowhere = 1;  // a segmentation fault while being described
+#elif SHARPCHECK_TEST_PLUGIN_MODE == 5
+  spin_as("sc_info_hang");
+#endif
+  return &info;
+}
 
 extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n, float scale) {
+#if SHARPCHECK_TEST_PLUGIN_MODE == 7
+  fork_sleepers();
+#elif SHARPCHECK_TEST_PLUGIN_MODE == 10
+  std::vector<char*> hoard;  // allocates (and touches) until the memory limit stops it
+  while (true) {
+    hoard.push_back(new char[64 << 20]);
+    for (std::size_t i = 0; i < (64u << 20); i += 4096) hoard.back()[i] = 1;
+  }
+#elif SHARPCHECK_TEST_PLUGIN_MODE == 11
+  std::printf("chatty plugin: %zu rows of %zu\n", rows, n);
+  std::fprintf(stderr, "chatty plugin: a warning on stderr\n");
+#endif
   if (n >= 64) {
 #if SHARPCHECK_TEST_PLUGIN_MODE == 1
     volatile int* nowhere = nullptr;
@@ -49,6 +112,8 @@ extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out
     }
 #elif SHARPCHECK_TEST_PLUGIN_MODE == 3
     return 7;
+#elif SHARPCHECK_TEST_PLUGIN_MODE == 12
+    spin_as("sc_sigterm_spin");
 #endif
   }
   for (size_t r = 0; r < rows; ++r) {

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# The reliability suite: each attack of a hostile user, file system or plugin against the real
+# program, one ctest entry per attack (tests/CMakeLists.txt). Each asserts the exit code, that the
+# report parses (read back through `sharpcheck merge`, which checks every case record) and holds
+# the finished cases, and that no process the run started is left behind.
+# Usage: reliability.sh ATTACK SHARPCHECK PLUGIN_DIR WORK_DIR
+set -u
+attack=$1 sharpcheck=$2 plugins=$3 work=$4/reliability_$1
+rm -rf "$work" && mkdir -p "$work"
+cd "$work" || exit 1
+
+fail() { echo "FAIL [$attack]: $*"; exit 1; }
+plugin() { echo "$plugins/libtest_plugin_$1.so"; }
+
+# Runs the program; sets $code and $out (stdout and stderr together).
+run() {
+  out=$(timeout 120 "$sharpcheck" "$@" 2>&1)
+  code=$?
+}
+expect_code() { [ "$code" = "$1" ] || fail "exit $code, expected $1; output:\n$out"; }
+expect_text() { grep -qE -- "$1" <<<"$out" || fail "output does not match '$1':\n$out"; }
+# The report parses and holds at least $2 cases.
+expect_report() {
+  local merged
+  merged=$("$sharpcheck" merge "$1" --json "$work/reparsed.json" 2>&1)
+  grep -qE "merged 1 reports: [0-9]+ cases" <<<"$merged" || fail "report $1 does not read back: $merged"
+  local cases
+  cases=$(grep -oE "[0-9]+ cases" <<<"$merged" | head -1 | cut -d' ' -f1)
+  [ "$cases" -ge "$2" ] || fail "report $1 holds $cases cases, expected at least $2"
+}
+expect_no_process() { ! pgrep -x "$1" >/dev/null || { pkill -9 -x "$1"; fail "processes named $1 outlived the run"; }; }
+valid_utf8() { iconv -f UTF-8 -t UTF-8 "$1" >/dev/null 2>&1 || fail "$1 is not valid UTF-8"; }
+
+case $attack in
+  unwritable_reports)
+    for target in "$work/missing/r.json" /proc/x.json "$work"; do
+      run gate --kernel safe3 --sizes 16 --json "$target"
+      expect_code 2; expect_text "I/O error: cannot write"
+    done
+    run gate --kernel safe3 --sizes 16 --junit "$work/missing/r.xml"
+    expect_code 2; expect_text "I/O error"
+    run prove --filter lemma --json "$work/missing/p.json"
+    expect_code 2; expect_text "I/O error"
+    run study --out /proc/study
+    expect_code 2; expect_text "I/O error"
+    run bounds --json "$work/missing/b.json"
+    expect_code 2; expect_text "I/O error"
+    [ -z "$(find "$work" -name '*.partial')" ] || fail "a failed write left a temporary file" ;;
+  small_file_systems)
+    if [ "$(id -u)" != 0 ] || ! mkdir -p ro full || ! mount -t tmpfs -o ro,size=1m tmpfs ro 2>/dev/null; then
+      echo "SKIPPED: needs root and tmpfs mounts"; exit 0
+    fi
+    mount -t tmpfs -o size=96k tmpfs full || { umount ro; echo "SKIPPED: no tmpfs"; exit 0; }
+    trap 'umount ro full' EXIT
+    run gate --kernel safe3 --sizes 16 --json ro/r.json
+    expect_code 2; expect_text "I/O error: cannot write 'ro/r.json'"
+    # The report outgrows 96 KiB mid-run: the run stops, says so, keeps the table of what finished.
+    run gate --kernel safe3,online2 --json full/r.json
+    expect_code 2; expect_text "I/O error: cannot write 'full/r.json'.*(No space|writing failed)|No space"
+    expect_text "the sweep stopped after [0-9]+ of"
+    [ -z "$(find full -name '*.partial')" ] || fail "a failed write left a temporary file" ;;
+  malformed_budgets)
+    echo '{"kernels": {"safe3": {"max_ulps": "8"}}}' > string.json
+    run gate --kernel safe3 --sizes 16 --budget string.json
+    expect_code 2; expect_text "entry 'safe3'.*max_ulps must be a non-negative integer"
+    echo '{"kernels": {"safe3": {"max_ulps": -1}}}' > negative.json
+    run gate --kernel safe3 --sizes 16 --budget negative.json
+    expect_code 2; expect_text "max_ulps must be a non-negative integer"
+    echo '{"cases": {"x": {"max_bound_ratio": -0.5}}}' > baseline.json
+    run gate --kernel safe3 --sizes 16 --baseline baseline.json
+    expect_code 2; expect_text "max_bound_ratio must be a number >= 0" ;;
+  numeric_options)
+    for sizes in 0 "" -1 16,x 99999999999999999999999; do
+      run gate --kernel safe3 --sizes "$sizes"
+      expect_code 2; expect_text "sizes"
+    done
+    for shard in 1/-1 0/2x 2/2 0/0 /2; do
+      run gate --kernel safe3 --sizes 16 --shard "$shard"
+      expect_code 2; expect_text "shard"
+    done
+    for timeout in nan inf -1 0 1e9 ""; do
+      run gate --plugin "$(plugin good)" --sizes 16 --plugin-timeout "$timeout"
+      expect_code 2; expect_text "plugin-timeout"
+    done
+    run gate --kernel safe3 --sizes 16 --threads 100000
+    expect_code 2; expect_text "threads"
+    run gate --plugin "" --sizes 16
+    expect_code 2; expect_text "path is empty"
+    run gate --kernel safe3 --sizes 16,16,32,16 --json sizes.json
+    expect_code 0; expect_text "(^|[^0-9])16 cases in"
+    [ "$(grep -c '"id": "safe3/uniform/n=16"' sizes.json)" = 1 ] || fail "a repeated size gave duplicate case ids" ;;
+  plugins_failing_to_load)
+    run gate --plugin "$(plugin info_segfault)" --sizes 16
+    expect_code 3; expect_text "plugin crash: .*killed by Segmentation fault"
+    SECONDS=0
+    run gate --plugin "$(plugin info_hang)" --sizes 16 --plugin-timeout 1
+    expect_code 3; expect_text "no answer within 1"
+    [ $SECONDS -lt 20 ] || fail "a plugin hanging in its info function held the gate $SECONDS s"
+    expect_no_process sc_info_hang
+    run gate --plugin "$(plugin constructor_abort)" --sizes 16
+    expect_code 3; expect_text "killed by Aborted"
+    head -c 3000 "$(plugin good)" > truncated.so
+    run gate --plugin "$work/truncated.so" --sizes 16
+    { [ "$code" = 2 ] || [ "$code" = 3 ]; } || fail "a truncated plugin: exit $code\n$out"
+    expect_text "plugin .*truncated.so"
+    run gate --plugin "$(plugin no_formats)" --sizes 16
+    expect_code 2; expect_text "declares no softmax or attention format" ;;
+  plugin_that_forks)
+    run gate --plugin "$(plugin forks)" --sizes 16 --json forks.json
+    expect_code 0; expect_text "plugin:forks:fp32 .* pass"
+    expect_report forks.json 14
+    expect_no_process sc_grandchild ;;
+  plugin_memory_limit)
+    run gate --plugin "$(plugin hoarder)" --sizes 16 --case plugin:hoarder:fp32/uniform/n=16 --plugin-memory 512M \
+      --json hoarder.json --reproducers "$work/reproducers"
+    expect_code 3; expect_text "ran out of memory: ran out of its memory limit of 512 MiB"
+    expect_report hoarder.json 1
+    run gate --plugin "$(plugin good)" --sizes 16 --plugin-memory 1K
+    expect_code 2; expect_text "plugin-memory" ;;
+  plugin_console_and_names)
+    run gate --plugin "$(plugin chatty)" --sizes 16 --json chatty.json --junit chatty.xml
+    expect_code 0
+    ! grep -q "chatty plugin" <<<"$out" || fail "plugin output mixed into the table:\n$out"
+    grep -q '"console": ".*chatty plugin: 1 rows of 16' chatty.json || fail "plugin output not in the report"
+    grep -q "<system-out>chatty plugin" chatty.xml || fail "plugin output not in the JUnit report"
+    run gate --plugin "$(plugin bad_utf8_name)" --sizes 16 --json utf8.json --junit utf8.xml
+    expect_code 0
+    expect_report utf8.json 14
+    valid_utf8 utf8.json; valid_utf8 utf8.xml
+    grep -q $'plugin:bad\xEF\xBF\xBD\xEF\xBF\xBD_name' utf8.json || fail "the invalid bytes were not replaced by U+FFFD" ;;
+  signals_keep_the_report)
+    # SIGTERM while a plugin child spins: exit 143, the child killed, the finished cases kept.
+    "$sharpcheck" gate --plugin "$(plugin sigterm_spin)" --sizes 16,64 --plugin-timeout 100 --json term.json \
+      --reproducers "$work/reproducers" >term.out 2>&1 &
+    gate_pid=$!
+    for _ in $(seq 100); do pgrep -x sc_sigterm_spin >/dev/null && break; sleep 0.1; done
+    pgrep -x sc_sigterm_spin >/dev/null || fail "the spinning plugin never started:\n$(cat term.out)"
+    kill -TERM $gate_pid; wait $gate_pid; code=$?
+    out=$(cat term.out)
+    expect_code 143; expect_text "interrupted by signal 15"
+    expect_no_process sc_sigterm_spin
+    expect_report term.json 1
+    [ "$(grep -c '"id":' term.json)" = 1 ] || fail "the report does not hold exactly the one finished case"
+    grep -q '"complete": false' term.json || fail "an interrupted report does not say it is incomplete"
+    # SIGINT during a built-in sweep: exit 130 and the report holds what finished.
+    "$sharpcheck" gate --threads 1 --json int.json --junit int.xml >int.out 2>&1 &
+    gate_pid=$!
+    sleep 1.5; kill -INT $gate_pid; wait $gate_pid; code=$?
+    out=$(cat int.out)
+    expect_code 130
+    expect_report int.json 1
+    [ "$(grep -c '<testcase' int.xml)" = "$(grep -c '"id":' int.json)" ] || fail "JSON and JUnit disagree" ;;
+  vacuous_inputs)
+    dict="{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }"
+    printf '\x93NUMPY\x01\x00\x76\x00%s%*s\n' "$dict" $((128 - 10 - ${#dict} - 1)) '' > empty.npy
+    run compare --logits empty.npy --probs empty.npy --format fp32
+    expect_code 2; expect_text "holds no element"
+    run gate --kernel none
+    expect_code 2; expect_text "no cases"
+    echo '{"seed": 1, "shard": "0/1", "cases": []}' > nothing.json
+    run merge nothing.json --json merged.json
+    expect_code 2; expect_text "hold no case"
+    echo '{"seed": 1, "shard": "0/1", "cases": [{"id": "x"}]}' > partial.json
+    run merge partial.json --json merged.json
+    expect_code 2; expect_text "has no valid" ;;
+  merge_verdicts)
+    run gate --plugin "$(plugin segfault)" --sizes 16,64 --json crash.json --reproducers "$work/reproducers"
+    expect_code 3
+    run merge crash.json --json merged.json
+    expect_code 3; expect_text "crashed"
+    run merge crash.json crash.json --json twice.json
+    expect_code 3; expect_text "duplicate cases dropped"
+    [ "$(grep -c '"id":' twice.json)" = "$(grep -c '"id":' crash.json)" ] || fail "merge kept duplicate cases"
+    run gate --plugin "$(plugin segfault)" --sizes 16,64 --reproducers /proc/no/reproducers --json noreproducer.json
+    expect_code 3; expect_text "no reproducer"
+    grep -q '"status": "crash"' noreproducer.json || fail "the crash case was dropped from the report" ;;
+  verdict_agreement)
+    run gate --kernel naive --sizes 16 --junit naive.xml
+    expect_code 1
+    grep -q 'testsuite name="sharpcheck.naive" tests="[0-9]*" failures="[1-9]' naive.xml ||
+      fail "JUnit shows no failure where the exit code is 1: $(grep testsuite naive.xml)"
+    for shard in 0/2 1/2; do
+      run gate --sizes 16 --shard "$shard" --json "shard${shard%/2}.json"
+      expect_code 0
+      ! grep -q "UNEXPECTED PASS" <<<"$out" || fail "shard $shard calls an expected failure an unexpected pass"
+    done
+    run merge shard0.json shard1.json --json merged.json --junit merged.xml
+    expect_code 0
+    run merge shard0.json --json half.json
+    expect_code 0; expect_text "not every shard given" ;;
+  compare_reruns)
+    data=$(dirname "$0")/data/npy
+    run compare --logits "$data/logits_f4_v1.npy" --probs "$data/logits_f4_v1.npy" --format fp32 --json compare.json
+    expect_code 1
+    rerun=$(grep -oE '"rerun": "[^"]*"' compare.json | cut -d'"' -f4)
+    [[ $rerun == "sharpcheck compare "* ]] || fail "compare's rerun is not a compare command: $rerun"
+    run ${rerun#sharpcheck }
+    expect_code 1; expect_text "FAIL tolerance table" ;;
+  concurrent_reports)
+    "$sharpcheck" gate --kernel safe3 --sizes 16,64 --json same.json >a.out 2>&1 & first=$!
+    "$sharpcheck" gate --kernel safe3 --sizes 16,64 --json same.json >b.out 2>&1 & second=$!
+    wait $first || fail "first gate: $(cat a.out)"
+    wait $second || fail "second gate: $(cat b.out)"
+    expect_report same.json 14
+    [ -z "$(ls | grep partial)" ] || fail "temporaries left behind" ;;
+  *) fail "no attack named $attack" ;;
+esac
+echo "passed: $attack"
