@@ -28,25 +28,33 @@ struct CompareSettings {
 // A matrix of values of `format`: bf16 may come as uint16 bit patterns; anything else must hold
 // values of the format already.
 // An array with no element cannot be judged: refused, never a vacuous pass.
-void require_elements(const Matrix& matrix, const std::string& path) {
-  if (matrix.values.empty()) {
+void require_elements(std::size_t rows, std::size_t cols, const std::string& path) {
+  if (rows * cols == 0) {
     throw InputError(InputProblem::empty_input, "compare: " + path + " holds no element (shape " +
-                                                    std::to_string(matrix.rows) + "x" + std::to_string(matrix.cols) + ")");
+                                                    std::to_string(rows) + "x" + std::to_string(cols) + ")");
   }
 }
 
-Matrix values_in_format(const std::string& path, const FloatFormat& format) {
-  const io::NpyArray array = io::read_npy(path);
-  Matrix matrix = io::as_matrix(array, path);
-  require_elements(matrix, path);
-  if (array.type == io::NpyType::uint16) {
-    if (!(format == bf16)) throw InputError(InputProblem::out_of_range, path + ": uint16 data is read as bf16 bits only");
-    for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);
+// Rows of a file as exact values: bf16 may come as uint16 bit patterns.
+Matrix exact_rows(const io::NpyFile& file, std::size_t first, std::size_t count) {
+  Matrix matrix = file.read_rows(first, count);
+  if (file.layout().type == io::NpyType::uint16) {
+    for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);  // bf16 bits
   }
+  return matrix;
+}
+
+// Rows of a kernel's outputs, which must be values of `format` (bf16 may come as uint16 bits).
+Matrix rows_in_format(const io::NpyFile& file, const std::string& path, std::size_t first, std::size_t count,
+                      const FloatFormat& format) {
+  if (file.layout().type == io::NpyType::uint16 && !(format == bf16)) {
+    throw InputError(InputProblem::out_of_range, path + ": uint16 data is read as bf16 bits only");
+  }
+  Matrix matrix = exact_rows(file, first, count);
   for (std::size_t i = 0; i < matrix.values.size(); ++i) {
     if (!is_representable(matrix.values[i], format)) {
-      throw InputError(InputProblem::out_of_range, path + ": element " + std::to_string(i) + " (" +
-                                                       hex_float(matrix.values[i]) + ") is not a " +
+      throw InputError(InputProblem::out_of_range, path + ": element " + std::to_string(first * file.cols() + i) +
+                                                       " (" + hex_float(matrix.values[i]) + ") is not a " +
                                                        std::string(format.name) + " value");
     }
   }
@@ -54,13 +62,40 @@ Matrix values_in_format(const std::string& path, const FloatFormat& format) {
 }
 
 Matrix exact_values(const std::string& path) {
-  const io::NpyArray array = io::read_npy(path);
-  Matrix matrix = io::as_matrix(array, path);
-  require_elements(matrix, path);
-  if (array.type == io::NpyType::uint16) {
-    for (double& x : matrix.values) x = decode(static_cast<std::uint64_t>(x), bf16);  // bf16 bits
+  const io::NpyFile file(path);
+  require_elements(file.rows(), file.cols(), path);
+  return exact_rows(file, 0, file.rows());
+}
+
+Matrix values_in_format(const std::string& path, const FloatFormat& format) {
+  const io::NpyFile file(path);
+  require_elements(file.rows(), file.cols(), path);
+  return rows_in_format(file, path, 0, file.rows(), format);
+}
+
+// Softmax outputs judged a block of rows at a time (about 4 M elements), so memory stays at the
+// blocks' size whatever the files' size; the blocks' comparisons are folded into one.
+metrics::Comparison judge_softmax_files(const CompareSettings& settings, const FloatFormat& format,
+                                        const kernels::SoftmaxKernel& description, const metrics::Tolerance& tolerance) {
+  const io::NpyFile logits(settings.logits);
+  const io::NpyFile probabilities(settings.probabilities);
+  require_elements(logits.rows(), logits.cols(), settings.logits);
+  if (logits.rows() != probabilities.rows() || logits.cols() != probabilities.cols()) {
+    throw InputError(InputProblem::shape_mismatch, "compare: --probs does not match --logits: " +
+                                                       std::to_string(logits.rows()) + "x" + std::to_string(logits.cols()) +
+                                                       " against " + std::to_string(probabilities.rows()) + "x" +
+                                                       std::to_string(probabilities.cols()));
   }
-  return matrix;
+  const std::size_t block = std::max<std::size_t>(1, (std::size_t{1} << 22) / logits.cols());
+  metrics::Comparison total;
+  for (std::size_t first = 0; first < logits.rows(); first += block) {
+    const std::size_t count = std::min(block, logits.rows() - first);
+    Matrix actual = rows_in_format(probabilities, settings.probabilities, first, count, format);
+    const Matrix logit_rows = exact_rows(logits, first, count);
+    total.merge(metrics::judge_softmax(description, tolerance, logit_rows, settings.theta, std::move(actual), first)
+                    .comparison);
+  }
+  return total;
 }
 
 // The command that reruns this comparison (what a report's "rerun" says).
@@ -83,14 +118,6 @@ std::string rerun_command(const CompareSettings& s) {
   return command;
 }
 
-void require_same_shape(const Matrix& a, const Matrix& b, const std::string& what) {
-  if (a.rows != b.rows || a.cols != b.cols) {
-    throw InputError(InputProblem::shape_mismatch, "compare: " + what + ": " + std::to_string(a.rows) + "x" +
-                                                       std::to_string(a.cols) + " against " + std::to_string(b.rows) +
-                                                       "x" + std::to_string(b.cols));
-  }
-}
-
 int run_compare(const CompareSettings& settings) {
   const auto format_lookup = find_float_format(settings.format);
   if (!format_lookup || !(**format_lookup == fp32 || **format_lookup == bf16 || **format_lookup == fp16 ||
@@ -108,16 +135,13 @@ int run_compare(const CompareSettings& settings) {
   outcome.gate_case.input = "npy";
   if (!attention) {
     if (settings.probabilities.empty()) throw InputError(InputProblem::out_of_range, "compare: --probs is required");
-    const Matrix logits = exact_values(settings.logits);
-    const Matrix probabilities = values_in_format(settings.probabilities, format);
-    require_same_shape(logits, probabilities, "--probs does not match --logits");
     outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.probabilities).filename().string();
-    outcome.gate_case.n = logits.cols;
     const kernels::SoftmaxKernel description{outcome.gate_case.kernel, "outputs from a file", kernels::Operation::softmax,
                                              &format, &format, &fp32, false, nullptr};
     const auto& tolerance =
         metrics::tolerance_for(settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
-    outcome.comparison = metrics::judge_softmax(description, tolerance, logits, settings.theta, probabilities).comparison;
+    outcome.comparison = judge_softmax_files(settings, format, description, tolerance);
+    outcome.gate_case.n = outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
   } else {
     if (settings.k.empty() || settings.v.empty() || settings.out.empty()) {
       throw InputError(InputProblem::out_of_range, "compare: attention needs --q, --k, --v and --out");

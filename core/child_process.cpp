@@ -64,10 +64,69 @@ bool drain(int fd, std::string& text, std::size_t limit) {
 
 }  // namespace
 
+namespace {
+
+// Reads the child's result and console until both pipes close, the time runs out or a signal
+// arrives; sets outcome.ending for the last two. Once the child has exited its group is killed,
+// so a grandchild holding a pipe open cannot make a finished call look hung.
+void collect_until_done(pid_t child, const int pipes[2], const ChildLimits& limits,
+                        const std::function<double()>& elapsed, ChildOutcome& outcome) {
+  bool open[2] = {true, true};
+  bool exited = false;
+  std::string* sinks[2] = {&outcome.output, &outcome.console};
+  const std::size_t limits_of[2] = {static_cast<std::size_t>(-1), console_limit};
+  while (open[0] || open[1]) {
+    if (interrupt_signal() != 0) {
+      outcome.ending = ChildOutcome::Ending::interrupted;
+      return;
+    }
+    if (!(elapsed() < limits.timeout_seconds)) {  // also true for a NaN limit: never wait forever
+      outcome.ending = ChildOutcome::Ending::timed_out;
+      return;
+    }
+    siginfo_t info{};
+    exited = exited || (waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                        info.si_pid == child);
+    if (exited) kill(-child, SIGKILL);
+    pollfd descriptors[2] = {{open[0] ? pipes[0] : -1, POLLIN, 0}, {open[1] ? pipes[1] : -1, POLLIN, 0}};
+    if (poll(descriptors, 2, poll_slice_ms) <= 0) continue;
+    for (int k = 0; k < 2; ++k) {
+      if (open[k] && (descriptors[k].revents & (POLLIN | POLLHUP)) != 0) open[k] = drain(pipes[k], *sinks[k], limits_of[k]);
+    }
+  }
+}
+
+// Kills what is left of the child's group, reaps the child and every orphan of its group (this
+// process is their subreaper), and classifies how the child ended.
+void reap(pid_t child, const ChildLimits& limits, ChildOutcome& outcome) {
+  kill(-child, SIGKILL);
+  int status = 0;
+  rusage usage{};
+  while (wait4(child, &status, 0, &usage) < 0 && errno == EINTR) {
+  }
+  while (waitpid(-child, nullptr, 0) > 0 || errno == EINTR) {
+  }
+  outcome.peak_rss_kib = static_cast<std::size_t>(usage.ru_maxrss);
+  if (outcome.ending == ChildOutcome::Ending::interrupted || outcome.ending == ChildOutcome::Ending::timed_out) return;
+  if (WIFSIGNALED(status)) {
+    outcome.ending = ChildOutcome::Ending::killed_by_signal;
+    outcome.signal = strsignal(WTERMSIG(status));
+  } else if (WEXITSTATUS(status) == child_out_of_memory_status && limits.memory_bytes > 0) {
+    outcome.ending = ChildOutcome::Ending::out_of_memory;
+  } else {
+    outcome.ending = ChildOutcome::Ending::exited;
+    outcome.exit_code = WEXITSTATUS(status);
+  }
+}
+
+}  // namespace
+
 ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& work, const ChildLimits& limits) {
   ChildOutcome outcome;
   const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  const std::function<double()> elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   int result_pipe[2];
   int console_pipe[2];
   if (pipe2(result_pipe, O_CLOEXEC) != 0) return outcome;
@@ -77,7 +136,7 @@ ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& wo
     return outcome;
   }
   // Orphans of the child (what a plugin forked) are re-parented to this process rather than to
-  // init, so the whole group can be reaped below and no zombie outlives the call.
+  // init, so the whole group can be reaped and no zombie outlives the call.
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   std::fflush(nullptr);  // no buffered output may be written twice
   const pid_t child = fork();
@@ -88,63 +147,17 @@ ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& wo
   }
   close(result_pipe[1]);
   close(console_pipe[1]);
-  if (child < 0) {
-    close(result_pipe[0]);
-    close(console_pipe[0]);
-    return outcome;
+  const int reading[2] = {result_pipe[0], console_pipe[0]};
+  if (child > 0) {
+    setpgid(child, child);  // also here: the group exists before the parent may need to kill it
+    outcome.ending = ChildOutcome::Ending::exited;  // until collect_until_done or reap says otherwise
+    collect_until_done(child, reading, limits, elapsed, outcome);
   }
-  setpgid(child, child);  // also here: the group exists before the parent may need to kill it
-  bool result_open = true;
-  bool console_open = true;
-  bool exited = false;
-  while (true) {
-    if (interrupt_signal() != 0) {
-      outcome.ending = ChildOutcome::Ending::interrupted;
-      break;
-    }
-    if (!(elapsed() < limits.timeout_seconds)) {  // also true for a NaN limit: never wait forever
-      outcome.ending = ChildOutcome::Ending::timed_out;
-      break;
-    }
-    // The child gone and its pipes at end: done. A grandchild holding a pipe open must not make
-    // a finished call look hung, so once the child has exited the group is killed below.
-    siginfo_t info{};
-    exited = exited || (waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == child);
-    if (exited) kill(-child, SIGKILL);
-    if (!result_open && !console_open) break;
-    pollfd descriptors[2] = {{result_open ? result_pipe[0] : -1, POLLIN, 0}, {console_open ? console_pipe[0] : -1, POLLIN, 0}};
-    if (poll(descriptors, 2, poll_slice_ms) <= 0) continue;
-    if (result_open && (descriptors[0].revents & (POLLIN | POLLHUP)) != 0) {
-      result_open = drain(result_pipe[0], outcome.output, static_cast<std::size_t>(-1));
-    }
-    if (console_open && (descriptors[1].revents & (POLLIN | POLLHUP)) != 0) {
-      console_open = drain(console_pipe[0], outcome.console, console_limit);
-    }
-  }
-  close(result_pipe[0]);
-  close(console_pipe[0]);
-  kill(-child, SIGKILL);  // the whole group: the child (if still there) and everything it forked
-  int status = 0;
-  rusage usage{};
-  while (wait4(child, &status, 0, &usage) < 0 && errno == EINTR) {
-  }
-  // The child's own children are ours now (a subreaper's): reap every member of its group.
-  while (waitpid(-child, nullptr, 0) > 0 || errno == EINTR) {
-  }
-  outcome.peak_rss_kib = static_cast<std::size_t>(usage.ru_maxrss);
+  close(reading[0]);
+  close(reading[1]);
+  if (child < 0) return outcome;
+  reap(child, limits, outcome);
   outcome.seconds = elapsed();
-  if (outcome.ending == ChildOutcome::Ending::interrupted || outcome.ending == ChildOutcome::Ending::timed_out) {
-    return outcome;
-  }
-  if (WIFSIGNALED(status)) {
-    outcome.ending = ChildOutcome::Ending::killed_by_signal;
-    outcome.signal = strsignal(WTERMSIG(status));
-  } else if (WEXITSTATUS(status) == child_out_of_memory_status && limits.memory_bytes > 0) {
-    outcome.ending = ChildOutcome::Ending::out_of_memory;
-  } else {
-    outcome.ending = ChildOutcome::Ending::exited;
-    outcome.exit_code = WEXITSTATUS(status);
-  }
   return outcome;
 }
 

@@ -2,7 +2,13 @@
 
 #include "io/atomic_file.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <bit>
 #include <cstring>
 #include <fstream>
@@ -108,7 +114,7 @@ std::size_t NpyArray::element_count() const {
   return count;
 }
 
-NpyArray parse_npy(const std::string& bytes, const std::string& source) {
+NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) fail(source, "not a .npy file (bad magic)");
   const int major = static_cast<unsigned char>(bytes[6]);
   std::size_t header_length = 0;
@@ -124,76 +130,89 @@ NpyArray parse_npy(const std::string& bytes, const std::string& source) {
     fail(source, "unsupported .npy version " + std::to_string(major));
   }
   if (header_start + header_length > bytes.size()) fail(source, "truncated header");
-  const std::string header = bytes.substr(header_start, header_length);
+  const std::string header(bytes.substr(header_start, header_length));
   const std::string descr = dict_value(header, "descr", source);
   const std::string fortran = dict_value(header, "fortran_order", source);
-  NpyArray array;
-  array.shape = parse_shape(dict_value(header, "shape", source), source);
+  NpyLayout layout;
+  layout.shape = parse_shape(dict_value(header, "shape", source), source);
   if (fortran != "True" && fortran != "False") fail(source, "fortran_order is '" + fortran + "'");
+  layout.fortran_order = fortran == "True";
   if (descr.size() < 5 || (descr.front() != '\'' && descr.front() != '"')) fail(source, "dtype " + descr + " is not a simple type");
   const std::string code = descr.substr(1, descr.size() - 2);
   const char order = code.empty() ? '?' : code[0];
   const std::string kind = code.size() > 1 ? code.substr(1) : "";
   if (kind == "f8") {
-    array.type = NpyType::float64;
+    layout.type = NpyType::float64;
   } else if (kind == "f4") {
-    array.type = NpyType::float32;
+    layout.type = NpyType::float32;
   } else if (kind == "f2") {
-    array.type = NpyType::float16;
+    layout.type = NpyType::float16;
   } else if (kind == "i1") {
-    array.type = NpyType::int8;
+    layout.type = NpyType::int8;
   } else if (kind == "u1") {
-    array.type = NpyType::uint8;
+    layout.type = NpyType::uint8;
   } else if (kind == "u2") {
-    array.type = NpyType::uint16;
+    layout.type = NpyType::uint16;
   } else {
     fail(source, "unsupported dtype '" + code + "' (float64, float32, float16, int8, uint8, uint16 for bf16 bits)");
   }
   if (order != '<' && order != '>' && order != '|' && order != '=') fail(source, "dtype '" + code + "' has no byte order");
-  const bool big_endian = order == '>';
+  layout.big_endian = order == '>';
   std::size_t count = 1;
-  for (const std::size_t extent : array.shape) {
+  for (const std::size_t extent : layout.shape) {
     if (__builtin_mul_overflow(count, extent, &count)) fail(source, "shape overflows the address space");
   }
-  const std::size_t size = item_size(array.type);
-  const std::size_t data_start = header_start + header_length;
-  if (count > (bytes.size() - data_start) / size || bytes.size() - data_start != count * size) {
-    fail(source, "data holds " + std::to_string(bytes.size() - data_start) + " bytes, the header promises " +
+  const std::size_t size = item_size(layout.type);
+  layout.data_start = header_start + header_length;
+  if (count > (bytes.size() - layout.data_start) / size || bytes.size() - layout.data_start != count * size) {
+    fail(source, "data holds " + std::to_string(bytes.size() - layout.data_start) + " bytes, the header promises " +
                      std::to_string(count) + " elements of " + std::to_string(size) + " bytes");
   }
-  std::vector<double> stored(count);
-  const char* data = bytes.data() + data_start;
-  for (std::size_t i = 0; i < count; ++i) {
-    const char* item = data + i * size;
-    switch (array.type) {
-      case NpyType::float64: stored[i] = load<double>(item, big_endian); break;
-      case NpyType::float32: stored[i] = load<float>(item, big_endian); break;
-      case NpyType::float16: stored[i] = decode(load<std::uint16_t>(item, big_endian), fp16); break;
-      case NpyType::int8: stored[i] = static_cast<std::int8_t>(*item); break;
-      case NpyType::uint8: stored[i] = static_cast<unsigned char>(*item); break;
-      case NpyType::uint16: stored[i] = load<std::uint16_t>(item, big_endian); break;
-    }
+  return layout;
+}
+
+std::size_t NpyLayout::element_count() const {
+  std::size_t count = 1;
+  for (const std::size_t extent : shape) count *= extent;
+  return count;
+}
+
+double decode_npy_item(const NpyLayout& layout, const char* data, std::size_t position) {
+  const char* item = data + position * item_size(layout.type);
+  switch (layout.type) {
+    case NpyType::float64: return load<double>(item, layout.big_endian);
+    case NpyType::float32: return load<float>(item, layout.big_endian);
+    case NpyType::float16: return decode(load<std::uint16_t>(item, layout.big_endian), fp16);
+    case NpyType::int8: return static_cast<std::int8_t>(*item);
+    case NpyType::uint8: return static_cast<unsigned char>(*item);
+    case NpyType::uint16: return load<std::uint16_t>(item, layout.big_endian);
   }
-  if (fortran == "True" && array.shape.size() > 1) {
-    // Column-major storage: element (i0, i1, ...) sits at i0 + s0 (i1 + s1 (...)).
-    array.values.resize(count);
-    std::vector<std::size_t> index(array.shape.size(), 0);
-    for (std::size_t c_position = 0; c_position < count; ++c_position) {
-      std::size_t f_position = 0;
-      std::size_t stride = 1;
-      for (std::size_t axis = 0; axis < array.shape.size(); ++axis) {
-        f_position += index[axis] * stride;
-        stride *= array.shape[axis];
-      }
-      array.values[c_position] = stored[f_position];
-      for (std::size_t axis = array.shape.size(); axis-- > 0;) {
-        if (++index[axis] < array.shape[axis]) break;
-        index[axis] = 0;
-      }
-    }
-  } else {
-    array.values = std::move(stored);
+  return 0;
+}
+
+// The storage position of C-order element `c_position` (Fortran order stores the first axis fastest).
+std::size_t storage_position(const NpyLayout& layout, std::size_t c_position) {
+  if (!layout.fortran_order || layout.shape.size() < 2) return c_position;
+  std::size_t f_position = 0;
+  std::size_t rest = c_position;
+  for (std::size_t axis = layout.shape.size(); axis-- > 0;) {
+    std::size_t f_stride = 1;  // Fortran order: the product of the extents before this axis
+    for (std::size_t before = 0; before < axis; ++before) f_stride *= layout.shape[before];
+    f_position += (rest % layout.shape[axis]) * f_stride;
+    rest /= layout.shape[axis];
   }
+  return f_position;
+}
+
+NpyArray parse_npy(const std::string& bytes, const std::string& source) {
+  const NpyLayout layout = parse_npy_header(bytes, source);
+  NpyArray array;
+  array.type = layout.type;
+  array.shape = layout.shape;
+  const std::size_t count = layout.element_count();
+  array.values.resize(count);
+  const char* data = bytes.data() + layout.data_start;
+  for (std::size_t i = 0; i < count; ++i) array.values[i] = decode_npy_item(layout, data, storage_position(layout, i));
   return array;
 }
 
@@ -247,6 +266,63 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
     }
   }
   write_file_atomically(path, out.str());
+}
+
+NpyFile::NpyFile(const std::string& path) : path_(path) {
+  const int descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (descriptor < 0) fail(path, std::string("cannot be opened: ") + std::strerror(errno));
+  struct stat status {};
+  if (::fstat(descriptor, &status) != 0 || !S_ISREG(status.st_mode)) {
+    ::close(descriptor);
+    fail(path, "is not a regular file");
+  }
+  size_ = static_cast<std::size_t>(status.st_size);
+  if (size_ > 0) {
+    void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, descriptor, 0);
+    if (mapped == MAP_FAILED) {
+      ::close(descriptor);
+      fail(path, std::string("cannot be mapped: ") + std::strerror(errno));
+    }
+    bytes_ = static_cast<const char*>(mapped);
+  }
+  ::close(descriptor);
+  try {
+    layout_ = parse_npy_header(std::string_view(bytes_ == nullptr ? "" : bytes_, size_), path);
+  } catch (...) {
+    if (bytes_ != nullptr) ::munmap(const_cast<char*>(bytes_), size_);
+    throw;
+  }
+  if (layout_.shape.size() == 1) {
+    rows_ = 1;
+    cols_ = layout_.shape[0];
+  } else if (layout_.shape.size() == 2) {
+    rows_ = layout_.shape[0];
+    cols_ = layout_.shape[1];
+  } else {
+    ::munmap(const_cast<char*>(bytes_), size_);
+    fail(path, "expected a 1-D or 2-D array, got " + std::to_string(layout_.shape.size()) + " dimensions");
+  }
+}
+
+NpyFile::~NpyFile() {
+  if (bytes_ != nullptr) ::munmap(const_cast<char*>(bytes_), size_);
+}
+
+Matrix NpyFile::read_rows(std::size_t first, std::size_t count) const {
+  Matrix matrix(count, cols_);
+  const char* data = bytes_ + layout_.data_start;
+  for (std::size_t i = 0; i < count * cols_; ++i) {
+    matrix.values[i] = decode_npy_item(layout_, data, storage_position(layout_, first * cols_ + i));
+  }
+  if (!layout_.fortran_order) {
+    // The pages of these rows are not needed again: let the kernel drop them from memory.
+    const std::size_t item = item_size(layout_.type);
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t begin = (layout_.data_start + first * cols_ * item) / page * page;
+    const std::size_t end = layout_.data_start + (first + count) * cols_ * item;
+    if (end > begin) ::madvise(const_cast<char*>(bytes_) + begin, end - begin, MADV_DONTNEED);
+  }
+  return matrix;
 }
 
 Matrix as_matrix(const NpyArray& array, const std::string& source) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/matrix.hpp"
@@ -21,6 +22,45 @@ struct NpyArray {
   // bit patterns as integers (interpret them with a format, e.g. bf16, via decode()).
   std::vector<double> values;
   [[nodiscard]] std::size_t element_count() const;
+};
+
+// What a .npy header says: the element type, shape, order, and where the data starts.
+struct NpyLayout {
+  NpyType type = NpyType::float64;
+  std::vector<std::size_t> shape;
+  bool fortran_order = false;
+  bool big_endian = false;
+  std::size_t data_start = 0;
+  [[nodiscard]] std::size_t element_count() const;
+};
+// Parses and checks the header of a .npy file's bytes (which must hold the whole file: the data's
+// size is checked against the shape). Throws InputError like parse_npy.
+[[nodiscard]] NpyLayout parse_npy_header(std::string_view bytes, const std::string& source);
+// The value at storage position `position` of the data, converted exactly to double.
+[[nodiscard]] double decode_npy_item(const NpyLayout& layout, const char* data, std::size_t position);
+// The storage position of the element at C-order position `c_position`.
+[[nodiscard]] std::size_t storage_position(const NpyLayout& layout, std::size_t c_position);
+
+// A .npy file mapped into memory, read a block of rows at a time: judging files larger than
+// memory costs the blocks, not copies of the files. A 1-D array is one row.
+class NpyFile {
+ public:
+  explicit NpyFile(const std::string& path);  // InputError naming the path when unreadable or malformed
+  ~NpyFile();
+  NpyFile(const NpyFile&) = delete;
+  NpyFile& operator=(const NpyFile&) = delete;
+  [[nodiscard]] const NpyLayout& layout() const { return layout_; }
+  [[nodiscard]] std::size_t rows() const { return rows_; }
+  [[nodiscard]] std::size_t cols() const { return cols_; }
+  // Rows [first, first + count) as doubles (uint16 as bit patterns); the pages read are released.
+  [[nodiscard]] Matrix read_rows(std::size_t first, std::size_t count) const;
+
+ private:
+  std::string path_;
+  const char* bytes_ = nullptr;
+  std::size_t size_ = 0;
+  NpyLayout layout_;
+  std::size_t rows_ = 0, cols_ = 0;
 };
 
 // Parses a whole .npy file held in memory. Throws InputError naming `source` and what is wrong:

@@ -99,7 +99,7 @@ Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& 
 }
 
 Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance, const Matrix& logits,
-                         double theta, Matrix actual) {
+                         double theta, Matrix actual, std::size_t first_row_number) {
   if (actual.rows != logits.rows || actual.cols != logits.cols) {
     throw InputError(InputProblem::shape_mismatch, "judge: the outputs are " + std::to_string(actual.rows) + "x" +
                                                        std::to_string(actual.cols) + " but the logits are " +
@@ -114,8 +114,8 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
   // Sigmoid and stick-breaking weights are not distributions: no sum, argmax or KL check for them.
   const bool distributions = kernel.operation != kernels::Operation::sigmoid_attention &&
                              kernel.operation != kernels::Operation::stick_breaking;
-  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, distributions, 0,
-                        &evaluation.allowed};
+  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, distributions,
+                        first_row_number, &evaluation.allowed};
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const std::span<const double> row = logits.row(r);
     const ReferenceRow reference_row = reference_for(kernel, row, theta, &evaluation.reference_statistics);

@@ -22,8 +22,10 @@ struct Evaluation {
 
 // Judges outputs computed elsewhere (a plugin in a child process, a .npy file): `kernel` gives
 // the operation and formats, `tolerance` the entry to judge by.
+// first_row_number: the number the first row has in reports (when judging a block of a larger file).
 [[nodiscard]] Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance,
-                                       const Matrix& logits, double theta, Matrix actual);
+                                       const Matrix& logits, double theta, Matrix actual,
+                                       std::size_t first_row_number = 0);
 
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                                             const Matrix& keys, const Matrix& values, bool causal, double theta = 1.0);
