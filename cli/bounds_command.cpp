@@ -5,6 +5,7 @@
 
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.hpp"
@@ -100,9 +101,9 @@ Command add_bounds_command(CLI::App& app) {
   auto s = std::make_shared<BoundsSettings>();
   auto* command = app.add_subcommand("bounds", "Print every rigorous bound for given n, delta, theta, eps");
   command->add_option("--n", s->n, "Number of logits (default 16384)");
-  command->add_option("--delta", s->delta, "Spread max e - min e (default 5.69, Gemma 2B's mean)");
-  command->add_option("--theta", s->theta, "Temperature > 0");
-  command->add_option("--eps", s->eps, "Theorem 2.2's epsilon in (0, 1]");
+  add_real_option(command, "--delta", s->delta, "Spread max e - min e (default 5.69, Gemma 2B's mean)");
+  add_real_option(command, "--theta", s->theta, "Temperature > 0");
+  add_real_option(command, "--eps", s->eps, "Theorem 2.2's epsilon in (0, 1]");
   command->add_option("--json", s->json_path, "Also write the bounds as JSON");
   command->add_option("--q", s->q, "Proposition 3.1: Q (.npy, dq x d)");
   command->add_option("--k", s->k, "Proposition 3.1: K (.npy, dq x d)");

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
 #include "gate/report.hpp"
 #include "io/atomic_file.hpp"
 #include "core/errors.hpp"
@@ -205,7 +206,7 @@ Command add_compare_command(CLI::App& app) {
   command->add_option("--out", settings->out, "The kernel's attention output (m x dv)");
   command->add_flag("--causal", settings->causal, "Top-left causal mask");
   command->add_option("--format", settings->format, "The outputs' format: fp32, bf16, fp16 or fp64");
-  command->add_option("--theta", settings->theta, "Temperature");
+  add_real_option(command, "--theta", settings->theta, "Temperature");
   command->add_option("--tolerance-of", settings->tolerance_entry, "Judge by this kernel's tolerance-table entry");
   command->add_option("--budget", settings->budget_path, "JSON budget (see gate)");
   command->add_option("--json", settings->json_path, "Write the report as JSON");

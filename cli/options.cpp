@@ -65,4 +65,33 @@ std::size_t parse_bytes(const std::string& text, const std::string& option) {
   return bytes;
 }
 
+double parse_real(const std::string& text, const std::string& option) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) refuse(option, text, "a number");
+  return value;
+}
+
+CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target, const std::string& help) {
+  return command->add_option_function<std::string>(
+      name, [&target, name](const std::string& text) { target = parse_real(text, name); }, help);
+}
+
+CLI::Option* add_real_list_option(CLI::App* command, const std::string& name, std::vector<double>& target,
+                                  const std::string& help) {
+  return command->add_option_function<std::string>(
+      name,
+      [&target, name](const std::string& text) {
+        target.clear();
+        std::size_t start = 0;
+        while (true) {
+          const std::size_t comma = text.find(',', start);
+          target.push_back(parse_real(text.substr(start, comma - start), name));
+          if (comma == std::string::npos) break;
+          start = comma + 1;
+        }
+      },
+      help);
+}
+
 }  // namespace sharpcheck::cli

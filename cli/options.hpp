@@ -2,6 +2,8 @@
 // or an InputError naming the option and the text (never a wrapped negative or a NaN timeout).
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -20,5 +22,15 @@ namespace sharpcheck::cli {
 [[nodiscard]] double parse_seconds(const std::string& text, const std::string& option);
 // Bytes with an optional K, M or G suffix (powers of 1024); at least 16 MiB.
 [[nodiscard]] std::size_t parse_bytes(const std::string& text, const std::string& option);
+
+// A decimal or hexadecimal real, rounded once to the nearest double (strtod; CLI11's own parsing
+// goes through long double and rounds twice). "inf", "-inf" and "nan" are read too; the caller
+// checks the range.
+[[nodiscard]] double parse_real(const std::string& text, const std::string& option);
+
+// --name VALUE read with parse_real into `target`; the list form takes comma-separated values.
+CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target, const std::string& help);
+CLI::Option* add_real_list_option(CLI::App* command, const std::string& name, std::vector<double>& target,
+                                  const std::string& help);
 
 }  // namespace sharpcheck::cli

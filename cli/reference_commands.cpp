@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
 #include "core/errors.hpp"
 #include "formats/float_format.hpp"
 #include "reference/softmax.hpp"
@@ -35,7 +36,7 @@ void print_reference_table(const std::vector<double>& logits, double theta) {
   options.theta = theta;
   std::printf("logits (%zu):", logits.size());
   for (const double logit : logits) std::printf(" %g", logit);
-  std::printf("   theta = %g\n\n", theta);
+  std::printf("   theta = %g (%s)\n\n", theta, hex_float(theta).c_str());
   std::printf("%-10s %-12s %-12s %s\n", "format", "logsumexp", "entropy", "softmax (correctly rounded)");
   for (const FloatFormat* format : all_float_formats) {
     const auto probabilities = reference::softmax(logits, *format, options);
@@ -68,7 +69,7 @@ Command add_softmax_command(CLI::App& app) {
       app.add_subcommand("softmax", "The correctly rounded reference on a row given on the command line");
   command->add_option("--logits", *logits_text, "Comma-separated logits, e.g. 1,2.5,-3 (inf/-inf/nan/hex allowed)")
       ->required();
-  command->add_option("--theta", *theta, "Temperature (finite, non-zero)");
+  add_real_option(command, "--theta", *theta, "Temperature (finite, non-zero)");
   return [command, logits_text, theta]() -> int {
     if (!*command) return -1;
     print_reference_table(parse_logits(*logits_text), *theta);

@@ -13,6 +13,7 @@
 
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
 #include "io/atomic_file.hpp"
 #include "core/errors.hpp"
 #include "inputs/rows.hpp"
@@ -304,7 +305,7 @@ Command add_study_command(CLI::App& app) {
                       "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576");
   command->add_option("--threads", s->threads, "Threads for the dispersion preset (0: every core)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
-  command->add_option("--spreads", s->spreads, "Spreads delta to study")->delimiter(',');
+  add_real_list_option(command, "--spreads", s->spreads, "Spreads delta to study, comma-separated");
   command->add_option("--sizes", s->sizes, "Sizes n to study")->delimiter(',');
   command->add_option("--kernels", s->kernels, "Kernels whose error to plot")->delimiter(',');
   return [command, s]() -> int { return *command ? run_study(*s) : -1; };

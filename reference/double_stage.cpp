@@ -123,6 +123,11 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
   std::size_t tiny = 0;
   for (std::size_t a = 0; a < count; ++a) {
     double z = logits[row.active[a]] - row.shift;
+    // A difference of two finite logits can overflow (logits near +-DBL_MAX): its true value is
+    // finite and z = d / theta may be anything, so this stage's bound does not hold. Stand aside;
+    // the ball and MPFR stages compute the difference exactly. (z = d / theta overflowing is fine:
+    // the true z is below -DBL_MAX and its weight is far below 2^-1008.)
+    if (!std::isfinite(z)) return 0;
     if (theta != 1.0) z /= theta;
     // z <= 0 up to rounding (the shift maximises e / theta); -0.0 and tiny positive are fine.
     const double magnitude = std::fabs(z);

@@ -1,6 +1,8 @@
 // The softmax reference against closed forms, against an independent 320-bit cpp_bin_float
 // computation, and against MPFR at twice the working precision rounded once; in every format.
 #include <gtest/gtest.h>
+
+#include <cfloat>
 #include <mpfr.h>
 
 #include <bit>
@@ -164,6 +166,39 @@ TEST_P(EveryFormat, EqualsMpfrAtTwiceThePrecisionRoundedOnce) {
 }
 
 const auto format_name = [](const auto& info) { return std::string(info.param->name); };
+// The extremes of fp64: logits near +-DBL_MAX (their differences overflow double), subnormal
+// logits, temperatures from 1e-300 to 1e300 of both signs. Every coefficient must still be the
+// nearest value to the independent 320-bit computation, whichever stage decides it. (Before the
+// double stage stood aside on an overflowing difference, the first row gave 0x1p+0 0x0p+0 in every
+// format narrower than fp64.)
+TEST_P(EveryFormat, StaysCorrectlyRoundedAtTheExtremesOfDouble) {
+  const double big = 0x1.e42d130773b76p+1023;
+  const std::vector<std::pair<std::vector<double>, double>> cases{
+      {{big, -big}, 0x1.1ccf385ebc8a0p+1023},
+      {{big, -big, 0.0, big / 2}, 0x1p+1020},
+      {{-big, big}, -0x1p+1022},
+      {{DBL_MAX, -DBL_MAX, 1.0}, 1e300},
+      {{0x1p-1074, -0x1p-1074, 0x1.8p-1070, 0.0}, 0x1p-1072},
+      {{0x1p-1074, 0.0, -0x1p-1073}, -1e-300},
+      {{1.0, 2.0, 3.0}, 1e300},
+      {{1e-300, 2e-300, -3e-300}, 1e-300},
+      {{DBL_MAX, DBL_MAX / 3, -DBL_MAX / 7}, DBL_MAX},
+  };
+  for (const auto& [row, theta] : cases) {
+    RowOptions options;
+    options.theta = theta;
+    const auto exact = testing::independent_softmax(row, theta);
+    const auto probabilities = reference::softmax(row, format(), options);
+    RowOptions mpfr_only = options;
+    mpfr_only.mpfr_only = true;
+    EXPECT_EQ(reference::softmax(row, format(), mpfr_only), probabilities) << "theta " << hex_float(theta);
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      EXPECT_TRUE(is_nearest_in_format(probabilities[j], exact[j], format()))
+          << "row starting " << hex_float(row[0]) << ", theta " << hex_float(theta) << ", j " << j;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Reference, EveryFormat, ::testing::ValuesIn(all_float_formats), format_name);
 
 // Mutation check: rounding MPFR's result to double and then the double to bf16 (double rounding)
