@@ -43,9 +43,9 @@ std::vector<Storage> normal_logits(std::size_t count) {
 // Shapes: (rows, n). Counters: bytes read and written per second, and ns per element.
 void report(benchmark::State& state, std::size_t elements, std::size_t bytes_per_element) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * elements * 2 * bytes_per_element));
-  state.counters["ns_per_element"] = benchmark::Counter(static_cast<double>(elements),
-                                                        benchmark::Counter::kIsIterationInvariantRate |
-                                                            benchmark::Counter::kInvert);
+  state.counters["ns_per_element"] =
+      benchmark::Counter(static_cast<double>(elements),
+                         benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 template <typename Storage, void (*Kernel)(const Storage*, Storage*, std::size_t, float)>
@@ -91,7 +91,9 @@ BENCHMARK(softmax_kernel<float, k::softmax_safe3_fp32>)->Name("safe3_fp32")->App
 BENCHMARK(softmax_kernel<float, k::softmax_online2_fp32>)->Name("online2_fp32")->Apply(shapes);
 BENCHMARK(softmax_kernel<float, blocked>)->Name("blocked_fp32")->Apply(shapes);
 BENCHMARK(softmax_kernel<float, k::softmax_adaptive_fp32>)->Name("adaptive_fp32")->Apply(shapes);
-BENCHMARK(softmax_kernel<float, k::softmax_adaptive_streaming_fp32>)->Name("adaptive_streaming_fp32")->Apply(shapes);
+BENCHMARK(softmax_kernel<float, k::softmax_adaptive_streaming_fp32>)
+    ->Name("adaptive_streaming_fp32")
+    ->Apply(shapes);
 BENCHMARK(copy_of_the_same_bytes<Bfloat16>)->Apply(shapes);
 BENCHMARK(softmax_kernel<Bfloat16, k::softmax_safe3_bf16>)->Name("safe3_bf16")->Apply(shapes);
 BENCHMARK(softmax_kernel<Bfloat16, k::softmax_online2_bf16>)->Name("online2_bf16")->Apply(shapes);
@@ -141,14 +143,16 @@ void attention(benchmark::State& state, bool flash) {
   std::vector<float> out(128);
   for (auto _ : state) {
     if (flash) {
-      sharpcheck::kernels::attention_flash_fp32(q.data(), keys.data(), values.data(), out.data(), shape, 0.0884F, false);
+      sharpcheck::kernels::attention_flash_fp32(q.data(), keys.data(), values.data(), out.data(), shape,
+                                                0.0884F, false);
     } else {
-      sharpcheck::kernels::attention_naive_fp32(q.data(), keys.data(), values.data(), out.data(), shape, 0.0884F, false);
+      sharpcheck::kernels::attention_naive_fp32(q.data(), keys.data(), values.data(), out.data(), shape,
+                                                0.0884F, false);
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["ns_per_key"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate |
-                                                                                 benchmark::Counter::kInvert);
+  state.counters["ns_per_key"] = benchmark::Counter(
+      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 BENCHMARK_CAPTURE(attention, naive_fp32, false)->Arg(16384);
 BENCHMARK_CAPTURE(attention, flash_fp32, true)->Arg(16384);

@@ -20,9 +20,9 @@ std::vector<double> normal_row(std::size_t n, std::uint64_t seed) {
   return row;
 }
 
-
 // Which stage decided the results, as fractions of them, as benchmark counters.
-void report_stages(benchmark::State& state, const sharpcheck::reference::ZivStatistics& statistics, double results) {
+void report_stages(benchmark::State& state, const sharpcheck::reference::ZivStatistics& statistics,
+                   double results) {
   state.counters["in_double"] = static_cast<double>(statistics.decided_in_double) / results;
   state.counters["by_balls"] = static_cast<double>(statistics.decided_by_balls) / results;
   state.counters["escalations"] = static_cast<double>(statistics.escalations);
@@ -39,7 +39,8 @@ void correctly_rounded_softmax_fp32(benchmark::State& state) {
   options.statistics = &statistics;
   std::size_t next = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(sharpcheck::reference::softmax(rows[next++ % rows.size()], sharpcheck::fp32, options));
+    benchmark::DoNotOptimize(
+        sharpcheck::reference::softmax(rows[next++ % rows.size()], sharpcheck::fp32, options));
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
   report_stages(state, statistics, static_cast<double>(state.iterations() * n));
@@ -104,7 +105,8 @@ void correctly_rounded_attention_row(benchmark::State& state) {
   sharpcheck::reference::ZivStatistics statistics;
   sharpcheck::reference::AttentionOptions options;
   options.statistics = &statistics;
-  for (auto _ : state) benchmark::DoNotOptimize(sharpcheck::reference::attention(q, k, v, sharpcheck::fp32, options));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(sharpcheck::reference::attention(q, k, v, sharpcheck::fp32, options));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
   report_stages(state, statistics, static_cast<double>(state.iterations() * d));  // d outputs a row
 }

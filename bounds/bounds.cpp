@@ -27,8 +27,9 @@ void check_row(double n, double delta, double theta) {
   check_finite(n, "n");
   check_finite(delta, "delta");
   if (!std::isfinite(theta) || theta <= 0) {
-    throw InputError(InputProblem::bad_temperature,
-                     "bounds: theta must be finite and > 0 for the lemma's forms, got " + std::to_string(theta));
+    throw InputError(
+        InputProblem::bad_temperature,
+        "bounds: theta must be finite and > 0 for the lemma's forms, got " + std::to_string(theta));
   }
   if (n < 1) throw InputError(InputProblem::out_of_range, "bounds: n must be >= 1, got " + std::to_string(n));
   if (delta < 0) {
@@ -38,7 +39,8 @@ void check_row(double n, double delta, double theta) {
 
 void check_epsilon(double eps) {
   if (!(eps > 0 && eps <= 1)) {
-    throw InputError(InputProblem::out_of_range, "bounds: eps must lie in (0, 1], got " + std::to_string(eps));
+    throw InputError(InputProblem::out_of_range,
+                     "bounds: eps must lie in (0, 1], got " + std::to_string(eps));
   }
 }
 
@@ -189,7 +191,9 @@ std::uint64_t accumulation_horizon(const FloatFormat& format) {
 
 double adaptive_polynomial(double h) { return (((-0.037 * h + 0.481) * h - 2.3) * h + 4.917) * h - 1.791; }
 
-double adaptive_beta(double entropy) { return entropy > 0.5 ? std::max(adaptive_polynomial(entropy), 1.0) : 1.0; }
+double adaptive_beta(double entropy) {
+  return entropy > 0.5 ? std::max(adaptive_polynomial(entropy), 1.0) : 1.0;
+}
 
 namespace {
 // 1000 (poly(h) - 1) = -37 h^4 + 481 h^3 - 2300 h^2 + 4917 h - 2791, evaluated exactly for a
@@ -230,7 +234,8 @@ double certified_sigma_max(const Matrix& a, std::string* certificate) {
   if (a.rows == 0 || a.cols == 0) return 0.0;
   Eigen::MatrixXd dense(a.rows, a.cols);
   for (std::size_t r = 0; r < a.rows; ++r) {
-    for (std::size_t c = 0; c < a.cols; ++c) dense(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = a(r, c);
+    for (std::size_t c = 0; c < a.cols; ++c)
+      dense(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = a(r, c);
   }
   const double estimate = Eigen::JacobiSVD<Eigen::MatrixXd>(dense).singularValues()(0);
   if (estimate == 0 && std::all_of(a.values.begin(), a.values.end(), [](double x) { return x == 0; })) {
@@ -259,7 +264,8 @@ double certified_sigma_max(const Matrix& a, std::string* certificate) {
   arb_init(square);
   arb_set_d(square, candidate);
   arb_mul(square, square, square, precision);
-  for (slong i = 0; i < n; ++i) arb_add(arb_mat_entry(gram, i, i), arb_mat_entry(gram, i, i), square, precision);
+  for (slong i = 0; i < n; ++i)
+    arb_add(arb_mat_entry(gram, i, i), arb_mat_entry(gram, i, i), square, precision);
   const bool certified = arb_mat_cho(factor, gram, precision) != 0;
   arb_clear(square);
   arb_mat_clear(transpose);
@@ -267,7 +273,8 @@ double certified_sigma_max(const Matrix& a, std::string* certificate) {
   arb_mat_clear(gram);
   arb_mat_clear(factor);
   if (certified) {
-    if (certificate != nullptr) *certificate = "Eigen SVD estimate, s^2 I - A^T A proved positive definite (Arb ball Cholesky)";
+    if (certificate != nullptr)
+      *certificate = "Eigen SVD estimate, s^2 I - A^T A proved positive definite (Arb ball Cholesky)";
     return candidate;
   }
   // Fallback: sigma_max <= sqrt(||A||_1 ||A||_inf), each norm summed with upward rounding.
@@ -276,12 +283,14 @@ double certified_sigma_max(const Matrix& a, std::string* certificate) {
   mpfr_set_zero(row_norm.get(), 1);
   for (std::size_t c = 0; c < a.cols; ++c) {
     mpfr_set_zero(entry.get(), 1);
-    for (std::size_t r = 0; r < a.rows; ++r) mpfr_add_d(entry.get(), entry.get(), std::fabs(a(r, c)), MPFR_RNDU);
+    for (std::size_t r = 0; r < a.rows; ++r)
+      mpfr_add_d(entry.get(), entry.get(), std::fabs(a(r, c)), MPFR_RNDU);
     mpfr_max(column_norm.get(), column_norm.get(), entry.get(), MPFR_RNDU);
   }
   for (std::size_t r = 0; r < a.rows; ++r) {
     mpfr_set_zero(entry.get(), 1);
-    for (std::size_t c = 0; c < a.cols; ++c) mpfr_add_d(entry.get(), entry.get(), std::fabs(a(r, c)), MPFR_RNDU);
+    for (std::size_t c = 0; c < a.cols; ++c)
+      mpfr_add_d(entry.get(), entry.get(), std::fabs(a(r, c)), MPFR_RNDU);
     mpfr_max(row_norm.get(), row_norm.get(), entry.get(), MPFR_RNDU);
   }
   mpfr_mul(entry.get(), column_norm.get(), row_norm.get(), MPFR_RNDU);
@@ -327,7 +336,8 @@ Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y,
   result.sigma_k = certified_sigma_max(k, &certificate_k);
   result.certificate = "Q: " + certificate_q + "; K: " + certificate_k;
   result.norm_y = euclidean_norm_up(y.values);
-  for (std::size_t i = 0; i < x.rows; ++i) result.max_norm_x = std::max(result.max_norm_x, euclidean_norm_up(x.row(i)));
+  for (std::size_t i = 0; i < x.rows; ++i)
+    result.max_norm_x = std::max(result.max_norm_x, euclidean_norm_up(x.row(i)));
   MpfrNumber bound(working_precision);
   mpfr_set_d(bound.get(), 2 * result.sigma_q, MPFR_RNDU);  // 2 s is exact
   for (const double factor : {result.sigma_k, result.norm_y, result.max_norm_x}) {

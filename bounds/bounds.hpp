@@ -43,15 +43,16 @@ struct Enclosure {
 // Proposition 3.1 for logits e_i = (Q y) . (K x_i): Q is dq x d, K is dk x d (dq == dk), y has d
 // entries (a 1 x d matrix), the x_i are the rows of X (n x d).
 struct Proposition31 {
-  double sigma_q = 0;     // certified upper bound on sigma_max(Q)
-  double sigma_k = 0;     // certified upper bound on sigma_max(K)
-  double norm_y = 0;      // ||y||, rounded up
-  double max_norm_x = 0;  // max_i ||x_i||, rounded up
-  double bound = 0;       // 2 sigma_q sigma_k ||y|| max ||x_i||, rounded up
+  double sigma_q = 0;       // certified upper bound on sigma_max(Q)
+  double sigma_k = 0;       // certified upper bound on sigma_max(K)
+  double norm_y = 0;        // ||y||, rounded up
+  double max_norm_x = 0;    // max_i ||x_i||, rounded up
+  double bound = 0;         // 2 sigma_q sigma_k ||y|| max ||x_i||, rounded up
   Enclosure actual_spread;  // the spread of the given logits, enclosed
   std::string certificate;  // how sigma_max was certified
 };
-[[nodiscard]] Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y, const Matrix& x);
+[[nodiscard]] Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y,
+                                            const Matrix& x);
 
 // A certified upper bound on the largest singular value of A: an Eigen SVD estimate s, enlarged
 // slightly, is accepted when Arb's ball Cholesky proves s^2 I - A^T A positive definite; if it

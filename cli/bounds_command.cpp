@@ -2,14 +2,13 @@
 // Proposition 3.1's bound beside the actual spread for Q, K, y, X given as .npy files.
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
-#include <nlohmann/json.hpp>
-
-#include "io/atomic_file.hpp"
 #include "core/errors.hpp"
+#include "io/atomic_file.hpp"
 #include "io/npy.hpp"
 
 namespace sharpcheck::cli {
@@ -48,10 +47,13 @@ int run_bounds(const BoundsSettings& s) {
   report["theorem_2_2_paper_threshold"] = bounds::theorem_2_2_threshold(s.delta, s.theta, s.eps);
   report["theorem_2_2_smallest_n"] = bounds::smallest_n_below(s.delta, s.theta, s.eps);
   report["entropy_lower_bound"] = bounds::entropy_lower_bound(s.n, s.delta, s.theta);
-  std::printf("n = %.17g, delta = %.17g, theta = %.17g, eps = %.17g (upper bounds rounded up, lower rounded down)\n\n",
-              s.n, s.delta, s.theta, s.eps);
+  std::printf(
+      "n = %.17g, delta = %.17g, theta = %.17g, eps = %.17g (upper bounds rounded up, lower rounded "
+      "down)\n\n",
+      s.n, s.delta, s.theta, s.eps);
   std::printf("Lemma 2.1            %.17g <= coefficient <= %.17g\n", lemma.lower, lemma.upper);
-  std::printf("tight forms          %.17g <= coefficient <= %.17g\n", report["tight_smallest_coefficient"].get<double>(),
+  std::printf("tight forms          %.17g <= coefficient <= %.17g\n",
+              report["tight_smallest_coefficient"].get<double>(),
               report["tight_largest_coefficient"].get<double>());
   std::printf("Theorem 2.2          every coefficient < eps once n > %.17g (paper form)\n",
               report["theorem_2_2_paper_threshold"].get<double>());
@@ -62,7 +64,8 @@ int run_bounds(const BoundsSettings& s) {
   for (const FloatFormat* format : all_float_formats) {
     const auto horizon = bounds::underflow_horizon(s.delta, s.theta, *format);
     const auto accumulation = bounds::accumulation_horizon(*format);
-    report["horizons"][std::string(format->name)] = {{"underflow", enclosure(horizon)}, {"accumulation", accumulation}};
+    report["horizons"][std::string(format->name)] = {{"underflow", enclosure(horizon)},
+                                                     {"accumulation", accumulation}};
     std::printf("%-9s %26s %22llu\n", std::string(format->name).c_str(), horizon_text(horizon).c_str(),
                 static_cast<unsigned long long>(accumulation));
   }
@@ -72,17 +75,21 @@ int run_bounds(const BoundsSettings& s) {
   const auto active = bounds::adaptive_active_interval();
   report["adaptive_temperature_active_interval"] = {{"lower_root", enclosure(active.lower_root)},
                                                     {"upper_root", enclosure(active.upper_root)}};
-  std::printf("\nadaptive temperature: beta > 1 exactly for H in (%.15g, %.15g) nats (roots enclosed to 2^-50)\n",
-              active.lower_root.upper, active.upper_root.lower);
+  std::printf(
+      "\nadaptive temperature: beta > 1 exactly for H in (%.15g, %.15g) nats (roots enclosed to 2^-50)\n",
+      active.lower_root.upper, active.upper_root.lower);
   if (!s.q.empty()) {
     if (s.k.empty() || s.y.empty() || s.x.empty()) {
       throw InputError(InputProblem::out_of_range, "bounds: Proposition 3.1 needs --q, --k, --y and --x");
     }
     const auto load = [](const std::string& path) { return io::as_matrix(io::read_npy(path), path); };
     const auto result = bounds::proposition_3_1(load(s.q), load(s.k), load(s.y), load(s.x));
-    report["proposition_3_1"] = {{"sigma_max_q", result.sigma_q},   {"sigma_max_k", result.sigma_k},
-                                 {"norm_y", result.norm_y},         {"max_norm_x", result.max_norm_x},
-                                 {"bound", result.bound},           {"actual_spread", enclosure(result.actual_spread)},
+    report["proposition_3_1"] = {{"sigma_max_q", result.sigma_q},
+                                 {"sigma_max_k", result.sigma_k},
+                                 {"norm_y", result.norm_y},
+                                 {"max_norm_x", result.max_norm_x},
+                                 {"bound", result.bound},
+                                 {"actual_spread", enclosure(result.actual_spread)},
                                  {"certificate", result.certificate}};
     std::printf("\nProposition 3.1: delta <= 2 sigma(Q) sigma(K) |y| max|x| = %.17g\n", result.bound);
     std::printf("  sigma(Q) <= %.17g, sigma(K) <= %.17g, |y| <= %.17g, max|x| <= %.17g\n", result.sigma_q,

@@ -5,10 +5,10 @@
 
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
-#include "gate/report.hpp"
-#include "io/atomic_file.hpp"
 #include "core/errors.hpp"
 #include "core/text.hpp"
+#include "gate/report.hpp"
+#include "io/atomic_file.hpp"
 #include "io/npy.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
@@ -54,9 +54,9 @@ Matrix rows_in_format(const io::NpyFile& file, const std::string& path, std::siz
   Matrix matrix = exact_rows(file, first, count);
   for (std::size_t i = 0; i < matrix.values.size(); ++i) {
     if (!is_representable(matrix.values[i], format)) {
-      throw InputError(InputProblem::out_of_range, path + ": element " + std::to_string(first * file.cols() + i) +
-                                                       " (" + hex_float(matrix.values[i]) + ") is not a " +
-                                                       std::string(format.name) + " value");
+      throw InputError(InputProblem::out_of_range,
+                       path + ": element " + std::to_string(first * file.cols() + i) + " (" +
+                           hex_float(matrix.values[i]) + ") is not a " + std::string(format.name) + " value");
     }
   }
   return matrix;
@@ -77,15 +77,16 @@ Matrix values_in_format(const std::string& path, const FloatFormat& format) {
 // Softmax outputs judged a block of rows at a time (about 4 M elements), so memory stays at the
 // blocks' size whatever the files' size; the blocks' comparisons are folded into one.
 metrics::Comparison judge_softmax_files(const CompareSettings& settings, const FloatFormat& format,
-                                        const kernels::SoftmaxKernel& description, const metrics::Tolerance& tolerance) {
+                                        const kernels::SoftmaxKernel& description,
+                                        const metrics::Tolerance& tolerance) {
   const io::NpyFile logits(settings.logits);
   const io::NpyFile probabilities(settings.probabilities);
   require_elements(logits.rows(), logits.cols(), settings.logits);
   if (logits.rows() != probabilities.rows() || logits.cols() != probabilities.cols()) {
-    throw InputError(InputProblem::shape_mismatch, "compare: --probs does not match --logits: " +
-                                                       std::to_string(logits.rows()) + "x" + std::to_string(logits.cols()) +
-                                                       " against " + std::to_string(probabilities.rows()) + "x" +
-                                                       std::to_string(probabilities.cols()));
+    throw InputError(InputProblem::shape_mismatch,
+                     "compare: --probs does not match --logits: " + std::to_string(logits.rows()) + "x" +
+                         std::to_string(logits.cols()) + " against " + std::to_string(probabilities.rows()) +
+                         "x" + std::to_string(probabilities.cols()));
   }
   const std::size_t block = std::max<std::size_t>(1, (std::size_t{1} << 22) / logits.cols());
   metrics::Comparison total;
@@ -93,8 +94,9 @@ metrics::Comparison judge_softmax_files(const CompareSettings& settings, const F
     const std::size_t count = std::min(block, logits.rows() - first);
     Matrix actual = rows_in_format(probabilities, settings.probabilities, first, count, format);
     const Matrix logit_rows = exact_rows(logits, first, count);
-    total.merge(metrics::judge_softmax(description, tolerance, logit_rows, settings.theta, std::move(actual), first)
-                    .comparison);
+    total.merge(
+        metrics::judge_softmax(description, tolerance, logit_rows, settings.theta, std::move(actual), first)
+            .comparison);
   }
   return total;
 }
@@ -123,26 +125,35 @@ int run_compare(const CompareSettings& settings) {
   const auto format_lookup = find_float_format(settings.format);
   if (!format_lookup || !(**format_lookup == fp32 || **format_lookup == bf16 || **format_lookup == fp16 ||
                           **format_lookup == fp64)) {
-    throw InputError(InputProblem::unsupported_format, "compare: --format must be fp64, fp32, bf16 or fp16, got '" +
-                                                           settings.format + "'");
+    throw InputError(InputProblem::unsupported_format,
+                     "compare: --format must be fp64, fp32, bf16 or fp16, got '" + settings.format + "'");
   }
   const FloatFormat& format = **format_lookup;
   const bool attention = !settings.q.empty();
   if (attention == !settings.logits.empty()) {
-    throw InputError(InputProblem::out_of_range, "compare: give either --logits and --probs, or --q --k --v --out");
+    throw InputError(InputProblem::out_of_range,
+                     "compare: give either --logits and --probs, or --q --k --v --out");
   }
   gate::CaseOutcome outcome;
   outcome.format = std::string(format.name);
   outcome.gate_case.input = "npy";
   if (!attention) {
-    if (settings.probabilities.empty()) throw InputError(InputProblem::out_of_range, "compare: --probs is required");
+    if (settings.probabilities.empty())
+      throw InputError(InputProblem::out_of_range, "compare: --probs is required");
     outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.probabilities).filename().string();
-    const kernels::SoftmaxKernel description{outcome.gate_case.kernel, "outputs from a file", kernels::Operation::softmax,
-                                             &format, &format, &fp32, false, nullptr};
-    const auto& tolerance =
-        metrics::tolerance_for(settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
+    const kernels::SoftmaxKernel description{outcome.gate_case.kernel,
+                                             "outputs from a file",
+                                             kernels::Operation::softmax,
+                                             &format,
+                                             &format,
+                                             &fp32,
+                                             false,
+                                             nullptr};
+    const auto& tolerance = metrics::tolerance_for(
+        settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
     outcome.comparison = judge_softmax_files(settings, format, description, tolerance);
-    outcome.gate_case.n = outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
+    outcome.gate_case.n =
+        outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
   } else {
     if (settings.k.empty() || settings.v.empty() || settings.out.empty()) {
       throw InputError(InputProblem::out_of_range, "compare: attention needs --q, --k, --v and --out");
@@ -154,16 +165,22 @@ int run_compare(const CompareSettings& settings) {
     outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.out).filename().string();
     outcome.gate_case.n = k.rows;
     if (out.rows != q.rows || out.cols != v.cols) {
-      throw InputError(InputProblem::shape_mismatch, "compare: --out is " + std::to_string(out.rows) + "x" +
-                                                         std::to_string(out.cols) + ", expected " +
-                                                         std::to_string(q.rows) + "x" + std::to_string(v.cols));
+      throw InputError(InputProblem::shape_mismatch,
+                       "compare: --out is " + std::to_string(out.rows) + "x" + std::to_string(out.cols) +
+                           ", expected " + std::to_string(q.rows) + "x" + std::to_string(v.cols));
     }
-    const kernels::AttentionKernel description{outcome.gate_case.kernel, "outputs from a file", &format, &format,
-                                               &fp32, false,
-                                               [](const Matrix&, const Matrix&, const Matrix&, double, bool, Matrix&) {}};
-    outcome.comparison = metrics::judge_attention(description, metrics::tolerance_for(settings.tolerance_entry.empty()
-                                                                                          ? "attention_flash"
-                                                                                          : settings.tolerance_entry),
+    const kernels::AttentionKernel description{
+        outcome.gate_case.kernel,
+        "outputs from a file",
+        &format,
+        &format,
+        &fp32,
+        false,
+        [](const Matrix&, const Matrix&, const Matrix&, double, bool, Matrix&) {}};
+    outcome.comparison = metrics::judge_attention(description,
+                                                  metrics::tolerance_for(settings.tolerance_entry.empty()
+                                                                             ? "attention_flash"
+                                                                             : settings.tolerance_entry),
                                                   q, k, v, settings.causal, settings.theta, out)
                              .comparison;
   }
@@ -175,11 +192,12 @@ int run_compare(const CompareSettings& settings) {
     gate::apply_budget(outcome, gate::read_budget(settings.budget_path));
   }
   const auto& c = outcome.comparison;
-  std::printf("%s: %zu elements in %s, max %llu ulp, mean %.3g ulp, bound ratio %.3g, max |sum - 1| %.3g, %zu false "
-              "zeros, %zu non-finite\n",
-              outcome.gate_case.kernel.c_str(), c.elements, outcome.format.c_str(),
-              static_cast<unsigned long long>(c.max_ulps), c.mean_ulps, c.max_bound_ratio, c.max_sum_error,
-              c.false_zeros, c.non_finite);
+  std::printf(
+      "%s: %zu elements in %s, max %llu ulp, mean %.3g ulp, bound ratio %.3g, max |sum - 1| %.3g, %zu false "
+      "zeros, %zu non-finite\n",
+      outcome.gate_case.kernel.c_str(), c.elements, outcome.format.c_str(),
+      static_cast<unsigned long long>(c.max_ulps), c.mean_ulps, c.max_bound_ratio, c.max_sum_error,
+      c.false_zeros, c.non_finite);
   std::printf("worst: %s\n", c.worst.describe().c_str());
   for (const auto& failure : outcome.failures) std::printf("FAIL %s\n", failure.c_str());
   std::printf("%s\n", outcome.passed() ? "pass" : "FAIL");
@@ -189,7 +207,8 @@ int run_compare(const CompareSettings& settings) {
   if (!settings.json_path.empty()) {
     io::write_file_atomically(settings.json_path, nlohmann::json{{"cases", cases}}.dump(1) + "\n");
   }
-  if (!settings.junit_path.empty()) io::write_file_atomically(settings.junit_path, gate::junit_xml(cases, {}));
+  if (!settings.junit_path.empty())
+    io::write_file_atomically(settings.junit_path, gate::junit_xml(cases, {}));
   return outcome.passed() ? exit_pass : exit_failure;
 }
 
@@ -207,7 +226,8 @@ Command add_compare_command(CLI::App& app) {
   command->add_flag("--causal", settings->causal, "Top-left causal mask");
   command->add_option("--format", settings->format, "The outputs' format: fp32, bf16, fp16 or fp64");
   add_real_option(command, "--theta", settings->theta, "Temperature");
-  command->add_option("--tolerance-of", settings->tolerance_entry, "Judge by this kernel's tolerance-table entry");
+  command->add_option("--tolerance-of", settings->tolerance_entry,
+                      "Judge by this kernel's tolerance-table entry");
   command->add_option("--budget", settings->budget_path, "JSON budget (see gate)");
   command->add_option("--json", settings->json_path, "Write the report as JSON");
   command->add_option("--junit", settings->junit_path, "Write JUnit XML");

@@ -1,9 +1,10 @@
 // The program's one error path: every error a command lets through becomes a message naming its
 // kind and the documented exit code.
+#include "core/errors.hpp"
+
 #include <cstdio>
 
 #include "cli/commands.hpp"
-#include "core/errors.hpp"
 
 namespace sharpcheck::cli {
 

@@ -45,18 +45,21 @@ void print_kernel_list() {
 }
 
 void print_verdicts(const gate::SweepVerdict& verdict, const std::vector<nlohmann::json>& cases) {
-  std::printf("%-26s %-16s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp", "bound ratio",
-              "verdict");
+  std::printf("%-26s %-16s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp",
+              "bound ratio", "verdict");
   for (const auto& k : verdict.kernels) {
-    std::printf("%-26s %-16s %6zu %7zu %9llu %12.3g  %s\n", k.kernel.c_str(), k.format.c_str(), k.cases, k.failed,
-                static_cast<unsigned long long>(k.max_ulps), k.max_bound_ratio, gate::verdict_name(k.verdict));
+    std::printf("%-26s %-16s %6zu %7zu %9llu %12.3g  %s\n", k.kernel.c_str(), k.format.c_str(), k.cases,
+                k.failed, static_cast<unsigned long long>(k.max_ulps), k.max_bound_ratio,
+                gate::verdict_name(k.verdict));
   }
   std::printf("\nworst case of each kernel (bound ratio = |error| / allowed; > 1 fails):\n");
   for (const auto& k : verdict.kernels) {
     const auto& worst = *k.worst;
     std::printf("  %-26s %s seed %llu: index %zu expected %s got %s (%s ulp)\n", k.kernel.c_str(),
-                worst["id"].get<std::string>().c_str(), static_cast<unsigned long long>(worst["seed"].get<std::uint64_t>()),
-                worst["worst"]["index"].get<std::size_t>(), worst["worst"]["expected"].get<std::string>().c_str(),
+                worst["id"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(worst["seed"].get<std::uint64_t>()),
+                worst["worst"]["index"].get<std::size_t>(),
+                worst["worst"]["expected"].get<std::string>().c_str(),
                 worst["worst"]["actual"].get<std::string>().c_str(), worst["worst"]["ulps"].dump().c_str());
     if (k.broken) continue;
     for (const auto& c : cases) {
@@ -89,8 +92,8 @@ int report_sweep(const GateSettings& settings, const gate::SweepOutcome& sweep) 
   std::printf("\n%zu cases in %.1f s (seed %llu, shard %zu/%zu)\n", sweep.cases.size(), sweep.seconds,
               static_cast<unsigned long long>(settings.seed), settings.shard_index, settings.shard_count);
   if (!sweep.complete()) {
-    std::printf("the sweep stopped after %zu of %zu cases; the reports hold those cases\n", sweep.cases.size(),
-                sweep.planned);
+    std::printf("the sweep stopped after %zu of %zu cases; the reports hold those cases\n",
+                sweep.cases.size(), sweep.planned);
   }
   if (sweep.error) std::rethrow_exception(sweep.error);
   if (sweep.interrupt_signal != 0) {
@@ -112,8 +115,8 @@ int run_gate(GateSettings settings) {
     const char* index = std::getenv("GTEST_SHARD_INDEX");
     parse_shard(std::string(index == nullptr ? "0" : index) + "/" + total, settings);
   }
-  const nlohmann::json budget = settings.budget_path.empty() ? nlohmann::json::object()
-                                                             : gate::read_budget(settings.budget_path);
+  const nlohmann::json budget =
+      settings.budget_path.empty() ? nlohmann::json::object() : gate::read_budget(settings.budget_path);
   const nlohmann::json baseline = settings.baseline_path.empty() || settings.update_baseline
                                       ? nlohmann::json::object()
                                       : gate::read_baseline(settings.baseline_path);
@@ -134,13 +137,15 @@ GateSettings settings_of(const GateOptions& options, bool kernels_named) {
   GateSettings run = options.settings;
   if (options.sizes) {
     run.sizes = parse_count_list(*options.sizes, "--sizes", 1, std::size_t{1} << 26);
-    if (run.sizes.empty()) throw InputError(InputProblem::empty_input, "--sizes is empty: give sizes like 16,1024");
+    if (run.sizes.empty())
+      throw InputError(InputProblem::empty_input, "--sizes is empty: give sizes like 16,1024");
   }
   run.threads = static_cast<unsigned>(parse_count(options.threads, "--threads", 0, 1024));
   if (options.plugin_path) {
     const ChildLimits limits{.timeout_seconds = parse_seconds(options.plugin_timeout, "--plugin-timeout"),
-                             .memory_bytes = options.plugin_memory.empty() ? default_child_memory()
-                                                                           : parse_bytes(options.plugin_memory, "--plugin-memory")};
+                             .memory_bytes = options.plugin_memory.empty()
+                                                 ? default_child_memory()
+                                                 : parse_bytes(options.plugin_memory, "--plugin-memory")};
     run.plugin = kernels::Plugin::open(*options.plugin_path, limits);
   }
   // With a plugin and no --kernel, only the plugin is judged.
@@ -149,7 +154,8 @@ GateSettings settings_of(const GateOptions& options, bool kernels_named) {
   if (run.plugin && !run.json_path.empty() && run.reproducer_directory == "sharpcheck-reproducers") {
     const std::filesystem::path json(run.json_path);
     run.reproducer_directory = (json.has_parent_path() ? json.parent_path() / "sharpcheck-reproducers"
-                                                       : std::filesystem::path("sharpcheck-reproducers")).string();
+                                                       : std::filesystem::path("sharpcheck-reproducers"))
+                                   .string();
   }
   if (!options.shard.empty()) parse_shard(options.shard, run);
   if (run.update_baseline && run.baseline_path.empty()) {
@@ -164,23 +170,31 @@ Command add_gate_command(CLI::App& app) {
   auto options = std::make_shared<GateOptions>();
   GateSettings& s = options->settings;
   auto* command = app.add_subcommand("gate", "Run kernels over a sweep and judge them against the reference");
-  auto* kernel_option = command->add_option("--kernel", s.kernels, "Kernel names, or 'all' (default)")->delimiter(',');
-  command->add_option("--sizes", options->sizes, "Row sizes, comma-separated (default 16 to 16384 in powers of two)");
+  auto* kernel_option =
+      command->add_option("--kernel", s.kernels, "Kernel names, or 'all' (default)")->delimiter(',');
+  command->add_option("--sizes", options->sizes,
+                      "Row sizes, comma-separated (default 16 to 16384 in powers of two)");
   command->add_option("--seed", s.seed, "Base seed; each case mixes in its id");
   command->add_option("--case", s.only_case, "Run only this case id, e.g. safe3/random_normal/n=1024");
-  command->add_option("--shard", options->shard, "Run shard i of N (i/N); GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS also work");
+  command->add_option("--shard", options->shard,
+                      "Run shard i of N (i/N); GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS also work");
   command->add_option("--json", s.json_path, "Write the report as JSON (rewritten as cases finish)");
   command->add_option("--junit", s.junit_path, "Write JUnit XML for CI systems");
-  command->add_option("--budget", s.budget_path, "JSON budget: {\"kernels\": {name: {max_ulps, max_bound_ratio}}}");
+  command->add_option("--budget", s.budget_path,
+                      "JSON budget: {\"kernels\": {name: {max_ulps, max_bound_ratio}}}");
   command->add_option("--baseline", s.baseline_path, "JSON baseline from an earlier run: fail on any growth");
   command->add_flag("--update-baseline", s.update_baseline, "Write this run's figures to --baseline");
   command->add_flag("--list", options->list, "List the built-in kernels and exit");
-  command->add_option("--plugin", options->plugin_path, "A kernel plugin (kernels/plugin_abi.h), run only in child processes");
-  command->add_option("--plugin-timeout", options->plugin_timeout, "Seconds a plugin call may take (default 10)");
-  command->add_option("--plugin-memory", options->plugin_memory,
-                      "Address-space limit of a plugin's process, e.g. 4G or 512M (default: half the machine's memory)");
+  command->add_option("--plugin", options->plugin_path,
+                      "A kernel plugin (kernels/plugin_abi.h), run only in child processes");
+  command->add_option("--plugin-timeout", options->plugin_timeout,
+                      "Seconds a plugin call may take (default 10)");
+  command->add_option(
+      "--plugin-memory", options->plugin_memory,
+      "Address-space limit of a plugin's process, e.g. 4G or 512M (default: half the machine's memory)");
   command->add_option("--reproducers", s.reproducer_directory, "Where inputs of crashed cases are saved");
-  command->add_option("--threads", options->threads, "Worker threads, 1-1024 (default: every core; results do not depend on it)");
+  command->add_option("--threads", options->threads,
+                      "Worker threads, 1-1024 (default: every core; results do not depend on it)");
   return [command, kernel_option, options, &app]() -> int {
     // The built-in default job when no subcommand is named.
     if (!*command && !app.get_subcommands().empty()) return -1;
@@ -216,11 +230,16 @@ Command add_merge_command(CLI::App& app) {
     for (const auto& k : verdict.kernels) {
       failed += k.broken ? 0 : k.failed;
       crashed += k.crashed;
-      if (k.verdict == gate::Verdict::unexpected_pass) std::printf("UNEXPECTED PASS %s: a deliberately broken kernel passed the whole sweep\n", k.kernel.c_str());
+      if (k.verdict == gate::Verdict::unexpected_pass)
+        std::printf("UNEXPECTED PASS %s: a deliberately broken kernel passed the whole sweep\n",
+                    k.kernel.c_str());
     }
-    std::printf("merged %zu reports: %zu cases, %zu failed, %zu crashed", reports.size(), cases.size(), failed, crashed);
-    if (merged.duplicates_dropped > 0) std::printf(", %zu duplicate cases dropped", merged.duplicates_dropped);
-    std::printf("%s\n", merged.whole_sweep ? "" : " (not every shard given: expected failures are not judged)");
+    std::printf("merged %zu reports: %zu cases, %zu failed, %zu crashed", reports.size(), cases.size(),
+                failed, crashed);
+    if (merged.duplicates_dropped > 0)
+      std::printf(", %zu duplicate cases dropped", merged.duplicates_dropped);
+    std::printf("%s\n",
+                merged.whole_sweep ? "" : " (not every shard given: expected failures are not judged)");
     return verdict.exit_code();
   };
 }

@@ -1,6 +1,5 @@
 // sharpcheck: the command-line program over the reference, formats, kernels, bounds and proofs.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <vector>
 
@@ -11,14 +10,10 @@ int main(int argc, char** argv) {
   CLI::App app{"sharpcheck: exact checking of softmax and attention kernels"};
   app.require_subcommand(0, 1);
   std::vector<sharpcheck::cli::Command> commands{
-      sharpcheck::cli::add_demo_command(app),
-      sharpcheck::cli::add_gate_command(app),
-      sharpcheck::cli::add_merge_command(app),
-      sharpcheck::cli::add_compare_command(app),
-      sharpcheck::cli::add_bounds_command(app),
-      sharpcheck::cli::add_study_command(app),
-      sharpcheck::cli::add_softmax_command(app),
-      sharpcheck::cli::add_prove_command(app),
+      sharpcheck::cli::add_demo_command(app),    sharpcheck::cli::add_gate_command(app),
+      sharpcheck::cli::add_merge_command(app),   sharpcheck::cli::add_compare_command(app),
+      sharpcheck::cli::add_bounds_command(app),  sharpcheck::cli::add_study_command(app),
+      sharpcheck::cli::add_softmax_command(app), sharpcheck::cli::add_prove_command(app),
   };
   try {
     app.parse(argc, argv);

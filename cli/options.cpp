@@ -15,7 +15,8 @@ namespace {
 
 }  // namespace
 
-std::size_t parse_count(const std::string& text, const std::string& option, std::size_t low, std::size_t high) {
+std::size_t parse_count(const std::string& text, const std::string& option, std::size_t low,
+                        std::size_t high) {
   const std::string range = "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) refuse(option, text, range);
   errno = 0;
@@ -41,7 +42,8 @@ std::vector<std::size_t> parse_count_list(const std::string& text, const std::st
 double parse_seconds(const std::string& text, const std::string& option) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || !(value > 0) || value > 86400) {
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || !(value > 0) ||
+      value > 86400) {
     refuse(option, text, "a number of seconds in (0, 86400]");
   }
   return value;
@@ -53,10 +55,20 @@ std::size_t parse_bytes(const std::string& text, const std::string& option) {
   std::size_t shift = 0;
   std::string digits = text;
   switch (text.back()) {
-    case 'K': case 'k': shift = 10; break;
-    case 'M': case 'm': shift = 20; break;
-    case 'G': case 'g': shift = 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+      shift = 10;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      break;
+    default:
+      break;
   }
   if (shift != 0) digits.pop_back();
   const std::size_t value = parse_count(digits, option, 1, std::numeric_limits<std::size_t>::max() >> shift);
@@ -72,7 +84,8 @@ double parse_real(const std::string& text, const std::string& option) {
   return value;
 }
 
-CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target, const std::string& help) {
+CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target,
+                             const std::string& help) {
   return command->add_option_function<std::string>(
       name, [&target, name](const std::string& text) { target = parse_real(text, name); }, help);
 }

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstddef>
 #include <limits>
 #include <string>
@@ -29,7 +28,8 @@ namespace sharpcheck::cli {
 [[nodiscard]] double parse_real(const std::string& text, const std::string& option);
 
 // --name VALUE read with parse_real into `target`; the list form takes comma-separated values.
-CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target, const std::string& help);
+CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target,
+                             const std::string& help);
 CLI::Option* add_real_list_option(CLI::App* command, const std::string& name, std::vector<double>& target,
                                   const std::string& help);
 

@@ -1,9 +1,8 @@
 // sharpcheck prove: every Z3 obligation, one row each, with its axioms; non-zero exit if any is
 // not proved, is vacuous, or has a false twin that is not refuted.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.hpp"
@@ -44,7 +43,8 @@ int run_prove(const ProveSettings& settings) {
   nlohmann::json reports = nlohmann::json::array();
   int failures = 0;
   int checked = 0;
-  std::printf("%-8s %7s  %-9s %-9s  %s\n", "status", "seconds", "premises", "twin", "obligation  [paper step]");
+  std::printf("%-8s %7s  %-9s %-9s  %s\n", "status", "seconds", "premises", "twin",
+              "obligation  [paper step]");
   for (const auto& obligation : proofs::all_obligations()) {
     if (!settings.filter.empty() && obligation.name.find(settings.filter) == std::string::npos &&
         obligation.paper_step.find(settings.filter) == std::string::npos) {
@@ -53,10 +53,12 @@ int run_prove(const ProveSettings& settings) {
     const auto report = proofs::check_obligation(obligation, options);
     ++checked;
     if (!report.passed()) ++failures;
-    std::printf("%-8s %7.3f  %-9s %-9s  %s  [%s]\n", proofs::verdict_name(report.proof.verdict), report.proof.seconds,
-                report.non_vacuous() ? "sat" : "VACUOUS", report.mutant.verdict == proofs::Verdict::refuted ? "refuted" : "NOT-REFUTED",
+    std::printf("%-8s %7.3f  %-9s %-9s  %s  [%s]\n", proofs::verdict_name(report.proof.verdict),
+                report.proof.seconds, report.non_vacuous() ? "sat" : "VACUOUS",
+                report.mutant.verdict == proofs::Verdict::refuted ? "refuted" : "NOT-REFUTED",
                 report.name.c_str(), report.paper_step.c_str());
-    if (report.proof.verdict != proofs::Verdict::proved) std::printf("         %s\n", report.proof.detail.c_str());
+    if (report.proof.verdict != proofs::Verdict::proved)
+      std::printf("         %s\n", report.proof.detail.c_str());
     if (!settings.brief || !report.passed()) {
       for (const auto& axiom : report.axioms) std::printf("         axiom: %s\n", axiom.c_str());
     }
@@ -67,7 +69,9 @@ int run_prove(const ProveSettings& settings) {
   if (!settings.json_path.empty()) {
     io::write_file_atomically(
         settings.json_path,
-        nlohmann::json{{"obligations", reports}, {"passed", checked - failures}, {"failed", failures}}.dump(2) + "\n");
+        nlohmann::json{{"obligations", reports}, {"passed", checked - failures}, {"failed", failures}}.dump(
+            2) +
+            "\n");
   }
   return failures == 0 && checked > 0 ? exit_pass : exit_failure;
 }
@@ -76,11 +80,15 @@ int run_prove(const ProveSettings& settings) {
 
 Command add_prove_command(CLI::App& app) {
   auto settings = std::make_shared<ProveSettings>();
-  auto* command = app.add_subcommand("prove", "Check every Z3 proof obligation of the bounds and kernel steps");
+  auto* command =
+      app.add_subcommand("prove", "Check every Z3 proof obligation of the bounds and kernel steps");
   command->add_option("--json", settings->json_path, "Also write the results as JSON to this file");
-  command->add_option("--timeout-ms", settings->timeout_ms, "Per-check solver time limit (a watchdog enforces it)")
+  command
+      ->add_option("--timeout-ms", settings->timeout_ms,
+                   "Per-check solver time limit (a watchdog enforces it)")
       ->check(CLI::Range(1u, 600000u));
-  command->add_option("--filter", settings->filter, "Only obligations whose name or paper step contains this text");
+  command->add_option("--filter", settings->filter,
+                      "Only obligations whose name or paper step contains this text");
   command->add_flag("--brief", settings->brief, "One row per obligation; list axioms only for failing ones");
   return [command, settings]() -> int { return *command ? run_prove(*settings) : -1; };
 }

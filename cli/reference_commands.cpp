@@ -23,8 +23,9 @@ std::vector<double> parse_logits(const std::string& text) {
     char* end = nullptr;
     const double value = std::strtod(item.c_str(), &end);  // accepts inf, -inf, nan and hex floats
     if (item.empty() || end != item.c_str() + item.size()) {
-      throw InputError(InputProblem::out_of_range, "logits: cannot read item " + std::to_string(logits.size()) +
-                                                       " ('" + item + "') as a number");
+      throw InputError(
+          InputProblem::out_of_range,
+          "logits: cannot read item " + std::to_string(logits.size()) + " ('" + item + "') as a number");
     }
     logits.push_back(value);
   }
@@ -51,7 +52,8 @@ void print_reference_table(const std::vector<double>& logits, double theta) {
 }  // namespace
 
 Command add_demo_command(CLI::App& app) {
-  auto* command = app.add_subcommand("demo", "The correctly rounded reference on a built-in demonstration row");
+  auto* command =
+      app.add_subcommand("demo", "The correctly rounded reference on a built-in demonstration row");
   return [command]() -> int {
     if (!*command) return -1;
     // A sharp row in the paper's setting: one item 5.69 above 15 others (Gemma's mean spread).
@@ -67,7 +69,9 @@ Command add_softmax_command(CLI::App& app) {
   auto theta = std::make_shared<double>(1.0);
   auto* command =
       app.add_subcommand("softmax", "The correctly rounded reference on a row given on the command line");
-  command->add_option("--logits", *logits_text, "Comma-separated logits, e.g. 1,2.5,-3 (inf/-inf/nan/hex allowed)")
+  command
+      ->add_option("--logits", *logits_text,
+                   "Comma-separated logits, e.g. 1,2.5,-3 (inf/-inf/nan/hex allowed)")
       ->required();
   add_real_option(command, "--theta", *theta, "Temperature (finite, non-zero)");
   return [command, logits_text, theta]() -> int {

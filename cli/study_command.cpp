@@ -14,9 +14,9 @@
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
-#include "io/atomic_file.hpp"
 #include "core/errors.hpp"
 #include "inputs/rows.hpp"
+#include "io/atomic_file.hpp"
 #include "io/svg_plot.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
@@ -36,7 +36,8 @@ struct StudySettings {
   unsigned threads = 0;
 };
 
-const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                               "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
 
 std::string spread_text(double delta) {
   char text[32];
@@ -53,13 +54,16 @@ void write_png_copies(const StudySettings& s) {
   for (const double delta : s.spreads) {
     const std::string name = s.out + "/dispersion_delta_" + spread_text(delta);
     io::OutputFile script(name + ".gp");
-    script << "set terminal pngcairo size 900,560\nset output '" << name << ".png'\nset datafile separator ','\n"
+    script << "set terminal pngcairo size 900,560\nset output '" << name
+           << ".png'\nset datafile separator ','\n"
            << "set logscale xy\nset xlabel 'n'\nset ylabel 'largest coefficient'\n"
            << "set title 'Largest coefficient, spread " << spread_text(delta) << "'\n"
-           << "plot '" << s.out << "/dispersion.csv' using ($1==" << delta << " ? $2 : 1/0):3 with lines title "
+           << "plot '" << s.out << "/dispersion.csv' using ($1==" << delta
+           << " ? $2 : 1/0):3 with lines title "
            << "'Lemma 2.1', '' using ($1==" << delta << " ? $2 : 1/0):4 with lines title 'tight bound'\n";
     script.commit();
-    if (std::system(("gnuplot '" + name + ".gp'").c_str()) != 0) std::printf("gnuplot failed on %s.gp\n", name.c_str());
+    if (std::system(("gnuplot '" + name + ".gp'").c_str()) != 0)
+      std::printf("gnuplot failed on %s.gp\n", name.c_str());
   }
 }
 
@@ -100,19 +104,20 @@ int run_dispersion_preset(const StudySettings& s) {
   io::OutputFile entropy(s.out + "/adaptive_entropy.csv");
   entropy << "delta,n,entropy_fp64,beta,corrected\n";
   for (const auto& point : study.entropies) {
-    entropy << point.delta << "," << point.n << "," << decimal(point.entropy) << "," << decimal(point.beta) << ","
-            << (point.corrected ? 1 : 0) << "\n";
+    entropy << point.delta << "," << point.n << "," << decimal(point.entropy) << "," << decimal(point.beta)
+            << "," << (point.corrected ? 1 : 0) << "\n";
   }
   weights.commit();
   entropy.commit();
 
   // The summary: where each operator's spike weight falls below 1/2 and 1/10.
   std::ostringstream summary;
-  summary << "# Dispersion of the escapes\n\nSpike weight of the row (delta, 0, ..., 0) (spike last for "
-             "stick-breaking's nearest key), exact and rounded to fp64; the first n of the study (powers of two "
-             "up to "
-          << largest_size << ") at which it falls below 1/2 and below 1/10. SSMax s = " << study.settings.ssmax_s
-          << ", length-scaled L = " << study.settings.training_length << ".\n\n| operator |";
+  summary
+      << "# Dispersion of the escapes\n\nSpike weight of the row (delta, 0, ..., 0) (spike last for "
+         "stick-breaking's nearest key), exact and rounded to fp64; the first n of the study (powers of two "
+         "up to "
+      << largest_size << ") at which it falls below 1/2 and below 1/10. SSMax s = " << study.settings.ssmax_s
+      << ", length-scaled L = " << study.settings.training_length << ".\n\n| operator |";
   for (const double delta : study.settings.spreads) summary << " delta " << delta << ": < 1/2 | < 1/10 |";
   summary << "\n|---|";
   for (std::size_t i = 0; i < study.settings.spreads.size(); ++i) summary << "---:|---:|";
@@ -129,8 +134,9 @@ int run_dispersion_preset(const StudySettings& s) {
              "closed-form entropy against the certified root of poly(H) = 1):\n\n";
   for (const double delta : study.settings.spreads) {
     const auto off = studies::adaptive_switch_off(delta);
-    summary << "- delta " << delta << ": beta = 1 from n = " << off.first_uncorrected << " on (n = "
-            << off.last_corrected << " still corrected)" << (off.separated ? "" : " [not separated: check]") << "\n";
+    summary << "- delta " << delta << ": beta = 1 from n = " << off.first_uncorrected
+            << " on (n = " << off.last_corrected << " still corrected)"
+            << (off.separated ? "" : " [not separated: check]") << "\n";
   }
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.1f", study.seconds);
@@ -141,8 +147,14 @@ int run_dispersion_preset(const StudySettings& s) {
   // softmax's spike underflows in each format.
   const char* const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
   for (const double delta : study.settings.spreads) {
-    io::Chart chart{"Spike weight on the extremal row, spread " + spread_text(delta) + " (below 1e-7 not drawn)", "n",
-                    "weight of the spike", true, true, {}, {}};
+    io::Chart chart{
+        "Spike weight on the extremal row, spread " + spread_text(delta) + " (below 1e-7 not drawn)",
+        "n",
+        "weight of the spike",
+        true,
+        true,
+        {},
+        {}};
     io::Series lemma{"Lemma 2.1 (softmax)", {}, {}, "#000000", true, false};
     io::Series tight{"tight (softmax)", {}, {}, "#555555", true, false};
     for (const std::uint64_t n : study.settings.sizes) {
@@ -168,13 +180,14 @@ int run_dispersion_preset(const StudySettings& s) {
       const auto* format = studies::study_formats[f];
       const auto horizon = bounds::underflow_horizon(delta, 1.0, *format);
       if (horizon.lower <= static_cast<double>(largest_size)) {
-        chart.markers.push_back({horizon.lower, "softmax spike 0 in " + std::string(format->name), "#999999"});
+        chart.markers.push_back(
+            {horizon.lower, "softmax spike 0 in " + std::string(format->name), "#999999"});
       }
     }
     io::write_file_atomically(s.out + "/escapes_delta_" + spread_text(delta) + ".svg", io::render_svg(chart));
   }
-  io::Chart entropy_chart{"Adaptive temperature: entropy of the plain row against n", "n", "entropy (nats)", true,
-                          false, {}, {}};
+  io::Chart entropy_chart{
+      "Adaptive temperature: entropy of the plain row against n", "n", "entropy (nats)", true, false, {}, {}};
   const auto root = bounds::adaptive_active_interval().upper_root.lower;
   io::Series threshold{"poly(H) = 1: beta clamps to 1 above", {}, {}, "#000000", true, false};
   threshold.x = {static_cast<double>(study.settings.sizes.front()), static_cast<double>(largest_size)};
@@ -191,16 +204,18 @@ int run_dispersion_preset(const StudySettings& s) {
     entropy_chart.series.push_back(std::move(series));
   }
   io::write_file_atomically(s.out + "/adaptive_entropy.svg", io::render_svg(entropy_chart));
-  std::printf("dispersion study (%zu points) in %.1f s, written to %s: escapes.csv, adaptive_entropy.csv, summary.md "
-              "and SVG plots\n",
-              study.points.size(), study.seconds, s.out.c_str());
+  std::printf(
+      "dispersion study (%zu points) in %.1f s, written to %s: escapes.csv, adaptive_entropy.csv, summary.md "
+      "and SVG plots\n",
+      study.points.size(), study.seconds, s.out.c_str());
   std::printf("%s", summary.str().c_str());
   return exit_pass;
 }
 
 int run_study(StudySettings s) {
   if (s.preset == "dispersion") return run_dispersion_preset(s);
-  if (s.preset != "paper") throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
+  if (s.preset != "paper")
+    throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
   if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
   if (s.sizes.empty()) {
     for (std::size_t n = 16; n <= 16384; n *= 2) s.sizes.push_back(n);
@@ -217,8 +232,13 @@ int run_study(StudySettings s) {
   horizons.precision(17);
   horizons << "format,delta,underflow_horizon_lower,underflow_horizon_upper,accumulation_horizon\n";
   for (const double delta : s.spreads) {
-    io::Chart chart{"Largest coefficient of any row with spread " + spread_text(delta) + " (theta = 1)", "n",
-                    "largest coefficient", true, true, {}, {}};
+    io::Chart chart{"Largest coefficient of any row with spread " + spread_text(delta) + " (theta = 1)",
+                    "n",
+                    "largest coefficient",
+                    true,
+                    true,
+                    {},
+                    {}};
     io::Series lemma{"Lemma 2.1: exp(delta)/n", {}, {}, "#000000", true, false};
     io::Series tight{"tight: 1/(1+(n-1)exp(-delta))", {}, {}, "#555555", false, false};
     std::vector<io::Series> per_format;
@@ -256,20 +276,31 @@ int run_study(StudySettings s) {
     const auto uint8_horizon = bounds::underflow_horizon(delta, 1.0, 1.0 / 512);
     horizons << "uint8," << delta << "," << uint8_horizon.lower << "," << uint8_horizon.upper << ",\n";
     chart.markers.push_back({uint8_horizon.lower, "uint8 underflows", "#bcbd22"});
-    io::write_file_atomically(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg", io::render_svg(chart));
+    io::write_file_atomically(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg",
+                              io::render_svg(chart));
   }
 
   // Kernel error against n: four random normal rows per size.
   io::OutputFile errors(s.out + "/kernel_error.csv");
   errors.precision(17);
   errors << "kernel,format,n,max_ulps,mean_ulps,max_bound_ratio\n";
-  io::Chart error_chart{"Kernel error against the correctly rounded reference (random normal rows)", "n",
-                        "max ulp in the output format", true, false, {}, {}};
+  io::Chart error_chart{"Kernel error against the correctly rounded reference (random normal rows)",
+                        "n",
+                        "max ulp in the output format",
+                        true,
+                        false,
+                        {},
+                        {}};
   for (std::size_t k = 0; k < s.kernels.size(); ++k) {
     const auto* kernel = kernels::find_softmax_kernel(s.kernels[k]);
-    if (kernel == nullptr) throw InputError(InputProblem::out_of_range, "study: no kernel '" + s.kernels[k] + "'");
-    io::Series series{std::string(kernel->name) + " (" + std::string(kernel->output->name) + ")", {}, {},
-                      palette[k % 8], kernel->deliberately_broken, true};
+    if (kernel == nullptr)
+      throw InputError(InputProblem::out_of_range, "study: no kernel '" + s.kernels[k] + "'");
+    io::Series series{std::string(kernel->name) + " (" + std::string(kernel->output->name) + ")",
+                      {},
+                      {},
+                      palette[k % 8],
+                      kernel->deliberately_broken,
+                      true};
     for (const std::size_t n : s.sizes) {
       Matrix logits(4, n);
       for (std::size_t r = 0; r < 4; ++r) {
@@ -278,8 +309,8 @@ int run_study(StudySettings s) {
       }
       const auto evaluation = metrics::evaluate_softmax(*kernel, logits, 1.0);
       const auto& c = evaluation.comparison;
-      errors << kernel->name << "," << kernel->output->name << "," << n << "," << c.max_ulps << "," << c.mean_ulps << ","
-             << c.max_bound_ratio << "\n";
+      errors << kernel->name << "," << kernel->output->name << "," << n << "," << c.max_ulps << ","
+             << c.mean_ulps << "," << c.max_bound_ratio << "\n";
       series.x.push_back(static_cast<double>(n));
       series.y.push_back(static_cast<double>(c.max_ulps));
     }
@@ -299,10 +330,12 @@ int run_study(StudySettings s) {
 
 Command add_study_command(CLI::App& app) {
   auto s = std::make_shared<StudySettings>();
-  auto* command = app.add_subcommand("study", "A precision study: dispersion, kernel error and horizons, CSV and SVG");
-  command->add_option("--preset", s->preset,
-                      "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B); dispersion: every escape "
-                      "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576");
+  auto* command =
+      app.add_subcommand("study", "A precision study: dispersion, kernel error and horizons, CSV and SVG");
+  command->add_option(
+      "--preset", s->preset,
+      "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B); dispersion: every escape "
+      "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576");
   command->add_option("--threads", s->threads, "Threads for the dispersion preset (0: every core)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
   add_real_list_option(command, "--spreads", s->spreads, "Spreads delta to study, comma-separated");

@@ -91,7 +91,8 @@ void collect_until_done(pid_t child, const int pipes[2], const ChildLimits& limi
     pollfd descriptors[2] = {{open[0] ? pipes[0] : -1, POLLIN, 0}, {open[1] ? pipes[1] : -1, POLLIN, 0}};
     if (poll(descriptors, 2, poll_slice_ms) <= 0) continue;
     for (int k = 0; k < 2; ++k) {
-      if (open[k] && (descriptors[k].revents & (POLLIN | POLLHUP)) != 0) open[k] = drain(pipes[k], *sinks[k], limits_of[k]);
+      if (open[k] && (descriptors[k].revents & (POLLIN | POLLHUP)) != 0)
+        open[k] = drain(pipes[k], *sinks[k], limits_of[k]);
     }
   }
 }
@@ -107,7 +108,9 @@ void reap(pid_t child, const ChildLimits& limits, ChildOutcome& outcome) {
   while (waitpid(-child, nullptr, 0) > 0 || errno == EINTR) {
   }
   outcome.peak_rss_kib = static_cast<std::size_t>(usage.ru_maxrss);
-  if (outcome.ending == ChildOutcome::Ending::interrupted || outcome.ending == ChildOutcome::Ending::timed_out) return;
+  if (outcome.ending == ChildOutcome::Ending::interrupted ||
+      outcome.ending == ChildOutcome::Ending::timed_out)
+    return;
   if (WIFSIGNALED(status)) {
     outcome.ending = ChildOutcome::Ending::killed_by_signal;
     outcome.signal = strsignal(WTERMSIG(status));
@@ -121,7 +124,8 @@ void reap(pid_t child, const ChildLimits& limits, ChildOutcome& outcome) {
 
 }  // namespace
 
-ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& work, const ChildLimits& limits) {
+ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& work,
+                          const ChildLimits& limits) {
   ChildOutcome outcome;
   const auto start = std::chrono::steady_clock::now();
   const std::function<double()> elapsed = [&] {
@@ -174,14 +178,18 @@ std::size_t default_child_memory() {
 
 std::string describe_ending(const ChildOutcome& outcome, const ChildLimits& limits) {
   switch (outcome.ending) {
-    case ChildOutcome::Ending::exited: return "exited with status " + std::to_string(outcome.exit_code);
-    case ChildOutcome::Ending::killed_by_signal: return "killed by " + outcome.signal;
+    case ChildOutcome::Ending::exited:
+      return "exited with status " + std::to_string(outcome.exit_code);
+    case ChildOutcome::Ending::killed_by_signal:
+      return "killed by " + outcome.signal;
     case ChildOutcome::Ending::timed_out:
       return "no answer within " + std::to_string(limits.timeout_seconds) + " s (killed)";
     case ChildOutcome::Ending::out_of_memory:
       return "ran out of its memory limit of " + std::to_string(limits.memory_bytes >> 20) + " MiB (killed)";
-    case ChildOutcome::Ending::interrupted: return "interrupted (the gate received a signal)";
-    case ChildOutcome::Ending::could_not_start: return "could not start a child process";
+    case ChildOutcome::Ending::interrupted:
+      return "interrupted (the gate received a signal)";
+    case ChildOutcome::Ending::could_not_start:
+      return "could not start a child process";
   }
   return "?";
 }

@@ -18,10 +18,10 @@ struct ChildLimits {
 struct ChildOutcome {
   enum class Ending { exited, killed_by_signal, timed_out, out_of_memory, interrupted, could_not_start };
   Ending ending = Ending::could_not_start;
-  int exit_code = 0;           // when exited
-  std::string signal;          // when killed by a signal: its name
-  std::string output;          // everything the work returned (written through a pipe)
-  std::string console;         // what the child printed on stdout and stderr (at most 64 KiB)
+  int exit_code = 0;    // when exited
+  std::string signal;   // when killed by a signal: its name
+  std::string output;   // everything the work returned (written through a pipe)
+  std::string console;  // what the child printed on stdout and stderr (at most 64 KiB)
   std::size_t peak_rss_kib = 0;
   double seconds = 0;
 };

@@ -56,7 +56,8 @@ class PluginCrash : public std::runtime_error {
 class Interrupted : public std::runtime_error {
  public:
   explicit Interrupted(int signal_number)
-      : std::runtime_error("interrupted by signal " + std::to_string(signal_number)), signal_(signal_number) {}
+      : std::runtime_error("interrupted by signal " + std::to_string(signal_number)),
+        signal_(signal_number) {}
   [[nodiscard]] int signal_number() const { return signal_; }
 
  private:

@@ -1,9 +1,8 @@
 // A real third-party kernel under the plugin ABI: oneDNN's softmax (softmax_v2_forward,
 // softmax_accurate) in f32 and bf16. Built when oneDNN (Debian's libdnnl-dev) is found;
 // `sharpcheck gate --plugin libonednn_plugin.so` judges it like any built-in kernel.
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include "kernels/plugin_abi.h"
 
@@ -17,15 +16,17 @@ const sharpcheck_plugin_description description{SHARPCHECK_PLUGIN_ABI_VERSION, "
 
 extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() { return &description; }
 
-extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n, float scale) {
+extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n,
+                                  float scale) {
   if (scale != 1.0F) return 3;  // oneDNN 2.6's softmax has no temperature; the gate runs at theta = 1
   try {
-    const auto type = format == SHARPCHECK_FP32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+    const auto type =
+        format == SHARPCHECK_FP32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
     if (format != SHARPCHECK_FP32 && format != SHARPCHECK_BF16) return 1;
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
-    const dnnl::memory::desc layout({static_cast<dnnl::memory::dim>(rows), static_cast<dnnl::memory::dim>(n)}, type,
-                                    dnnl::memory::format_tag::ab);
+    const dnnl::memory::desc layout({static_cast<dnnl::memory::dim>(rows), static_cast<dnnl::memory::dim>(n)},
+                                    type, dnnl::memory::format_tag::ab);
     const dnnl::softmax_v2_forward::desc operation(dnnl::prop_kind::forward_inference,
                                                    dnnl::algorithm::softmax_accurate, layout, layout, 1);
     const dnnl::softmax_v2_forward primitive(dnnl::softmax_v2_forward::primitive_desc(operation, engine));

@@ -15,7 +15,8 @@ constexpr double infinity = std::numeric_limits<double>::infinity();
 
 double overflow_value(bool negative, const FloatFormat& format) {
   if (format.overflow == OverflowBehaviour::to_nan) return quiet_nan;
-  if (format.overflow == OverflowBehaviour::saturate) return negative ? -format.max_finite : format.max_finite;
+  if (format.overflow == OverflowBehaviour::saturate)
+    return negative ? -format.max_finite : format.max_finite;
   return negative ? -infinity : infinity;
 }
 
@@ -49,9 +50,11 @@ int exponent_bias(const FloatFormat& format) { return 1 - format.min_normal_expo
 
 std::uint64_t nan_pattern(const FloatFormat& format) {
   if (format.overflow == OverflowBehaviour::to_nan) {  // e4m3: S.1111.111 is the only NaN
-    return (exponent_field_max(format) << format.fraction_bits) | ((std::uint64_t{1} << format.fraction_bits) - 1);
+    return (exponent_field_max(format) << format.fraction_bits) |
+           ((std::uint64_t{1} << format.fraction_bits) - 1);
   }
-  return (exponent_field_max(format) << format.fraction_bits) | (std::uint64_t{1} << (format.fraction_bits - 1));
+  return (exponent_field_max(format) << format.fraction_bits) |
+         (std::uint64_t{1} << (format.fraction_bits - 1));
 }
 
 }  // namespace
@@ -84,7 +87,8 @@ double round_to_format(double x, const FloatFormat& format) {
   std::frexp(x, &exponent);
   const long q = grid_exponent(exponent, format);
   // x * 2^-q is exact: it only changes the exponent and stays in double's normal range.
-  const double rounded = std::ldexp(round_half_even(std::ldexp(x, static_cast<int>(-q))), static_cast<int>(q));
+  const double rounded =
+      std::ldexp(round_half_even(std::ldexp(x, static_cast<int>(-q))), static_cast<int>(q));
   return finish(rounded, format);
 }
 
@@ -143,9 +147,8 @@ std::uint64_t encode(double x, const FloatFormat& format) {
   }
   const int biased_exponent = unbiased + exponent_bias(format);  // in [1, 2^exponent_bits - 1]
   const auto biased = static_cast<std::uint64_t>(biased_exponent);
-  const auto fraction =
-      static_cast<std::uint64_t>(std::ldexp(magnitude, format.fraction_bits - unbiased)) -
-      (std::uint64_t{1} << format.fraction_bits);
+  const auto fraction = static_cast<std::uint64_t>(std::ldexp(magnitude, format.fraction_bits - unbiased)) -
+                        (std::uint64_t{1} << format.fraction_bits);
   return sign | (biased << format.fraction_bits) | fraction;
 }
 
@@ -166,7 +169,8 @@ double decode(std::uint64_t bits, const FloatFormat& format) {
     magnitude = std::ldexp(static_cast<double>(fraction), format.min_subnormal_exponent());
   } else {
     const auto significand = static_cast<double>(fraction | (std::uint64_t{1} << format.fraction_bits));
-    magnitude = std::ldexp(significand, static_cast<int>(biased) - exponent_bias(format) - format.fraction_bits);
+    magnitude =
+        std::ldexp(significand, static_cast<int>(biased) - exponent_bias(format) - format.fraction_bits);
   }
   return negative ? -magnitude : magnitude;
 }

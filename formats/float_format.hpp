@@ -45,12 +45,12 @@ struct FloatFormat {
   friend constexpr bool operator==(const FloatFormat& a, const FloatFormat& b) { return a.name == b.name; }
 };
 
-inline constexpr FloatFormat fp64{"fp64", 11, 52, -1022, 1023, 1.7976931348623157e308,
-                                  OverflowBehaviour::to_infinity};
-inline constexpr FloatFormat fp32{"fp32", 8, 23, -126, 127, 3.4028234663852886e38,
-                                  OverflowBehaviour::to_infinity};
-inline constexpr FloatFormat bf16{"bf16", 8, 7, -126, 127, 3.3895313892515355e38,
-                                  OverflowBehaviour::to_infinity};
+inline constexpr FloatFormat fp64{
+    "fp64", 11, 52, -1022, 1023, 1.7976931348623157e308, OverflowBehaviour::to_infinity};
+inline constexpr FloatFormat fp32{
+    "fp32", 8, 23, -126, 127, 3.4028234663852886e38, OverflowBehaviour::to_infinity};
+inline constexpr FloatFormat bf16{
+    "bf16", 8, 7, -126, 127, 3.3895313892515355e38, OverflowBehaviour::to_infinity};
 inline constexpr FloatFormat fp16{"fp16", 5, 10, -14, 15, 65504.0, OverflowBehaviour::to_infinity};
 // OCP 8-bit e4m3 "fn": bias 7, no infinities, only S.1111.111 is NaN, so the largest finite is 448.
 inline constexpr FloatFormat fp8_e4m3{"fp8_e4m3", 4, 3, -6, 8, 448.0, OverflowBehaviour::to_nan};
@@ -63,7 +63,7 @@ inline constexpr FloatFormat fp8_e5m2{"fp8_e5m2", 5, 2, -14, 15, 57344.0, Overfl
 //    (uint8 with zero point 0 and int8 with zero point -128 hold the same values).
 //  q8_logits: int8 logits with scale 1/16 and zero point 0, codes -127 to 127 (symmetric:
 //    -128 is left out so the grid is one format): k/16 in [-7.9375, 7.9375].
-inline constexpr FloatFormat q8_probabilities{"q8_probabilities", 2, 8, 0, 0, 255.0 / 256,
+inline constexpr FloatFormat q8_probabilities{"q8_probabilities",         2, 8, 0, 0, 255.0 / 256,
                                               OverflowBehaviour::saturate};
 inline constexpr FloatFormat q8_logits{"q8_logits", 4, 7, 3, 3, 127.0 / 16, OverflowBehaviour::saturate};
 

@@ -18,7 +18,8 @@ struct Bfloat16 {
 
   [[nodiscard]] static constexpr Bfloat16 from_float(float value) {
     const auto word = std::bit_cast<std::uint32_t>(value);
-    if ((word & 0x7FFFFFFFU) > 0x7F800000U) return Bfloat16{static_cast<std::uint16_t>((word >> 16) | 0x0040U)};
+    if ((word & 0x7FFFFFFFU) > 0x7F800000U)
+      return Bfloat16{static_cast<std::uint16_t>((word >> 16) | 0x0040U)};
     // Adding 0x7FFF plus the kept part's lowest bit carries into the kept half exactly when the
     // dropped half is above one half, or equal to one half with an odd kept part: ties to even.
     // A carry out of the largest finite value gives the infinity pattern, as IEEE rounding does.
@@ -49,7 +50,8 @@ struct Float8 {
   std::uint8_t bits = 0;
 
   [[nodiscard]] static Float8 from_float(float value) {
-    return Float8{static_cast<std::uint8_t>(encode(round_to_format(static_cast<double>(value), Format), Format))};
+    return Float8{
+        static_cast<std::uint8_t>(encode(round_to_format(static_cast<double>(value), Format), Format))};
   }
   [[nodiscard]] float to_float() const { return static_cast<float>(decode(bits, Format)); }
   static constexpr const FloatFormat& format = Format;

@@ -32,7 +32,8 @@ inline constexpr std::size_t attention_dimension = 64;
 struct AttentionInputs {
   Matrix q, k, v;
 };
-[[nodiscard]] inline AttentionInputs attention_inputs(std::size_t n, std::uint64_t seed, const FloatFormat& format) {
+[[nodiscard]] inline AttentionInputs attention_inputs(std::size_t n, std::uint64_t seed,
+                                                      const FloatFormat& format) {
   DeterministicRandom random(seed);
   Matrix q = normal_matrix(attention_queries, attention_dimension, random, format);
   Matrix k = normal_matrix(n, attention_dimension, random, format);

@@ -51,7 +51,7 @@ struct GateSettings {
   std::size_t shard_count = 1;
   std::string json_path, junit_path, budget_path, baseline_path;
   bool update_baseline = false;
-  bool explicit_kernels = false;  // kernels were named: broken kernels are judged plainly
+  bool explicit_kernels = false;            // kernels were named: broken kernels are judged plainly
   std::shared_ptr<kernels::Plugin> plugin;  // --plugin: its cases join the sweep
   std::string reproducer_directory = "sharpcheck-reproducers";
   unsigned threads = 0;  // 0: every core; plugin runs use one (they fork)

@@ -2,8 +2,8 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
-#include "gate/cases.hpp"
 #include "gate/case_inputs.hpp"
+#include "gate/cases.hpp"
 #include "inputs/rows.hpp"
 #include "kernels/registry.hpp"
 
@@ -22,7 +22,8 @@ std::uint64_t fnv1a(const std::string& text) {
 std::vector<std::size_t> sweep_sizes(const GateSettings& settings) {
   std::vector<std::size_t> sizes;
   for (const std::size_t n : settings.sizes) {
-    if (n == 0) throw InputError(InputProblem::out_of_range, "gate: --sizes: a row needs at least 1 element, got 0");
+    if (n == 0)
+      throw InputError(InputProblem::out_of_range, "gate: --sizes: a row needs at least 1 element, got 0");
     if (std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);  // repeats folded
   }
   if (sizes.empty()) {
@@ -63,15 +64,16 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
     if (!wanted(kernel.name)) continue;
     for (const inputs::RowKind kind : inputs::all_row_kinds) {
       for (const std::size_t n : sizes) {
-        cases.push_back(make_case(std::string(kernel.name), std::string(inputs::row_kind_name(kind)), n, settings,
-                                  kernel.deliberately_broken, nullptr));
+        cases.push_back(make_case(std::string(kernel.name), std::string(inputs::row_kind_name(kind)), n,
+                                  settings, kernel.deliberately_broken, nullptr));
       }
     }
   }
   for (const auto& kernel : kernels::attention_kernels()) {
     if (!wanted(kernel.name)) continue;
     for (const std::size_t n : sizes) {
-      cases.push_back(make_case(std::string(kernel.name), attention_input, n, settings, kernel.deliberately_broken, nullptr));
+      cases.push_back(make_case(std::string(kernel.name), attention_input, n, settings,
+                                kernel.deliberately_broken, nullptr));
     }
   }
   if (!settings.plugin) return cases;
@@ -79,14 +81,15 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
   for (const FloatFormat* format : settings.plugin->softmax_formats()) {
     for (const inputs::RowKind kind : inputs::all_row_kinds) {
       for (const std::size_t n : sizes) {
-        cases.push_back(make_case(prefix + std::string(format->name), std::string(inputs::row_kind_name(kind)), n,
-                                  settings, false, format));
+        cases.push_back(make_case(prefix + std::string(format->name),
+                                  std::string(inputs::row_kind_name(kind)), n, settings, false, format));
       }
     }
   }
   for (const FloatFormat* format : settings.plugin->attention_formats()) {
     for (const std::size_t n : sizes) {
-      cases.push_back(make_case(prefix + "attention_" + std::string(format->name), attention_input, n, settings, false, format));
+      cases.push_back(make_case(prefix + "attention_" + std::string(format->name), attention_input, n,
+                                settings, false, format));
     }
   }
   return cases;
@@ -107,14 +110,16 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
     selected.push_back(gate_case);
   }
   if (!settings.only_case.empty() && selected.empty()) {
-    throw InputError(InputProblem::out_of_range, "gate: no case with id '" + settings.only_case + "' in this sweep");
+    throw InputError(InputProblem::out_of_range,
+                     "gate: no case with id '" + settings.only_case + "' in this sweep");
   }
   if (selected.empty()) {
     throw InputError(InputProblem::empty_input,
-                     cases.empty() ? "gate: the sweep has no cases (no kernel selected, or a plugin without formats)"
-                                   : "gate: shard " + std::to_string(settings.shard_index) + "/" +
-                                         std::to_string(settings.shard_count) + " of " + std::to_string(cases.size()) +
-                                         " cases is empty");
+                     cases.empty()
+                         ? "gate: the sweep has no cases (no kernel selected, or a plugin without formats)"
+                         : "gate: shard " + std::to_string(settings.shard_index) + "/" +
+                               std::to_string(settings.shard_count) + " of " + std::to_string(cases.size()) +
+                               " cases is empty");
   }
   return selected;
 }

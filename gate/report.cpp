@@ -33,9 +33,7 @@ void check_limits(const nlohmann::json& entry, const std::string& where) {
   }
 }
 
-double ratio_limit(const nlohmann::json& value) {
-  return value.is_string() ? INFINITY : value.get<double>();
-}
+double ratio_limit(const nlohmann::json& value) { return value.is_string() ? INFINITY : value.get<double>(); }
 
 nlohmann::json read_limits_file(const std::string& path, const char* what, const char* key) {
   nlohmann::json file = read_json_file(path, what);
@@ -74,7 +72,8 @@ std::pair<std::size_t, std::size_t> shard_of(const nlohmann::json& report) {
   const std::string text = report.value("shard", std::string("0/1"));
   const auto slash = text.find('/');
   try {
-    if (slash != std::string::npos) return {std::stoul(text.substr(0, slash)), std::stoul(text.substr(slash + 1))};
+    if (slash != std::string::npos)
+      return {std::stoul(text.substr(0, slash)), std::stoul(text.substr(slash + 1))};
   } catch (const std::exception&) {
   }
   malformed("merge", "a report's shard '" + text + "' is not i/N");
@@ -89,51 +88,51 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
     return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
   };
   const auto& gate_case = outcome.gate_case;
-  nlohmann::json record = {{"id", gate_case.id()},
-          {"kernel", gate_case.kernel},
-          {"input", gate_case.input},
-          {"n", gate_case.n},
-          {"index", gate_case.index},
-          {"seed", gate_case.seed},
-          {"format", outcome.format},
-          {"deliberately_broken", gate_case.deliberately_broken},
-          {"status", outcome.crashed ? "crash" : (outcome.passed() ? "pass" : "fail")},
-          {"reproducer", outcome.reproducer},
-          {"failures", outcome.failures},
-          {"reference",
-           {{"calls", outcome.reference_statistics.calls},
-            {"decided_in_double", outcome.reference_statistics.decided_in_double},
-            {"decided_by_balls", outcome.reference_statistics.decided_by_balls},
-            {"escalations", outcome.reference_statistics.escalations},
-            {"exact_cases", outcome.reference_statistics.exact_cases},
-            {"highest_mpfr_precision", outcome.reference_statistics.highest_precision}}},
-          {"seconds", outcome.seconds},
-          {"elements", c.elements},
-          {"max_ulps", c.max_ulps},
-          {"mean_ulps", c.mean_ulps},
-          {"max_bound_ratio", finite_or_string(c.max_bound_ratio)},
-          {"max_absolute_error", finite_or_string(c.max_absolute_error)},
-          {"max_relative_error", finite_or_string(c.max_relative_error)},
-          {"max_sum_error", finite_or_string(c.max_sum_error)},
-          {"max_kl_divergence", finite_or_string(c.max_kl_divergence)},
-          {"argmax_disagreements", c.argmax_disagreements},
-          {"false_zeros", c.false_zeros},
-          {"non_finite", c.non_finite},
-          {"worst",
-           {{"row", c.worst.row},
-            {"index", c.worst.index},
-            {"expected", hex_float(c.worst.expected)},
-            {"actual", hex_float(c.worst.actual)},
-            {"ulps", c.worst.ulps ? nlohmann::json(*c.worst.ulps) : nlohmann::json(nullptr)},
-            {"allowed", c.worst.allowed}}},
-          {"rerun", "sharpcheck gate " +
-                        (gate_case.plugin_path.empty() ? "--kernel " + gate_case.kernel
-                                                       : "--plugin " + to_valid_utf8(gate_case.plugin_path)) +
-                        " --case " + gate_case.id() + " --seed " + std::to_string(gate_case.base_seed)}};
+  nlohmann::json record = {
+      {"id", gate_case.id()},
+      {"kernel", gate_case.kernel},
+      {"input", gate_case.input},
+      {"n", gate_case.n},
+      {"index", gate_case.index},
+      {"seed", gate_case.seed},
+      {"format", outcome.format},
+      {"deliberately_broken", gate_case.deliberately_broken},
+      {"status", outcome.crashed ? "crash" : (outcome.passed() ? "pass" : "fail")},
+      {"reproducer", outcome.reproducer},
+      {"failures", outcome.failures},
+      {"reference",
+       {{"calls", outcome.reference_statistics.calls},
+        {"decided_in_double", outcome.reference_statistics.decided_in_double},
+        {"decided_by_balls", outcome.reference_statistics.decided_by_balls},
+        {"escalations", outcome.reference_statistics.escalations},
+        {"exact_cases", outcome.reference_statistics.exact_cases},
+        {"highest_mpfr_precision", outcome.reference_statistics.highest_precision}}},
+      {"seconds", outcome.seconds},
+      {"elements", c.elements},
+      {"max_ulps", c.max_ulps},
+      {"mean_ulps", c.mean_ulps},
+      {"max_bound_ratio", finite_or_string(c.max_bound_ratio)},
+      {"max_absolute_error", finite_or_string(c.max_absolute_error)},
+      {"max_relative_error", finite_or_string(c.max_relative_error)},
+      {"max_sum_error", finite_or_string(c.max_sum_error)},
+      {"max_kl_divergence", finite_or_string(c.max_kl_divergence)},
+      {"argmax_disagreements", c.argmax_disagreements},
+      {"false_zeros", c.false_zeros},
+      {"non_finite", c.non_finite},
+      {"worst",
+       {{"row", c.worst.row},
+        {"index", c.worst.index},
+        {"expected", hex_float(c.worst.expected)},
+        {"actual", hex_float(c.worst.actual)},
+        {"ulps", c.worst.ulps ? nlohmann::json(*c.worst.ulps) : nlohmann::json(nullptr)},
+        {"allowed", c.worst.allowed}}},
+      {"rerun", "sharpcheck gate " +
+                    (gate_case.plugin_path.empty() ? "--kernel " + gate_case.kernel
+                                                   : "--plugin " + to_valid_utf8(gate_case.plugin_path)) +
+                    " --case " + gate_case.id() + " --seed " + std::to_string(gate_case.base_seed)}};
   if (!outcome.console.empty()) record["console"] = to_valid_utf8(outcome.console);
   return record;
 }
-
 
 nlohmann::json read_budget(const std::string& path) { return read_limits_file(path, "budget", "kernels"); }
 nlohmann::json read_baseline(const std::string& path) { return read_limits_file(path, "baseline", "cases"); }
@@ -146,9 +145,10 @@ void apply_budget(CaseOutcome& outcome, const nlohmann::json& budget) {
                                std::to_string(entry["max_ulps"].get<std::uint64_t>()) + "; worst " +
                                outcome.comparison.worst.describe());
   }
-  if (entry.contains("max_bound_ratio") && outcome.comparison.max_bound_ratio > ratio_limit(entry["max_bound_ratio"])) {
-    outcome.failures.push_back("budget: bound ratio " + std::to_string(outcome.comparison.max_bound_ratio) + " > " +
-                               std::to_string(ratio_limit(entry["max_bound_ratio"])));
+  if (entry.contains("max_bound_ratio") &&
+      outcome.comparison.max_bound_ratio > ratio_limit(entry["max_bound_ratio"])) {
+    outcome.failures.push_back("budget: bound ratio " + std::to_string(outcome.comparison.max_bound_ratio) +
+                               " > " + std::to_string(ratio_limit(entry["max_bound_ratio"])));
   }
 }
 
@@ -157,15 +157,17 @@ void apply_baseline(CaseOutcome& outcome, const nlohmann::json& baseline) {
   if (!baseline.contains("cases") || !baseline["cases"].contains(id)) return;
   const auto& entry = baseline["cases"][id];
   const auto previous_ulps = entry.value("max_ulps", std::uint64_t{0});
-  const double previous_ratio = entry.contains("max_bound_ratio") ? ratio_limit(entry["max_bound_ratio"]) : 0.0;
+  const double previous_ratio =
+      entry.contains("max_bound_ratio") ? ratio_limit(entry["max_bound_ratio"]) : 0.0;
   if (outcome.comparison.max_ulps > previous_ulps) {
-    outcome.failures.push_back("baseline regression: max ulps grew from " + std::to_string(previous_ulps) + " to " +
-                               std::to_string(outcome.comparison.max_ulps) + "; worst " +
+    outcome.failures.push_back("baseline regression: max ulps grew from " + std::to_string(previous_ulps) +
+                               " to " + std::to_string(outcome.comparison.max_ulps) + "; worst " +
                                outcome.comparison.worst.describe());
   }
   if (outcome.comparison.max_bound_ratio > previous_ratio) {
-    outcome.failures.push_back("baseline regression: bound ratio grew from " + std::to_string(previous_ratio) +
-                               " to " + std::to_string(outcome.comparison.max_bound_ratio));
+    outcome.failures.push_back("baseline regression: bound ratio grew from " +
+                               std::to_string(previous_ratio) + " to " +
+                               std::to_string(outcome.comparison.max_bound_ratio));
   }
 }
 
@@ -195,10 +197,12 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
   for (std::size_t r = 0; r < reports.size(); ++r) {
     const auto& report = reports[r];
     const std::string where = "merge: report " + std::to_string(r + 1);
-    if (!report.is_object() || !report.contains("cases") || !report["cases"].is_array() || !report.contains("seed")) {
+    if (!report.is_object() || !report.contains("cases") || !report["cases"].is_array() ||
+        !report.contains("seed")) {
       malformed(where, "has no 'cases' array or 'seed'");
     }
-    if (report["seed"] != reports.front()["seed"]) malformed(where, "comes from a different seed than report 1");
+    if (report["seed"] != reports.front()["seed"])
+      malformed(where, "comes from a different seed than report 1");
     const auto [index, count] = shard_of(report);
     if (shard_count != 0 && count != shard_count) malformed(where, "is a shard of a sweep cut another way");
     shard_count = count;
@@ -227,18 +231,20 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
 
 namespace {
 
-void write_case_xml(std::ostringstream& xml, const nlohmann::json& c, const std::string& kernel, JudgingScope scope) {
+void write_case_xml(std::ostringstream& xml, const nlohmann::json& c, const std::string& kernel,
+                    JudgingScope scope) {
   xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\""
       << xml_escape(c["id"].get<std::string>()) << "\" time=\"" << c["seconds"].get<double>() << "\">\n";
   if (c["status"] != "pass") {
     std::string message;
     for (const auto& failure : c["failures"]) message += failure.get<std::string>() + "\n";
-    const std::string detail =
-        "seed " + std::to_string(c["seed"].get<std::uint64_t>()) + "; rerun: " + c["rerun"].get<std::string>();
+    const std::string detail = "seed " + std::to_string(c["seed"].get<std::uint64_t>()) +
+                               "; rerun: " + c["rerun"].get<std::string>();
     if (is_expected_failure(c, scope)) {
       xml << "      <skipped message=\"expected failure (deliberately broken kernel)\"/>\n";
     } else {
-      xml << "      <failure message=\"" << xml_escape(message) << "\">" << xml_escape(detail) << "</failure>\n";
+      xml << "      <failure message=\"" << xml_escape(message) << "\">" << xml_escape(detail)
+          << "</failure>\n";
     }
   }
   if (c.contains("console") && c["console"].is_string()) {
@@ -264,12 +270,15 @@ std::string junit_xml(const std::vector<nlohmann::json>& cases, JudgingScope sco
     for (const auto* c : list) {
       if ((*c)["status"] != "pass") ++(is_expected_failure(*c, scope) ? skipped : failures);
     }
-    xml << "  <testsuite name=\"sharpcheck." << xml_escape(kernel) << "\" tests=\"" << list.size() + (unexpected_pass ? 1 : 0)
-        << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\">\n";
+    xml << "  <testsuite name=\"sharpcheck." << xml_escape(kernel) << "\" tests=\""
+        << list.size() + (unexpected_pass ? 1 : 0) << "\" failures=\"" << failures << "\" skipped=\""
+        << skipped << "\">\n";
     for (const auto* c : list) write_case_xml(xml, *c, kernel, scope);
     if (unexpected_pass) {
-      xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\"" << xml_escape(kernel)
-          << "/expected_failure\" time=\"0\">\n      <failure message=\"UNEXPECTED PASS: a deliberately broken "
+      xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\""
+          << xml_escape(kernel)
+          << "/expected_failure\" time=\"0\">\n      <failure message=\"UNEXPECTED PASS: a deliberately "
+             "broken "
           << "kernel passed every case of the sweep\"/>\n    </testcase>\n";
     }
     xml << "  </testsuite>\n";
@@ -280,7 +289,8 @@ std::string junit_xml(const std::vector<nlohmann::json>& cases, JudgingScope sco
 
 nlohmann::json read_json_file(const std::string& path, const char* what) {
   std::ifstream in(path);
-  if (!in) throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");
+  if (!in)
+    throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& error) {

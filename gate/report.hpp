@@ -5,7 +5,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -31,7 +30,8 @@ struct ReportHeader {
   std::size_t shard_index = 0, shard_count = 1;
   bool explicit_kernels = false;
 };
-[[nodiscard]] nlohmann::json report_json(const ReportHeader& header, const std::vector<nlohmann::json>& cases);
+[[nodiscard]] nlohmann::json report_json(const ReportHeader& header,
+                                         const std::vector<nlohmann::json>& cases);
 
 // Joins shard reports into the report of the whole sweep (cases in sweep order, a case given
 // twice kept once). InputError for reports that are malformed, from different seeds, or hold no

@@ -49,8 +49,10 @@ std::string save_reproducer(const GateSettings& settings, const std::string& nam
 }
 
 // Records a plugin call that did not return an output, with its reproducers.
-void record_plugin_failure(const kernels::PluginRun& run, const GateSettings& settings, const GateCase& gate_case,
-                           const std::vector<std::pair<std::string, const Matrix*>>& inputs, CaseOutcome& outcome) {
+void record_plugin_failure(const kernels::PluginRun& run, const GateSettings& settings,
+                           const GateCase& gate_case,
+                           const std::vector<std::pair<std::string, const Matrix*>>& inputs,
+                           CaseOutcome& outcome) {
   if (run.status == kernels::PluginRun::Status::interrupted) {
     outcome.interrupted = true;
     return;
@@ -88,9 +90,10 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
       return;
     }
     outcome.console = run.console;
-    const kernels::AttentionKernel description{gate_case.kernel, "plugin", &format, &format, &fp32, false, nullptr};
-    const auto evaluation = metrics::judge_attention(description, metrics::tolerance_for("attention_flash"), q, k, v,
-                                                     false, 1.0, run.out);
+    const kernels::AttentionKernel description{gate_case.kernel, "plugin", &format, &format, &fp32, false,
+                                               nullptr};
+    const auto evaluation = metrics::judge_attention(description, metrics::tolerance_for("attention_flash"),
+                                                     q, k, v, false, 1.0, run.out);
     outcome.comparison = evaluation.comparison;
     outcome.reference_statistics = evaluation.reference_statistics;
     return;
@@ -103,8 +106,8 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
     return;
   }
   outcome.console = run.console;
-  const kernels::SoftmaxKernel description{gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format,
-                                           &fp32, false, nullptr};
+  const kernels::SoftmaxKernel description{
+      gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format, &fp32, false, nullptr};
   const auto evaluation =
       metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"), logits, 1.0, run.out);
   outcome.comparison = evaluation.comparison;

@@ -116,8 +116,9 @@ void write_reports(const GateSettings& settings, const std::vector<nlohmann::jso
   }
 }
 
-SweepOutcome run_sweep(const GateSettings& settings, const std::vector<GateCase>& cases, const nlohmann::json& budget,
-                       const nlohmann::json& baseline, const SweepProgress& progress) {
+SweepOutcome run_sweep(const GateSettings& settings, const std::vector<GateCase>& cases,
+                       const nlohmann::json& budget, const nlohmann::json& baseline,
+                       const SweepProgress& progress) {
   SweepOutcome sweep;
   sweep.planned = cases.size();
   write_reports(settings, sweep.cases, false);  // an unwritable report fails before any work

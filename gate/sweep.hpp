@@ -5,10 +5,9 @@
 // outcome holds every case finished so far (written to the reports where they can be written).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <exception>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -20,8 +19,8 @@ struct SweepOutcome {
   std::vector<nlohmann::json> cases;  // records (gate/report.hpp) of the finished cases, in sweep order
   std::size_t planned = 0;
   double seconds = 0;
-  int interrupt_signal = 0;           // SIGINT/SIGTERM stopped the sweep
-  std::exception_ptr error;           // a case or a report write failed: the sweep stopped there
+  int interrupt_signal = 0;  // SIGINT/SIGTERM stopped the sweep
+  std::exception_ptr error;  // a case or a report write failed: the sweep stopped there
   [[nodiscard]] bool complete() const { return cases.size() == planned && interrupt_signal == 0 && !error; }
 };
 

@@ -7,11 +7,16 @@ namespace sharpcheck::gate {
 
 const char* verdict_name(Verdict verdict) {
   switch (verdict) {
-    case Verdict::pass: return "pass";
-    case Verdict::fail: return "FAIL";
-    case Verdict::expected_failure: return "expected failure";
-    case Verdict::unexpected_pass: return "UNEXPECTED PASS";
-    case Verdict::pending_failure: return "no failure in this shard (merge decides)";
+    case Verdict::pass:
+      return "pass";
+    case Verdict::fail:
+      return "FAIL";
+    case Verdict::expected_failure:
+      return "expected failure";
+    case Verdict::unexpected_pass:
+      return "UNEXPECTED PASS";
+    case Verdict::pending_failure:
+      return "no failure in this shard (merge decides)";
   }
   return "?";
 }
@@ -70,7 +75,8 @@ SweepVerdict judge_sweep(const std::vector<nlohmann::json>& cases, JudgingScope 
   for (auto& k : sweep.kernels) {
     k.verdict = kernel_verdict(k, scope);
     sweep.any_crash = sweep.any_crash || k.crashed > 0;
-    sweep.any_failure = sweep.any_failure || k.verdict == Verdict::fail || k.verdict == Verdict::unexpected_pass;
+    sweep.any_failure =
+        sweep.any_failure || k.verdict == Verdict::fail || k.verdict == Verdict::unexpected_pass;
   }
   return sweep;
 }

@@ -5,9 +5,8 @@
 // read their verdicts from here.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -16,9 +15,9 @@ namespace sharpcheck::gate {
 enum class Verdict {
   pass,
   fail,
-  expected_failure,   // a deliberately broken kernel failed, as it should
-  unexpected_pass,    // a deliberately broken kernel passed the whole sweep: the gate lost its teeth
-  pending_failure,    // a broken kernel passed this shard; the whole sweep (merge) decides
+  expected_failure,  // a deliberately broken kernel failed, as it should
+  unexpected_pass,   // a deliberately broken kernel passed the whole sweep: the gate lost its teeth
+  pending_failure,   // a broken kernel passed this shard; the whole sweep (merge) decides
 };
 [[nodiscard]] const char* verdict_name(Verdict verdict);
 
@@ -37,7 +36,7 @@ struct KernelVerdict {
   std::size_t crashed = 0;
   std::uint64_t max_ulps = 0;
   double max_bound_ratio = 0;
-  bool broken = false;              // deliberately broken and judged as such
+  bool broken = false;                    // deliberately broken and judged as such
   const nlohmann::json* worst = nullptr;  // the case with the largest bound ratio
   Verdict verdict = Verdict::pass;
 };
@@ -45,7 +44,7 @@ struct KernelVerdict {
 struct SweepVerdict {
   std::vector<KernelVerdict> kernels;  // in the order their first case appears
   bool any_crash = false;
-  bool any_failure = false;            // a kernel failed or passed unexpectedly
+  bool any_failure = false;             // a kernel failed or passed unexpectedly
   [[nodiscard]] int exit_code() const;  // 3 on any crash, else 1 on any failure, else 0
 };
 

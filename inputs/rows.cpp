@@ -10,14 +10,22 @@ namespace sharpcheck::inputs {
 
 std::string_view row_kind_name(RowKind kind) {
   switch (kind) {
-    case RowKind::random_normal: return "random_normal";
-    case RowKind::spread_controlled: return "spread_controlled";
-    case RowKind::all_negative: return "all_negative";
-    case RowKind::near_overflow: return "near_overflow";
-    case RowKind::tied_maxima: return "tied_maxima";
-    case RowKind::spike_over_noise: return "spike_over_noise";
-    case RowKind::masked_entries: return "masked_entries";
-    case RowKind::uniform: return "uniform";
+    case RowKind::random_normal:
+      return "random_normal";
+    case RowKind::spread_controlled:
+      return "spread_controlled";
+    case RowKind::all_negative:
+      return "all_negative";
+    case RowKind::near_overflow:
+      return "near_overflow";
+    case RowKind::tied_maxima:
+      return "tied_maxima";
+    case RowKind::spike_over_noise:
+      return "spike_over_noise";
+    case RowKind::masked_entries:
+      return "masked_entries";
+    case RowKind::uniform:
+      return "uniform";
   }
   return "unknown";
 }
@@ -32,7 +40,8 @@ std::optional<RowKind> find_row_kind(std::string_view name) {
 std::vector<double> make_row(RowKind kind, std::size_t n, const FloatFormat& format, std::uint64_t seed,
                              double spread) {
   // Mix the kind and size into the seed so that rows of different kinds are independent.
-  DeterministicRandom random(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(kind) * 1000003ULL + n);
+  DeterministicRandom random(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(kind) * 1000003ULL +
+                             n);
   std::vector<double> row(n);
   const auto in_format = [&](double x) { return round_to_format(x, format); };
   switch (kind) {

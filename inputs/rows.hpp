@@ -24,16 +24,15 @@ enum class RowKind {
   uniform,            // every logit 0: the exact answer is 1/n
 };
 
-inline constexpr RowKind all_row_kinds[] = {RowKind::random_normal, RowKind::spread_controlled,
-                                            RowKind::all_negative,  RowKind::near_overflow,
-                                            RowKind::tied_maxima,   RowKind::spike_over_noise,
-                                            RowKind::masked_entries, RowKind::uniform};
+inline constexpr RowKind all_row_kinds[] = {
+    RowKind::random_normal, RowKind::spread_controlled, RowKind::all_negative,   RowKind::near_overflow,
+    RowKind::tied_maxima,   RowKind::spike_over_noise,  RowKind::masked_entries, RowKind::uniform};
 
 [[nodiscard]] std::string_view row_kind_name(RowKind kind);
 [[nodiscard]] std::optional<RowKind> find_row_kind(std::string_view name);
 
 // The default spread is the paper's mean measured spread of Gemma 2B heads.
-[[nodiscard]] std::vector<double> make_row(RowKind kind, std::size_t n, const FloatFormat& format, std::uint64_t seed,
-                                           double spread = 5.69);
+[[nodiscard]] std::vector<double> make_row(RowKind kind, std::size_t n, const FloatFormat& format,
+                                           std::uint64_t seed, double spread = 5.69);
 
 }  // namespace sharpcheck::inputs

@@ -16,7 +16,8 @@ namespace sharpcheck::io {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what, int error) {
-  throw IoError("cannot write '" + path + "': " + what + (error != 0 ? std::string(": ") + std::strerror(error) : ""));
+  throw IoError("cannot write '" + path + "': " + what +
+                (error != 0 ? std::string(": ") + std::strerror(error) : ""));
 }
 
 bool write_all(int descriptor, std::string_view text) {

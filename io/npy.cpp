@@ -1,15 +1,13 @@
 #include "io/npy.hpp"
 
-#include "io/atomic_file.hpp"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -17,6 +15,7 @@
 
 #include "core/errors.hpp"
 #include "formats/float_format.hpp"
+#include "io/atomic_file.hpp"
 
 namespace sharpcheck::io {
 namespace {
@@ -27,24 +26,34 @@ namespace {
 
 std::size_t item_size(NpyType type) {
   switch (type) {
-    case NpyType::float64: return 8;
-    case NpyType::float32: return 4;
+    case NpyType::float64:
+      return 8;
+    case NpyType::float32:
+      return 4;
     case NpyType::float16:
-    case NpyType::uint16: return 2;
+    case NpyType::uint16:
+      return 2;
     case NpyType::int8:
-    case NpyType::uint8: return 1;
+    case NpyType::uint8:
+      return 1;
   }
   return 0;
 }
 
 const char* type_code(NpyType type) {
   switch (type) {
-    case NpyType::float64: return "<f8";
-    case NpyType::float32: return "<f4";
-    case NpyType::float16: return "<f2";
-    case NpyType::int8: return "|i1";
-    case NpyType::uint8: return "|u1";
-    case NpyType::uint16: return "<u2";
+    case NpyType::float64:
+      return "<f8";
+    case NpyType::float32:
+      return "<f4";
+    case NpyType::float16:
+      return "<f2";
+    case NpyType::int8:
+      return "|i1";
+    case NpyType::uint8:
+      return "|u1";
+    case NpyType::uint16:
+      return "<u2";
   }
   return "";
 }
@@ -80,7 +89,8 @@ std::string dict_value(const std::string& header, const std::string& key, const 
 }
 
 std::vector<std::size_t> parse_shape(const std::string& text, const std::string& source) {
-  if (text.size() < 2 || text.front() != '(' || text.back() != ')') fail(source, "shape '" + text + "' is not a tuple");
+  if (text.size() < 2 || text.front() != '(' || text.back() != ')')
+    fail(source, "shape '" + text + "' is not a tuple");
   std::vector<std::size_t> shape;
   std::stringstream stream(text.substr(1, text.size() - 2));
   std::string item;
@@ -88,7 +98,8 @@ std::vector<std::size_t> parse_shape(const std::string& text, const std::string&
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) continue;
-    if (!std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }) || item.size() > 12) {
+    if (!std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        item.size() > 12) {
       fail(source, "shape entry '" + item + "' is not a non-negative integer");
     }
     shape.push_back(std::stoull(item));
@@ -120,11 +131,13 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
   std::size_t header_length = 0;
   std::size_t header_start = 0;
   if (major == 1) {
-    header_length = static_cast<unsigned char>(bytes[8]) | (static_cast<std::size_t>(static_cast<unsigned char>(bytes[9])) << 8);
+    header_length = static_cast<unsigned char>(bytes[8]) |
+                    (static_cast<std::size_t>(static_cast<unsigned char>(bytes[9])) << 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) fail(source, "truncated header");
-    for (int i = 0; i < 4; ++i) header_length |= static_cast<std::size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      header_length |= static_cast<std::size_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
     header_start = 12;
   } else {
     fail(source, "unsupported .npy version " + std::to_string(major));
@@ -137,7 +150,8 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
   layout.shape = parse_shape(dict_value(header, "shape", source), source);
   if (fortran != "True" && fortran != "False") fail(source, "fortran_order is '" + fortran + "'");
   layout.fortran_order = fortran == "True";
-  if (descr.size() < 5 || (descr.front() != '\'' && descr.front() != '"')) fail(source, "dtype " + descr + " is not a simple type");
+  if (descr.size() < 5 || (descr.front() != '\'' && descr.front() != '"'))
+    fail(source, "dtype " + descr + " is not a simple type");
   const std::string code = descr.substr(1, descr.size() - 2);
   const char order = code.empty() ? '?' : code[0];
   const std::string kind = code.size() > 1 ? code.substr(1) : "";
@@ -154,9 +168,11 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
   } else if (kind == "u2") {
     layout.type = NpyType::uint16;
   } else {
-    fail(source, "unsupported dtype '" + code + "' (float64, float32, float16, int8, uint8, uint16 for bf16 bits)");
+    fail(source,
+         "unsupported dtype '" + code + "' (float64, float32, float16, int8, uint8, uint16 for bf16 bits)");
   }
-  if (order != '<' && order != '>' && order != '|' && order != '=') fail(source, "dtype '" + code + "' has no byte order");
+  if (order != '<' && order != '>' && order != '|' && order != '=')
+    fail(source, "dtype '" + code + "' has no byte order");
   layout.big_endian = order == '>';
   std::size_t count = 1;
   for (const std::size_t extent : layout.shape) {
@@ -165,8 +181,9 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
   const std::size_t size = item_size(layout.type);
   layout.data_start = header_start + header_length;
   if (count > (bytes.size() - layout.data_start) / size || bytes.size() - layout.data_start != count * size) {
-    fail(source, "data holds " + std::to_string(bytes.size() - layout.data_start) + " bytes, the header promises " +
-                     std::to_string(count) + " elements of " + std::to_string(size) + " bytes");
+    fail(source, "data holds " + std::to_string(bytes.size() - layout.data_start) +
+                     " bytes, the header promises " + std::to_string(count) + " elements of " +
+                     std::to_string(size) + " bytes");
   }
   return layout;
 }
@@ -180,12 +197,18 @@ std::size_t NpyLayout::element_count() const {
 double decode_npy_item(const NpyLayout& layout, const char* data, std::size_t position) {
   const char* item = data + position * item_size(layout.type);
   switch (layout.type) {
-    case NpyType::float64: return load<double>(item, layout.big_endian);
-    case NpyType::float32: return load<float>(item, layout.big_endian);
-    case NpyType::float16: return decode(load<std::uint16_t>(item, layout.big_endian), fp16);
-    case NpyType::int8: return static_cast<std::int8_t>(*item);
-    case NpyType::uint8: return static_cast<unsigned char>(*item);
-    case NpyType::uint16: return load<std::uint16_t>(item, layout.big_endian);
+    case NpyType::float64:
+      return load<double>(item, layout.big_endian);
+    case NpyType::float32:
+      return load<float>(item, layout.big_endian);
+    case NpyType::float16:
+      return decode(load<std::uint16_t>(item, layout.big_endian), fp16);
+    case NpyType::int8:
+      return static_cast<std::int8_t>(*item);
+    case NpyType::uint8:
+      return static_cast<unsigned char>(*item);
+    case NpyType::uint16:
+      return load<std::uint16_t>(item, layout.big_endian);
   }
   return 0;
 }
@@ -212,7 +235,8 @@ NpyArray parse_npy(const std::string& bytes, const std::string& source) {
   const std::size_t count = layout.element_count();
   array.values.resize(count);
   const char* data = bytes.data() + layout.data_start;
-  for (std::size_t i = 0; i < count; ++i) array.values[i] = decode_npy_item(layout, data, storage_position(layout, i));
+  for (std::size_t i = 0; i < count; ++i)
+    array.values[i] = decode_npy_item(layout, data, storage_position(layout, i));
   return array;
 }
 
@@ -229,8 +253,8 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
   for (const std::size_t extent : shape) shape_text += std::to_string(extent) + ",";
   if (shape.size() > 1) shape_text.pop_back();
   shape_text += ")";
-  std::string header = std::string("{'descr': '") + type_code(type) + "', 'fortran_order': False, 'shape': " +
-                       shape_text + ", }";
+  std::string header = std::string("{'descr': '") + type_code(type) +
+                       "', 'fortran_order': False, 'shape': " + shape_text + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   std::ostringstream out(std::ios::binary);
@@ -241,7 +265,9 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
   out << header;
   for (const double value : values) {
     switch (type) {
-      case NpyType::float64: out.write(reinterpret_cast<const char*>(&value), 8); break;
+      case NpyType::float64:
+        out.write(reinterpret_cast<const char*>(&value), 8);
+        break;
       case NpyType::float32: {
         const auto narrow = static_cast<float>(value);
         out.write(reinterpret_cast<const char*>(&narrow), 4);

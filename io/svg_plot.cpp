@@ -87,9 +87,10 @@ std::string render_svg(const Chart& chart) {
   const auto py = [&](double y) { return top + plot_height * (1 - y_axis.fraction(y)); };
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg << "<text x=\"" << width / 2 << "\" y=\"25\" text-anchor=\"middle\" font-size=\"15\">" << escape(chart.title)
-      << "</text>\n";
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+         "fill=\"white\"/>\n";
+  svg << "<text x=\"" << width / 2 << "\" y=\"25\" text-anchor=\"middle\" font-size=\"15\">"
+      << escape(chart.title) << "</text>\n";
   // Grid and tick labels: decades on log axes, ten steps on linear ones.
   const auto ticks = [](const Axis& axis) {
     std::vector<double> values;
@@ -101,29 +102,30 @@ std::string render_svg(const Chart& chart) {
     return values;
   };
   for (const double v : ticks(x_axis)) {
-    svg << "<line x1=\"" << px(v) << "\" y1=\"" << top << "\" x2=\"" << px(v) << "\" y2=\"" << top + plot_height
-        << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << px(v) << "\" y=\"" << top + plot_height + 18
-        << "\" text-anchor=\"middle\">" << number_label(v, x_axis.logarithmic) << "</text>\n";
+    svg << "<line x1=\"" << px(v) << "\" y1=\"" << top << "\" x2=\"" << px(v) << "\" y2=\""
+        << top + plot_height << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << px(v) << "\" y=\""
+        << top + plot_height + 18 << "\" text-anchor=\"middle\">" << number_label(v, x_axis.logarithmic)
+        << "</text>\n";
   }
   for (const double v : ticks(y_axis)) {
-    svg << "<line x1=\"" << left << "\" y1=\"" << py(v) << "\" x2=\"" << left + plot_width << "\" y2=\"" << py(v)
-        << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << left - 8 << "\" y=\"" << py(v) + 4 << "\" text-anchor=\"end\">"
-        << number_label(v, y_axis.logarithmic) << "</text>\n";
+    svg << "<line x1=\"" << left << "\" y1=\"" << py(v) << "\" x2=\"" << left + plot_width << "\" y2=\""
+        << py(v) << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << left - 8 << "\" y=\"" << py(v) + 4
+        << "\" text-anchor=\"end\">" << number_label(v, y_axis.logarithmic) << "</text>\n";
   }
-  svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_width << "\" height=\"" << plot_height
-      << "\" fill=\"none\" stroke=\"black\"/>\n";
+  svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_width << "\" height=\""
+      << plot_height << "\" fill=\"none\" stroke=\"black\"/>\n";
   svg << "<text x=\"" << left + plot_width / 2 << "\" y=\"" << height - 25 << "\" text-anchor=\"middle\">"
       << escape(chart.x_label) << "</text>\n";
-  svg << "<text transform=\"translate(22," << top + plot_height / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
-      << escape(chart.y_label) << "</text>\n";
+  svg << "<text transform=\"translate(22," << top + plot_height / 2
+      << ") rotate(-90)\" text-anchor=\"middle\">" << escape(chart.y_label) << "</text>\n";
   double marker_label_y = top + 12;
   for (const auto& marker : chart.markers) {
     if (marker.x < x_axis.low || marker.x > x_axis.high) continue;
     marker_label_y += 12;  // staggered, so labels of nearby markers do not overlap
     svg << "<line x1=\"" << px(marker.x) << "\" y1=\"" << top << "\" x2=\"" << px(marker.x) << "\" y2=\""
         << top + plot_height << "\" stroke=\"" << marker.colour << "\" stroke-dasharray=\"2,3\"/>\n<text x=\""
-        << px(marker.x) + 3 << "\" y=\"" << marker_label_y << "\" fill=\"" << marker.colour << "\" font-size=\"10\">"
-        << escape(marker.label) << "</text>\n";
+        << px(marker.x) + 3 << "\" y=\"" << marker_label_y << "\" fill=\"" << marker.colour
+        << "\" font-size=\"10\">" << escape(marker.label) << "</text>\n";
   }
   double legend_y = top + 10;
   for (const auto& s : chart.series) {
@@ -139,14 +141,16 @@ std::string render_svg(const Chart& chart) {
       path << (pen_down ? " L" : " M") << px(s.x[i]) << "," << py(s.y[i]);
       pen_down = true;
       if (s.markers) {
-        svg << "<circle cx=\"" << px(s.x[i]) << "\" cy=\"" << py(s.y[i]) << "\" r=\"2.5\" fill=\"" << s.colour << "\"/>\n";
+        svg << "<circle cx=\"" << px(s.x[i]) << "\" cy=\"" << py(s.y[i]) << "\" r=\"2.5\" fill=\"" << s.colour
+            << "\"/>\n";
       }
     }
     svg << "<path d=\"" << path.str() << "\" fill=\"none\" stroke=\"" << s.colour << "\" stroke-width=\"1.6\""
         << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>\n";
-    svg << "<line x1=\"" << width - right + 15 << "\" y1=\"" << legend_y << "\" x2=\"" << width - right + 40 << "\" y2=\""
-        << legend_y << "\" stroke=\"" << s.colour << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6,4\"" : "")
-        << "/>\n<text x=\"" << width - right + 45 << "\" y=\"" << legend_y + 4 << "\">" << escape(s.label) << "</text>\n";
+    svg << "<line x1=\"" << width - right + 15 << "\" y1=\"" << legend_y << "\" x2=\"" << width - right + 40
+        << "\" y2=\"" << legend_y << "\" stroke=\"" << s.colour << "\" stroke-width=\"2\""
+        << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>\n<text x=\"" << width - right + 45
+        << "\" y=\"" << legend_y + 4 << "\">" << escape(s.label) << "</text>\n";
     legend_y += 18;
   }
   svg << "</svg>\n";

@@ -22,8 +22,8 @@ std::size_t visible_keys(const AttentionShape& shape, std::size_t query, bool ca
 
 }  // namespace
 
-void attention_naive_fp32(const float* q, const float* k, const float* v, float* out, const AttentionShape& shape,
-                          float scale, bool causal) {
+void attention_naive_fp32(const float* q, const float* k, const float* v, float* out,
+                          const AttentionShape& shape, float scale, bool causal) {
   std::vector<float> scores(shape.keys);
   std::vector<float> weights(shape.keys);
   for (std::size_t i = 0; i < shape.queries; ++i) {
@@ -31,16 +31,18 @@ void attention_naive_fp32(const float* q, const float* k, const float* v, float*
     float* row_out = out + i * shape.value_dimension;
     std::fill(row_out, row_out + shape.value_dimension, 0.0F);
     if (visible == 0) continue;
-    for (std::size_t j = 0; j < visible; ++j) scores[j] = dot(q + i * shape.dimension, k + j * shape.dimension, shape.dimension);
+    for (std::size_t j = 0; j < visible; ++j)
+      scores[j] = dot(q + i * shape.dimension, k + j * shape.dimension, shape.dimension);
     softmax_safe3_fp32(scores.data(), weights.data(), visible, scale);
     for (std::size_t j = 0; j < visible; ++j) {
-      for (std::size_t c = 0; c < shape.value_dimension; ++c) row_out[c] += weights[j] * v[j * shape.value_dimension + c];
+      for (std::size_t c = 0; c < shape.value_dimension; ++c)
+        row_out[c] += weights[j] * v[j * shape.value_dimension + c];
     }
   }
 }
 
-void attention_flash_fp32(const float* q, const float* k, const float* v, float* out, const AttentionShape& shape,
-                          float scale, bool causal, std::size_t tile) {
+void attention_flash_fp32(const float* q, const float* k, const float* v, float* out,
+                          const AttentionShape& shape, float scale, bool causal, std::size_t tile) {
   std::vector<float> scores(tile);
   std::vector<float> accumulator(shape.value_dimension);
   for (std::size_t i = 0; i < shape.queries; ++i) {

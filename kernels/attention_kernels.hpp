@@ -19,12 +19,12 @@ struct AttentionShape {
 };
 
 // Materialises the row of scores, then the fp32 three-pass softmax, then the weighted sum.
-void attention_naive_fp32(const float* q, const float* k, const float* v, float* out, const AttentionShape& shape,
-                          float scale, bool causal);
+void attention_naive_fp32(const float* q, const float* k, const float* v, float* out,
+                          const AttentionShape& shape, float scale, bool causal);
 // FlashAttention's loop: tiles of `tile` keys, a running max, sum and output accumulator
 // rescaled per tile; the score row is never stored.
-void attention_flash_fp32(const float* q, const float* k, const float* v, float* out, const AttentionShape& shape,
-                          float scale, bool causal, std::size_t tile = 64);
+void attention_flash_fp32(const float* q, const float* k, const float* v, float* out,
+                          const AttentionShape& shape, float scale, bool causal, std::size_t tile = 64);
 // The same with bf16 inputs and output and fp32 accumulation.
 void attention_flash_bf16(const Bfloat16* q, const Bfloat16* k, const Bfloat16* v, Bfloat16* out,
                           const AttentionShape& shape, float scale, bool causal, std::size_t tile = 64);

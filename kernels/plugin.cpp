@@ -17,8 +17,8 @@ namespace sharpcheck::kernels {
 namespace {
 
 using SoftmaxEntry = int (*)(uint32_t, const void*, void*, size_t, size_t, float);
-using AttentionEntry = int (*)(uint32_t, const void*, const void*, const void*, void*, size_t, size_t, size_t, size_t,
-                               float, int);
+using AttentionEntry = int (*)(uint32_t, const void*, const void*, const void*, void*, size_t, size_t, size_t,
+                               size_t, float, int);
 using InfoEntry = const sharpcheck_plugin_description* (*)();
 
 // A child's exit status when the library or its entry point could not be found there.
@@ -44,7 +44,8 @@ std::pair<std::string, int> call_plugin(SoftmaxEntry softmax, const FloatFormat&
     for (std::size_t i = 0; i < count; ++i) result[i] = out[i];
   } else {
     std::vector<std::uint16_t> in(count), out(count);
-    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<std::uint16_t>(encode(logits.values[i], format));
+    for (std::size_t i = 0; i < count; ++i)
+      in[i] = static_cast<std::uint16_t>(encode(logits.values[i], format));
     code = softmax(format_code(format), in.data(), out.data(), logits.rows, logits.cols, scale);
     for (std::size_t i = 0; i < count; ++i) result[i] = decode(out[i], format);
   }
@@ -61,14 +62,16 @@ std::vector<char> to_storage(const Matrix& matrix, const FloatFormat& format) {
     std::memcpy(bytes.data(), values.data(), bytes.size());
   } else {
     std::vector<std::uint16_t> values(matrix.values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::uint16_t>(encode(matrix.values[i], format));
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<std::uint16_t>(encode(matrix.values[i], format));
     bytes.resize(values.size() * sizeof(std::uint16_t));
     std::memcpy(bytes.data(), values.data(), bytes.size());
   }
   return bytes;
 }
 
-std::vector<double> from_storage(const std::vector<char>& bytes, std::size_t count, const FloatFormat& format) {
+std::vector<double> from_storage(const std::vector<char>& bytes, std::size_t count,
+                                 const FloatFormat& format) {
   std::vector<double> values(count);
   for (std::size_t i = 0; i < count; ++i) {
     if (format == fp32) {
@@ -84,15 +87,16 @@ std::vector<double> from_storage(const std::vector<char>& bytes, std::size_t cou
   return values;
 }
 
-std::pair<std::string, int> call_attention(AttentionEntry attention, const FloatFormat& format, const Matrix& q,
-                                           const Matrix& k, const Matrix& v, float scale, bool causal) {
+std::pair<std::string, int> call_attention(AttentionEntry attention, const FloatFormat& format,
+                                           const Matrix& q, const Matrix& k, const Matrix& v, float scale,
+                                           bool causal) {
   const auto q_bytes = to_storage(q, format);
   const auto k_bytes = to_storage(k, format);
   const auto v_bytes = to_storage(v, format);
   const std::size_t count = q.rows * v.cols;
   std::vector<char> out(count * (format == fp32 ? sizeof(float) : sizeof(std::uint16_t)));
-  const int code = attention(format_code(format), q_bytes.data(), k_bytes.data(), v_bytes.data(), out.data(), q.rows,
-                             k.rows, q.cols, v.cols, scale, causal ? 1 : 0);
+  const int code = attention(format_code(format), q_bytes.data(), k_bytes.data(), v_bytes.data(), out.data(),
+                             q.rows, k.rows, q.cols, v.cols, scale, causal ? 1 : 0);
   if (code != 0) return {"", 10 + (code & 0x7F)};
   const auto result = from_storage(out, count, format);
   return {std::string(reinterpret_cast<const char*>(result.data()), count * sizeof(double)), 0};
@@ -106,23 +110,30 @@ PluginRun interpret(const ChildOutcome& child, const ChildLimits& limits, std::s
     return PluginRun{status, std::move(detail), {}, child.console};
   };
   switch (child.ending) {
-    case ChildOutcome::Ending::could_not_start: return failed(PluginRun::Status::returned_error, describe_ending(child, limits));
-    case ChildOutcome::Ending::timed_out: return failed(PluginRun::Status::hung, describe_ending(child, limits));
-    case ChildOutcome::Ending::killed_by_signal: return failed(PluginRun::Status::crashed, describe_ending(child, limits));
-    case ChildOutcome::Ending::out_of_memory: return failed(PluginRun::Status::out_of_memory, describe_ending(child, limits));
-    case ChildOutcome::Ending::interrupted: return failed(PluginRun::Status::interrupted, describe_ending(child, limits));
-    case ChildOutcome::Ending::exited: break;
+    case ChildOutcome::Ending::could_not_start:
+      return failed(PluginRun::Status::returned_error, describe_ending(child, limits));
+    case ChildOutcome::Ending::timed_out:
+      return failed(PluginRun::Status::hung, describe_ending(child, limits));
+    case ChildOutcome::Ending::killed_by_signal:
+      return failed(PluginRun::Status::crashed, describe_ending(child, limits));
+    case ChildOutcome::Ending::out_of_memory:
+      return failed(PluginRun::Status::out_of_memory, describe_ending(child, limits));
+    case ChildOutcome::Ending::interrupted:
+      return failed(PluginRun::Status::interrupted, describe_ending(child, limits));
+    case ChildOutcome::Ending::exited:
+      break;
   }
   if (child.exit_code == load_failure_status) {
     return failed(PluginRun::Status::crashed, "could not be loaded in the child: " + child.output);
   }
   if (child.exit_code >= 10) {
-    return failed(PluginRun::Status::returned_error, std::string(entry) + " returned " + std::to_string(child.exit_code - 10));
+    return failed(PluginRun::Status::returned_error,
+                  std::string(entry) + " returned " + std::to_string(child.exit_code - 10));
   }
   if (child.exit_code != 0 || child.output.size() != expected) {
-    return failed(PluginRun::Status::crashed, "the child exited (status " + std::to_string(child.exit_code) +
-                                                  ") without its output (" + std::to_string(child.output.size()) +
-                                                  " of " + std::to_string(expected) + " bytes)");
+    return failed(PluginRun::Status::crashed,
+                  "the child exited (status " + std::to_string(child.exit_code) + ") without its output (" +
+                      std::to_string(child.output.size()) + " of " + std::to_string(expected) + " bytes)");
   }
   PluginRun run;
   run.out = Matrix(rows, cols);
@@ -139,7 +150,8 @@ void* symbol_in_child(const std::string& path, const char* symbol) {
   const char* problem = handle == nullptr ? dlerror() : nullptr;
   void* entry = handle != nullptr ? dlsym(handle, symbol) : nullptr;
   if (entry == nullptr) {
-    const std::string message = problem != nullptr ? std::string(problem) : std::string("no symbol ") + symbol;
+    const std::string message =
+        problem != nullptr ? std::string(problem) : std::string("no symbol ") + symbol;
     [[maybe_unused]] const ssize_t ignored = write(STDOUT_FILENO, message.data(), message.size());
     _exit(load_failure_status);
   }
@@ -155,7 +167,8 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   const sharpcheck_plugin_description* info = info_entry();
   if (info == nullptr || info->abi_version != SHARPCHECK_PLUGIN_ABI_VERSION) {
     return {"error\nspeaks ABI version " + (info ? std::to_string(info->abi_version) : std::string("?")) +
-                ", this sharpcheck speaks " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION), 0};
+                ", this sharpcheck speaks " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION),
+            0};
   }
   if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
     return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};
@@ -190,12 +203,18 @@ std::vector<std::string> split_lines(const std::string& text) {
 
 const char* plugin_status_name(PluginRun::Status status) {
   switch (status) {
-    case PluginRun::Status::ok: return "ok";
-    case PluginRun::Status::crashed: return "crashed";
-    case PluginRun::Status::hung: return "hung";
-    case PluginRun::Status::returned_error: return "returned an error";
-    case PluginRun::Status::out_of_memory: return "ran out of memory";
-    case PluginRun::Status::interrupted: return "interrupted";
+    case PluginRun::Status::ok:
+      return "ok";
+    case PluginRun::Status::crashed:
+      return "crashed";
+    case PluginRun::Status::hung:
+      return "hung";
+    case PluginRun::Status::returned_error:
+      return "returned an error";
+    case PluginRun::Status::out_of_memory:
+      return "ran out of memory";
+    case PluginRun::Status::interrupted:
+      return "interrupted";
   }
   return "?";
 }
@@ -209,8 +228,9 @@ std::shared_ptr<Plugin> Plugin::open(const std::string& path, const ChildLimits&
   const ChildOutcome child = run_in_child([&] { return describe_in_child(path); }, limits);
   if (child.ending == ChildOutcome::Ending::interrupted) throw Interrupted(interrupt_signal());
   if (child.ending != ChildOutcome::Ending::exited || child.exit_code != 0) {
-    throw PluginCrash("plugin " + shown + " failed while being loaded and described: " +
-                      describe_ending(child, limits) + (child.console.empty() ? "" : "; it printed: " + child.console));
+    throw PluginCrash("plugin " + shown +
+                      " failed while being loaded and described: " + describe_ending(child, limits) +
+                      (child.console.empty() ? "" : "; it printed: " + child.console));
   }
   const auto lines = split_lines(child.output);
   if (lines.size() >= 2 && lines[0] == "error") {
@@ -229,7 +249,8 @@ std::shared_ptr<Plugin> Plugin::open(const std::string& path, const ChildLimits&
     if ((attention_bits & bit) != 0) plugin->attention_formats_.push_back(format);
   }
   if (plugin->softmax_formats_.empty() && plugin->attention_formats_.empty()) {
-    throw InputError(InputProblem::empty_input, "plugin " + shown + " declares no softmax or attention format: nothing to judge");
+    throw InputError(InputProblem::empty_input,
+                     "plugin " + shown + " declares no softmax or attention format: nothing to judge");
   }
   return plugin;
 }

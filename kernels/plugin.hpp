@@ -37,14 +37,16 @@ class Plugin {
   [[nodiscard]] const std::string& path() const { return path_; }
   // The formats (fp32, bf16, fp16) it declares a softmax for.
   [[nodiscard]] const std::vector<const FloatFormat*>& softmax_formats() const { return softmax_formats_; }
-  [[nodiscard]] const std::vector<const FloatFormat*>& attention_formats() const { return attention_formats_; }
+  [[nodiscard]] const std::vector<const FloatFormat*>& attention_formats() const {
+    return attention_formats_;
+  }
 
   // Runs the plugin's softmax on rows of logits (values of `format`) in a forked child under the
   // limits given to open().
   [[nodiscard]] PluginRun run_softmax(const FloatFormat& format, const Matrix& logits, float scale) const;
   // The same for attention: q (m x d), k (n x d), v (n x dv), values of `format`.
-  [[nodiscard]] PluginRun run_attention(const FloatFormat& format, const Matrix& q, const Matrix& k, const Matrix& v,
-                                        float scale, bool causal) const;
+  [[nodiscard]] PluginRun run_attention(const FloatFormat& format, const Matrix& q, const Matrix& k,
+                                        const Matrix& v, float scale, bool causal) const;
 
  private:
   Plugin() = default;

@@ -40,8 +40,8 @@ int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t ro
 
 /* Required when attention_formats != 0: one head, q (queries x dim), k (keys x dim),
  * v (keys x value_dim), out (queries x value_dim); causal = top-left aligned mask. */
-int sharpcheck_attention(uint32_t format, const void* q, const void* k, const void* v, void* out, size_t queries,
-                         size_t keys, size_t dim, size_t value_dim, float scale, int causal);
+int sharpcheck_attention(uint32_t format, const void* q, const void* k, const void* v, void* out,
+                         size_t queries, size_t keys, size_t dim, size_t value_dim, float scale, int causal);
 
 #ifdef __cplusplus
 }

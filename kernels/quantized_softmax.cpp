@@ -57,7 +57,9 @@ void QuantizedRow(const std::int8_t* codes, Code* out, std::size_t n, float beta
   int largest = hn::GetLane(hn::MaxOfLanes(di, best));
   for (; k < n; ++k) largest = std::max(largest, static_cast<int>(codes[k]));
   const auto largest_code = hn::Set(di, largest);
-  const auto indices = [&](std::size_t i) { return hn::Sub(largest_code, hn::PromoteTo(di, hn::LoadU(d8, codes + i))); };
+  const auto indices = [&](std::size_t i) {
+    return hn::Sub(largest_code, hn::PromoteTo(di, hn::LoadU(d8, codes + i)));
+  };
   // The gathered table entries are kept for the second pass: a gather costs more than a load.
   thread_local std::vector<float> entries;
   entries.resize(n);

@@ -12,13 +12,13 @@ namespace sharpcheck::kernels {
 
 // What a kernel computes, which decides the reference it is judged against.
 enum class Operation {
-  softmax,               // softmax(e / theta)
-  adaptive_temperature,  // the paper's adaptive-temperature softmax
-  scalable_softmax,      // SSMax: softmax(ln(n) e / theta)
-  length_scaled_softmax, // softmax(f e / theta), f = max(1, ln n / ln 16)
-  sigmoid_attention,     // sigmoid(e / theta - ln n), weights on their own
-  stick_breaking,        // stick-breaking weights of sigmoid(e / theta), nearest key last
-  attention,             // one attention head
+  softmax,                // softmax(e / theta)
+  adaptive_temperature,   // the paper's adaptive-temperature softmax
+  scalable_softmax,       // SSMax: softmax(ln(n) e / theta)
+  length_scaled_softmax,  // softmax(f e / theta), f = max(1, ln n / ln 16)
+  sigmoid_attention,      // sigmoid(e / theta - ln n), weights on their own
+  stick_breaking,         // stick-breaking weights of sigmoid(e / theta), nearest key last
+  attention,              // one attention head
 };
 
 struct SoftmaxKernel {
@@ -44,8 +44,8 @@ struct AttentionKernel {
   bool deliberately_broken;
   // Q (m x d), K (n x d), V (n x dv), entries values of `input`; logits are (q . k) * scale /
   // theta with scale = 1/sqrt(d) when absent; top-left causal mask when asked.
-  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values, double scale_over_theta, bool causal,
-              Matrix& out);
+  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values, double scale_over_theta,
+              bool causal, Matrix& out);
 };
 
 [[nodiscard]] std::span<const SoftmaxKernel> softmax_kernels();

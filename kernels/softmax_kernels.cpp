@@ -22,7 +22,6 @@ float shift_for(const float* logits, std::size_t n, float scale) {
 
 }  // namespace
 
-
 void softmax_bf16_accumulator(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
   thread_local std::vector<float> widened;
   widened.resize(n);
@@ -30,7 +29,8 @@ void softmax_bf16_accumulator(const Bfloat16* logits, Bfloat16* out, std::size_t
   const float shift = shift_for(widened.data(), n, scale);
   Bfloat16 sum = Bfloat16::from_float(0.0F);
   for (std::size_t i = 0; i < n; ++i) {
-    out[i] = Bfloat16::from_float(widened[i] == negative_infinity ? 0.0F : std::exp((widened[i] - shift) * scale));
+    out[i] =
+        Bfloat16::from_float(widened[i] == negative_infinity ? 0.0F : std::exp((widened[i] - shift) * scale));
     sum = Bfloat16::from_float(sum.to_float() + out[i].to_float());  // the bug: a bf16 running sum
   }
   for (std::size_t i = 0; i < n; ++i) out[i] = Bfloat16::from_float(out[i].to_float() / sum.to_float());
@@ -67,7 +67,8 @@ void softmax_adaptive_streaming_fp32(const float* logits, float* out, std::size_
       weighted = weighted * rescale;
       // A is kept relative to the current max: sum (t_i - m) exp(t_i - m); moving m to t adds
       // (m_old - t) * Z_old after rescaling.
-      weighted += (running_max == -std::numeric_limits<float>::infinity() ? 0.0F : (running_max - t) * normaliser);
+      weighted +=
+          (running_max == -std::numeric_limits<float>::infinity() ? 0.0F : (running_max - t) * normaliser);
       running_max = t;
     }
     const float w = std::exp(t - running_max);

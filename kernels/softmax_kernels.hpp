@@ -24,7 +24,8 @@ void softmax_safe3_fp32(const float* logits, float* out, std::size_t n, float sc
 // whenever the max grows (per SIMD lane, merged at the end); a second pass normalises.
 void softmax_online2_fp32(const float* logits, float* out, std::size_t n, float scale);
 // FlashAttention-style: (max, sum) per tile of `tile` logits, tiles merged by the online rule.
-void softmax_blocked_fp32(const float* logits, float* out, std::size_t n, float scale, std::size_t tile = 256);
+void softmax_blocked_fp32(const float* logits, float* out, std::size_t n, float scale,
+                          std::size_t tile = 256);
 
 // bf16 / fp16 in and out, fp32 accumulation: the fp32 cores read and write the narrow format
 // themselves (no widening passes), giving exactly the fp32 kernel's values on the widened row,

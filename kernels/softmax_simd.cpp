@@ -12,16 +12,15 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
-#include "kernels/nonpositive_exp-inl.h"
-
-#include "formats/storage.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#include "formats/storage.hpp"
+#include "kernels/nonpositive_exp-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sharpcheck::kernels::HWY_NAMESPACE {
@@ -161,7 +160,8 @@ HWY_INLINE float row_max(const Input* logits, std::size_t n, float sign) {
       for (int a = 0; a < 4; ++a) best[a] = hn::Max(best[a], load_logits(logits + i + a * lanes));
     }
   }
-  for_each_vector(logits + i, n - i, sign, [&](FloatVector x, std::size_t, std::size_t) { best[0] = hn::Max(best[0], x); });
+  for_each_vector(logits + i, n - i, sign,
+                  [&](FloatVector x, std::size_t, std::size_t) { best[0] = hn::Max(best[0], x); });
   const FloatVector all = hn::Max(hn::Max(best[0], best[1]), hn::Max(best[2], best[3]));
   return hn::GetLane(hn::MaxOfLanes(tag, all));
 }
@@ -204,7 +204,8 @@ bool uniform_when_scale_is_zero(const Input* logits, Output* out, std::size_t n,
   std::size_t unmasked = 0;
   for (std::size_t i = 0; i < n; ++i) unmasked += widen_one(logits[i]) != negative_infinity ? 1 : 0;
   const float share = 1.0F / static_cast<float>(unmasked);
-  for (std::size_t i = 0; i < n; ++i) narrow_one(widen_one(logits[i]) != negative_infinity ? share : 0.0F, out + i);
+  for (std::size_t i = 0; i < n; ++i)
+    narrow_one(widen_one(logits[i]) != negative_infinity ? share : 0.0F, out + i);
   return true;
 }
 
@@ -219,7 +220,9 @@ void Safe3Row(const Input* logits, float* exps, Output* out, std::size_t n, floa
   normalise(exps, out, n, hn::Set(FloatTag(), 1.0F / sum));
 }
 
-void Safe3(const float* logits, float* out, std::size_t n, float scale) { Safe3Row(logits, out, out, n, scale); }
+void Safe3(const float* logits, float* out, std::size_t n, float scale) {
+  Safe3Row(logits, out, out, n, scale);
+}
 
 void Naive(const float* logits, float* out, std::size_t n, float scale) {
   const FloatTag tag;
@@ -316,7 +319,8 @@ void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, 
   // Tiles before the first segment were all masked: their exps are 0, and a narrow output still
   // needs them written.
   normalise(exps, out, segment_starts.front(), hn::Zero(tag));
-  const float sum = hn::GetLane(hn::SumOfLanes(tag, hn::Add(hn::Add(sums[0], sums[1]), hn::Add(sums[2], sums[3]))));
+  const float sum =
+      hn::GetLane(hn::SumOfLanes(tag, hn::Add(hn::Add(sums[0], sums[1]), hn::Add(sums[2], sums[3]))));
   // Every segment's factor exp(segment max - final max) / sum, a vector of segments at a time.
   const std::size_t segments = segment_starts.size();
   segment_maxima.resize((segments + lanes - 1) / lanes * lanes, running_max);  // padding: factor 1/sum
@@ -324,7 +328,8 @@ void Online2Tiles(const Input* logits, float* exps, Output* out, std::size_t n, 
   const FloatVector inverse = hn::Set(tag, 1.0F / sum);
   for (std::size_t s = 0; s < segments; s += lanes) {
     const FloatVector maxima = hn::LoadU(tag, segment_maxima.data() + s);
-    const FloatVector factors = hn::Mul(ExpOfNonpositive(tag, hn::Mul(hn::Sub(maxima, final_max), scales)), inverse);
+    const FloatVector factors =
+        hn::Mul(ExpOfNonpositive(tag, hn::Mul(hn::Sub(maxima, final_max), scales)), inverse);
     hn::StoreU(factors, tag, segment_maxima.data() + s);  // the maxima are not needed again
   }
   for (std::size_t s = 0; s < segments; ++s) {
@@ -344,7 +349,9 @@ void Online2Row(const Input* logits, float* exps, Output* out, std::size_t n, fl
   }
 }
 
-void Online2(const float* logits, float* out, std::size_t n, float scale) { Online2Row(logits, out, out, n, scale); }
+void Online2(const float* logits, float* out, std::size_t n, float scale) {
+  Online2Row(logits, out, out, n, scale);
+}
 
 // bf16 and fp16 rows: read and written in their format, exponentials kept in fp32 in a per-thread
 // buffer.
@@ -361,11 +368,15 @@ template <class Storage>
 void Online2Narrow(const Storage* logits, Storage* out, std::size_t n, float scale) {
   Online2Row(logits, narrow_row_buffer(n), out, n, scale);
 }
-void Safe3Bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) { Safe3Narrow(logits, out, n, scale); }
+void Safe3Bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
+  Safe3Narrow(logits, out, n, scale);
+}
 void Online2Bf16(const Bfloat16* logits, Bfloat16* out, std::size_t n, float scale) {
   Online2Narrow(logits, out, n, scale);
 }
-void Safe3Fp16(const Float16* logits, Float16* out, std::size_t n, float scale) { Safe3Narrow(logits, out, n, scale); }
+void Safe3Fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
+  Safe3Narrow(logits, out, n, scale);
+}
 void Online2Fp16(const Float16* logits, Float16* out, std::size_t n, float scale) {
   Online2Narrow(logits, out, n, scale);
 }
@@ -392,7 +403,8 @@ void Blocked(const float* logits, float* out, std::size_t n, float scale, std::s
   }
   for (std::size_t t = 0; t < tile_max.size(); ++t) {
     const std::size_t start = t * tile;
-    const float factor = tile_max[t] == negative_infinity ? 0.0F : std::exp((tile_max[t] - shift) * magnitude) / sum;
+    const float factor =
+        tile_max[t] == negative_infinity ? 0.0F : std::exp((tile_max[t] - shift) * magnitude) / sum;
     normalise(out + start, out + start, std::min(tile, n - start), hn::Set(FloatTag(), factor));
   }
 }

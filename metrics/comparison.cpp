@@ -11,26 +11,29 @@ constexpr std::size_t max_described_violations = 8;
 
 void add_violation(Comparison& comparison, std::string text) {
   ++comparison.violation_count;
-  if (comparison.violations.size() < max_described_violations) comparison.violations.push_back(std::move(text));
+  if (comparison.violations.size() < max_described_violations)
+    comparison.violations.push_back(std::move(text));
 }
 }  // namespace
 
 std::string ElementReport::describe() const {
   std::ostringstream text;
-  text << "row " << row << " index " << index << ": expected " << hex_float(expected) << " got " << hex_float(actual);
+  text << "row " << row << " index " << index << ": expected " << hex_float(expected) << " got "
+       << hex_float(actual);
   if (ulps) {
     text << " (" << *ulps << " ulp";
   } else {
     text << " (no ulp distance";
   }
-  text << ", |error| " << std::fabs(actual - expected) << " vs allowed " << allowed << ", bound ratio " << bound_ratio
-       << ")";
+  text << ", |error| " << std::fabs(actual - expected) << " vs allowed " << allowed << ", bound ratio "
+       << bound_ratio << ")";
   return text.str();
 }
 
 void Comparison::merge(const Comparison& other) {
   const bool take_worst = elements == 0 || other.max_bound_ratio > max_bound_ratio;
-  const double total_ulps = mean_ulps * static_cast<double>(elements) + other.mean_ulps * static_cast<double>(other.elements);
+  const double total_ulps =
+      mean_ulps * static_cast<double>(elements) + other.mean_ulps * static_cast<double>(other.elements);
   rows += other.rows;
   elements += other.elements;
   mean_ulps = elements == 0 ? 0 : total_ulps / static_cast<double>(elements);
@@ -68,7 +71,8 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
     for (std::size_t j = 0; j < expected.cols; ++j) {
       const double e = expected(r, j);
       const double a = actual(r, j);
-      allowed[j] = tolerance.allowed_error((*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j), input.scales[r], output);
+      allowed[j] = tolerance.allowed_error((*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j),
+                                           input.scales[r], output);
       if (input.allowed != nullptr) (*input.allowed)(r, j) = allowed[j];
       ElementReport element{row_number, j, e, a, std::nullopt, allowed[j], 0};
       if (is_representable(a, output)) element.ulps = ulp_distance(a, e, output);
@@ -79,7 +83,8 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
       } else {
         element.bound_ratio = error == 0 ? 0 : error / allowed[j];
         result.max_absolute_error = std::max(result.max_absolute_error, error);
-        result.max_relative_error = std::max(result.max_relative_error, error / std::max(std::fabs(e), relative_floor));
+        result.max_relative_error =
+            std::max(result.max_relative_error, error / std::max(std::fabs(e), relative_floor));
       }
       if (element.ulps) {
         result.max_ulps = std::max(result.max_ulps, *element.ulps);
@@ -88,7 +93,8 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
       if (a == 0 && e != 0) ++result.false_zeros;
       if (!(element.bound_ratio <= 1)) add_violation(result, element.describe());
       if (!have_worst || element.bound_ratio > result.max_bound_ratio ||
-          (element.bound_ratio == result.max_bound_ratio && element.ulps.value_or(0) > result.worst.ulps.value_or(0))) {
+          (element.bound_ratio == result.max_bound_ratio &&
+           element.ulps.value_or(0) > result.worst.ulps.value_or(0))) {
         result.worst = element;
         result.max_bound_ratio = element.bound_ratio;
         have_worst = true;
@@ -102,8 +108,8 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
     result.max_sum_error = std::max(result.max_sum_error, std::isnan(sum_error) ? INFINITY : sum_error);
     allowed_sum += static_cast<double>(expected.cols) * 0x1p-52;
     if (!(sum_error <= allowed_sum)) {
-      add_violation(result, "row " + std::to_string(row_number) + ": |sum - 1| = " + std::to_string(sum_error) +
-                                " exceeds " + std::to_string(allowed_sum));
+      add_violation(result, "row " + std::to_string(row_number) + ": |sum - 1| = " +
+                                std::to_string(sum_error) + " exceeds " + std::to_string(allowed_sum));
     }
     result.max_kl_divergence = std::max(result.max_kl_divergence, kl);
     // Argmax: judged only where the reference's top two are farther apart than their bounds.
@@ -119,11 +125,13 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
         runner_up_index = j;
       }
     }
-    if (runner_up_index == top || expected(r, top) - runner_up <= allowed[top] + allowed[runner_up_index]) continue;
+    if (runner_up_index == top || expected(r, top) - runner_up <= allowed[top] + allowed[runner_up_index])
+      continue;
     const double kernel_best = *std::max_element(actual.row(r).begin(), actual.row(r).end());
     if (!(actual(r, top) >= kernel_best)) {
       ++result.argmax_disagreements;
-      add_violation(result, "row " + std::to_string(row_number) + ": argmax moved from index " + std::to_string(top));
+      add_violation(result,
+                    "row " + std::to_string(row_number) + ": argmax moved from index " + std::to_string(top));
     }
   }
   result.mean_ulps = result.elements == 0 ? 0 : total_ulps / static_cast<double>(result.elements);

@@ -22,7 +22,7 @@ struct ElementReport {
   double actual = 0;
   std::optional<std::uint64_t> ulps;  // absent when one side is NaN
   double allowed = 0;
-  double bound_ratio = 0;  // |actual - expected| / allowed; > 1 fails
+  double bound_ratio = 0;                      // |actual - expected| / allowed; > 1 fails
   [[nodiscard]] std::string describe() const;  // hex floats and figures, for reports
 };
 
@@ -32,8 +32,8 @@ struct Comparison {
   std::uint64_t max_ulps = 0;
   double mean_ulps = 0;
   double max_absolute_error = 0;
-  double max_relative_error = 0;  // relative to max(|expected|, the output's smallest normal)
-  double max_sum_error = 0;       // |sum(actual) - 1| over rows that are distributions
+  double max_relative_error = 0;         // relative to max(|expected|, the output's smallest normal)
+  double max_sum_error = 0;              // |sum(actual) - 1| over rows that are distributions
   std::size_t argmax_disagreements = 0;  // only where the reference's top two are separated by their bounds
   double max_kl_divergence = 0;          // KL(reference || kernel) in nats; infinite on a false zero
   std::size_t false_zeros = 0;           // actual exactly 0 where the reference is not

@@ -16,7 +16,6 @@
 namespace sharpcheck::metrics {
 namespace {
 
-
 struct RowGeometry {
   RowScale scale;
   std::vector<double> z_magnitudes;
@@ -44,7 +43,8 @@ RowGeometry row_geometry(std::span<const double> logits, double theta, bool shif
 }
 
 std::size_t unmasked(std::span<const double> logits) {
-  return static_cast<std::size_t>(std::count_if(logits.begin(), logits.end(), [](double e) { return e != -INFINITY; }));
+  return static_cast<std::size_t>(
+      std::count_if(logits.begin(), logits.end(), [](double e) { return e != -INFINITY; }));
 }
 
 struct ReferenceRow {
@@ -75,8 +75,8 @@ ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const
     case kernels::Operation::scalable_softmax:  // n = 1: theta / 0 is infinite and every z is 0
       return {reference::scalable_softmax(row, target, options), row_geometry(row, theta / std::log(n))};
     case kernels::Operation::length_scaled_softmax: {
-      const double factor =
-          reference::length_scale_factor(static_cast<std::uint64_t>(n), kernels::length_scaled_training_length);
+      const double factor = reference::length_scale_factor(static_cast<std::uint64_t>(n),
+                                                           kernels::length_scaled_training_length);
       return {reference::length_scaled_softmax(row, target, kernels::length_scaled_training_length, options),
               row_geometry(row, theta / factor)};
     }
@@ -98,12 +98,13 @@ Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& 
   return judge_softmax(kernel, tolerance_for(kernel.name), logits, theta, std::move(actual));
 }
 
-Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance, const Matrix& logits,
-                         double theta, Matrix actual, std::size_t first_row_number) {
+Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance,
+                         const Matrix& logits, double theta, Matrix actual, std::size_t first_row_number) {
   if (actual.rows != logits.rows || actual.cols != logits.cols) {
-    throw InputError(InputProblem::shape_mismatch, "judge: the outputs are " + std::to_string(actual.rows) + "x" +
-                                                       std::to_string(actual.cols) + " but the logits are " +
-                                                       std::to_string(logits.rows) + "x" + std::to_string(logits.cols));
+    throw InputError(InputProblem::shape_mismatch, "judge: the outputs are " + std::to_string(actual.rows) +
+                                                       "x" + std::to_string(actual.cols) +
+                                                       " but the logits are " + std::to_string(logits.rows) +
+                                                       "x" + std::to_string(logits.cols));
   }
   Evaluation evaluation;
   evaluation.actual = std::move(actual);
@@ -114,12 +115,13 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
   // Sigmoid and stick-breaking weights are not distributions: no sum, argmax or KL check for them.
   const bool distributions = kernel.operation != kernels::Operation::sigmoid_attention &&
                              kernel.operation != kernels::Operation::stick_breaking;
-  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, distributions,
-                        first_row_number, &evaluation.allowed};
+  ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes,        &z_magnitudes, {},
+                        distributions,        first_row_number,   &evaluation.allowed};
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const std::span<const double> row = logits.row(r);
     const ReferenceRow reference_row = reference_for(kernel, row, theta, &evaluation.reference_statistics);
-    std::copy(reference_row.expected.begin(), reference_row.expected.end(), evaluation.expected.row(r).begin());
+    std::copy(reference_row.expected.begin(), reference_row.expected.end(),
+              evaluation.expected.row(r).begin());
     for (std::size_t j = 0; j < row.size(); ++j) {
       magnitudes(r, j) = std::fabs(reference_row.expected[j]);
       z_magnitudes(r, j) = reference_row.geometry.z_magnitudes[j];
@@ -130,15 +132,18 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
   return evaluation;
 }
 
-Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries, const Matrix& keys,
-                              const Matrix& values, bool causal, double theta) {
+Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
+                              const Matrix& keys, const Matrix& values, bool causal, double theta) {
   Matrix actual;
-  kernel.run(queries, keys, values, 1.0 / std::sqrt(static_cast<double>(queries.cols)) / theta, causal, actual);
-  return judge_attention(kernel, tolerance_for(kernel.name), queries, keys, values, causal, theta, std::move(actual));
+  kernel.run(queries, keys, values, 1.0 / std::sqrt(static_cast<double>(queries.cols)) / theta, causal,
+             actual);
+  return judge_attention(kernel, tolerance_for(kernel.name), queries, keys, values, causal, theta,
+                         std::move(actual));
 }
 
-Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance, const Matrix& queries,
-                           const Matrix& keys, const Matrix& values, bool causal, double theta, Matrix actual) {
+Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance,
+                           const Matrix& queries, const Matrix& keys, const Matrix& values, bool causal,
+                           double theta, Matrix actual) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(queries.cols));
   Evaluation evaluation;
   evaluation.actual = std::move(actual);
@@ -156,7 +161,8 @@ Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Toleran
   evaluation.allowed = Matrix(queries.rows, values.cols);
   ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, false, 0,
                         &evaluation.allowed};
-  const double inflation = 1 + 2 * kernel.output->unit_roundoff();  // weights are rounded to the output format
+  const double inflation =
+      1 + 2 * kernel.output->unit_roundoff();  // weights are rounded to the output format
   for (std::size_t i = 0; i < queries.rows; ++i) {
     const std::size_t visible = causal ? std::min(keys.rows, i + 1) : keys.rows;
     RowScale row_scale;
@@ -173,8 +179,8 @@ Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Toleran
       const double z = dot * scale / theta;
       largest = std::max(largest, z);
       smallest = std::min(smallest, z);
-      row_scale.logit_rounding = std::max(row_scale.logit_rounding,
-                                          static_cast<double>(queries.cols) * absolute * scale / std::fabs(theta));
+      row_scale.logit_rounding = std::max(
+          row_scale.logit_rounding, static_cast<double>(queries.cols) * absolute * scale / std::fabs(theta));
     }
     row_scale.largest_magnitude = visible == 0 ? 0 : largest - smallest;
     for (std::size_t c = 0; c < values.cols; ++c) {

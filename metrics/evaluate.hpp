@@ -18,7 +18,8 @@ struct Evaluation {
   reference::ZivStatistics reference_statistics;  // how the reference decided (balls, MPFR loop, exact cases)
 };
 
-[[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta);
+[[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits,
+                                          double theta);
 
 // Judges outputs computed elsewhere (a plugin in a child process, a .npy file): `kernel` gives
 // the operation and formats, `tolerance` the entry to judge by.
@@ -28,10 +29,11 @@ struct Evaluation {
                                        std::size_t first_row_number = 0);
 
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
-                                            const Matrix& keys, const Matrix& values, bool causal, double theta = 1.0);
+                                            const Matrix& keys, const Matrix& values, bool causal,
+                                            double theta = 1.0);
 // Judges attention outputs computed elsewhere (scale exactly 1/sqrt(d), as the kernels use).
 [[nodiscard]] Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance,
-                                         const Matrix& queries, const Matrix& keys, const Matrix& values, bool causal,
-                                         double theta, Matrix actual);
+                                         const Matrix& queries, const Matrix& keys, const Matrix& values,
+                                         bool causal, double theta, Matrix actual);
 
 }  // namespace sharpcheck::metrics

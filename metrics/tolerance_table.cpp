@@ -15,18 +15,17 @@ namespace {
 // 3u|z_j| from the argument ("argument 3"). Every exp is within 2u relative: the SIMD cores'
 // ExpOfNonpositive by an exhaustive check (tests/nonpositive_exp_test.cpp: 1.33u measured with
 // FMA, 1.75u without), Highway's Exp (naive) and glibc's expf by their documented 1 ulp. The
-// denominator sum_i w_i(1 + eps_i) carries the weighted mean of the terms' errors, at most 3u max|z| + 2u ("spread 3"), and its own summation error: recursive summation
-// of n positive terms is within (n - 1)u (per SIMD lane fewer, but the scalar target must be
-// covered, so "per_item 1"). Normalising by a reciprocal and a product adds 2u. Constants
-// collect these 2u terms with room for the O(u^2) remainders (4 terms of 2u, plus 2).
-// An online normaliser also rescales its running sum by exp(m_old - m_new) at each growth of the
-// max: every rescale is an exp (2u) of a rounded argument, and the arguments telescope to at most
-// the spread, so the sum gains 2u per item and 3u max|z| twice more ("per_item 3, spread 9").
-// online2 stores each exp against the running max m_s current at its tile and multiplies it later
-// by exp(m_s - m) / sum: the argument splits into (e_j - m_s) and (m_s - m), both <= 0, so their
-// rounding errors still total 3u|z_j|, but the element now carries two exps and one more product
-// (3u more than safe3's 4u: "constant 15").
-// The output rounding to bf16/fp16 is added by allowed_error as 2 u_out.
+// denominator sum_i w_i(1 + eps_i) carries the weighted mean of the terms' errors, at most 3u max|z| + 2u
+// ("spread 3"), and its own summation error: recursive summation of n positive terms is within (n - 1)u (per
+// SIMD lane fewer, but the scalar target must be covered, so "per_item 1"). Normalising by a reciprocal and a
+// product adds 2u. Constants collect these 2u terms with room for the O(u^2) remainders (4 terms of 2u, plus
+// 2). An online normaliser also rescales its running sum by exp(m_old - m_new) at each growth of the max:
+// every rescale is an exp (2u) of a rounded argument, and the arguments telescope to at most the spread, so
+// the sum gains 2u per item and 3u max|z| twice more ("per_item 3, spread 9"). online2 stores each exp
+// against the running max m_s current at its tile and multiplies it later by exp(m_s - m) / sum: the argument
+// splits into (e_j - m_s) and (m_s - m), both <= 0, so their rounding errors still total 3u|z_j|, but the
+// element now carries two exps and one more product (3u more than safe3's 4u: "constant 15"). The output
+// rounding to bf16/fp16 is added by allowed_error as 2 u_out.
 constexpr Tolerance table[] = {
     {"naive", &fp32, 3, 3, 3, 1, 10, 0, 0, "analysis: BHH 2021 section 3 without the shift",
      "exp(e/theta) is formed unshifted, so the argument error is u|e/theta|, not u|z|"},
@@ -44,7 +43,8 @@ constexpr Tolerance table[] = {
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
     {"online2_fp16", &fp32, 3, 9, 0, 3, 15, 0, 0, "analysis: as online2 in fp32, plus one rounding to fp16",
      "fp32 accumulation; the output rounding (2 u_out) dominates"},
-    {"bf16acc", &fp32, 3, 3, 0, 1, 10, 0, 0, "analysis: the bf16 contract (fp32 accumulation), which this kernel breaks",
+    {"bf16acc", &fp32, 3, 3, 0, 1, 10, 0, 0,
+     "analysis: the bf16 contract (fp32 accumulation), which this kernel breaks",
      "judged by what a bf16 kernel must deliver; its bf16 running sum cannot meet it"},
     // Quantized kernels: the float lookup table and sum carry about (n + 4) u_fp32 relative error,
     // under a quarter of an output step for n <= 16,384; what remains is the output grid itself
@@ -61,7 +61,8 @@ constexpr Tolerance table[] = {
     // |log p| <= ln n + max|z|; beta = poly(H) has |poly'| <= 3.3 on (0.5, 6] and is clamped
     // elsewhere, so |d beta| <= 5 u n (2 + ln n + max|z|); a change d beta moves log p_j by at
     // most d beta (|z_j| + max|z|). The second softmax then adds safe3's error.
-    {"adaptive", &fp32, 3, 3, 0, 1, 10, 5, 0, "analysis: BHH 2021 for both softmaxes plus the entropy's error through beta",
+    {"adaptive", &fp32, 3, 3, 0, 1, 10, 5, 0,
+     "analysis: BHH 2021 for both softmaxes plus the entropy's error through beta",
      "beta from an fp32 entropy; beta(H) is continuous (poly(0.5) < 1), so no row is exempt"},
     {"adaptive_streaming", &fp32, 3, 9, 0, 3, 12, 5, 0,
      "analysis: as adaptive, with the online normaliser's rescaling in the first pass",
@@ -79,8 +80,8 @@ constexpr Tolerance table[] = {
     // f = fl(fl(ln n) / fl(ln 16)) is within 5u, times the scale 6u: safe3 with 3 + 6.
     {"length_scaled", &fp32, 9, 9, 0, 1, 10, 0, 0, "analysis: BHH 2021 shifted softmax, factor rounded",
      "safe3 at scale f / theta; f's two logs and quotient perturb each argument by 6u relative"},
-    {"length_scaled_bf16", &fp32, 9, 9, 0, 1, 10, 0, 0, "analysis: as length_scaled, plus one rounding to bf16",
-     "fp32 inside; the output rounding dominates"},
+    {"length_scaled_bf16", &fp32, 9, 9, 0, 1, 10, 0, 0,
+     "analysis: as length_scaled, plus one rounding to bf16", "fp32 inside; the output rounding dominates"},
     // x = fl(fl(e s) + fl(-ln n)) is within 3u|z| + 3u ln n of z - ln n; sigma'(x)/sigma(x) =
     // 1 - sigma(x) <= 1 passes that on as relative error; exp, one add and one division add 6u.
     {"sigmoid", &fp32, 3, 0, 0, 0, 8, 0, 0, "analysis: first-order error of the stable sigmoid form",
@@ -93,8 +94,9 @@ constexpr Tolerance table[] = {
     // ("logarithm 4": 4(n + 1) >= n + 6), and exp turns it into relative error.
     {"stick_breaking", &fp32, 3, 0, 0, 1, 12, 0, 0, "analysis: recursive summation of the softplus exponent",
      "the exponent's absolute error grows with n |ln A_j| and becomes A_j's relative error", 0, 4},
-    {"stick_breaking_bf16", &fp32, 3, 0, 0, 1, 12, 0, 0, "analysis: as stick_breaking, plus one rounding to bf16",
-     "fp32 inside; the output rounding dominates", 0, 4},
+    {"stick_breaking_bf16", &fp32, 3, 0, 0, 1, 12, 0, 0,
+     "analysis: as stick_breaking, plus one rounding to bf16", "fp32 inside; the output rounding dominates",
+     0, 4},
     // Attention: a logit formed as an fp32 dot product of length d is within d u sum_t|q_t k_t|
     // |scale/theta| of the exact one (absolute); that error moves numerator and denominator, so
     // "dot_product 2". The output o = sum_j p_j v_j is judged relative to sum_j p_j |v_j|, not
@@ -103,7 +105,8 @@ constexpr Tolerance table[] = {
      "score dot products, three-pass softmax, a recursive weighted sum over n keys"},
     {"attention_flash", &fp32, 3, 9, 0, 4, 18, 0, 2, "analysis: as attention_naive plus per-tile rescaling",
      "the accumulator is rescaled by a rounded exp at each tile whose max grows"},
-    {"attention_flash_bf16", &fp32, 3, 9, 0, 4, 18, 0, 2, "analysis: as attention_flash, plus one rounding to bf16",
+    {"attention_flash_bf16", &fp32, 3, 9, 0, 4, 18, 0, 2,
+     "analysis: as attention_flash, plus one rounding to bf16",
      "bf16 inputs are exact in fp32; the output rounding dominates"},
 };
 
@@ -115,10 +118,11 @@ double Tolerance::allowed_error(double magnitude, double z_magnitude, const RowS
   const double u_out = output.unit_roundoff();
   const auto n = static_cast<double>(row.n);
   const double z = row.largest_magnitude;
-  const double units = argument * z_magnitude + spread * z + unshifted * row.shift_magnitude + per_item * n +
-                       constant + beta_sensitivity * n * (2 + std::log(std::max(n, 1.0)) + z) * (z_magnitude + z) +
-                       dot_product * row.logit_rounding + log_length * std::log(std::max(n, 1.0)) +
-                       (magnitude != 0 ? logarithm * (n + 1) * std::fabs(std::log(std::fabs(magnitude))) : 0.0);
+  const double units =
+      argument * z_magnitude + spread * z + unshifted * row.shift_magnitude + per_item * n + constant +
+      beta_sensitivity * n * (2 + std::log(std::max(n, 1.0)) + z) * (z_magnitude + z) +
+      dot_product * row.logit_rounding + log_length * std::log(std::max(n, 1.0)) +
+      (magnitude != 0 ? logarithm * (n + 1) * std::fabs(std::log(std::fabs(magnitude))) : 0.0);
   const double relative = std::expm1(units * u) + 2 * u_out;
   const double floor = std::ldexp(1.0, output.min_subnormal_exponent()) +
                        4 * std::ldexp(1.0, accumulation->min_subnormal_exponent());

@@ -16,9 +16,9 @@ namespace sharpcheck::metrics {
 // What a row contributes to the bound: z_j = (e_j - m) / theta with m the logit that maximises
 // e / theta, so z_j <= 0.
 struct RowScale {
-  std::size_t n = 0;              // unmasked entries
-  double largest_magnitude = 0;   // max_j |z_j| (the spread over |theta|)
-  double shift_magnitude = 0;     // |m / theta| (matters only to kernels without a shift)
+  std::size_t n = 0;             // unmasked entries
+  double largest_magnitude = 0;  // max_j |z_j| (the spread over |theta|)
+  double shift_magnitude = 0;    // |m / theta| (matters only to kernels without a shift)
   // Attention only: d * max_j sum_t |q_t k_jt| * |scale / theta|, which bounds in units of u the
   // rounding error of a logit formed as an fp32 dot product of length d.
   double logit_rounding = 0;

@@ -34,7 +34,9 @@ Statement max_shift_is_safe(z3::context& c, const FloatSort& sort, bool mutant) 
   const expr zero = constant(c, 0.0, sort);
   const expr difference = x - m;
   const expr conclusion = mutant ? difference < zero : difference <= zero && (m - m) == zero;
-  return {{{"x and m finite", finite(x) && finite(m)}, {"x <= m (m is the row maximum)", x <= m}}, {}, conclusion};
+  return {{{"x and m finite", finite(x) && finite(m)}, {"x <= m (m is the row maximum)", x <= m}},
+          {},
+          conclusion};
 }
 
 Statement denominator_at_least_one(z3::context& c, bool mutant) {
@@ -104,21 +106,25 @@ std::vector<Obligation> floating_point_obligations() {
   };
   for (const FloatSort* sort : {&fp32_sort, &bf16_sort, &fp16_sort}) {
     add(std::string("fl(x - max) <= 0 and fl(max - max) = +0 in ") + sort->name, "Kernel step: the max shift",
-        "conclusion: fl(x - max) < 0", [sort](z3::context& c, bool m) { return max_shift_is_safe(c, *sort, m); });
+        "conclusion: fl(x - max) < 0",
+        [sort](z3::context& c, bool m) { return max_shift_is_safe(c, *sort, m); });
   }
   add("fl(1 + w) >= 1 for w >= 0 in fp32", "Kernel step: the denominator is at least 1",
       "conclusion: fl(1 + w) > 1", denominator_at_least_one);
-  add("smallest s with fl(s + 1) = s is 256 in bf16", "Accumulation horizon (bf16: a sum of ones stops at 256)",
-      "claims the point is 512", [](z3::context& c, bool m) { return stagnation_point(c, bf16_sort, 256.0, m); });
-  add("smallest s with fl(s + 1) = s is 2048 in fp16", "Accumulation horizon (fp16: a sum of ones stops at 2048)",
-      "claims the point is 4096", [](z3::context& c, bool m) { return stagnation_point(c, fp16_sort, 2048.0, m); });
+  add("smallest s with fl(s + 1) = s is 256 in bf16",
+      "Accumulation horizon (bf16: a sum of ones stops at 256)", "claims the point is 512",
+      [](z3::context& c, bool m) { return stagnation_point(c, bf16_sort, 256.0, m); });
+  add("smallest s with fl(s + 1) = s is 2048 in fp16",
+      "Accumulation horizon (fp16: a sum of ones stops at 2048)", "claims the point is 4096",
+      [](z3::context& c, bool m) { return stagnation_point(c, fp16_sort, 2048.0, m); });
   for (const FloatSort* sort : {&fp32_sort, &bf16_sort, &fp16_sort}) {
     add(std::string("round(x) in [0, 1] for x in [0, 1], fp64 to ") + sort->name,
         "Kernel step: rounding a probability keeps it a probability", "conclusion: round(x) < 1",
         [sort](z3::context& c, bool m) { return rounding_stays_in_unit_interval(c, *sort, m); });
   }
-  add("fl(fl(1/n) n) within 2^-10 of 1 for integers n <= 2048 in fp16", "Kernel step: normalising by a reciprocal",
-      "conclusion: fl(fl(1/n) n) = 1 exactly", reciprocal_times_count);
+  add("fl(fl(1/n) n) within 2^-10 of 1 for integers n <= 2048 in fp16",
+      "Kernel step: normalising by a reciprocal", "conclusion: fl(fl(1/n) n) = 1 exactly",
+      reciprocal_times_count);
   return obligations;
 }
 

@@ -15,8 +15,8 @@ expr variable(z3::context& context, const std::string& name) { return context.re
 expr number(z3::context& context, const char* rational) { return context.real_val(rational); }
 
 // exp is increasing: x <= y implies exp(x) <= exp(y), instantiated for two named terms.
-NamedFormula exp_monotone(const std::string& x, const std::string& y, const expr& argument_x, const expr& argument_y,
-                          const expr& exp_x, const expr& exp_y) {
+NamedFormula exp_monotone(const std::string& x, const std::string& y, const expr& argument_x,
+                          const expr& argument_y, const expr& exp_x, const expr& exp_y) {
   return {"exp monotone: " + x + " <= " + y + " => exp(" + x + ") <= exp(" + y + ")",
           z3::implies(argument_x <= argument_y, exp_x <= exp_y)};
 }
@@ -36,12 +36,15 @@ struct LemmaTerms {
         exp_minus_delta(variable(c, "exp(-delta/theta)")) {}
 
   [[nodiscard]] std::vector<NamedFormula> premises() const {
-    return {{"m <= M", m <= M}, {"theta > 0", theta > 0}, {"definition: m/theta", zm * theta == m},
+    return {{"m <= M", m <= M},
+            {"theta > 0", theta > 0},
+            {"definition: m/theta", zm * theta == m},
             {"definition: M/theta", zM * theta == M}};
   }
   [[nodiscard]] std::vector<NamedFormula> axioms() const {
     return {{"exp positive: exp(m/theta) > 0", exp_m > 0},
-            {"exp(a - b) = exp(a)/exp(b): exp(delta/theta) exp(m/theta) = exp(M/theta)", exp_delta * exp_m == exp_M},
+            {"exp(a - b) = exp(a)/exp(b): exp(delta/theta) exp(m/theta) = exp(M/theta)",
+             exp_delta * exp_m == exp_M},
             {"exp(a - b) = exp(a)/exp(b): exp(-delta/theta) exp(M/theta) = exp(m/theta)",
              exp_minus_delta * exp_M == exp_m}};
   }
@@ -140,7 +143,8 @@ Statement tight_bound_below_lemma(z3::context& c, bool mutant) {
   const expr tight = variable(c, "tight");
   const expr b = variable(c, "exp(-delta/theta)");
   const expr d = variable(c, "exp(delta/theta)");
-  return {{{"n >= 1", n >= 1}, {"definition: tight = 1/(1 + (n-1) exp(-delta/theta))", tight * (1 + (n - 1) * b) == 1}},
+  return {{{"n >= 1", n >= 1},
+           {"definition: tight = 1/(1 + (n-1) exp(-delta/theta))", tight * (1 + (n - 1) * b) == 1}},
           {{"exp(a) exp(-a) = 1 with a = delta/theta", b * d == 1},
            {"exp(x) >= 1 for x = delta/theta >= 0", d >= 1},
            {"exp positive: exp(-delta/theta) > 0", b > 0}},
@@ -199,7 +203,8 @@ Statement logit_bound(z3::context& c, bool mutant) {
            {"||Qy|| <= sigma_max(Q) ||y|| (definition of sigma_max)", u <= sq * ny},
            {"||Kx_i|| <= sigma_max(K) ||x_i|| (definition of sigma_max)", v <= sk * nx},
            {"||x_i|| <= max_j ||x_j||", nx <= largest},
-           {"norms and singular values are non-negative", u >= 0 && v >= 0 && sq >= 0 && sk >= 0 && ny >= 0 && nx >= 0}},
+           {"norms and singular values are non-negative",
+            u >= 0 && v >= 0 && sq >= 0 && sk >= 0 && ny >= 0 && nx >= 0}},
           {},
           mutant ? 2 * e <= bound : e <= bound && -e <= bound};
 }
@@ -217,19 +222,21 @@ Statement spread_from_magnitude(z3::context& c, bool mutant) {
 // The paper's adaptive-temperature polynomial (coefficients as written in its code).
 expr adaptive_polynomial(const expr& h) {
   z3::context& c = h.ctx();
-  return (((number(c, "-37/1000") * h + number(c, "481/1000")) * h - number(c, "23/10")) * h + number(c, "4917/1000")) *
+  return (((number(c, "-37/1000") * h + number(c, "481/1000")) * h - number(c, "23/10")) * h +
+          number(c, "4917/1000")) *
              h -
          number(c, "1791/1000");
 }
 
-Statement polynomial_on_interval(z3::context& c, const char* low, const char* high, bool above_one, bool mutant,
-                                 const char* mutant_low) {
+Statement polynomial_on_interval(z3::context& c, const char* low, const char* high, bool above_one,
+                                 bool mutant, const char* mutant_low) {
   const expr h = variable(c, "H");
   const expr lower = number(c, mutant ? mutant_low : low);
-  Statement statement{{{std::string(mutant ? mutant_low : low) + " <= H" + (high ? std::string(" <= ") + high : ""),
-                        high ? lower <= h && h <= number(c, high) : lower <= h}},
-                       {},
-                       above_one ? adaptive_polynomial(h) > 1 : adaptive_polynomial(h) < 1};
+  Statement statement{
+      {{std::string(mutant ? mutant_low : low) + " <= H" + (high ? std::string(" <= ") + high : ""),
+        high ? lower <= h && h <= number(c, high) : lower <= h}},
+      {},
+      above_one ? adaptive_polynomial(h) > 1 : adaptive_polynomial(h) < 1};
   return statement;
 }
 
@@ -244,8 +251,8 @@ std::vector<Obligation> real_arithmetic_obligations() {
                            [make](z3::context& c) { return make(c, false); }, std::move(mutation),
                            [make](z3::context& c) { return make(c, true); }});
   };
-  add("shifted exponential in [exp(-delta/theta), 1]", "Lemma 2.1, step 1", "conclusion: exp(...) < 1 (strict)",
-      shifted_exponential_in_range);
+  add("shifted exponential in [exp(-delta/theta), 1]", "Lemma 2.1, step 1",
+      "conclusion: exp(...) < 1 (strict)", shifted_exponential_in_range);
   add("coefficient <= exp(delta/theta)/n (n symbolic)", "Lemma 2.1, step 2 (upper)", "conclusion: p <= 1/n",
       [](z3::context& c, bool m) { return lemma_coefficient(c, 0, true, m); });
   add("coefficient >= exp(-delta/theta)/n (n symbolic)", "Lemma 2.1, step 2 (lower)", "conclusion: p >= 1/n",
@@ -266,7 +273,8 @@ std::vector<Obligation> real_arithmetic_obligations() {
       entropy_bound);
   for (int d = 2; d <= 4; ++d) {
     add("(a.b)^2 <= |a|^2 |b|^2, d = " + to_string(d), "Proposition 3.1, Cauchy-Schwarz",
-        "conclusion: 2 (a.b)^2 <= |a|^2 |b|^2", [d](z3::context& c, bool m) { return cauchy_schwarz(c, d, m); });
+        "conclusion: 2 (a.b)^2 <= |a|^2 |b|^2",
+        [d](z3::context& c, bool m) { return cauchy_schwarz(c, d, m); });
   }
   add("|e_i| <= sigma(Q) sigma(K) ||y|| max||x||", "Proposition 3.1, combination",
       "conclusion: 2 e_i <= the bound", logit_bound);

@@ -25,9 +25,9 @@ struct ObligationReport {
   Theory theory = Theory::nonlinear_reals;
   std::vector<std::string> premises;
   std::vector<std::string> axioms;
-  CheckOutcome proof;      // premises, axioms and the negated conclusion: unsat = proved
+  CheckOutcome proof;           // premises, axioms and the negated conclusion: unsat = proved
   CheckOutcome premises_check;  // premises and axioms alone: must be satisfiable (non-vacuous)
-  CheckOutcome mutant;     // the false twin: must be refuted
+  CheckOutcome mutant;          // the false twin: must be refuted
   [[nodiscard]] bool non_vacuous() const { return premises_check.verdict == Verdict::refuted; }
   [[nodiscard]] bool passed() const {
     return proof.verdict == Verdict::proved && non_vacuous() && mutant.verdict == Verdict::refuted;

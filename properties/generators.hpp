@@ -20,10 +20,11 @@ using Row = std::vector<double>;
 // An fp32 logit in [-limit, limit]: an integer part plus a fraction in 1/1024ths, so shrinking
 // goes to small integers first.
 inline rc::Gen<double> a_logit_within(int limit) {
-  return rc::gen::map(rc::gen::tuple(rc::gen::inRange(-limit, limit + 1), rc::gen::inRange(0, 1024)),
-                      [](const std::tuple<int, int>& parts) {
-                        return static_cast<double>(static_cast<float>(std::get<0>(parts) + std::get<1>(parts) / 1024.0));
-                      });
+  return rc::gen::map(
+      rc::gen::tuple(rc::gen::inRange(-limit, limit + 1), rc::gen::inRange(0, 1024)),
+      [](const std::tuple<int, int>& parts) {
+        return static_cast<double>(static_cast<float>(std::get<0>(parts) + std::get<1>(parts) / 1024.0));
+      });
 }
 
 inline rc::Gen<Row> rows_of_logits_within(int limit, int max_size = 64) {
@@ -32,17 +33,19 @@ inline rc::Gen<Row> rows_of_logits_within(int limit, int max_size = 64) {
 
 // Rows whose entries all lie in [0, delta] with both ends present: spread exactly delta.
 inline rc::Gen<Row> rows_with_spread(double delta, int max_size = 64) {
-  return rc::gen::map(rc::gen::pair(rc::gen::resize(max_size, rc::gen::container<std::vector<int>>(rc::gen::inRange(0, 1025))),
-                                    rc::gen::inRange(0, 1000)),
-                      [delta](const std::pair<std::vector<int>, int>& parts) {
-                        Row row{0.0, static_cast<double>(static_cast<float>(delta))};
-                        for (const int fraction : parts.first) {
-                          row.push_back(static_cast<double>(static_cast<float>(delta * fraction / 1024.0)));
-                        }
-                        // Place the extremes at a drawn position so they are not always first.
-                        std::rotate(row.begin(), row.begin() + parts.second % row.size(), row.end());
-                        return row;
-                      });
+  return rc::gen::map(
+      rc::gen::pair(
+          rc::gen::resize(max_size, rc::gen::container<std::vector<int>>(rc::gen::inRange(0, 1025))),
+          rc::gen::inRange(0, 1000)),
+      [delta](const std::pair<std::vector<int>, int>& parts) {
+        Row row{0.0, static_cast<double>(static_cast<float>(delta))};
+        for (const int fraction : parts.first) {
+          row.push_back(static_cast<double>(static_cast<float>(delta * fraction / 1024.0)));
+        }
+        // Place the extremes at a drawn position so they are not always first.
+        std::rotate(row.begin(), row.begin() + parts.second % row.size(), row.end());
+        return row;
+      });
 }
 
 // Rows near fp32's exp overflow threshold (about 88.72): kernels without a max shift overflow.
@@ -84,7 +87,8 @@ inline rc::Gen<Row> a_spike_over_flat_noise(int max_size = 64) {
 
 // Some entries -inf (masked), never all of them.
 inline rc::Gen<Row> rows_with_masked_entries(int max_size = 64) {
-  return rc::gen::map(rc::gen::pair(rows_of_logits_within(10, max_size), rc::gen::container<std::vector<bool>>(rc::gen::arbitrary<bool>())),
+  return rc::gen::map(rc::gen::pair(rows_of_logits_within(10, max_size),
+                                    rc::gen::container<std::vector<bool>>(rc::gen::arbitrary<bool>())),
                       [](const std::pair<Row, std::vector<bool>>& parts) {
                         Row row = parts.first;
                         for (std::size_t j = 1; j < row.size() && j - 1 < parts.second.size(); ++j) {

@@ -46,7 +46,8 @@ std::vector<double> reference_softmax(const Row& row, double theta) {
 std::vector<const kernels::SoftmaxKernel*> sound_plain_softmax_kernels() {
   std::vector<const kernels::SoftmaxKernel*> result;
   for (const auto& kernel : kernels::softmax_kernels()) {
-    if (!kernel.deliberately_broken && kernel.operation == kernels::Operation::softmax) result.push_back(&kernel);
+    if (!kernel.deliberately_broken && kernel.operation == kernels::Operation::softmax)
+      result.push_back(&kernel);
   }
   return result;
 }
@@ -81,7 +82,8 @@ RC_GTEST_PROP(Reference, EntropyIsAtLeastLogNMinusTheScaledSpread, ()) {
   const Spread spread = spread_of(row);
   reference::RowOptions options;
   options.theta = theta;
-  RC_ASSERT(reference::entropy(row, fp64, options) >= bounds::entropy_lower_bound(spread.n, spread.delta, theta));
+  RC_ASSERT(reference::entropy(row, fp64, options) >=
+            bounds::entropy_lower_bound(spread.n, spread.delta, theta));
 }
 
 RC_GTEST_PROP(Bounds, Proposition31HoldsForRandomWeightsInOneToSixtyFourDimensions, ()) {
@@ -161,7 +163,8 @@ RC_GTEST_PROP(Kernels, AddingAConstantToEveryLogitChangesNoOutputBeyondTheEntry,
   const auto original = metrics::evaluate_softmax(*kernel, as_matrix(row), 1.0);
   const auto moved = metrics::evaluate_softmax(*kernel, as_matrix(shifted), 1.0);
   for (std::size_t j = 0; j < row.size(); ++j) {
-    RC_ASSERT(std::fabs(original.actual(0, j) - moved.actual(0, j)) <= original.allowed(0, j) + moved.allowed(0, j));
+    RC_ASSERT(std::fabs(original.actual(0, j) - moved.actual(0, j)) <=
+              original.allowed(0, j) + moved.allowed(0, j));
   }
 }
 
@@ -189,7 +192,8 @@ RC_GTEST_PROP(Kernels, ALargerLogitNeverGetsASmallerWeightBeyondTheEntry, ()) {
   for (std::size_t i = 0; i < row.size(); ++i) {
     for (std::size_t j = 0; j < row.size(); ++j) {
       if (row[i] > row[j]) {
-        RC_ASSERT(evaluation.actual(0, i) >= evaluation.actual(0, j) - evaluation.allowed(0, i) - evaluation.allowed(0, j));
+        RC_ASSERT(evaluation.actual(0, i) >=
+                  evaluation.actual(0, j) - evaluation.allowed(0, i) - evaluation.allowed(0, j));
       }
     }
   }

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "core/mpfr_number.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/double_stage.hpp"
 #include "reference/input_checks.hpp"
-#include "core/mpfr_number.hpp"
 
 // Termination, as in reference/softmax.cpp, by Lindemann-Weierstrass. The logits are
 // z_j = s a_j with a_j = Q_i . K_j rational and s = scale / theta algebraic (1/sqrt(d) is), so
@@ -29,13 +29,14 @@ namespace {
 
 constexpr mpfr_prec_t double_precision = 53;
 
-void validate(const Matrix& queries, const Matrix& keys, const Matrix& values, const AttentionOptions& options) {
+void validate(const Matrix& queries, const Matrix& keys, const Matrix& values,
+              const AttentionOptions& options) {
   const std::string name = "attention";
   if (queries.rows == 0 || keys.rows == 0 || queries.cols == 0 || values.cols == 0) {
-    throw InputError(InputProblem::empty_input,
-                     name + ": empty input (Q is " + std::to_string(queries.rows) + "x" +
-                         std::to_string(queries.cols) + ", K has " + std::to_string(keys.rows) + " rows, V has " +
-                         std::to_string(values.cols) + " columns)");
+    throw InputError(InputProblem::empty_input, name + ": empty input (Q is " + std::to_string(queries.rows) +
+                                                    "x" + std::to_string(queries.cols) + ", K has " +
+                                                    std::to_string(keys.rows) + " rows, V has " +
+                                                    std::to_string(values.cols) + " columns)");
   }
   if (keys.cols != queries.cols) {
     throw InputError(InputProblem::shape_mismatch, name + ": Q has " + std::to_string(queries.cols) +
@@ -46,9 +47,9 @@ void validate(const Matrix& queries, const Matrix& keys, const Matrix& values, c
                                                        " rows but V has " + std::to_string(values.rows));
   }
   if (!options.keep.empty() && options.keep.size() != queries.rows * keys.rows) {
-    throw InputError(InputProblem::shape_mismatch, name + ": mask has " + std::to_string(options.keep.size()) +
-                                                       " entries, expected " + std::to_string(queries.rows) +
-                                                       "x" + std::to_string(keys.rows));
+    throw InputError(InputProblem::shape_mismatch,
+                     name + ": mask has " + std::to_string(options.keep.size()) + " entries, expected " +
+                         std::to_string(queries.rows) + "x" + std::to_string(keys.rows));
   }
   check_temperature(options.theta, name);
   if (options.scale && !std::isfinite(*options.scale)) {
@@ -106,17 +107,18 @@ class QueryRow {
     std::vector<bool> output_done(values_.cols, false);
     std::vector<bool> weight_done(weights.empty() ? 0 : active_.size(), false);
     if (!options_.mpfr_only) {
-      decide_attention_row_in_double(query_, keys_, values_, active_, options_.scale, options_.theta, target_, output,
-                                     weights, output_done, weight_done);
+      decide_attention_row_in_double(query_, keys_, values_, active_, options_.scale, options_.theta, target_,
+                                     output, weights, output_done, weight_done);
       const auto in_double = std::count(output_done.begin(), output_done.end(), true) +
                              std::count(weight_done.begin(), weight_done.end(), true);
       if (options_.statistics != nullptr) options_.statistics->decided_in_double += in_double;
       if (all_done(output_done) && all_done(weight_done)) return;
-      decide_attention_row_by_balls(query_, keys_, values_, active_, options_.scale, options_.theta, target_, output,
-                                    weights, output_done, weight_done);
+      decide_attention_row_by_balls(query_, keys_, values_, active_, options_.scale, options_.theta, target_,
+                                    output, weights, output_done, weight_done);
       if (options_.statistics != nullptr) {
         options_.statistics->decided_by_balls += std::count(output_done.begin(), output_done.end(), true) +
-                                                 std::count(weight_done.begin(), weight_done.end(), true) - in_double;
+                                                 std::count(weight_done.begin(), weight_done.end(), true) -
+                                                 in_double;
       }
       if (all_done(output_done) && all_done(weight_done)) return;
     }
@@ -172,7 +174,8 @@ class QueryRow {
 
   // Encloses z_j - c and w_j = exp(z_j - c) for a common shift c, and their sum S.
   void enclose_weights(mpfr_prec_t precision) {
-    for (MpfrArray* array : {&z_lo_, &z_hi_, &w_lo_, &w_hi_, &terms_lo_, &terms_hi_}) array->set_precision(precision);
+    for (MpfrArray* array : {&z_lo_, &z_hi_, &w_lo_, &w_hi_, &terms_lo_, &terms_hi_})
+      array->set_precision(precision);
     MpfrNumber m_lo(precision);
     MpfrNumber m_hi(precision);
     enclose_multiplier(precision, m_lo, m_hi);
@@ -181,8 +184,8 @@ class QueryRow {
     MpfrNumber product(precision);
     for (std::size_t a = 0; a < active_.size(); ++a) {
       load_key(active_[a]);
-      const int ternary = mpfr_dot(dot_lo.get(), query_numbers_.pointers(), key_numbers_.pointers(), keys_.cols,
-                                   MPFR_RNDN);
+      const int ternary =
+          mpfr_dot(dot_lo.get(), query_numbers_.pointers(), key_numbers_.pointers(), keys_.cols, MPFR_RNDN);
       mpfr_set(dot_hi.get(), dot_lo.get(), MPFR_RNDN);
       if (ternary > 0) mpfr_nextbelow(dot_lo.get());
       if (ternary < 0) mpfr_nextabove(dot_hi.get());
@@ -251,10 +254,10 @@ class QueryRow {
       mpfr_sum(numerator_lo.get(), terms_lo_.pointers(), active_.size(), MPFR_RNDD);
       mpfr_sum(numerator_hi.get(), terms_hi_.pointers(), active_.size(), MPFR_RNDU);
       // N / S with S in [sum_lo, sum_hi] > 0.
-      mpfr_div(lo.get(), numerator_lo.get(), mpfr_sgn(numerator_lo.get()) >= 0 ? sum_hi_->get() : sum_lo_->get(),
-               MPFR_RNDD);
-      mpfr_div(hi.get(), numerator_hi.get(), mpfr_sgn(numerator_hi.get()) >= 0 ? sum_lo_->get() : sum_hi_->get(),
-               MPFR_RNDU);
+      mpfr_div(lo.get(), numerator_lo.get(),
+               mpfr_sgn(numerator_lo.get()) >= 0 ? sum_hi_->get() : sum_lo_->get(), MPFR_RNDD);
+      mpfr_div(hi.get(), numerator_hi.get(),
+               mpfr_sgn(numerator_hi.get()) >= 0 ? sum_lo_->get() : sum_hi_->get(), MPFR_RNDU);
       if (const auto rounded = round_if_decided(lo.get(), hi.get(), target_)) {
         output[column] = *rounded;
         done[column] = true;
@@ -323,14 +326,15 @@ class QueryRow {
     const auto [key_low, key_high] = exponent_range(keys_.values);
     // Each product q_t k_t is exact in 106 bits; their sum is exact in a fixed-point span from
     // the largest product's top bit (plus carries) to the smallest product's last bit.
-    const mpfr_prec_t exact_precision = (query_high + key_high) - (query_low + key_low) + 2 * double_precision +
-                                        bits_for_count(keys_.cols) + 2;
+    const mpfr_prec_t exact_precision = (query_high + key_high) - (query_low + key_low) +
+                                        2 * double_precision + bits_for_count(keys_.cols) + 2;
     std::vector<MpfrNumber> dots;
     dots.reserve(active_.size());
     for (const std::size_t key : active_) {
       load_key(key);
       MpfrNumber dot(exact_precision);
-      if (mpfr_dot(dot.get(), query_numbers_.pointers(), key_numbers_.pointers(), keys_.cols, MPFR_RNDN) != 0) {
+      if (mpfr_dot(dot.get(), query_numbers_.pointers(), key_numbers_.pointers(), keys_.cols, MPFR_RNDN) !=
+          0) {
         throw std::logic_error("attention: exact dot product was rounded");
       }
       dots.push_back(std::move(dot));
@@ -362,8 +366,8 @@ class QueryRow {
 
 }  // namespace
 
-AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matrix& values, const FloatFormat& target,
-                          const AttentionOptions& options) {
+AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matrix& values,
+                          const FloatFormat& target, const AttentionOptions& options) {
   validate(queries, keys, values, options);
   AttentionResult result{Matrix(queries.rows, values.cols), std::nullopt};
   if (options.return_weights) result.weights = Matrix(queries.rows, keys.rows);
@@ -382,7 +386,8 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
     }
     std::span<double> weights;
     if (result.weights) weights = result.weights->row(query);
-    QueryRow(queries, keys, values, query, std::move(active), target, options).solve(result.output.row(query), weights);
+    QueryRow(queries, keys, values, query, std::move(active), target, options)
+        .solve(result.output.row(query), weights);
   }
   return result;
 }

@@ -38,7 +38,7 @@ struct AttentionOptions {
 };
 
 struct AttentionResult {
-  Matrix output;                 // queries x value columns
+  Matrix output;                  // queries x value columns
   std::optional<Matrix> weights;  // queries x keys, when asked for
 };
 

@@ -41,8 +41,8 @@ void enclose_inverse_temperature(arb_ptr multiplier, double theta, slong precisi
   arb_inv(multiplier, multiplier, precision);
 }
 
-void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcptr multiplier, slong precision,
-                          BallVector& exponentials, arb_ptr sum, BallVector* arguments) {
+void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcptr multiplier,
+                          slong precision, BallVector& exponentials, arb_ptr sum, BallVector* arguments) {
   Ball shift_ball;
   arb_set_d(shift_ball.get(), shift);  // doubles convert exactly
   arb_zero(sum);
@@ -58,7 +58,8 @@ void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcp
 }
 
 std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
-                                    const FloatFormat& target, std::span<double> result, std::vector<bool>& decided) {
+                                    const FloatFormat& target, std::span<double> result,
+                                    std::vector<bool>& decided) {
   const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
   const DistinctLogits distinct = distinct_logits(logits, row);
   BallVector weights(distinct.values.size());
@@ -81,8 +82,8 @@ std::size_t decide_softmax_by_balls(std::span<const double> logits, const Prepar
   return decided_count;
 }
 
-std::optional<double> decide_entropy_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
-                                              const FloatFormat& target) {
+std::optional<double> decide_entropy_by_balls(std::span<const double> logits, const PreparedRow& row,
+                                              double theta, const FloatFormat& target) {
   // H = log S - sum_v count_v w_v z_v / S with z_v = (v - shift) / theta.
   const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
   const DistinctLogits distinct = distinct_logits(logits, row);
@@ -103,9 +104,10 @@ std::optional<double> decide_entropy_by_balls(std::span<const double> logits, co
 }
 
 void decide_attention_row_by_balls(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                   std::span<const std::size_t> active, std::optional<double> scale, double theta,
-                                   const FloatFormat& target, std::span<double> output, std::span<double> weights,
-                                   std::vector<bool>& output_done, std::vector<bool>& weight_done) {
+                                   std::span<const std::size_t> active, std::optional<double> scale,
+                                   double theta, const FloatFormat& target, std::span<double> output,
+                                   std::span<double> weights, std::vector<bool>& output_done,
+                                   std::vector<bool>& weight_done) {
   const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
   const std::size_t dimension = keys.cols;
   const std::size_t count = active.size();
@@ -123,8 +125,8 @@ void decide_attention_row_by_balls(std::span<const double> query, const Matrix& 
   // Logits z_a = (q . k_a) * scale / theta; the dot product of exact inputs is enclosed by arb_dot.
   for (std::size_t a = 0; a < count; ++a) {
     for (std::size_t t = 0; t < dimension; ++t) arb_set_d(key_balls[t], keys(active[a], t));
-    arb_dot(exponentials[a], nullptr, 0, query_balls.data(), 1, key_balls.data(), 1, static_cast<slong>(dimension),
-            precision);
+    arb_dot(exponentials[a], nullptr, 0, query_balls.data(), 1, key_balls.data(), 1,
+            static_cast<slong>(dimension), precision);
     arb_mul(exponentials[a], exponentials[a], multiplier.get(), precision);
   }
   // Shift by the largest midpoint (any exact constant cancels; this one keeps exp in range).
@@ -149,7 +151,8 @@ void decide_attention_row_by_balls(std::span<const double> query, const Matrix& 
   }
   for (std::size_t c = 0; c < values.cols; ++c) {
     for (std::size_t a = 0; a < count; ++a) arb_set_d(column[a], values(active[a], c));
-    arb_dot(quotient.get(), nullptr, 0, exponentials.data(), 1, column.data(), 1, static_cast<slong>(count), precision);
+    arb_dot(quotient.get(), nullptr, 0, exponentials.data(), 1, column.data(), 1, static_cast<slong>(count),
+            precision);
     arb_div(quotient.get(), quotient.get(), sum.get(), precision);
     if (const auto rounded = round_ball_if_decided(quotient.get(), target)) {
       output[c] = *rounded;

@@ -70,8 +70,9 @@ void enclose_inverse_temperature(arb_ptr multiplier, double theta, slong precisi
 // w_v = exp(multiplier (v - shift)) for each distinct value and S = sum_v count_v w_v; the caller's
 // shift and multiplier keep every argument <= 0. `arguments`, if given, receives each
 // multiplier (v - shift).
-void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcptr multiplier, slong precision,
-                          BallVector& exponentials, arb_ptr sum, BallVector* arguments = nullptr);
+void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcptr multiplier,
+                          slong precision, BallVector& exponentials, arb_ptr sum,
+                          BallVector* arguments = nullptr);
 
 // The format value every point of the ball rounds to, if there is one.
 [[nodiscard]] std::optional<double> round_ball_if_decided(arb_srcptr ball, const FloatFormat& format);
@@ -79,18 +80,21 @@ void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcp
 // Softmax coefficients of the unmasked entries by balls. Writes result[row.active[a]] and sets
 // decided[a] for each coefficient it decides; returns how many it decided.
 std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
-                                    const FloatFormat& target, std::span<double> result, std::vector<bool>& decided);
+                                    const FloatFormat& target, std::span<double> result,
+                                    std::vector<bool>& decided);
 
 // The entropy of the row by balls: the correctly rounded value if the ball decides it.
-[[nodiscard]] std::optional<double> decide_entropy_by_balls(std::span<const double> logits, const PreparedRow& row,
-                                                            double theta, const FloatFormat& target);
+[[nodiscard]] std::optional<double> decide_entropy_by_balls(std::span<const double> logits,
+                                                            const PreparedRow& row, double theta,
+                                                            const FloatFormat& target);
 
 // One attention query row by balls, over the keys in `active`: weights (if `weights` is not
 // empty; indexed by key) and outputs (indexed by value column). Sets the matching done flags
 // (weight_done indexed like active). `scale` absent means exactly 1/sqrt(d).
 void decide_attention_row_by_balls(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                   std::span<const std::size_t> active, std::optional<double> scale, double theta,
-                                   const FloatFormat& target, std::span<double> output, std::span<double> weights,
-                                   std::vector<bool>& output_done, std::vector<bool>& weight_done);
+                                   std::span<const std::size_t> active, std::optional<double> scale,
+                                   double theta, const FloatFormat& target, std::span<double> output,
+                                   std::span<double> weights, std::vector<bool>& output_done,
+                                   std::vector<bool>& weight_done);
 
 }  // namespace sharpcheck::reference

@@ -46,7 +46,9 @@ double round_exact_quotient(mpfr_srcptr numerator, std::uint64_t denominator, co
 }
 
 double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator, const FloatFormat& format) {
-  const auto bits = [](mpz_srcptr value) { return static_cast<mpfr_prec_t>(std::max<std::size_t>(mpz_sizeinbase(value, 2), 2)); };
+  const auto bits = [](mpz_srcptr value) {
+    return static_cast<mpfr_prec_t>(std::max<std::size_t>(mpz_sizeinbase(value, 2), 2));
+  };
   MpfrNumber top(bits(numerator));
   MpfrNumber bottom(bits(denominator));
   mpfr_set_z(top.get(), numerator, MPFR_RNDN);  // exact: precision holds every bit

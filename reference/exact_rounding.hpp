@@ -15,14 +15,16 @@ namespace sharpcheck::reference {
 // Ziv's test. If every real in [lo, hi] rounds to the same value of the format, returns it;
 // otherwise nullopt (the enclosure straddles a rounding boundary and must be narrowed).
 // Rounding to nearest is monotone, so it suffices that lo and hi round to the same bits.
-[[nodiscard]] std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi, const FloatFormat& format);
+[[nodiscard]] std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi,
+                                                     const FloatFormat& format);
 
 // Correct rounding of numerator / denominator, where numerator is an exact MPFR value and the
 // denominator a positive integer. Handles quotients that are exactly a rounding boundary.
 [[nodiscard]] double round_exact_quotient(mpfr_srcptr numerator, std::uint64_t denominator,
                                           const FloatFormat& format);
 // The same for a ratio of two integers (denominator positive), of any size.
-[[nodiscard]] double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator, const FloatFormat& format);
+[[nodiscard]] double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator,
+                                       const FloatFormat& format);
 
 // Working precisions of the Ziv loops: start near the target's precision plus guard bits,
 // grow geometrically, and stop at a cap beyond which the reference reports UndecidedRounding.
@@ -36,10 +38,10 @@ struct ZivSchedule {
 // What a reference call did, for tests and benchmarks that check the loop's behaviour.
 struct ZivStatistics {
   long calls = 0;
-  long escalations = 0;  // precision increases past the initial one
-  long exact_cases = 0;  // results decided by the exact (rational) branch
+  long escalations = 0;        // precision increases past the initial one
+  long exact_cases = 0;        // results decided by the exact (rational) branch
   long decided_in_double = 0;  // results the certified double stage decided (softmax, <= 24-bit targets)
-  long decided_by_balls = 0;  // results the Arb stage decided (the rest went to the MPFR loop)
+  long decided_by_balls = 0;   // results the Arb stage decided (the rest went to the MPFR loop)
   mpfr_prec_t highest_precision = 0;
 };
 

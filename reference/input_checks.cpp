@@ -26,9 +26,9 @@ PreparedRow::~PreparedRow() {
 
 void check_temperature(double theta, std::string_view operation) {
   if (!std::isfinite(theta) || theta == 0.0) {
-    throw InputError(InputProblem::bad_temperature, std::string(operation) +
-                                                        ": temperature theta must be finite and non-zero, got " +
-                                                        hex_float(theta));
+    throw InputError(
+        InputProblem::bad_temperature,
+        std::string(operation) + ": temperature theta must be finite and non-zero, got " + hex_float(theta));
   }
 }
 

@@ -167,8 +167,10 @@ void enclose_log_sum(const ExponentialEnclosure& enclosure, mpfr_prec_t precisio
 
 }  // namespace
 
-std::vector<double> softmax(std::span<const double> logits, const FloatFormat& target, const RowOptions& options) {
-  const PreparedRow row = prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "softmax");
+std::vector<double> softmax(std::span<const double> logits, const FloatFormat& target,
+                            const RowOptions& options) {
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "softmax");
   std::vector<double> result(logits.size(), 0.0);
   if (row.active.empty()) return result;
   if (row.all_equal) {  // the only rational case: exactly 1/k
@@ -182,23 +184,27 @@ std::vector<double> softmax(std::span<const double> logits, const FloatFormat& t
   std::vector<bool> decided(row.active.size(), false);
   count_call(options, false);
   if (!options.mpfr_only) {
-    const std::size_t in_double = decide_softmax_in_double(logits, row, options.theta, target, result, decided);
+    const std::size_t in_double =
+        decide_softmax_in_double(logits, row, options.theta, target, result, decided);
     if (options.statistics != nullptr) options.statistics->decided_in_double += static_cast<long>(in_double);
     if (in_double == row.active.size()) return result;
     const std::size_t by_balls = decide_softmax_by_balls(logits, row, options.theta, target, result, decided);
     if (options.statistics != nullptr) options.statistics->decided_by_balls += static_cast<long>(by_balls);
     if (in_double + by_balls == row.active.size()) return result;
   }
-  run_ziv_loop(logits, row, target, options, "softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
-    return decide_elements(row, target, precision, decided, result, [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
-      mpfr_div(lo, enclosure.w_lo[a], enclosure.sum_hi.get(), MPFR_RNDD);
-      mpfr_div(hi, enclosure.w_hi[a], enclosure.sum_lo.get(), MPFR_RNDU);
-    });
-  });
+  run_ziv_loop(logits, row, target, options, "softmax",
+               [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+                 return decide_elements(row, target, precision, decided, result,
+                                        [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
+                                          mpfr_div(lo, enclosure.w_lo[a], enclosure.sum_hi.get(), MPFR_RNDD);
+                                          mpfr_div(hi, enclosure.w_hi[a], enclosure.sum_lo.get(), MPFR_RNDU);
+                                        });
+               });
   return result;
 }
 
-std::vector<double> softmax(std::span<const float> logits, const FloatFormat& target, const RowOptions& options) {
+std::vector<double> softmax(std::span<const float> logits, const FloatFormat& target,
+                            const RowOptions& options) {
   const std::vector<double> widened(logits.begin(), logits.end());
   return softmax(std::span<const double>(widened), target, options);
 }
@@ -217,13 +223,15 @@ std::vector<double> log_softmax(std::span<const double> logits, const FloatForma
   std::vector<bool> decided(row.active.size(), false);
   MpfrNumber log_lo(64);
   MpfrNumber log_hi(64);
-  run_ziv_loop(logits, row, target, options, "log_softmax", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
-    enclose_log_sum(enclosure, precision, log_lo, log_hi);
-    return decide_elements(row, target, precision, decided, result, [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
-      mpfr_sub(lo, enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
-      mpfr_sub(hi, enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
-    });
-  });
+  run_ziv_loop(logits, row, target, options, "log_softmax",
+               [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+                 enclose_log_sum(enclosure, precision, log_lo, log_hi);
+                 return decide_elements(row, target, precision, decided, result,
+                                        [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
+                                          mpfr_sub(lo, enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
+                                          mpfr_sub(hi, enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
+                                        });
+               });
   count_call(options, false);
   return result;
 }
@@ -241,24 +249,25 @@ double logsumexp(std::span<const double> logits, const FloatFormat& target, cons
   MpfrNumber log_hi(64);
   MpfrNumber lo(64);
   MpfrNumber hi(64);
-  run_ziv_loop(logits, row, target, options, "logsumexp", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
-    enclose_log_sum(enclosure, precision, log_lo, log_hi);
-    mpfr_set_prec(lo.get(), precision);
-    mpfr_set_prec(hi.get(), precision);
-    // theta * log S: a negative theta swaps the ends.
-    if (options.theta > 0) {
-      mpfr_mul_d(lo.get(), log_lo.get(), options.theta, MPFR_RNDD);
-      mpfr_mul_d(hi.get(), log_hi.get(), options.theta, MPFR_RNDU);
-    } else {
-      mpfr_mul_d(lo.get(), log_hi.get(), options.theta, MPFR_RNDD);
-      mpfr_mul_d(hi.get(), log_lo.get(), options.theta, MPFR_RNDU);
-    }
-    mpfr_add_d(lo.get(), lo.get(), row.shift, MPFR_RNDD);
-    mpfr_add_d(hi.get(), hi.get(), row.shift, MPFR_RNDU);
-    const auto rounded = round_if_decided(lo.get(), hi.get(), target);
-    if (rounded) result = *rounded;
-    return rounded.has_value();
-  });
+  run_ziv_loop(logits, row, target, options, "logsumexp",
+               [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+                 enclose_log_sum(enclosure, precision, log_lo, log_hi);
+                 mpfr_set_prec(lo.get(), precision);
+                 mpfr_set_prec(hi.get(), precision);
+                 // theta * log S: a negative theta swaps the ends.
+                 if (options.theta > 0) {
+                   mpfr_mul_d(lo.get(), log_lo.get(), options.theta, MPFR_RNDD);
+                   mpfr_mul_d(hi.get(), log_hi.get(), options.theta, MPFR_RNDU);
+                 } else {
+                   mpfr_mul_d(lo.get(), log_hi.get(), options.theta, MPFR_RNDD);
+                   mpfr_mul_d(hi.get(), log_lo.get(), options.theta, MPFR_RNDU);
+                 }
+                 mpfr_add_d(lo.get(), lo.get(), row.shift, MPFR_RNDD);
+                 mpfr_add_d(hi.get(), hi.get(), row.shift, MPFR_RNDU);
+                 const auto rounded = round_if_decided(lo.get(), hi.get(), target);
+                 if (rounded) result = *rounded;
+                 return rounded.has_value();
+               });
   count_call(options, false);
   return result;
 }
@@ -285,28 +294,31 @@ double entropy(std::span<const double> logits, const FloatFormat& target, const 
   MpfrNumber lo(64);
   MpfrNumber hi(64);
   MpfrNumber scratch(64);
-  run_ziv_loop(logits, row, target, options, "entropy", [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
-    // H = log S + U / S with U = -sum_j w_j z_j >= 0 (every z_j <= 0). For w >= 0 and z <= 0
-    // the product w z lies in [w_hi z_lo, w_lo z_hi].
-    enclose_log_sum(enclosure, precision, log_lo, log_hi);
-    products.set_precision(precision);
-    mpfr_set_prec(lo.get(), precision);
-    mpfr_set_prec(hi.get(), precision);
-    mpfr_set_prec(scratch.get(), precision);
-    for (std::size_t a = 0; a < count; ++a) mpfr_mul(products[a], enclosure.w_lo[a], enclosure.z_hi[a], MPFR_RNDU);
-    mpfr_sum(scratch.get(), products.pointers(), count, MPFR_RNDU);
-    mpfr_neg(scratch.get(), scratch.get(), MPFR_RNDN);  // U_lo, exact negation
-    mpfr_div(lo.get(), scratch.get(), enclosure.sum_hi.get(), MPFR_RNDD);
-    mpfr_add(lo.get(), lo.get(), log_lo.get(), MPFR_RNDD);
-    for (std::size_t a = 0; a < count; ++a) mpfr_mul(products[a], enclosure.w_hi[a], enclosure.z_lo[a], MPFR_RNDD);
-    mpfr_sum(scratch.get(), products.pointers(), count, MPFR_RNDD);
-    mpfr_neg(scratch.get(), scratch.get(), MPFR_RNDN);  // U_hi
-    mpfr_div(hi.get(), scratch.get(), enclosure.sum_lo.get(), MPFR_RNDU);
-    mpfr_add(hi.get(), hi.get(), log_hi.get(), MPFR_RNDU);
-    const auto rounded = round_if_decided(lo.get(), hi.get(), target);
-    if (rounded) result = *rounded;
-    return rounded.has_value();
-  });
+  run_ziv_loop(logits, row, target, options, "entropy",
+               [&](ExponentialEnclosure& enclosure, mpfr_prec_t precision) {
+                 // H = log S + U / S with U = -sum_j w_j z_j >= 0 (every z_j <= 0). For w >= 0 and z <= 0
+                 // the product w z lies in [w_hi z_lo, w_lo z_hi].
+                 enclose_log_sum(enclosure, precision, log_lo, log_hi);
+                 products.set_precision(precision);
+                 mpfr_set_prec(lo.get(), precision);
+                 mpfr_set_prec(hi.get(), precision);
+                 mpfr_set_prec(scratch.get(), precision);
+                 for (std::size_t a = 0; a < count; ++a)
+                   mpfr_mul(products[a], enclosure.w_lo[a], enclosure.z_hi[a], MPFR_RNDU);
+                 mpfr_sum(scratch.get(), products.pointers(), count, MPFR_RNDU);
+                 mpfr_neg(scratch.get(), scratch.get(), MPFR_RNDN);  // U_lo, exact negation
+                 mpfr_div(lo.get(), scratch.get(), enclosure.sum_hi.get(), MPFR_RNDD);
+                 mpfr_add(lo.get(), lo.get(), log_lo.get(), MPFR_RNDD);
+                 for (std::size_t a = 0; a < count; ++a)
+                   mpfr_mul(products[a], enclosure.w_hi[a], enclosure.z_lo[a], MPFR_RNDD);
+                 mpfr_sum(scratch.get(), products.pointers(), count, MPFR_RNDD);
+                 mpfr_neg(scratch.get(), scratch.get(), MPFR_RNDN);  // U_hi
+                 mpfr_div(hi.get(), scratch.get(), enclosure.sum_lo.get(), MPFR_RNDU);
+                 mpfr_add(hi.get(), hi.get(), log_hi.get(), MPFR_RNDU);
+                 const auto rounded = round_if_decided(lo.get(), hi.get(), target);
+                 if (rounded) result = *rounded;
+                 return rounded.has_value();
+               });
   count_call(options, false);
   return result;
 }

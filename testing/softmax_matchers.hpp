@@ -42,7 +42,8 @@ class SoftmaxOfMatcher {
   bool MatchAndExplain(const Container& actual, std::ostream* listener) const {
     const std::vector<double> values(std::begin(actual), std::end(actual));
     if (values.size() != logits_.size()) {
-      if (listener != nullptr) *listener << "has " << values.size() << " values for " << logits_.size() << " logits";
+      if (listener != nullptr)
+        *listener << "has " << values.size() << " values for " << logits_.size() << " logits";
       return false;
     }
     reference::RowOptions options;

@@ -1,10 +1,11 @@
 // The bounds against independent 320-bit cpp_bin_float values (rigour: the exact value lies
 // inside; tightness: by at most a few ulps), simulation, and the Z3 stagnation search.
+#include "bounds/bounds.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "bounds/bounds.hpp"
 #include "core/errors.hpp"
 #include "core/random.hpp"
 #include "proofs/obligation.hpp"
@@ -18,8 +19,8 @@ using testing::Exact;
 // lower <= exact <= upper, and the ends are within 4 ulps of it (outward rounding, not slack).
 ::testing::AssertionResult tightly_encloses(double lower, double upper, const Exact& exact) {
   if (!(Exact(lower) <= exact && exact <= Exact(upper))) {
-    return ::testing::AssertionFailure() << "[" << hex_float(lower) << ", " << hex_float(upper) << "] misses "
-                                         << exact.str(30);
+    return ::testing::AssertionFailure()
+           << "[" << hex_float(lower) << ", " << hex_float(upper) << "] misses " << exact.str(30);
   }
   if (Exact(upper) - Exact(lower) > 8 * Exact(std::nextafter(upper, INFINITY) - upper)) {
     return ::testing::AssertionFailure() << "enclosure too wide";
@@ -41,7 +42,8 @@ TEST(Lemma21, EnclosesTheExactBoundsOnBothSides) {
     const Exact exact_largest = 1 / (1 + (Exact(n) - 1) * exp(-ratio));
     ASSERT_TRUE(tightly_encloses(std::nextafter(largest, -INFINITY), largest, exact_largest));
     const double smallest = tight_smallest_coefficient(n, delta, theta);
-    ASSERT_TRUE(tightly_encloses(smallest, std::nextafter(smallest, INFINITY), 1 / (1 + (Exact(n) - 1) * exp(ratio))));
+    ASSERT_TRUE(tightly_encloses(smallest, std::nextafter(smallest, INFINITY),
+                                 1 / (1 + (Exact(n) - 1) * exp(ratio))));
     // The tight forms sit inside the lemma's.
     ASSERT_LE(largest, lemma.upper);
     ASSERT_GE(smallest, lemma.lower);
@@ -165,12 +167,15 @@ TEST(BadInput, EveryArgumentIsChecked) {
   EXPECT_NE(problem_of([] { (void)tight_largest_coefficient(4, 1, 0); }).find("theta"), std::string::npos);
   EXPECT_NE(problem_of([] { (void)theorem_2_2_threshold(1, 1, 0); }).find("eps"), std::string::npos);
   EXPECT_NE(problem_of([] { (void)smallest_n_below(1, 1, 1.5); }).find("eps"), std::string::npos);
-  EXPECT_NE(problem_of([] { (void)entropy_lower_bound(NAN, 1, 1); }).find("n is not finite"), std::string::npos);
-  EXPECT_NE(problem_of([] { (void)proposition_3_1(Matrix(2, 3), Matrix(2, 3), Matrix(1, 4), Matrix(1, 3)); })
-                .find("y has 4 entries"),
+  EXPECT_NE(problem_of([] { (void)entropy_lower_bound(NAN, 1, 1); }).find("n is not finite"),
             std::string::npos);
-  EXPECT_NE(problem_of([] { (void)proposition_3_1(Matrix(2, 3), Matrix(3, 3), Matrix(1, 3), Matrix(1, 3)); })
-                .find("same length"),
+  EXPECT_NE(problem_of([] {
+              (void)proposition_3_1(Matrix(2, 3), Matrix(2, 3), Matrix(1, 4), Matrix(1, 3));
+            }).find("y has 4 entries"),
+            std::string::npos);
+  EXPECT_NE(problem_of([] {
+              (void)proposition_3_1(Matrix(2, 3), Matrix(3, 3), Matrix(1, 3), Matrix(1, 3));
+            }).find("same length"),
             std::string::npos);
 }
 

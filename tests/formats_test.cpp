@@ -87,12 +87,13 @@ TEST_P(SmallFormat, EveryPatternAndEveryMidpointRoundsAsMpfrDoes) {
     if (!std::isfinite(value) || !std::isfinite(next) || std::signbit(value)) continue;
     const double midpoint = value + (next - value) / 2;  // exact: at most precision + 1 bits
     const double even = (encode(value, format) & 1) == 0 ? value : next;
-    for (const double x : {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
+    for (const double x :
+         {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
       for (const double signed_x : {x, -x}) {
         const double expected = mpfr_native_round(signed_x, format);
         ASSERT_TRUE(same_value(round_to_format(signed_x, format), expected))
-            << format.name << ": " << hex_float(signed_x) << " gave " << hex_float(round_to_format(signed_x, format))
-            << ", MPFR " << hex_float(expected);
+            << format.name << ": " << hex_float(signed_x) << " gave "
+            << hex_float(round_to_format(signed_x, format)) << ", MPFR " << hex_float(expected);
       }
     }
     ASSERT_TRUE(same_value(round_to_format(midpoint, format), even)) << hex_float(midpoint);
@@ -111,8 +112,9 @@ TEST_P(AnyFormat, RandomDoublesOverTheWholeRangeRoundAsMpfrDoes) {
   DeterministicRandom random(7);
   for (int i = 0; i < 200000; ++i) {
     // Exponents from far below the smallest subnormal to beyond the largest value.
-    const int exponent = format.min_subnormal_exponent() - 4 +
-                         static_cast<int>(random.below(format.max_exponent - format.min_subnormal_exponent() + 8));
+    const int exponent =
+        format.min_subnormal_exponent() - 4 +
+        static_cast<int>(random.below(format.max_exponent - format.min_subnormal_exponent() + 8));
     const double x = std::ldexp(1.0 + random.uniform(), exponent) * (random.below(2) != 0 ? -1.0 : 1.0);
     ASSERT_TRUE(same_value(round_to_format(x, format), mpfr_native_round(x, format))) << hex_float(x);
     mpfr_t value;
@@ -124,7 +126,8 @@ TEST_P(AnyFormat, RandomDoublesOverTheWholeRangeRoundAsMpfrDoes) {
 }
 
 const auto format_name = [](const auto& info) { return std::string(info.param->name); };
-INSTANTIATE_TEST_SUITE_P(Formats, SmallFormat, ::testing::Values(&bf16, &fp16, &fp8_e4m3, &fp8_e5m2), format_name);
+INSTANTIATE_TEST_SUITE_P(Formats, SmallFormat, ::testing::Values(&bf16, &fp16, &fp8_e4m3, &fp8_e5m2),
+                         format_name);
 INSTANTIATE_TEST_SUITE_P(Formats, AnyFormat, ::testing::Values(&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2),
                          format_name);
 
@@ -250,7 +253,7 @@ TEST(QuantizedGrids, RoundToTheNearestCodeTiesToEvenAndSaturate) {
   DeterministicRandom random(19);
   for (int i = 0; i < 100000; ++i) {
     const double x = random.uniform(-0.1, 1.2);
-    const double scaled = x * 256;  // exact
+    const double scaled = x * 256;         // exact
     double code = std::nearbyint(scaled);  // the default environment rounds ties to even
     code = std::clamp(code, -255.0, 255.0);
     ASSERT_EQ(round_to_format(x, q8_probabilities), code / 256) << hex_float(x);

@@ -28,7 +28,8 @@ using kernels::SoftmaxKernel;
 
 Matrix rows_of(const std::vector<std::vector<double>>& rows) {
   Matrix matrix(rows.size(), rows.empty() ? 0 : rows[0].size());
-  for (std::size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), matrix.row(r).begin());
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    std::copy(rows[r].begin(), rows[r].end(), matrix.row(r).begin());
   return matrix;
 }
 
@@ -55,8 +56,8 @@ TEST_P(EverySoundSoftmaxKernel, StaysWithinItsTableEntryOnEveryRowKindAndSize) {
         const auto evaluation = metrics::evaluate_softmax(kernel, logits, theta);
         judged += evaluation.comparison.rows;
         ASSERT_TRUE(evaluation.comparison.passed())
-            << kernel.name << " on " << inputs::row_kind_name(kind) << " n=" << n << " theta=" << theta << ": "
-            << evaluation.comparison.worst.describe() << " (" << evaluation.comparison.violation_count
+            << kernel.name << " on " << inputs::row_kind_name(kind) << " n=" << n << " theta=" << theta
+            << ": " << evaluation.comparison.worst.describe() << " (" << evaluation.comparison.violation_count
             << " violations)";
       }
     }
@@ -67,33 +68,37 @@ TEST_P(EverySoundSoftmaxKernel, StaysWithinItsTableEntryOnEveryRowKindAndSize) {
 std::string kernel_name(const ::testing::TestParamInfo<const SoftmaxKernel*>& parameter) {
   return std::string(parameter.param->name);
 }
-INSTANTIATE_TEST_SUITE_P(Kernels, EverySoundSoftmaxKernel, ::testing::ValuesIn(sound_softmax_kernels()), kernel_name);
+INSTANTIATE_TEST_SUITE_P(Kernels, EverySoundSoftmaxKernel, ::testing::ValuesIn(sound_softmax_kernels()),
+                         kernel_name);
 
 TEST(BrokenKernels, NaiveFailsOnALogitOfOneHundred) {
   std::vector<double> row(64, 0.0);
   row[5] = 100.0;
-  const auto evaluation = metrics::evaluate_softmax(*kernels::find_softmax_kernel("naive"), rows_of({row}), 1.0);
+  const auto evaluation =
+      metrics::evaluate_softmax(*kernels::find_softmax_kernel("naive"), rows_of({row}), 1.0);
   EXPECT_FALSE(evaluation.comparison.passed());
   EXPECT_GT(evaluation.comparison.non_finite, 0u);
   EXPECT_EQ(evaluation.comparison.worst.row, 0u);
   EXPECT_TRUE(std::isnan(evaluation.comparison.worst.actual));
   // ...and passes where the unshifted exponentials stay finite.
   row[5] = 10.0;
-  EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel("naive"), rows_of({row}), 1.0).comparison.passed());
+  EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel("naive"), rows_of({row}), 1.0)
+                  .comparison.passed());
 }
 
 TEST(BrokenKernels, Bf16AccumulatorFailsOnAUniformRowOf512AndTheWorstElementSaysSo) {
   const std::vector<double> row(512, 0.0);
-  const auto evaluation = metrics::evaluate_softmax(*kernels::find_softmax_kernel("bf16acc"), rows_of({row}), 1.0);
+  const auto evaluation =
+      metrics::evaluate_softmax(*kernels::find_softmax_kernel("bf16acc"), rows_of({row}), 1.0);
   EXPECT_FALSE(evaluation.comparison.passed());
   EXPECT_EQ(evaluation.comparison.worst.expected, 1.0 / 512);
   EXPECT_EQ(evaluation.comparison.worst.actual, 1.0 / 256);  // the sum stalled at 256
-  EXPECT_EQ(evaluation.comparison.worst.ulps, 128u);          // 2^-9 to 2^-8 is 128 bf16 steps
+  EXPECT_EQ(evaluation.comparison.worst.ulps, 128u);         // 2^-9 to 2^-8 is 128 bf16 steps
   ASSERT_FALSE(evaluation.comparison.violations.empty());
   EXPECT_NE(evaluation.comparison.violations.front().find("expected 0x1p-9 got 0x1p-8"), std::string::npos);
   // The same row through the fp32-accumulating bf16 kernel passes.
-  EXPECT_TRUE(
-      metrics::evaluate_softmax(*kernels::find_softmax_kernel("safe3_bf16"), rows_of({row}), 1.0).comparison.passed());
+  EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel("safe3_bf16"), rows_of({row}), 1.0)
+                  .comparison.passed());
 }
 
 // Mutation checks for the escape kernels' entries: a wrong variant of each operator, computed
@@ -114,7 +119,8 @@ void ssmax_with_log2(std::span<const double> row, double theta, std::span<double
 }
 
 void sigmoid_without_bias(std::span<const double> row, double theta, std::span<double> out) {
-  for (std::size_t j = 0; j < row.size(); ++j) out[j] = 1 / (1 + std::exp(-row[j] / theta));  // the bug: no -ln n
+  for (std::size_t j = 0; j < row.size(); ++j)
+    out[j] = 1 / (1 + std::exp(-row[j] / theta));  // the bug: no -ln n
 }
 
 void stick_breaking_farthest_first(std::span<const double> row, double theta, std::span<double> out) {
@@ -132,12 +138,13 @@ TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
     const char* entry;
     kernels::Operation operation;
     void (*run)(const Matrix&, double, Matrix&);
-  } wrong[] = {{"ssmax", kernels::Operation::scalable_softmax, run_double_rows<ssmax_with_log2>},
-               {"sigmoid", kernels::Operation::sigmoid_attention, run_double_rows<sigmoid_without_bias>},
-               {"stick_breaking", kernels::Operation::stick_breaking, run_double_rows<stick_breaking_farthest_first>}};
+  } wrong[] = {
+      {"ssmax", kernels::Operation::scalable_softmax, run_double_rows<ssmax_with_log2>},
+      {"sigmoid", kernels::Operation::sigmoid_attention, run_double_rows<sigmoid_without_bias>},
+      {"stick_breaking", kernels::Operation::stick_breaking, run_double_rows<stick_breaking_farthest_first>}};
   for (const auto& variant : wrong) {
-    const SoftmaxKernel kernel{variant.entry, "a wrong variant", variant.operation, &fp32, &fp32, &fp32, true,
-                               variant.run};
+    const SoftmaxKernel kernel{variant.entry, "a wrong variant", variant.operation, &fp32, &fp32, &fp32,
+                               true,          variant.run};
     Matrix actual;
     kernel.run(logits, 1.0, actual);
     const auto evaluation =
@@ -147,7 +154,9 @@ TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
   }
   // ...while the registered kernels pass on the same row.
   for (const char* name : {"ssmax", "sigmoid", "stick_breaking"}) {
-    EXPECT_TRUE(metrics::evaluate_softmax(*kernels::find_softmax_kernel(name), logits, 1.0).comparison.passed()) << name;
+    EXPECT_TRUE(
+        metrics::evaluate_softmax(*kernels::find_softmax_kernel(name), logits, 1.0).comparison.passed())
+        << name;
   }
 }
 
@@ -164,7 +173,8 @@ std::size_t expect_fused_equals_widened(
     for (const std::size_t n : {1u, 5u, 16u, 33u, 1000u, 16384u}) {
       std::vector<double> row = inputs::make_row(kind, n, format, n + 11);
       // Masked entries leading the row (whole tiles of them where n allows) must still be written.
-      if (kind == inputs::RowKind::masked_entries) std::fill(row.begin(), row.begin() + (n - 1) / 2, -INFINITY);
+      if (kind == inputs::RowKind::masked_entries)
+        std::fill(row.begin(), row.begin() + (n - 1) / 2, -INFINITY);
       std::vector<Storage> logits(n);
       for (std::size_t i = 0; i < n; ++i) logits[i] = Storage::from_float(static_cast<float>(row[i]));
       for (const float scale : {1.0F, 0.0F, -0.5F}) {
@@ -173,9 +183,9 @@ std::size_t expect_fused_equals_widened(
           fused(logits.data(), out.data(), n, scale);
           kernels::through_fp32(logits.data(), expected.data(), n, scale, core);
           for (std::size_t i = 0; i < n; ++i) {
-            EXPECT_EQ(out[i].bits, expected[i].bits) << hwy::TargetName(target) << " " << format.name << " "
-                                                     << inputs::row_kind_name(kind) << " n=" << n
-                                                     << " scale=" << scale << " index " << i;
+            EXPECT_EQ(out[i].bits, expected[i].bits)
+                << hwy::TargetName(target) << " " << format.name << " " << inputs::row_kind_name(kind)
+                << " n=" << n << " scale=" << scale << " index " << i;
             if (out[i].bits != expected[i].bits) return compared;
           }
           compared += n;
@@ -194,10 +204,10 @@ TEST(FusedNarrowCores, EqualTheFp32CoreOnTheWidenedRowBitForBit) {
         {{kernels::softmax_safe3_bf16, kernels::softmax_safe3_fp32},
          {kernels::softmax_online2_bf16, kernels::softmax_online2_fp32}},
         bf16, target);
-    compared += expect_fused_equals_widened<Float16>(
-        {{kernels::softmax_safe3_fp16, kernels::softmax_safe3_fp32},
-         {kernels::softmax_online2_fp16, kernels::softmax_online2_fp32}},
-        fp16, target);
+    compared +=
+        expect_fused_equals_widened<Float16>({{kernels::softmax_safe3_fp16, kernels::softmax_safe3_fp32},
+                                              {kernels::softmax_online2_fp16, kernels::softmax_online2_fp32}},
+                                             fp16, target);
   }
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_GT(compared, 200000u);
@@ -218,8 +228,8 @@ TEST(Online2, SegmentExtremesStayWithinTheTable) {
     for (const auto& row : {rising, falling, rising_masked}) {
       for (const double theta : {1.0, -0.5}) {
         const auto evaluation = metrics::evaluate_softmax(kernel, rows_of({row}), theta);
-        EXPECT_TRUE(evaluation.comparison.passed()) << "n=" << n << " theta=" << theta << ": "
-                                                    << evaluation.comparison.worst.describe();
+        EXPECT_TRUE(evaluation.comparison.passed())
+            << "n=" << n << " theta=" << theta << ": " << evaluation.comparison.worst.describe();
       }
     }
   }
@@ -238,7 +248,8 @@ TEST(Quantized, FollowsTfLiteRoundingOnEveryTarget) {
     for (const std::size_t n : {1u, 7u, 100u, 1000u}) {
       for (const float beta : {1.0F, 0.5F}) {
         std::vector<std::int8_t> codes(n);
-        for (auto& code : codes) code = static_cast<std::int8_t>(static_cast<int>(random.next_u64() % 256) - 128);
+        for (auto& code : codes)
+          code = static_cast<std::int8_t>(static_cast<int>(random.next_u64() % 256) - 128);
         std::vector<std::int8_t> out8(n);
         std::vector<std::uint8_t> outu8(n);
         kernels::softmax_int8(codes.data(), out8.data(), n, beta);
@@ -275,8 +286,8 @@ TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
   for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     targets.emplace_back(hwy::TargetName(target));
-    for (const char* name : {"safe3", "online2", "blocked", "safe3_bf16", "online2_bf16", "safe3_fp16", "online2_fp16",
-                             "int8", "uint8"}) {
+    for (const char* name : {"safe3", "online2", "blocked", "safe3_bf16", "online2_bf16", "safe3_fp16",
+                             "online2_fp16", "int8", "uint8"}) {
       const SoftmaxKernel& kernel = *kernels::find_softmax_kernel(name);
       for (const inputs::RowKind kind : inputs::all_row_kinds) {
         const Matrix logits = rows_of({inputs::make_row(kind, 1000, *kernel.input, 3)});
@@ -301,7 +312,8 @@ TEST(Dispatch, RowConversionsRoundToNearestEvenOnEveryTarget) {
       const double next = next_up(value, *format);
       if (!std::isfinite(value) || !std::isfinite(next)) continue;
       const auto midpoint = static_cast<float>(value + (next - value) / 2);
-      values.insert(values.end(), {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)});
+      values.insert(values.end(),
+                    {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)});
     }
   }
   values.push_back(NAN);
@@ -314,8 +326,10 @@ TEST(Dispatch, RowConversionsRoundToNearestEvenOnEveryTarget) {
     std::vector<float> back(values.size());
     kernels::widen(as_bf16.data(), back.data(), values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
-      ASSERT_EQ(as_bf16[i].bits, Bfloat16::from_float(values[i]).bits) << hwy::TargetName(target) << " " << values[i];
-      ASSERT_EQ(as_fp16[i].bits, Float16::from_float(values[i]).bits) << hwy::TargetName(target) << " " << values[i];
+      ASSERT_EQ(as_bf16[i].bits, Bfloat16::from_float(values[i]).bits)
+          << hwy::TargetName(target) << " " << values[i];
+      ASSERT_EQ(as_fp16[i].bits, Float16::from_float(values[i]).bits)
+          << hwy::TargetName(target) << " " << values[i];
       if (!std::isnan(values[i])) {
         ASSERT_EQ(back[i], as_bf16[i].to_float());
       }
@@ -359,8 +373,8 @@ TEST(AttentionKernels, StayWithinTheirTableEntries) {
           for (double& x : matrix->values) x = round_to_format(random.normal(0, 1), *kernel.input);
         }
         const auto evaluation = metrics::evaluate_attention(kernel, q, k, v, causal);
-        ASSERT_TRUE(evaluation.comparison.passed())
-            << kernel.name << " n=" << n << " causal=" << causal << ": " << evaluation.comparison.worst.describe();
+        ASSERT_TRUE(evaluation.comparison.passed()) << kernel.name << " n=" << n << " causal=" << causal
+                                                    << ": " << evaluation.comparison.worst.describe();
       }
     }
   }
@@ -371,7 +385,8 @@ TEST(Registry, EveryKernelHasATableEntryAndADescription) {
     EXPECT_NO_THROW((void)metrics::tolerance_for(kernel.name));
     EXPECT_FALSE(kernel.description.empty());
   }
-  for (const auto& kernel : kernels::attention_kernels()) EXPECT_NO_THROW((void)metrics::tolerance_for(kernel.name));
+  for (const auto& kernel : kernels::attention_kernels())
+    EXPECT_NO_THROW((void)metrics::tolerance_for(kernel.name));
   EXPECT_THROW((void)metrics::tolerance_for("no_such_kernel"), std::out_of_range);
 }
 
@@ -392,7 +407,8 @@ TEST(Storage, FastConversionsRoundExactlyAsTheFormatsDo) {
       const double next = next_up(bf16_value, bf16);
       if (std::isfinite(bf16_value) && std::isfinite(next)) {
         const auto midpoint = static_cast<float>(bf16_value + (next - bf16_value) / 2);
-        for (const float x : {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
+        for (const float x :
+             {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
           ASSERT_EQ(Bfloat16::from_float(x).to_float(), round_to_format(x, bf16)) << hex_float(x);
         }
       }
@@ -402,7 +418,8 @@ TEST(Storage, FastConversionsRoundExactlyAsTheFormatsDo) {
       const double next = next_up(fp16_value, fp16);
       if (std::isfinite(fp16_value) && std::isfinite(next)) {
         const auto midpoint = static_cast<float>(fp16_value + (next - fp16_value) / 2);
-        for (const float x : {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
+        for (const float x :
+             {midpoint, std::nextafter(midpoint, -INFINITY), std::nextafter(midpoint, INFINITY)}) {
           ASSERT_EQ(Float16::from_float(x).to_float(), round_to_format(x, fp16)) << hex_float(x);
         }
       }

@@ -33,7 +33,7 @@ TEST(Runner, ContradictoryPremisesAreReportedAsVacuous) {
       Theory::nonlinear_reals);
   const auto report = check_obligation(claim, {});
   EXPECT_EQ(report.proof.verdict, Verdict::proved);  // anything follows from false premises...
-  EXPECT_FALSE(report.non_vacuous());               // ...which is why vacuity is checked
+  EXPECT_FALSE(report.non_vacuous());                // ...which is why vacuity is checked
   EXPECT_FALSE(report.passed());
 }
 

@@ -82,7 +82,8 @@ TEST_P(EveryFormat, AgreesWithAnIndependentComputationWithAndWithoutMasks) {
       for (std::size_t j = 0; j < n; ++j) visible[j] = !options.causal || j <= i;
       const auto expected = independent_attention_row(q, k, v, i, visible, scale, options.theta);
       for (std::size_t c = 0; c < v.cols; ++c) {
-        ASSERT_TRUE(is_nearest_in_format(result.output(i, c), expected.output[c], format)) << "trial " << trial;
+        ASSERT_TRUE(is_nearest_in_format(result.output(i, c), expected.output[c], format))
+            << "trial " << trial;
       }
       for (std::size_t j = 0; j < n; ++j) {
         ASSERT_TRUE(is_nearest_in_format(result.weights->operator()(i, j), expected.weights[j], format));
@@ -143,8 +144,10 @@ TEST(ExactCases, AllKeysTiedGiveWeightsOfExactlyOneOverN) {
   AttentionOptions options;
   options.return_weights = true;
   const auto result = reference::attention(q, k, v, fp32, options);
-  for (std::size_t j = 0; j < 3; ++j) EXPECT_TRUE(is_nearest_in_format(result.weights->operator()(0, j), Exact(1) / 3, fp32));
-  EXPECT_TRUE(is_nearest_in_format(result.output(0, 0), (Exact(3) + Exact(0x1p-22) + Exact(0x1p-23)) / 3, fp32));
+  for (std::size_t j = 0; j < 3; ++j)
+    EXPECT_TRUE(is_nearest_in_format(result.weights->operator()(0, j), Exact(1) / 3, fp32));
+  EXPECT_TRUE(
+      is_nearest_in_format(result.output(0, 0), (Exact(3) + Exact(0x1p-22) + Exact(0x1p-23)) / 3, fp32));
 }
 
 TEST(Masks, ExplicitMaskHidesKeysAndFullyMaskedQueriesAreErrorsOrZeros) {
@@ -183,7 +186,8 @@ TEST(BadInput, ShapesAndValuesAreNamed) {
             "attention: K has 3 rows but V has 2");
   Matrix bad_keys = k;
   bad_keys(2, 1) = NAN;
-  EXPECT_EQ(message_of([&] { (void)reference::attention(q, bad_keys, v, fp32); }), "attention: K(2, 1) is NaN");
+  EXPECT_EQ(message_of([&] { (void)reference::attention(q, bad_keys, v, fp32); }),
+            "attention: K(2, 1) is NaN");
   AttentionOptions zero_theta;
   zero_theta.theta = 0.0;
   EXPECT_NE(message_of([&] { (void)reference::attention(q, k, v, fp32, zero_theta); }).find("theta"),

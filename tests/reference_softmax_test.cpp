@@ -1,11 +1,10 @@
 // The softmax reference against closed forms, against an independent 320-bit cpp_bin_float
 // computation, and against MPFR at twice the working precision rounded once; in every format.
 #include <gtest/gtest.h>
-
-#include <cfloat>
 #include <mpfr.h>
 
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -21,7 +20,9 @@ using reference::RowOptions;
 using testing::Exact;
 using testing::is_nearest_in_format;
 
-bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
+bool same_bits(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
 
 class EveryFormat : public ::testing::TestWithParam<const FloatFormat*> {
  protected:
@@ -100,7 +101,8 @@ TEST_P(EveryFormat, AgreesWithAnIndependentCppBinFloatComputation) {
     std::vector<double> row(n);
     for (double& e : row) e = random.normal(0, sigma);
     // Rows with repeated logits, which the ball stages group by value.
-    if (trial % 5 == 4) for (double& e : row) e = std::round(e * 2) / 2;
+    if (trial % 5 == 4)
+      for (double& e : row) e = std::round(e * 2) / 2;
     RowOptions options;
     options.theta = theta;
     const auto exact = testing::independent_softmax(row, theta);
@@ -115,7 +117,8 @@ TEST_P(EveryFormat, AgreesWithAnIndependentCppBinFloatComputation) {
     for (const double e : row) sum += exp(Exact(e) / theta - best);
     Exact entropy = 0;
     for (std::size_t j = 0; j < n; ++j) {
-      ASSERT_TRUE(is_nearest_in_format(probabilities[j], exact[j], format())) << "trial " << trial << " j " << j;
+      ASSERT_TRUE(is_nearest_in_format(probabilities[j], exact[j], format()))
+          << "trial " << trial << " j " << j;
       ASSERT_TRUE(is_nearest_in_format(logs[j], Exact(row[j]) / theta - best - log(sum), format()));
       entropy -= exact[j] * log(exact[j]);
     }
@@ -220,7 +223,8 @@ TEST(LargeRows, SixteenThousandLogitsAgreeWithTheIndependentComputation) {
   for (double& e : row) e = static_cast<float>(random.normal(0, 3));
   const auto exact = testing::independent_softmax(row, 1.0);
   const auto probabilities = reference::softmax(row, fp32);
-  for (std::size_t j = 0; j < row.size(); j += 7) ASSERT_TRUE(is_nearest_in_format(probabilities[j], exact[j], fp32));
+  for (std::size_t j = 0; j < row.size(); j += 7)
+    ASSERT_TRUE(is_nearest_in_format(probabilities[j], exact[j], fp32));
   std::vector<float> as_float(row.begin(), row.end());
   EXPECT_EQ(reference::softmax(std::span<const float>(as_float), fp32), probabilities);
 }
@@ -246,7 +250,8 @@ TEST(BadInput, EachProblemIsNamedWithItsPosition) {
     }
   };
   const std::vector<double> with_nan{1.0, 2.0, NAN};
-  expect_problem([&] { (void)reference::softmax(with_nan, fp32); }, InputProblem::nan_value, "logit 2 is NaN");
+  expect_problem([&] { (void)reference::softmax(with_nan, fp32); }, InputProblem::nan_value,
+                 "logit 2 is NaN");
   const std::vector<double> with_inf{INFINITY, 1.0};
   expect_problem([&] { (void)reference::entropy(with_inf, fp32); }, InputProblem::positive_infinity,
                  "entropy: logit 0 is +inf");
@@ -261,8 +266,11 @@ TEST(BadInput, EachProblemIsNamedWithItsPosition) {
   const std::vector<std::uint8_t> short_mask{1};
   RowOptions masked;
   masked.keep = short_mask;
-  expect_problem([&] { (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, masked); },
-                 InputProblem::shape_mismatch, "mask has 1 entries but the row has 2");
+  expect_problem(
+      [&] {
+        (void)reference::softmax(std::vector<double>{1.0, 2.0}, fp32, masked);
+      },
+      InputProblem::shape_mismatch, "mask has 1 entries but the row has 2");
   const std::vector<double> all_masked{-INFINITY, -INFINITY};
   expect_problem([&] { (void)reference::softmax(all_masked, fp32); }, InputProblem::fully_masked_row,
                  "every one of the 2 entries is masked");

@@ -3,10 +3,9 @@
 // adaptive-temperature kernel, and checked against Lemma 2.1 at each size.
 //
 // Every choice the paper's text leaves open is written in README.md ("Max retrieval").
-#include <torch/torch.h>
-
 #include <dlfcn.h>
 #include <malloc.h>
+#include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -43,9 +42,9 @@ Batch make_batch(int batch, int n, torch::Generator& generator) {
 }
 
 torch::nn::Sequential deep_mlp(int in, int out) {
-  return torch::nn::Sequential(torch::nn::Linear(in, width), torch::nn::GELU(), torch::nn::Linear(width, width),
-                               torch::nn::GELU(), torch::nn::Linear(width, width), torch::nn::GELU(),
-                               torch::nn::Linear(width, out));
+  return torch::nn::Sequential(
+      torch::nn::Linear(in, width), torch::nn::GELU(), torch::nn::Linear(width, width), torch::nn::GELU(),
+      torch::nn::Linear(width, width), torch::nn::GELU(), torch::nn::Linear(width, out));
 }
 
 struct RetrieverImpl : torch::nn::Module {
@@ -95,9 +94,12 @@ const char* keep_blas_single_threaded() {
 // products per item; --check compares the two on the first batch of every size.
 struct FoldedHead {
   explicit FoldedHead(Retriever& model)
-      : key_direction(torch::matmul(model->key->weight.t(), model->query) / std::sqrt(static_cast<double>(width))),
+      : key_direction(torch::matmul(model->key->weight.t(), model->query) /
+                      std::sqrt(static_cast<double>(width))),
         key_offset((model->key->bias * model->query).sum() / std::sqrt(static_cast<double>(width))) {}
-  torch::Tensor logits(const torch::Tensor& hidden) const { return torch::matmul(hidden, key_direction) + key_offset; }
+  torch::Tensor logits(const torch::Tensor& hidden) const {
+    return torch::matmul(hidden, key_direction) + key_offset;
+  }
   torch::Tensor key_direction, key_offset;
 };
 
@@ -149,7 +151,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Training steps (batch 128, 16 items)")->check(CLI::NonNegativeNumber);
   app.add_option("--seeds", evaluation_seeds, "Evaluation seeds per size")->check(CLI::Range(1, 1000));
   app.add_option("--samples", samples, "Sets per size and seed")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-size", max_size, "Largest set size (powers of two from 16)")->check(CLI::Range(16, 1 << 20));
+  app.add_option("--max-size", max_size, "Largest set size (powers of two from 16)")
+      ->check(CLI::Range(16, 1 << 20));
   app.add_option("--training-seed", training_seed, "Seed of the model's initialisation and data");
   app.add_option("--out", out, "Output directory");
   app.add_option("--threads", threads, "Torch threads")->check(CLI::Range(1, 1024));
@@ -207,7 +210,8 @@ int main(int argc, char** argv) {
     long rows = 0;
     const int sets_per_pass = static_cast<int>(std::max(1L, items_per_pass / n));
     for (int seed = 0; seed < evaluation_seeds; ++seed) {
-      auto eval_generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(1000003 * (seed + 1) + n));
+      auto eval_generator =
+          at::detail::createCPUGenerator(static_cast<std::uint64_t>(1000003 * (seed + 1) + n));
       long plain_correct = 0, adaptive_correct = 0;
       for (int start = 0; start < samples; start += sets_per_draw) {
         const int batch_size = std::min(sets_per_draw, samples - start);
@@ -227,9 +231,9 @@ int main(int argc, char** argv) {
           // Adaptive temperature at inference, by sharpcheck's kernel (the code the gate validates).
           auto adaptive = torch::empty_like(pass_logits);
           for (int b = 0; b < count; ++b) {
-            sharpcheck::kernels::softmax_adaptive_fp32(pass_logits.data_ptr<float>() + static_cast<long>(b) * n,
-                                                       adaptive.data_ptr<float>() + static_cast<long>(b) * n,
-                                                       static_cast<std::size_t>(n), 1.0F);
+            sharpcheck::kernels::softmax_adaptive_fp32(
+                pass_logits.data_ptr<float>() + static_cast<long>(b) * n,
+                adaptive.data_ptr<float>() + static_cast<long>(b) * n, static_cast<std::size_t>(n), 1.0F);
           }
           plain_weights.index_put_({sets}, plain);
           adaptive_weights.index_put_({sets}, adaptive);
@@ -240,8 +244,9 @@ int main(int argc, char** argv) {
           const auto sets = torch::indexing::Slice(0, std::min(batch_size, sets_per_pass));
           const auto unfolded = model->logits_and_values(batch.items.index({sets})).first;
           const double scale = std::max(1.0, unfolded.abs().max().item<double>());
-          result.folding_difference = std::max(
-              result.folding_difference, (unfolded - logits.index({sets})).abs().max().item<double>() / scale);
+          result.folding_difference =
+              std::max(result.folding_difference,
+                       (unfolded - logits.index({sets})).abs().max().item<double>() / scale);
         }
         const auto predict = [&](const torch::Tensor& pooled) {
           return model->predictor->forward(model->value->forward(pooled)).argmax(1);
@@ -273,12 +278,14 @@ int main(int argc, char** argv) {
     result.seconds = seconds_since(size_start);
     results.push_back(result);
     const double plain = std::accumulate(result.plain.begin(), result.plain.end(), 0.0) / evaluation_seeds;
-    const double adaptive = std::accumulate(result.adaptive.begin(), result.adaptive.end(), 0.0) / evaluation_seeds;
-    std::printf("n=%6d plain %.3f adaptive %.3f p=%.3g mean spread %.3f mean max coefficient %.4g (tight %.4g, "
-                "lemma %.4g), worst coefficient/lemma %.4f, folding %.2g (%.1f s)\n",
-                n, plain, adaptive, paired_t_test(result.plain, result.adaptive), result.mean_spread,
-                result.mean_largest, result.tight_at_mean, result.lemma_at_mean, result.worst_lemma_ratio,
-                result.folding_difference, result.seconds);
+    const double adaptive =
+        std::accumulate(result.adaptive.begin(), result.adaptive.end(), 0.0) / evaluation_seeds;
+    std::printf(
+        "n=%6d plain %.3f adaptive %.3f p=%.3g mean spread %.3f mean max coefficient %.4g (tight %.4g, "
+        "lemma %.4g), worst coefficient/lemma %.4f, folding %.2g (%.1f s)\n",
+        n, plain, adaptive, paired_t_test(result.plain, result.adaptive), result.mean_spread,
+        result.mean_largest, result.tight_at_mean, result.lemma_at_mean, result.worst_lemma_ratio,
+        result.folding_difference, result.seconds);
   }
   double evaluation_seconds = 0;
   for (const auto& r : results) evaluation_seconds += r.seconds;
@@ -286,27 +293,34 @@ int main(int argc, char** argv) {
 
   // CSV, Markdown beside the paper's table, SVG of accuracy against n.
   const std::vector<std::pair<int, std::pair<double, double>>> paper{
-      {16, {98.6, 98.6}},   {64, {94.3, 94.5}},   {128, {89.7, 89.9}},   {256, {81.3, 82.1}},   {512, {70.1, 72.5}},
-      {1024, {53.8, 57.7}}, {2048, {35.7, 39.4}}, {4096, {22.6, 24.9}}, {16384, {12.4, 14.0}}};
+      {16, {98.6, 98.6}},   {64, {94.3, 94.5}},   {128, {89.7, 89.9}},
+      {256, {81.3, 82.1}},  {512, {70.1, 72.5}},  {1024, {53.8, 57.7}},
+      {2048, {35.7, 39.4}}, {4096, {22.6, 24.9}}, {16384, {12.4, 14.0}}};
   std::ofstream csv(out + "/max_retrieval.csv");
   csv << "n,plain_mean,adaptive_mean,p_value,mean_spread,mean_largest_coefficient,tight_bound_at_mean_spread,"
          "lemma_bound_at_mean_spread,worst_coefficient_over_lemma,folding_difference,seconds\n";
   std::ofstream markdown(out + "/max_retrieval.md");
   markdown << "| n | plain (ours) | adaptive (ours) | p (paired t) | plain (paper) | adaptive (paper) |\n"
               "|---:|---:|---:|---:|---:|---:|\n";
-  sharpcheck::io::Chart chart{"Max retrieval: accuracy against set size (trained at 16)", "items n",
-                              "accuracy (%)", true, false, {}, {}};
+  sharpcheck::io::Chart chart{"Max retrieval: accuracy against set size (trained at 16)",
+                              "items n",
+                              "accuracy (%)",
+                              true,
+                              false,
+                              {},
+                              {}};
   sharpcheck::io::Series ours_plain{"plain softmax (ours)", {}, {}, "#1f77b4", false, true};
   sharpcheck::io::Series ours_adaptive{"adaptive temperature (ours)", {}, {}, "#ff7f0e", false, true};
   sharpcheck::io::Series paper_plain{"plain (paper)", {}, {}, "#1f77b4", true, true};
   sharpcheck::io::Series paper_adaptive{"adaptive (paper)", {}, {}, "#ff7f0e", true, true};
   for (const auto& r : results) {
     const double plain = 100 * std::accumulate(r.plain.begin(), r.plain.end(), 0.0) / evaluation_seeds;
-    const double adaptive = 100 * std::accumulate(r.adaptive.begin(), r.adaptive.end(), 0.0) / evaluation_seeds;
+    const double adaptive =
+        100 * std::accumulate(r.adaptive.begin(), r.adaptive.end(), 0.0) / evaluation_seeds;
     const double p = paired_t_test(r.plain, r.adaptive);
-    csv << r.n << "," << plain << "," << adaptive << "," << p << "," << r.mean_spread << "," << r.mean_largest << ","
-        << r.tight_at_mean << "," << r.lemma_at_mean << "," << r.worst_lemma_ratio << "," << r.folding_difference << ","
-        << r.seconds << "\n";
+    csv << r.n << "," << plain << "," << adaptive << "," << p << "," << r.mean_spread << "," << r.mean_largest
+        << "," << r.tight_at_mean << "," << r.lemma_at_mean << "," << r.worst_lemma_ratio << ","
+        << r.folding_difference << "," << r.seconds << "\n";
     ours_plain.x.push_back(r.n);
     ours_plain.y.push_back(plain);
     ours_adaptive.x.push_back(r.n);
@@ -321,7 +335,8 @@ int main(int argc, char** argv) {
     char p_text[32] = "n/a";
     if (!std::isnan(p)) std::snprintf(p_text, sizeof p_text, "%.3g", p);
     char row[160];
-    std::snprintf(row, sizeof row, "| %d | %.1f | %.1f | %s %s\n", r.n, plain, adaptive, p_text, paper_cells.c_str());
+    std::snprintf(row, sizeof row, "| %d | %.1f | %.1f | %s %s\n", r.n, plain, adaptive, p_text,
+                  paper_cells.c_str());
     markdown << row;
   }
   for (const auto& [size, figures] : paper) {
@@ -337,10 +352,13 @@ int main(int argc, char** argv) {
   if (!check) return 0;
   // The run's own numbers: chance is 1/10; the fp32 softmax may exceed the exact bound by rounding
   // only (relative 1e-5 is far above fp32's error for these rows).
-  const auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / v.size(); };
+  const auto mean = [](const std::vector<double>& v) {
+    return std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  };
   bool ok = true;
   if (!(mean(results.front().plain) > 0.5)) {
-    std::printf("CHECK FAILED: accuracy at n = 16 is %.3f, not well above chance (0.1)\n", mean(results.front().plain));
+    std::printf("CHECK FAILED: accuracy at n = 16 is %.3f, not well above chance (0.1)\n",
+                mean(results.front().plain));
     ok = false;
   }
   if (!(mean(results.back().plain) < mean(results.front().plain))) {
@@ -349,18 +367,20 @@ int main(int argc, char** argv) {
   }
   for (const auto& r : results) {
     if (r.worst_lemma_ratio > 1 + 1e-5) {
-      std::printf("CHECK FAILED: at n = %d a coefficient is %.6g times Lemma 2.1's bound\n", r.n, r.worst_lemma_ratio);
+      std::printf("CHECK FAILED: at n = %d a coefficient is %.6g times Lemma 2.1's bound\n", r.n,
+                  r.worst_lemma_ratio);
       ok = false;
     }
     // A dot product of length 128 in fp32 errs by at most about 128 u = 7.6e-6 of its scale per
     // order of summation; a wrong fold (transpose, bias) errs by O(1).
     if (!(r.folding_difference <= 1e-4)) {
-      std::printf("CHECK FAILED: at n = %d the folded head's logits differ from the model's by %.3g of their scale\n",
-                  r.n, r.folding_difference);
+      std::printf(
+          "CHECK FAILED: at n = %d the folded head's logits differ from the model's by %.3g of their scale\n",
+          r.n, r.folding_difference);
       ok = false;
     }
   }
   std::printf("%s\n", ok ? "check passed: learned, disperses with n, within Lemma 2.1, folded head = model"
-                           : "check failed");
+                         : "check failed");
   return ok ? 0 : 1;
 }

@@ -7,13 +7,13 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <new>
-#include <vector>
-#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <vector>
 
 #include "kernels/plugin_abi.h"
 
@@ -44,7 +44,8 @@ void softmax_row(const float* in, float* out, std::size_t n, float scale) {
 #if SHARPCHECK_TEST_PLUGIN_MODE == 8
 constexpr std::uint32_t softmax_formats = 0, attention_formats = 0;  // declares nothing
 #else
-constexpr std::uint32_t softmax_formats = SHARPCHECK_FP32 | SHARPCHECK_BF16, attention_formats = SHARPCHECK_FP32;
+constexpr std::uint32_t softmax_formats = SHARPCHECK_FP32 | SHARPCHECK_BF16,
+                        attention_formats = SHARPCHECK_FP32;
 #endif
 #if SHARPCHECK_TEST_PLUGIN_MODE == 9
 constexpr const char* plugin_name = "bad\xff\xfe_name";  // not valid UTF-8
@@ -52,8 +53,8 @@ constexpr const char* plugin_name = "bad\xff\xfe_name";  // not valid UTF-8
 constexpr const char* plugin_name = SHARPCHECK_TEST_PLUGIN_NAME;
 #endif
 const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION, plugin_name,
-                                         "a scalar three-pass softmax for the gate's own tests", softmax_formats,
-                                         attention_formats};
+                                         "a scalar three-pass softmax for the gate's own tests",
+                                         softmax_formats, attention_formats};
 
 // Spins forever under a process name a test can look for (it must not outlive the gate).
 [[noreturn]] void spin_as(const char* name) {
@@ -90,7 +91,8 @@ extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() {
   return &info;
 }
 
-extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n, float scale) {
+extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n,
+                                  float scale) {
 #if SHARPCHECK_TEST_PLUGIN_MODE == 7
   fork_sleepers();
 #elif SHARPCHECK_TEST_PLUGIN_MODE == 10
@@ -136,7 +138,8 @@ extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out
 
 // Attention in fp32: scores, the same softmax, and the weighted sum (one query at a time).
 extern "C" int sharpcheck_attention(uint32_t format, const void* q, const void* k, const void* v, void* out,
-                                    size_t queries, size_t keys, size_t dim, size_t value_dim, float scale, int causal) {
+                                    size_t queries, size_t keys, size_t dim, size_t value_dim, float scale,
+                                    int causal) {
   if (format != SHARPCHECK_FP32 || keys > 16384) return 1;
 #if SHARPCHECK_TEST_PLUGIN_MODE == 1
   if (keys >= 64) {

@@ -15,7 +15,8 @@
 namespace sharpcheck::testing {
 
 using Exact = boost::multiprecision::number<
-    boost::multiprecision::cpp_bin_float<320, boost::multiprecision::digit_base_2>, boost::multiprecision::et_off>;
+    boost::multiprecision::cpp_bin_float<320, boost::multiprecision::digit_base_2>,
+    boost::multiprecision::et_off>;
 
 // Softmax at temperature theta in 320-bit binary floating point (relative error far below 2^-300).
 inline std::vector<Exact> independent_softmax(std::span<const double> logits, double theta) {
@@ -35,7 +36,8 @@ inline std::vector<Exact> independent_softmax(std::span<const double> logits, do
 // strictly nearer). `exact` must be accurate far beyond the format's precision, which 320 bits is
 // unless it lies within 2^-300 (relative) of a rounding boundary: such a tie is reported as a
 // failure, not guessed.
-inline ::testing::AssertionResult is_nearest_in_format(double rounded, const Exact& exact, const FloatFormat& format) {
+inline ::testing::AssertionResult is_nearest_in_format(double rounded, const Exact& exact,
+                                                       const FloatFormat& format) {
   if (!is_representable(rounded, format) || std::isnan(rounded)) {
     return ::testing::AssertionFailure() << hex_float(rounded) << " is not a value of " << format.name;
   }
@@ -44,12 +46,14 @@ inline ::testing::AssertionResult is_nearest_in_format(double rounded, const Exa
     if (!std::isfinite(neighbour)) continue;
     const Exact other = abs(exact - Exact(neighbour));
     if (other < distance) {
-      return ::testing::AssertionFailure() << hex_float(rounded) << " is not nearest in " << format.name << ": "
-                                           << hex_float(neighbour) << " is nearer to " << exact.str(40);
+      return ::testing::AssertionFailure()
+             << hex_float(rounded) << " is not nearest in " << format.name << ": " << hex_float(neighbour)
+             << " is nearer to " << exact.str(40);
     }
     if (other == distance) {
-      return ::testing::AssertionFailure() << "a tie at " << exact.str(40) << " between " << hex_float(rounded)
-                                           << " and " << hex_float(neighbour) << ": cannot judge";
+      return ::testing::AssertionFailure()
+             << "a tie at " << exact.str(40) << " between " << hex_float(rounded) << " and "
+             << hex_float(neighbour) << ": cannot judge";
     }
   }
   return ::testing::AssertionSuccess();
