@@ -314,7 +314,9 @@ double euclidean_norm_up(std::span<const double> v) {
 }
 }  // namespace
 
-Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y, const Matrix& x) {
+namespace {
+
+void check_proposition_shapes(const Matrix& q, const Matrix& k, const Matrix& y, const Matrix& x) {
   const auto shape = [](const Matrix& m) { return std::to_string(m.rows) + "x" + std::to_string(m.cols); };
   if (q.cols != y.cols * y.rows || q.cols == 0) {
     throw InputError(InputProblem::shape_mismatch, "bounds: Q is " + shape(q) + " but y has " +
@@ -330,6 +332,68 @@ Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y,
   for (const Matrix* m : {&q, &k, &y, &x}) {
     for (const double v : m->values) check_finite(v, "matrix entry");
   }
+}
+
+// out = M v in Arb balls (d = M's rows), v given by `entry_of(c)`.
+template <typename Entry>
+void arb_matrix_vector(arb_ptr out, const Matrix& m, const Entry& entry_of, slong precision) {
+  arb_t term, entry;
+  arb_init(term);
+  arb_init(entry);
+  for (std::size_t r = 0; r < m.rows; ++r) {
+    arb_zero(out + r);
+    for (std::size_t c = 0; c < m.cols; ++c) {
+      arb_set_d(term, m(r, c));
+      arb_set_d(entry, entry_of(c));
+      arb_addmul(out + r, term, entry, precision);
+    }
+  }
+  arb_clear(term);
+  arb_clear(entry);
+}
+
+// The actual spread max_i e_i - min_i e_i of e_i = (Q y) . (K x_i), enclosed by Arb and rounded
+// outward (clamped at 0: a spread).
+Enclosure actual_spread(const Matrix& q, const Matrix& k, const Matrix& y, const Matrix& x) {
+  const slong precision = 256;
+  const auto d = static_cast<slong>(q.rows);
+  arb_ptr query = _arb_vec_init(d);
+  arb_ptr key = _arb_vec_init(d);
+  arb_t logit;
+  arb_init(logit);
+  arb_matrix_vector(query, q, [&](std::size_t c) { return y.values[c]; }, precision);
+  double low_of_max = -INFINITY, high_of_max = -INFINITY, low_of_min = INFINITY, high_of_min = INFINITY;
+  MpfrNumber lower(precision), upper(precision);
+  for (std::size_t i = 0; i < x.rows; ++i) {
+    arb_matrix_vector(key, k, [&](std::size_t c) { return x(i, c); }, precision);
+    arb_dot(logit, nullptr, 0, query, 1, key, 1, d, precision);
+    arb_get_interval_mpfr(lower.get(), upper.get(), logit);
+    const double low = mpfr_get_d(lower.get(), MPFR_RNDD);
+    const double high = mpfr_get_d(upper.get(), MPFR_RNDU);
+    low_of_max = std::max(low_of_max, low);
+    high_of_max = std::max(high_of_max, high);
+    low_of_min = std::min(low_of_min, low);
+    high_of_min = std::min(high_of_min, high);
+  }
+  arb_clear(logit);
+  _arb_vec_clear(query, d);
+  _arb_vec_clear(key, d);
+  // max e - min e lies in [max lows - min highs, max highs - min lows].
+  Enclosure spread;
+  MpfrNumber difference(working_precision);
+  mpfr_set_d(difference.get(), low_of_max, MPFR_RNDN);
+  mpfr_sub_d(difference.get(), difference.get(), high_of_min, MPFR_RNDD);
+  spread.lower = std::max(0.0, to_double(difference.get(), MPFR_RNDD));
+  mpfr_set_d(difference.get(), high_of_max, MPFR_RNDN);
+  mpfr_sub_d(difference.get(), difference.get(), low_of_min, MPFR_RNDU);
+  spread.upper = to_double(difference.get(), MPFR_RNDU);
+  return spread;
+}
+
+}  // namespace
+
+Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y, const Matrix& x) {
+  check_proposition_shapes(q, k, y, x);
   Proposition31 result;
   std::string certificate_q, certificate_k;
   result.sigma_q = certified_sigma_max(q, &certificate_q);
@@ -344,57 +408,7 @@ Proposition31 proposition_3_1(const Matrix& q, const Matrix& k, const Matrix& y,
     mpfr_mul_d(bound.get(), bound.get(), factor, MPFR_RNDU);
   }
   result.bound = to_double(bound.get(), MPFR_RNDU);
-  // The actual logits, enclosed by Arb: e_i = (Q y) . (K x_i).
-  const slong precision = 256;
-  const auto d = static_cast<slong>(q.rows);
-  arb_ptr query = _arb_vec_init(d);
-  arb_ptr key = _arb_vec_init(d);
-  arb_t logit, term;
-  arb_init(logit);
-  arb_init(term);
-  arb_t entry;
-  arb_init(entry);
-  for (slong r = 0; r < d; ++r) {
-    arb_zero(query + r);
-    for (std::size_t c = 0; c < q.cols; ++c) {
-      arb_set_d(term, q(static_cast<std::size_t>(r), c));
-      arb_set_d(entry, y.values[c]);
-      arb_addmul(query + r, term, entry, precision);
-    }
-  }
-  double low_of_max = -INFINITY, high_of_max = -INFINITY, low_of_min = INFINITY, high_of_min = INFINITY;
-  MpfrNumber lower(precision), upper(precision);
-  for (std::size_t i = 0; i < x.rows; ++i) {
-    for (slong r = 0; r < d; ++r) {
-      arb_zero(key + r);
-      for (std::size_t c = 0; c < k.cols; ++c) {
-        arb_set_d(term, k(static_cast<std::size_t>(r), c));
-        arb_set_d(entry, x(i, c));
-        arb_addmul(key + r, term, entry, precision);
-      }
-    }
-    arb_dot(logit, nullptr, 0, query, 1, key, 1, d, precision);
-    arb_get_interval_mpfr(lower.get(), upper.get(), logit);
-    const double low = mpfr_get_d(lower.get(), MPFR_RNDD);
-    const double high = mpfr_get_d(upper.get(), MPFR_RNDU);
-    low_of_max = std::max(low_of_max, low);
-    high_of_max = std::max(high_of_max, high);
-    low_of_min = std::min(low_of_min, low);
-    high_of_min = std::min(high_of_min, high);
-  }
-  arb_clear(logit);
-  arb_clear(term);
-  arb_clear(entry);
-  _arb_vec_clear(query, d);
-  _arb_vec_clear(key, d);
-  // max e - min e lies in [max lows - min highs, max highs - min lows]; clamp at 0 (a spread).
-  MpfrNumber difference(working_precision);
-  mpfr_set_d(difference.get(), low_of_max, MPFR_RNDN);
-  mpfr_sub_d(difference.get(), difference.get(), high_of_min, MPFR_RNDD);
-  result.actual_spread.lower = std::max(0.0, to_double(difference.get(), MPFR_RNDD));
-  mpfr_set_d(difference.get(), high_of_max, MPFR_RNDN);
-  mpfr_sub_d(difference.get(), difference.get(), low_of_min, MPFR_RNDU);
-  result.actual_spread.upper = to_double(difference.get(), MPFR_RNDU);
+  result.actual_spread = actual_spread(q, k, y, x);
   return result;
 }
 

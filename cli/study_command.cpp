@@ -78,17 +78,9 @@ std::string size_text(std::optional<std::uint64_t> n, std::uint64_t largest) {
   return std::to_string(*n);
 }
 
-// `study --preset dispersion`: every escape's spike weight against n, per spread, with the
-// formats' values, the adaptive entropies, a summary table and one log-log plot per spread.
-int run_dispersion_preset(const StudySettings& s) {
-  studies::DispersionSettings settings;
-  if (!s.spreads.empty()) settings.spreads = s.spreads;
-  for (const std::size_t n : s.sizes) settings.sizes.push_back(n);
-  settings.threads = s.threads;
-  const studies::DispersionStudy study = studies::run_dispersion_study(settings);
-  io::make_writable_directory(s.out);
-  const std::uint64_t largest_size = study.settings.sizes.back();
-
+// The dispersion study's CSVs: every spike weight in every format, and adaptive temperature's
+// entropies.
+void write_dispersion_csvs(const StudySettings& s, const studies::DispersionStudy& study) {
   io::OutputFile weights(s.out + "/escapes.csv");
   weights << "operator,delta,n,lemma_2_1_upper,tight_upper";
   for (const auto* format : studies::study_formats) weights << ",spike_weight_" << format->name;
@@ -109,8 +101,12 @@ int run_dispersion_preset(const StudySettings& s) {
   }
   weights.commit();
   entropy.commit();
+}
 
-  // The summary: where each operator's spike weight falls below 1/2 and 1/10.
+// The summary: where each operator's spike weight falls below 1/2 and 1/10, and where adaptive
+// temperature switches off.
+std::string dispersion_summary(const studies::DispersionStudy& study) {
+  const std::uint64_t largest_size = study.settings.sizes.back();
   std::ostringstream summary;
   summary
       << "# Dispersion of the escapes\n\nSpike weight of the row (delta, 0, ..., 0) (spike last for "
@@ -141,51 +137,59 @@ int run_dispersion_preset(const StudySettings& s) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.1f", study.seconds);
   summary << "\nComputed in " << seconds << " s.\n";
-  io::write_file_atomically(s.out + "/summary.md", summary.str());
+  return summary.str();
+}
 
-  // One plot per spread: every operator (fp64 values), Lemma 2.1 and the tight bound, and where
-  // softmax's spike underflows in each format.
-  const char* const colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"};
-  for (const double delta : study.settings.spreads) {
-    io::Chart chart{
-        "Spike weight on the extremal row, spread " + spread_text(delta) + " (below 1e-7 not drawn)",
-        "n",
-        "weight of the spike",
-        true,
-        true,
-        {},
-        {}};
-    io::Series lemma{"Lemma 2.1 (softmax)", {}, {}, "#000000", true, false};
-    io::Series tight{"tight (softmax)", {}, {}, "#555555", true, false};
-    for (const std::uint64_t n : study.settings.sizes) {
-      const auto x = static_cast<double>(n);
-      lemma.x.push_back(x);
-      lemma.y.push_back(std::min(1.0, bounds::lemma_2_1(x, delta, 1.0).upper));
-      tight.x.push_back(x);
-      tight.y.push_back(bounds::tight_largest_coefficient(x, delta, 1.0));
-    }
-    chart.series.push_back(lemma);
-    chart.series.push_back(tight);
-    std::size_t c = 0;
-    for (const auto escape : studies::all_escapes) {
-      io::Series series{std::string(studies::escape_name(escape)), {}, {}, colours[c++ % 7], false, true};
-      for (const auto* point : studies::series_of(study, escape, delta)) {
-        if (point->spike_weight[0] < 1e-7) continue;  // stick-breaking's far key: 2^-(n-1), in the CSV
-        series.x.push_back(static_cast<double>(point->n));
-        series.y.push_back(point->spike_weight[0]);
-      }
-      chart.series.push_back(std::move(series));
-    }
-    for (std::size_t f = 1; f < studies::study_format_count; ++f) {
-      const auto* format = studies::study_formats[f];
-      const auto horizon = bounds::underflow_horizon(delta, 1.0, *format);
-      if (horizon.lower <= static_cast<double>(largest_size)) {
-        chart.markers.push_back(
-            {horizon.lower, "softmax spike 0 in " + std::string(format->name), "#999999"});
-      }
-    }
-    io::write_file_atomically(s.out + "/escapes_delta_" + spread_text(delta) + ".svg", io::render_svg(chart));
+const char* const escape_colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                      "#9467bd", "#8c564b", "#e377c2"};
+
+// One plot for a spread: every operator (fp64 values), Lemma 2.1 and the tight bound, and where
+// softmax's spike underflows in each format.
+io::Chart escapes_chart(const studies::DispersionStudy& study, double delta) {
+  const std::uint64_t largest_size = study.settings.sizes.back();
+  io::Chart chart{
+      "Spike weight on the extremal row, spread " + spread_text(delta) + " (below 1e-7 not drawn)",
+      "n",
+      "weight of the spike",
+      true,
+      true,
+      {},
+      {}};
+  io::Series lemma{"Lemma 2.1 (softmax)", {}, {}, "#000000", true, false};
+  io::Series tight{"tight (softmax)", {}, {}, "#555555", true, false};
+  for (const std::uint64_t n : study.settings.sizes) {
+    const auto x = static_cast<double>(n);
+    lemma.x.push_back(x);
+    lemma.y.push_back(std::min(1.0, bounds::lemma_2_1(x, delta, 1.0).upper));
+    tight.x.push_back(x);
+    tight.y.push_back(bounds::tight_largest_coefficient(x, delta, 1.0));
   }
+  chart.series.push_back(lemma);
+  chart.series.push_back(tight);
+  std::size_t c = 0;
+  for (const auto escape : studies::all_escapes) {
+    io::Series series{
+        std::string(studies::escape_name(escape)), {}, {}, escape_colours[c++ % 7], false, true};
+    for (const auto* point : studies::series_of(study, escape, delta)) {
+      if (point->spike_weight[0] < 1e-7) continue;  // stick-breaking's far key: 2^-(n-1), in the CSV
+      series.x.push_back(static_cast<double>(point->n));
+      series.y.push_back(point->spike_weight[0]);
+    }
+    chart.series.push_back(std::move(series));
+  }
+  for (std::size_t f = 1; f < studies::study_format_count; ++f) {
+    const auto* format = studies::study_formats[f];
+    const auto horizon = bounds::underflow_horizon(delta, 1.0, *format);
+    if (horizon.lower <= static_cast<double>(largest_size)) {
+      chart.markers.push_back({horizon.lower, "softmax spike 0 in " + std::string(format->name), "#999999"});
+    }
+  }
+  return chart;
+}
+
+// Adaptive temperature's entropy of the plain row against n, per spread.
+io::Chart adaptive_entropy_chart(const studies::DispersionStudy& study) {
+  const std::uint64_t largest_size = study.settings.sizes.back();
   io::Chart entropy_chart{
       "Adaptive temperature: entropy of the plain row against n", "n", "entropy (nats)", true, false, {}, {}};
   const auto root = bounds::adaptive_active_interval().upper_root.lower;
@@ -195,7 +199,7 @@ int run_dispersion_preset(const StudySettings& s) {
   entropy_chart.series.push_back(threshold);
   std::size_t c = 0;
   for (const double delta : study.settings.spreads) {
-    io::Series series{"delta " + spread_text(delta), {}, {}, colours[c++ % 7], false, true};
+    io::Series series{"delta " + spread_text(delta), {}, {}, escape_colours[c++ % 7], false, true};
     for (const auto& point : study.entropies) {
       if (point.delta != delta) continue;
       series.x.push_back(static_cast<double>(point.n));
@@ -203,83 +207,91 @@ int run_dispersion_preset(const StudySettings& s) {
     }
     entropy_chart.series.push_back(std::move(series));
   }
-  io::write_file_atomically(s.out + "/adaptive_entropy.svg", io::render_svg(entropy_chart));
+  return entropy_chart;
+}
+
+// `study --preset dispersion`: every escape's spike weight against n, per spread, with the
+// formats' values, the adaptive entropies, a summary table and one log-log plot per spread.
+int run_dispersion_preset(const StudySettings& s) {
+  studies::DispersionSettings settings;
+  if (!s.spreads.empty()) settings.spreads = s.spreads;
+  for (const std::size_t n : s.sizes) settings.sizes.push_back(n);
+  settings.threads = s.threads;
+  const studies::DispersionStudy study = studies::run_dispersion_study(settings);
+  io::make_writable_directory(s.out);
+  write_dispersion_csvs(s, study);
+  const std::string summary = dispersion_summary(study);
+  io::write_file_atomically(s.out + "/summary.md", summary);
+  for (const double delta : study.settings.spreads) {
+    io::write_file_atomically(s.out + "/escapes_delta_" + spread_text(delta) + ".svg",
+                              io::render_svg(escapes_chart(study, delta)));
+  }
+  io::write_file_atomically(s.out + "/adaptive_entropy.svg", io::render_svg(adaptive_entropy_chart(study)));
   std::printf(
       "dispersion study (%zu points) in %.1f s, written to %s: escapes.csv, adaptive_entropy.csv, summary.md "
       "and SVG plots\n",
       study.points.size(), study.seconds, s.out.c_str());
-  std::printf("%s", summary.str().c_str());
+  std::printf("%s", summary.c_str());
   return exit_pass;
 }
 
-int run_study(StudySettings s) {
-  if (s.preset == "dispersion") return run_dispersion_preset(s);
-  if (s.preset != "paper")
-    throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
-  if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
-  if (s.sizes.empty()) {
-    for (std::size_t n = 16; n <= 16384; n *= 2) s.sizes.push_back(n);
-  }
-  io::make_writable_directory(s.out);
-  const std::vector<const FloatFormat*> formats{&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
+const std::vector<const FloatFormat*> paper_formats{&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
 
-  io::OutputFile dispersion(s.out + "/dispersion.csv");
-  dispersion.precision(17);
-  dispersion << "delta,n,lemma_2_1_upper,tight_upper";
-  for (const auto* format : formats) dispersion << ",largest_in_" << format->name;
-  dispersion << "\n";
-  io::OutputFile horizons(s.out + "/horizons.csv");
-  horizons.precision(17);
-  horizons << "format,delta,underflow_horizon_lower,underflow_horizon_upper,accumulation_horizon\n";
-  for (const double delta : s.spreads) {
-    io::Chart chart{"Largest coefficient of any row with spread " + spread_text(delta) + " (theta = 1)",
-                    "n",
-                    "largest coefficient",
-                    true,
-                    true,
-                    {},
-                    {}};
-    io::Series lemma{"Lemma 2.1: exp(delta)/n", {}, {}, "#000000", true, false};
-    io::Series tight{"tight: 1/(1+(n-1)exp(-delta))", {}, {}, "#555555", false, false};
-    std::vector<io::Series> per_format;
-    for (std::size_t f = 0; f < formats.size(); ++f) {
-      per_format.push_back({std::string(formats[f]->name), {}, {}, palette[f], false, true});
-    }
-    for (const std::size_t n : s.sizes) {
-      const auto bound = bounds::lemma_2_1(static_cast<double>(n), delta, 1.0);
-      const double largest = bounds::tight_largest_coefficient(static_cast<double>(n), delta, 1.0);
-      lemma.x.push_back(static_cast<double>(n));
-      lemma.y.push_back(bound.upper);
-      tight.x.push_back(static_cast<double>(n));
-      tight.y.push_back(largest);
-      dispersion << delta << "," << n << "," << bound.upper << "," << largest;
-      // The extremal row: one logit delta above the n - 1 others, correctly rounded in each format.
-      std::vector<double> row(n, 0.0);
-      row[0] = delta;
-      for (std::size_t f = 0; f < formats.size(); ++f) {
-        const double value = reference::softmax(row, *formats[f])[0];
-        per_format[f].x.push_back(static_cast<double>(n));
-        per_format[f].y.push_back(value);
-        dispersion << "," << hex_float(value);
-      }
-      dispersion << "\n";
-    }
-    chart.series.push_back(lemma);
-    chart.series.push_back(tight);
-    for (auto& series : per_format) chart.series.push_back(std::move(series));
-    for (std::size_t f = 0; f < formats.size(); ++f) {
-      const auto horizon = bounds::underflow_horizon(delta, 1.0, *formats[f]);
-      horizons << formats[f]->name << "," << delta << "," << horizon.lower << "," << horizon.upper << ","
-               << bounds::accumulation_horizon(*formats[f]) << "\n";
-      chart.markers.push_back({horizon.lower, std::string(formats[f]->name) + " underflows", palette[f]});
-    }
-    const auto uint8_horizon = bounds::underflow_horizon(delta, 1.0, 1.0 / 512);
-    horizons << "uint8," << delta << "," << uint8_horizon.lower << "," << uint8_horizon.upper << ",\n";
-    chart.markers.push_back({uint8_horizon.lower, "uint8 underflows", "#bcbd22"});
-    io::write_file_atomically(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg",
-                              io::render_svg(chart));
+// One spread of the paper preset: the extremal row's largest coefficient in every format against
+// n (rows of dispersion.csv), the formats' horizons (rows of horizons.csv), and the chart.
+void study_one_spread(const StudySettings& s, double delta, std::ostream& dispersion,
+                      std::ostream& horizons) {
+  const auto& formats = paper_formats;
+  io::Chart chart{"Largest coefficient of any row with spread " + spread_text(delta) + " (theta = 1)",
+                  "n",
+                  "largest coefficient",
+                  true,
+                  true,
+                  {},
+                  {}};
+  io::Series lemma{"Lemma 2.1: exp(delta)/n", {}, {}, "#000000", true, false};
+  io::Series tight{"tight: 1/(1+(n-1)exp(-delta))", {}, {}, "#555555", false, false};
+  std::vector<io::Series> per_format;
+  for (std::size_t f = 0; f < formats.size(); ++f) {
+    per_format.push_back({std::string(formats[f]->name), {}, {}, palette[f], false, true});
   }
+  for (const std::size_t n : s.sizes) {
+    const auto bound = bounds::lemma_2_1(static_cast<double>(n), delta, 1.0);
+    const double largest = bounds::tight_largest_coefficient(static_cast<double>(n), delta, 1.0);
+    lemma.x.push_back(static_cast<double>(n));
+    lemma.y.push_back(bound.upper);
+    tight.x.push_back(static_cast<double>(n));
+    tight.y.push_back(largest);
+    dispersion << delta << "," << n << "," << bound.upper << "," << largest;
+    // The extremal row: one logit delta above the n - 1 others, correctly rounded in each format.
+    std::vector<double> row(n, 0.0);
+    row[0] = delta;
+    for (std::size_t f = 0; f < formats.size(); ++f) {
+      const double value = reference::softmax(row, *formats[f])[0];
+      per_format[f].x.push_back(static_cast<double>(n));
+      per_format[f].y.push_back(value);
+      dispersion << "," << hex_float(value);
+    }
+    dispersion << "\n";
+  }
+  chart.series.push_back(lemma);
+  chart.series.push_back(tight);
+  for (auto& series : per_format) chart.series.push_back(std::move(series));
+  for (std::size_t f = 0; f < formats.size(); ++f) {
+    const auto horizon = bounds::underflow_horizon(delta, 1.0, *formats[f]);
+    horizons << formats[f]->name << "," << delta << "," << horizon.lower << "," << horizon.upper << ","
+             << bounds::accumulation_horizon(*formats[f]) << "\n";
+    chart.markers.push_back({horizon.lower, std::string(formats[f]->name) + " underflows", palette[f]});
+  }
+  const auto uint8_horizon = bounds::underflow_horizon(delta, 1.0, 1.0 / 512);
+  horizons << "uint8," << delta << "," << uint8_horizon.lower << "," << uint8_horizon.upper << ",\n";
+  chart.markers.push_back({uint8_horizon.lower, "uint8 underflows", "#bcbd22"});
+  io::write_file_atomically(s.out + "/dispersion_delta_" + spread_text(delta) + ".svg",
+                            io::render_svg(chart));
+}
 
+// Kernel error against n: four random normal rows per size, as CSV and a chart.
+void study_kernel_errors(const StudySettings& s) {
   // Kernel error against n: four random normal rows per size.
   io::OutputFile errors(s.out + "/kernel_error.csv");
   errors.precision(17);
@@ -317,9 +329,30 @@ int run_study(StudySettings s) {
     error_chart.series.push_back(std::move(series));
   }
   errors.commit();
+  io::write_file_atomically(s.out + "/kernel_error.svg", io::render_svg(error_chart));
+}
+
+int run_study(StudySettings s) {
+  if (s.preset == "dispersion") return run_dispersion_preset(s);
+  if (s.preset != "paper")
+    throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
+  if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
+  if (s.sizes.empty()) {
+    for (std::size_t n = 16; n <= 16384; n *= 2) s.sizes.push_back(n);
+  }
+  io::make_writable_directory(s.out);
+  io::OutputFile dispersion(s.out + "/dispersion.csv");
+  dispersion.precision(17);
+  dispersion << "delta,n,lemma_2_1_upper,tight_upper";
+  for (const auto* format : paper_formats) dispersion << ",largest_in_" << format->name;
+  dispersion << "\n";
+  io::OutputFile horizons(s.out + "/horizons.csv");
+  horizons.precision(17);
+  horizons << "format,delta,underflow_horizon_lower,underflow_horizon_upper,accumulation_horizon\n";
+  for (const double delta : s.spreads) study_one_spread(s, delta, dispersion, horizons);
   dispersion.commit();
   horizons.commit();
-  io::write_file_atomically(s.out + "/kernel_error.svg", io::render_svg(error_chart));
+  study_kernel_errors(s);
   std::printf("study written to %s: dispersion.csv, horizons.csv, kernel_error.csv and their SVG plots\n",
               s.out.c_str());
   write_png_copies(s);
