@@ -1,5 +1,6 @@
 #include "reference/double_stage.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cfenv>
 #include <cmath>
@@ -160,24 +161,31 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
   return decided_count;
 }
 
-void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                    std::span<const std::size_t> active, std::optional<double> scale,
-                                    double theta, const FloatFormat& target, std::span<double> output,
-                                    std::span<double> weights, std::vector<bool>& output_done,
-                                    std::vector<bool>& weight_done) {
-  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || active.empty()) return;
-  const std::size_t count = active.size();
+namespace {
+
+double gamma_of(double k) { return k * unit_roundoff / (1 - k * unit_roundoff); }
+
+// One attention row's double-stage state: the logits, their exponentials against the largest,
+// each exponential's relative error eta_j, and the bounded sum.
+struct AttentionRowInDouble {
+  std::vector<double>& logits;
+  std::vector<double>& errors;  // first the logits' absolute errors, then eta_j
+  std::vector<double>& exponentials;
+  double eta_max = 0;
+  double sum = 0;
+  double depth = 0;
+  double tiny_mass = 0;
+  double sum_error = 0;
+};
+
+// z_j = fl(q . k_j) * multiplier with its absolute error; false when a logit is not finite or its
+// error is too large for this stage (the later stages take the row).
+bool bound_attention_logits(std::span<const double> query, const Matrix& keys,
+                            std::span<const std::size_t> active, double multiplier,
+                            AttentionRowInDouble& row) {
   const std::size_t dimension = keys.cols;
-  const auto gamma = [](double k) { return k * unit_roundoff / (1 - k * unit_roundoff); };
-  const double multiplier =
-      (scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dimension))) / theta;  // within 3.01u of c
-  thread_local std::vector<double> logits, logit_errors, exponentials, scratch, magnitude_scratch;
-  logits.resize(count);
-  logit_errors.resize(count);
-  exponentials.resize(count);
-  const double dot_gamma = gamma(static_cast<double>(dimension));
-  double largest = -INFINITY;
-  for (std::size_t a = 0; a < count; ++a) {
+  const double dot_gamma = gamma_of(static_cast<double>(dimension));
+  for (std::size_t a = 0; a < active.size(); ++a) {
     const auto key = keys.row(active[a]);
     double dot = 0;
     double absolute = 0;
@@ -186,41 +194,44 @@ void decide_attention_row_in_double(std::span<const double> query, const Matrix&
       absolute += std::fabs(query[t] * key[t]);
     }
     const double z = dot * multiplier;
-    logits[a] = z;
-    logit_errors[a] =
+    row.logits[a] = z;
+    row.errors[a] =
         std::fabs(multiplier) * dot_gamma * absolute * (1 + 0x1p-40) + 4.1 * unit_roundoff * std::fabs(z);
-    if (!std::isfinite(z) || !std::isfinite(logit_errors[a]) || logit_errors[a] > 0x1p-30) return;
-    largest = std::max(largest, z);
+    if (!std::isfinite(z) || !std::isfinite(row.errors[a]) || row.errors[a] > 0x1p-30) return false;
   }
-  double eta_max = 0;
+  return true;
+}
+
+// The exponentials against the largest logit, each eta_j, and their bounded pairwise sum.
+void bound_attention_exponentials(std::size_t count, std::vector<double>& scratch,
+                                  AttentionRowInDouble& row) {
+  const double largest =
+      *std::max_element(row.logits.begin(), row.logits.begin() + static_cast<std::ptrdiff_t>(count));
   std::size_t tiny = 0;
   for (std::size_t a = 0; a < count; ++a) {
-    const double x = logits[a] - largest;
+    const double x = row.logits[a] - largest;
     if (x < -700) {
-      exponentials[a] = 0;
+      row.exponentials[a] = 0;
       ++tiny;
       continue;
     }
-    exponentials[a] = certified_exp(std::min(x, 0.0));
-    // Reusing logit_errors for eta_j.
-    logit_errors[a] = certified_exp_error + (logit_errors[a] + unit_roundoff * std::fabs(x)) * (1 + 0x1p-20);
-    eta_max = std::max(eta_max, logit_errors[a]);
+    row.exponentials[a] = certified_exp(std::min(x, 0.0));
+    row.errors[a] = certified_exp_error + (row.errors[a] + unit_roundoff * std::fabs(x)) * (1 + 0x1p-20);
+    row.eta_max = std::max(row.eta_max, row.errors[a]);
   }
-  scratch.assign(exponentials.begin(), exponentials.end());
-  const double sum = pairwise_sum(scratch);
-  const double depth = std::ceil(std::log2(static_cast<double>(count)));
-  const double tiny_mass = static_cast<double>(tiny) * 0x1p-1008;
-  const double sum_error = eta_max + gamma(depth) + tiny_mass;
-  if (!weights.empty()) {
-    for (std::size_t a = 0; a < count; ++a) {
-      if (weight_done[a]) continue;
-      const double error = (logit_errors[a] + sum_error + unit_roundoff) * (1 + 0x1p-20);
-      const auto rounded = decide_coefficient(exponentials[a], sum, error, target);
-      if (!rounded) continue;
-      weights[active[a]] = *rounded;
-      weight_done[a] = true;
-    }
-  }
+  scratch.assign(row.exponentials.begin(), row.exponentials.begin() + static_cast<std::ptrdiff_t>(count));
+  row.sum = pairwise_sum(scratch);
+  row.depth = std::ceil(std::log2(static_cast<double>(count)));
+  row.tiny_mass = static_cast<double>(tiny) * 0x1p-1008;
+  row.sum_error = row.eta_max + gamma_of(row.depth) + row.tiny_mass;
+}
+
+// Each output column sum_j w_j v_jc / S with its bound, rounded where the bound decides it.
+void decide_attention_outputs(const Matrix& values, std::span<const std::size_t> active,
+                              const FloatFormat& target, const AttentionRowInDouble& row,
+                              std::vector<double>& scratch, std::vector<double>& magnitude_scratch,
+                              std::span<double> output, std::vector<bool>& output_done) {
+  const std::size_t count = active.size();
   magnitude_scratch.resize(count);
   for (std::size_t c = 0; c < values.cols; ++c) {
     if (output_done[c]) continue;
@@ -228,23 +239,55 @@ void decide_attention_row_in_double(std::span<const double> query, const Matrix&
     double largest_value = 0;
     for (std::size_t a = 0; a < count; ++a) {
       const double v = values(active[a], c);
-      scratch[a] = exponentials[a] * v;
+      scratch[a] = row.exponentials[a] * v;
       magnitude_scratch[a] = std::fabs(scratch[a]);
       largest_value = std::max(largest_value, std::fabs(v));
     }
     const double numerator = pairwise_sum(scratch);
-    const double magnitude = pairwise_sum(magnitude_scratch) * (1 + gamma(depth + 2));
-    const double result = numerator / sum;
+    const double magnitude = pairwise_sum(magnitude_scratch) * (1 + gamma_of(row.depth + 2));
+    const double result = numerator / row.sum;
     if (!std::isfinite(result) || !std::isfinite(magnitude)) continue;
-    const double bound = ((eta_max + gamma(depth + 1)) * magnitude / sum +
-                          (sum_error + unit_roundoff) * std::fabs(result) + tiny_mass * largest_value / sum) *
-                             (1 + 0x1p-20) +
-                         4 * unit_roundoff * std::fabs(result);
+    const double bound =
+        ((row.eta_max + gamma_of(row.depth + 1)) * magnitude / row.sum +
+         (row.sum_error + unit_roundoff) * std::fabs(result) + row.tiny_mass * largest_value / row.sum) *
+            (1 + 0x1p-20) +
+        4 * unit_roundoff * std::fabs(result);
     const auto rounded = round_if_decided(result - bound, result + bound, target);
     if (!rounded) continue;
     output[c] = *rounded;
     output_done[c] = true;
   }
+}
+
+}  // namespace
+
+void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
+                                    std::span<const std::size_t> active, std::optional<double> scale,
+                                    double theta, const FloatFormat& target, std::span<double> output,
+                                    std::span<double> weights, std::vector<bool>& output_done,
+                                    std::vector<bool>& weight_done) {
+  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || active.empty()) return;
+  const std::size_t count = active.size();
+  const double multiplier =
+      (scale ? *scale : 1.0 / std::sqrt(static_cast<double>(keys.cols))) / theta;  // within 3.01u of c
+  thread_local std::vector<double> logits, logit_errors, exponentials, scratch, magnitude_scratch;
+  logits.resize(count);
+  logit_errors.resize(count);
+  exponentials.resize(count);
+  AttentionRowInDouble row{logits, logit_errors, exponentials};
+  if (!bound_attention_logits(query, keys, active, multiplier, row)) return;
+  bound_attention_exponentials(count, scratch, row);
+  if (!weights.empty()) {
+    for (std::size_t a = 0; a < count; ++a) {
+      if (weight_done[a]) continue;
+      const double error = (row.errors[a] + row.sum_error + unit_roundoff) * (1 + 0x1p-20);
+      const auto rounded = decide_coefficient(row.exponentials[a], row.sum, error, target);
+      if (!rounded) continue;
+      weights[active[a]] = *rounded;
+      weight_done[a] = true;
+    }
+  }
+  decide_attention_outputs(values, active, target, row, scratch, magnitude_scratch, output, output_done);
 }
 
 }  // namespace sharpcheck::reference
