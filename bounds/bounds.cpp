@@ -361,11 +361,13 @@ Enclosure actual_spread(const Matrix& q, const Matrix& k, const Matrix& y, const
   arb_ptr key = _arb_vec_init(d);
   arb_t logit;
   arb_init(logit);
-  arb_matrix_vector(query, q, [&](std::size_t c) { return y.values[c]; }, precision);
+  arb_matrix_vector(
+      query, q, [&](std::size_t c) { return y.values[c]; }, precision);
   double low_of_max = -INFINITY, high_of_max = -INFINITY, low_of_min = INFINITY, high_of_min = INFINITY;
   MpfrNumber lower(precision), upper(precision);
   for (std::size_t i = 0; i < x.rows; ++i) {
-    arb_matrix_vector(key, k, [&](std::size_t c) { return x(i, c); }, precision);
+    arb_matrix_vector(
+        key, k, [&](std::size_t c) { return x(i, c); }, precision);
     arb_dot(logit, nullptr, 0, query, 1, key, 1, d, precision);
     arb_get_interval_mpfr(lower.get(), upper.get(), logit);
     const double low = mpfr_get_d(lower.get(), MPFR_RNDD);

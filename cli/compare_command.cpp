@@ -121,76 +121,69 @@ std::string rerun_command(const CompareSettings& s) {
   return command;
 }
 
-int run_compare(const CompareSettings& settings) {
-  const auto format_lookup = find_float_format(settings.format);
-  if (!format_lookup || !(**format_lookup == fp32 || **format_lookup == bf16 || **format_lookup == fp16 ||
-                          **format_lookup == fp64)) {
+const FloatFormat& output_format(const std::string& name) {
+  const auto lookup = find_float_format(name);
+  if (!lookup || !(**lookup == fp32 || **lookup == bf16 || **lookup == fp16 || **lookup == fp64)) {
     throw InputError(InputProblem::unsupported_format,
-                     "compare: --format must be fp64, fp32, bf16 or fp16, got '" + settings.format + "'");
+                     "compare: --format must be fp64, fp32, bf16 or fp16, got '" + name + "'");
   }
-  const FloatFormat& format = **format_lookup;
-  const bool attention = !settings.q.empty();
-  if (attention == !settings.logits.empty()) {
-    throw InputError(InputProblem::out_of_range,
-                     "compare: give either --logits and --probs, or --q --k --v --out");
+  return **lookup;
+}
+
+// Softmax outputs from files, judged under the named tolerance entry (plugin_softmax by default).
+void judge_softmax_outputs(const CompareSettings& settings, const FloatFormat& format,
+                           gate::CaseOutcome& outcome) {
+  if (settings.probabilities.empty())
+    throw InputError(InputProblem::out_of_range, "compare: --probs is required");
+  outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.probabilities).filename().string();
+  const kernels::SoftmaxKernel description{outcome.gate_case.kernel,
+                                           "outputs from a file",
+                                           kernels::Operation::softmax,
+                                           &format,
+                                           &format,
+                                           &fp32,
+                                           false,
+                                           nullptr};
+  const auto& tolerance =
+      metrics::tolerance_for(settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
+  outcome.comparison = judge_softmax_files(settings, format, description, tolerance);
+  outcome.gate_case.n =
+      outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
+}
+
+// Attention outputs from files, judged under the named entry (attention_flash by default).
+void judge_attention_outputs(const CompareSettings& settings, const FloatFormat& format,
+                             gate::CaseOutcome& outcome) {
+  if (settings.k.empty() || settings.v.empty() || settings.out.empty()) {
+    throw InputError(InputProblem::out_of_range, "compare: attention needs --q, --k, --v and --out");
   }
-  gate::CaseOutcome outcome;
-  outcome.format = std::string(format.name);
-  outcome.gate_case.input = "npy";
-  if (!attention) {
-    if (settings.probabilities.empty())
-      throw InputError(InputProblem::out_of_range, "compare: --probs is required");
-    outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.probabilities).filename().string();
-    const kernels::SoftmaxKernel description{outcome.gate_case.kernel,
-                                             "outputs from a file",
-                                             kernels::Operation::softmax,
-                                             &format,
-                                             &format,
-                                             &fp32,
-                                             false,
-                                             nullptr};
-    const auto& tolerance = metrics::tolerance_for(
-        settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
-    outcome.comparison = judge_softmax_files(settings, format, description, tolerance);
-    outcome.gate_case.n =
-        outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
-  } else {
-    if (settings.k.empty() || settings.v.empty() || settings.out.empty()) {
-      throw InputError(InputProblem::out_of_range, "compare: attention needs --q, --k, --v and --out");
-    }
-    const Matrix q = exact_values(settings.q);
-    const Matrix k = exact_values(settings.k);
-    const Matrix v = exact_values(settings.v);
-    const Matrix out = values_in_format(settings.out, format);
-    outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.out).filename().string();
-    outcome.gate_case.n = k.rows;
-    if (out.rows != q.rows || out.cols != v.cols) {
-      throw InputError(InputProblem::shape_mismatch,
-                       "compare: --out is " + std::to_string(out.rows) + "x" + std::to_string(out.cols) +
-                           ", expected " + std::to_string(q.rows) + "x" + std::to_string(v.cols));
-    }
-    const kernels::AttentionKernel description{
-        outcome.gate_case.kernel,
-        "outputs from a file",
-        &format,
-        &format,
-        &fp32,
-        false,
-        [](const Matrix&, const Matrix&, const Matrix&, double, bool, Matrix&) {}};
-    outcome.comparison = metrics::judge_attention(description,
-                                                  metrics::tolerance_for(settings.tolerance_entry.empty()
-                                                                             ? "attention_flash"
-                                                                             : settings.tolerance_entry),
-                                                  q, k, v, settings.causal, settings.theta, out)
-                             .comparison;
+  const Matrix q = exact_values(settings.q);
+  const Matrix k = exact_values(settings.k);
+  const Matrix v = exact_values(settings.v);
+  const Matrix out = values_in_format(settings.out, format);
+  outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.out).filename().string();
+  outcome.gate_case.n = k.rows;
+  if (out.rows != q.rows || out.cols != v.cols) {
+    throw InputError(InputProblem::shape_mismatch, "compare: --out is " + std::to_string(out.rows) + "x" +
+                                                       std::to_string(out.cols) + ", expected " +
+                                                       std::to_string(q.rows) + "x" + std::to_string(v.cols));
   }
-  if (!outcome.comparison.passed()) {
-    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
-                               " violations; worst " + outcome.comparison.worst.describe());
-  }
-  if (!settings.budget_path.empty()) {
-    gate::apply_budget(outcome, gate::read_budget(settings.budget_path));
-  }
+  const kernels::AttentionKernel description{
+      outcome.gate_case.kernel,
+      "outputs from a file",
+      &format,
+      &format,
+      &fp32,
+      false,
+      [](const Matrix&, const Matrix&, const Matrix&, double, bool, Matrix&) {}};
+  const auto& tolerance =
+      metrics::tolerance_for(settings.tolerance_entry.empty() ? "attention_flash" : settings.tolerance_entry);
+  outcome.comparison =
+      metrics::judge_attention(description, tolerance, q, k, v, settings.causal, settings.theta, out)
+          .comparison;
+}
+
+void print_outcome(const gate::CaseOutcome& outcome) {
   const auto& c = outcome.comparison;
   std::printf(
       "%s: %zu elements in %s, max %llu ulp, mean %.3g ulp, bound ratio %.3g, max |sum - 1| %.3g, %zu false "
@@ -201,6 +194,29 @@ int run_compare(const CompareSettings& settings) {
   std::printf("worst: %s\n", c.worst.describe().c_str());
   for (const auto& failure : outcome.failures) std::printf("FAIL %s\n", failure.c_str());
   std::printf("%s\n", outcome.passed() ? "pass" : "FAIL");
+}
+
+int run_compare(const CompareSettings& settings) {
+  const FloatFormat& format = output_format(settings.format);
+  const bool attention = !settings.q.empty();
+  if (attention == !settings.logits.empty()) {
+    throw InputError(InputProblem::out_of_range,
+                     "compare: give either --logits and --probs, or --q --k --v --out");
+  }
+  gate::CaseOutcome outcome;
+  outcome.format = std::string(format.name);
+  outcome.gate_case.input = "npy";
+  if (attention) {
+    judge_attention_outputs(settings, format, outcome);
+  } else {
+    judge_softmax_outputs(settings, format, outcome);
+  }
+  if (!outcome.comparison.passed()) {
+    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
+                               " violations; worst " + outcome.comparison.worst.describe());
+  }
+  if (!settings.budget_path.empty()) gate::apply_budget(outcome, gate::read_budget(settings.budget_path));
+  print_outcome(outcome);
   nlohmann::json record = gate::to_json(outcome);
   record["rerun"] = to_valid_utf8(rerun_command(settings));
   const std::vector<nlohmann::json> cases{record};

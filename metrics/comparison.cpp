@@ -53,6 +53,35 @@ void Comparison::merge(const Comparison& other) {
   }
 }
 
+namespace {
+
+// Argmax of row r: judged only where the reference's top two are farther apart than their bounds.
+void judge_argmax(const Matrix& expected, const Matrix& actual, std::size_t r,
+                  const std::vector<double>& allowed, std::size_t row_number, Comparison& result) {
+  std::size_t top = 0;
+  for (std::size_t j = 1; j < expected.cols; ++j) {
+    if (expected(r, j) > expected(r, top)) top = j;
+  }
+  double runner_up = -INFINITY;
+  std::size_t runner_up_index = top;
+  for (std::size_t j = 0; j < expected.cols; ++j) {
+    if (j != top && expected(r, j) > runner_up) {
+      runner_up = expected(r, j);
+      runner_up_index = j;
+    }
+  }
+  if (runner_up_index == top || expected(r, top) - runner_up <= allowed[top] + allowed[runner_up_index])
+    return;
+  const double kernel_best = *std::max_element(actual.row(r).begin(), actual.row(r).end());
+  if (!(actual(r, top) >= kernel_best)) {
+    ++result.argmax_disagreements;
+    add_violation(result,
+                  "row " + std::to_string(row_number) + ": argmax moved from index " + std::to_string(top));
+  }
+}
+
+}  // namespace
+
 Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output) {
   const Matrix& expected = *input.expected;
   const Matrix& actual = *input.actual;
@@ -112,27 +141,7 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
                                 std::to_string(sum_error) + " exceeds " + std::to_string(allowed_sum));
     }
     result.max_kl_divergence = std::max(result.max_kl_divergence, kl);
-    // Argmax: judged only where the reference's top two are farther apart than their bounds.
-    std::size_t top = 0;
-    for (std::size_t j = 1; j < expected.cols; ++j) {
-      if (expected(r, j) > expected(r, top)) top = j;
-    }
-    double runner_up = -INFINITY;
-    std::size_t runner_up_index = top;
-    for (std::size_t j = 0; j < expected.cols; ++j) {
-      if (j != top && expected(r, j) > runner_up) {
-        runner_up = expected(r, j);
-        runner_up_index = j;
-      }
-    }
-    if (runner_up_index == top || expected(r, top) - runner_up <= allowed[top] + allowed[runner_up_index])
-      continue;
-    const double kernel_best = *std::max_element(actual.row(r).begin(), actual.row(r).end());
-    if (!(actual(r, top) >= kernel_best)) {
-      ++result.argmax_disagreements;
-      add_violation(result,
-                    "row " + std::to_string(row_number) + ": argmax moved from index " + std::to_string(top));
-    }
+    judge_argmax(expected, actual, r, allowed, row_number, result);
   }
   result.mean_ulps = result.elements == 0 ? 0 : total_ulps / static_cast<double>(result.elements);
   return result;
