@@ -126,8 +126,11 @@ double Tolerance::allowed_error(double magnitude, double z_magnitude, const RowS
   const double relative = std::expm1(units * u) + 2 * u_out;
   const double floor = std::ldexp(1.0, output.min_subnormal_exponent()) +
                        4 * std::ldexp(1.0, accumulation->min_subnormal_exponent());
-  // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors.
-  return (relative * (1 + 4 * u_out) * std::fabs(magnitude) + floor) * (1 + 0x1p-40);
+  // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors. An
+  // element of magnitude 0 has no relative allowance (only the floor), also where `relative` is
+  // infinite (a temperature so small that exp(units u) overflows), which gave NaN before.
+  const double relative_part = magnitude != 0 ? relative * (1 + 4 * u_out) * std::fabs(magnitude) : 0.0;
+  return (relative_part + floor) * (1 + 0x1p-40);
 }
 
 const Tolerance& tolerance_for(std::string_view kernel) {

@@ -163,6 +163,15 @@ case $attack in
     echo '{"seed": 1, "shard": "0/1", "cases": [{"id": "x"}]}' > partial.json
     run merge partial.json --json merged.json
     expect_code 2; expect_text "has no valid" ;;
+  tiny_temperature)
+    # An exactly correct one-hot output at theta = 1e-9: the zeros' allowance was NaN ("allowed
+    # -nan"), a false failure.
+    dict="{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }"
+    printf '\x93NUMPY\x01\x00\x76\x00%s%*s\n' "$dict" $((128 - 10 - ${#dict} - 1)) '' > header.bin
+    { cat header.bin; printf '\x00\x00\x80\x3f\x00\x00\x00\x00\x00\x00\x00\x00'; } > one_hot.npy
+    run compare --logits one_hot.npy --probs one_hot.npy --format fp32 --theta 1e-9
+    expect_code 0; expect_text "max 0 ulp"; expect_text "^pass$"
+    ! grep -q "nan" <<<"$out" || fail "a NaN allowance is reported:\n$out" ;;
   merge_verdicts)
     run gate --plugin "$(plugin segfault)" --sizes 16,64 --json crash.json --reproducers "$work/reproducers"
     expect_code 3
