@@ -84,6 +84,11 @@ case $attack in
     done
     run gate --kernel safe3 --sizes 16 --threads 100000
     expect_code 2; expect_text "threads"
+    # 1,000 threads under a 1.5 GB address-space limit: the system refuses most; the gate runs on
+    # those it got.
+    out=$(ulimit -v 1500000; timeout 120 "$sharpcheck" gate --kernel safe3 --sizes 16 --threads 1000 2>&1)
+    code=$?
+    expect_code 0; expect_text "8 cases in"
     run gate --plugin "" --sizes 16
     expect_code 2; expect_text "path is empty"
     run gate --kernel safe3 --sizes 16,16,32,16 --json sizes.json
