@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "core/text.hpp"
+
 namespace sharpcheck::io {
 namespace {
 
@@ -15,22 +17,6 @@ constexpr double left = 90;
 constexpr double right = 250;
 constexpr double top = 50;
 constexpr double bottom = 70;
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    if (c == '<') {
-      out += "&lt;";
-    } else if (c == '>') {
-      out += "&gt;";
-    } else if (c == '&') {
-      out += "&amp;";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 std::string number_label(double value, bool logarithmic) {
   char text[32];
@@ -106,9 +92,9 @@ void draw_frame(std::ostringstream& svg, const Chart& chart, const Plot& plot) {
   svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot.plot_width << "\" height=\""
       << plot.plot_height << "\" fill=\"none\" stroke=\"black\"/>\n";
   svg << "<text x=\"" << left + plot.plot_width / 2 << "\" y=\"" << height - 25
-      << "\" text-anchor=\"middle\">" << escape(chart.x_label) << "</text>\n";
+      << "\" text-anchor=\"middle\">" << xml_escape(chart.x_label) << "</text>\n";
   svg << "<text transform=\"translate(22," << top + plot.plot_height / 2
-      << ") rotate(-90)\" text-anchor=\"middle\">" << escape(chart.y_label) << "</text>\n";
+      << ") rotate(-90)\" text-anchor=\"middle\">" << xml_escape(chart.y_label) << "</text>\n";
 }
 
 void draw_markers(std::ostringstream& svg, const Chart& chart, const Plot& plot) {
@@ -119,7 +105,7 @@ void draw_markers(std::ostringstream& svg, const Chart& chart, const Plot& plot)
     svg << "<line x1=\"" << plot.px(marker.x) << "\" y1=\"" << top << "\" x2=\"" << plot.px(marker.x)
         << "\" y2=\"" << top + plot.plot_height << "\" stroke=\"" << marker.colour
         << "\" stroke-dasharray=\"2,3\"/>\n<text x=\"" << plot.px(marker.x) + 3 << "\" y=\"" << marker_label_y
-        << "\" fill=\"" << marker.colour << "\" font-size=\"10\">" << escape(marker.label) << "</text>\n";
+        << "\" fill=\"" << marker.colour << "\" font-size=\"10\">" << xml_escape(marker.label) << "</text>\n";
   }
 }
 
@@ -147,7 +133,7 @@ void draw_series(std::ostringstream& svg, const Chart& chart, const Plot& plot) 
     svg << "<line x1=\"" << width - right + 15 << "\" y1=\"" << legend_y << "\" x2=\"" << width - right + 40
         << "\" y2=\"" << legend_y << "\" stroke=\"" << s.colour << "\" stroke-width=\"2\""
         << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>\n<text x=\"" << width - right + 45
-        << "\" y=\"" << legend_y + 4 << "\">" << escape(s.label) << "</text>\n";
+        << "\" y=\"" << legend_y + 4 << "\">" << xml_escape(s.label) << "</text>\n";
     legend_y += 18;
   }
 }
@@ -167,7 +153,7 @@ std::string render_svg(const Chart& chart) {
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
          "fill=\"white\"/>\n";
   svg << "<text x=\"" << width / 2 << "\" y=\"25\" text-anchor=\"middle\" font-size=\"15\">"
-      << escape(chart.title) << "</text>\n";
+      << xml_escape(chart.title) << "</text>\n";
   draw_frame(svg, chart, plot);
   draw_markers(svg, chart, plot);
   draw_series(svg, chart, plot);
