@@ -23,20 +23,30 @@ struct RowGeometry {
 
 // |z_j| = |e_j - m| / |theta| over the unmasked entries (masked entries get 0), with m the logit
 // that maximises e / theta; or, for operators that do not shift (sigmoid and stick-breaking look
-// at each logit itself), m = 0.
-RowGeometry row_geometry(std::span<const double> logits, double theta, bool shifted = true) {
+// at each logit itself), m = 0. With `cut_negligible` (shifted softmax), entries with
+// z_j < -negligible_below are counted as negligible, not in n or the spread (tolerance_table.cpp).
+RowGeometry row_geometry(std::span<const double> logits, double theta, bool shifted = true,
+                         bool cut_negligible = false) {
   RowGeometry geometry;
   geometry.z_magnitudes.assign(logits.size(), 0.0);
   double shift = shifted ? (theta > 0 ? -INFINITY : INFINITY) : 0.0;
   for (const double e : logits) {
     if (e == -INFINITY) continue;
     if (shifted) shift = theta > 0 ? std::max(shift, e) : std::min(shift, e);
-    ++geometry.scale.n;
   }
   for (std::size_t j = 0; j < logits.size(); ++j) {
     if (logits[j] == -INFINITY) continue;
-    geometry.z_magnitudes[j] = std::fabs(logits[j] - shift) / std::fabs(theta);
-    geometry.scale.largest_magnitude = std::max(geometry.scale.largest_magnitude, geometry.z_magnitudes[j]);
+    double z = std::fabs(logits[j] - shift) / std::fabs(theta);
+    if (!std::isfinite(z)) {  // e_j - m overflowed double (logits near -+DBL_MAX): long double holds it
+      z = static_cast<double>(std::fabs(static_cast<long double>(logits[j]) - shift) / std::fabs(theta));
+    }
+    if (cut_negligible && shifted && z > negligible_below) {
+      ++geometry.scale.negligible;
+      continue;
+    }
+    ++geometry.scale.n;
+    geometry.z_magnitudes[j] = z;
+    geometry.scale.largest_magnitude = std::max(geometry.scale.largest_magnitude, z);
   }
   geometry.scale.shift_magnitude = std::fabs(shift / theta);
   return geometry;
@@ -63,7 +73,7 @@ ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const
   const auto n = static_cast<double>(unmasked(row));
   switch (kernel.operation) {
     case kernels::Operation::softmax:
-      return {reference::softmax(row, target, options), row_geometry(row, theta)};
+      return {reference::softmax(row, target, options), row_geometry(row, theta, true, true)};
     case kernels::Operation::adaptive_temperature: {
       // The geometry at the row's beta (in double: it only scales the bound's u terms).
       const auto probabilities = reference::softmax(row, fp64, reference::RowOptions{theta});

@@ -112,6 +112,22 @@ constexpr Tolerance table[] = {
 
 }  // namespace
 
+// Negligible entries (RowScale::negligible). An additive mask (-1e4 as in BERT, -1e9, or
+// torch.finfo(float32).min as Hugging Face models add) gives z_j = (e_j - m) / theta of enormous
+// magnitude; taken into max|z| and n it made every element's allowance grow with the mask value
+// (infinite at finfo.min: a false FAIL; 40x loose at -1e4: false PASSes). Derivation that such an
+// entry matters only through its own tiny size: let z_k < -200. The kernel computes the exponent's
+// argument with relative error at most kappa u, kappa u <= 9 * 2^-24 for every entry here
+// (spread <= 9, fp32 accumulation; 1/4 would do), so the argument is below -150 and the computed
+// exponential w^_k <= e^-150 (1 + 2u) < 2^-216, while the exact w_k = e^z_k < 2^-288. Every term
+// of the shifted sum S satisfies S >= 1 (the maximum contributes exactly 1), so entry k changes S,
+// and each rescaled partial sum holding it, by less than 2^-200 relative, and an addition with such
+// a term errs by at most its size (the nearest float to a + b lies within |b| of a + b), which
+// contributes no u-relative error: the rounding analysis of the other entries holds with n and
+// max|z| taken over them alone, plus 2^-190 relative per negligible entry (the margin covers
+// tiles of up to 2^10 entries rescaled together). Entry k's own output is below 2^-200 and so is
+// its exact value: it is judged against the absolute floor (which includes 2^-190), never against
+// its logit's size. A row of masked entries whose output is not ~0 therefore fails.
 double Tolerance::allowed_error(double magnitude, double z_magnitude, const RowScale& row,
                                 const FloatFormat& output) const {
   const double u = accumulation->unit_roundoff();
@@ -123,9 +139,11 @@ double Tolerance::allowed_error(double magnitude, double z_magnitude, const RowS
       beta_sensitivity * n * (2 + std::log(std::max(n, 1.0)) + z) * (z_magnitude + z) +
       dot_product * row.logit_rounding + log_length * std::log(std::max(n, 1.0)) +
       (magnitude != 0 ? logarithm * (n + 1) * std::fabs(std::log(std::fabs(magnitude))) : 0.0);
-  const double relative = std::expm1(units * u) + 2 * u_out;
+  const double negligible = static_cast<double>(row.negligible) * negligible_contribution;
+  const double relative = std::expm1(units * u) + 2 * u_out + negligible;
   const double floor = std::ldexp(1.0, output.min_subnormal_exponent()) +
-                       4 * std::ldexp(1.0, accumulation->min_subnormal_exponent());
+                       4 * std::ldexp(1.0, accumulation->min_subnormal_exponent()) +
+                       (row.negligible > 0 ? negligible_contribution : 0.0);
   // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors. An
   // element of magnitude 0 has no relative allowance (only the floor), also where `relative` is
   // infinite (a temperature so small that exp(units u) overflows), which gave NaN before.

@@ -22,7 +22,16 @@ struct RowScale {
   // Attention only: d * max_j sum_t |q_t k_jt| * |scale / theta|, which bounds in units of u the
   // rounding error of a logit formed as an fp32 dot product of length d.
   double logit_rounding = 0;
+  // Shifted softmax only: entries with z_j < -negligible_below (an additive mask such as -1e4,
+  // -1e9 or finfo.min, or a logit far below the rest). They are left out of n and of
+  // largest_magnitude and counted here; see the derivation in tolerance_table.cpp.
+  std::size_t negligible = 0;
 };
+
+// |z| beyond which an entry of a shifted softmax is negligible (derivation in tolerance_table.cpp).
+inline constexpr double negligible_below = 200;
+// What one negligible entry can contribute, relative to the row's sum and to an element's own value.
+inline constexpr double negligible_contribution = 0x1p-190;
 
 struct Tolerance {
   std::string_view kernel;
