@@ -25,7 +25,12 @@ struct GateCase {
   bool deliberately_broken = false;
   const FloatFormat* plugin_format = nullptr;  // set for a plugin's case: the format it runs in
   std::string plugin_path;
-  [[nodiscard]] std::string id() const { return kernel + "/" + input + "/n=" + std::to_string(n); }
+  // A plugin's declared features, swept: softmax scale (1/theta), attention temperature theta
+  // (the scale passed is 1/sqrt(d)/theta) and the causal mask. The id names any that is not plain.
+  double softmax_scale = 1;
+  double attention_theta = 1;
+  bool causal = false;
+  [[nodiscard]] std::string id() const;
 };
 
 struct CaseOutcome {

@@ -83,8 +83,11 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
   outcome.format = std::string(format.name);
   if (gate_case.input == attention_input) {
     const auto [q, k, v] = attention_inputs(gate_case.n, gate_case.seed, format);
-    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(attention_dimension)));
-    const kernels::PluginRun run = settings.plugin->run_attention(format, q, k, v, scale, false);
+    // 1/sqrt(64)/theta with theta a power of two: exact in float, so the reference's exact
+    // 1/sqrt(d) at temperature theta is the same function.
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(attention_dimension)) /
+                                          gate_case.attention_theta);
+    const kernels::PluginRun run = settings.plugin->run_attention(format, q, k, v, scale, gate_case.causal);
     if (run.status != kernels::PluginRun::Status::ok) {
       record_plugin_failure(run, settings, gate_case, {{"_q", &q}, {"_k", &k}, {"_v", &v}}, outcome);
       return;
@@ -92,15 +95,17 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
     outcome.console = run.console;
     const kernels::AttentionKernel description{gate_case.kernel, "plugin", &format, &format, &fp32, false,
                                                nullptr};
-    const auto evaluation = metrics::judge_attention(description, metrics::tolerance_for("attention_flash"),
-                                                     q, k, v, false, 1.0, run.out);
+    const auto evaluation =
+        metrics::judge_attention(description, metrics::tolerance_for("attention_flash"), q, k, v,
+                                 gate_case.causal, gate_case.attention_theta, run.out);
     outcome.comparison = evaluation.comparison;
     outcome.reference_statistics = evaluation.reference_statistics;
     return;
   }
   const auto kind = inputs::find_row_kind(gate_case.input).value();
   const Matrix logits = one_row(inputs::make_row(kind, gate_case.n, format, gate_case.seed));
-  const kernels::PluginRun run = settings.plugin->run_softmax(format, logits, 1.0F);
+  const kernels::PluginRun run =
+      settings.plugin->run_softmax(format, logits, static_cast<float>(gate_case.softmax_scale));
   if (run.status != kernels::PluginRun::Status::ok) {
     record_plugin_failure(run, settings, gate_case, {{"", &logits}}, outcome);
     return;
@@ -108,8 +113,8 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
   outcome.console = run.console;
   const kernels::SoftmaxKernel description{
       gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format, &fp32, false, nullptr};
-  const auto evaluation =
-      metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"), logits, 1.0, run.out);
+  const auto evaluation = metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"),
+                                                 logits, 1.0 / gate_case.softmax_scale, run.out);
   outcome.comparison = evaluation.comparison;
   outcome.reference_statistics = evaluation.reference_statistics;
 }

@@ -165,11 +165,12 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   auto info_entry = reinterpret_cast<InfoEntry>(dlsym(handle, "sharpcheck_plugin_info"));
   if (info_entry == nullptr) return {"error\ndoes not export sharpcheck_plugin_info", 0};
   const sharpcheck_plugin_description* info = info_entry();
-  if (info == nullptr || info->abi_version != SHARPCHECK_PLUGIN_ABI_VERSION) {
+  if (info == nullptr || info->abi_version < 1 || info->abi_version > SHARPCHECK_PLUGIN_ABI_VERSION) {
     return {"error\nspeaks ABI version " + (info ? std::to_string(info->abi_version) : std::string("?")) +
-                ", this sharpcheck speaks " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION),
+                ", this sharpcheck speaks 1 to " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION),
             0};
   }
+  const std::uint32_t features = info->abi_version >= 2 ? info->features : 0;  // a v1 struct has no field
   if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
     return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};
   }
@@ -184,7 +185,8 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
     return line;
   };
   return {"ok\n" + one_line(info->name, "unnamed") + "\n" + one_line(info->description, "") + "\n" +
-              std::to_string(info->softmax_formats) + "\n" + std::to_string(info->attention_formats) + "\n",
+              std::to_string(info->softmax_formats) + "\n" + std::to_string(info->attention_formats) + "\n" +
+              std::to_string(features) + "\n",
           0};
 }
 
@@ -236,13 +238,14 @@ std::shared_ptr<Plugin> Plugin::open(const std::string& path, const ChildLimits&
   if (lines.size() >= 2 && lines[0] == "error") {
     throw InputError(InputProblem::out_of_range, "plugin " + shown + " " + to_valid_utf8(lines[1]));
   }
-  if (lines.size() != 5 || lines[0] != "ok") {
+  if (lines.size() != 6 || lines[0] != "ok") {
     throw PluginCrash("plugin " + shown + ": its description could not be read");
   }
   plugin->name_ = to_valid_utf8(lines[1]);
   plugin->description_ = to_valid_utf8(lines[2]);
   const auto softmax_bits = std::stoul(lines[3]);
   const auto attention_bits = std::stoul(lines[4]);
+  plugin->features_ = static_cast<std::uint32_t>(std::stoul(lines[5]));
   for (const auto& [bit, format] : {std::pair{SHARPCHECK_FP32, &fp32}, std::pair{SHARPCHECK_BF16, &bf16},
                                     std::pair{SHARPCHECK_FP16, &fp16}}) {
     if ((softmax_bits & bit) != 0) plugin->softmax_formats_.push_back(format);

@@ -3,6 +3,7 @@
 // time and memory limit, so a crash, hang, fork or runaway allocation is reported, not suffered.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,8 @@ class Plugin {
   [[nodiscard]] const std::vector<const FloatFormat*>& attention_formats() const {
     return attention_formats_;
   }
+  // The features it declares (enum sharpcheck_feature of kernels/plugin_abi.h; 0 for ABI version 1).
+  [[nodiscard]] std::uint32_t features() const { return features_; }
 
   // Runs the plugin's softmax on rows of logits (values of `format`) in a forked child under the
   // limits given to open().
@@ -51,6 +54,7 @@ class Plugin {
  private:
   Plugin() = default;
   ChildLimits limits_;
+  std::uint32_t features_ = 0;
   std::string path_, name_, description_;
   std::vector<const FloatFormat*> softmax_formats_;
   std::vector<const FloatFormat*> attention_formats_;

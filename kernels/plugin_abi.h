@@ -16,12 +16,22 @@
 extern "C" {
 #endif
 
-#define SHARPCHECK_PLUGIN_ABI_VERSION 1u
+/* Version 2 added `features`; the gate still loads version-1 plugins (no features declared). */
+#define SHARPCHECK_PLUGIN_ABI_VERSION 2u
 
 enum sharpcheck_format {
   SHARPCHECK_FP32 = 1u << 0,
   SHARPCHECK_BF16 = 1u << 1,
   SHARPCHECK_FP16 = 1u << 2,
+};
+
+/* What a plugin declares it honours beyond the plain call; the gate sweeps each declared feature
+ * and fails a plugin that ignores one. Undeclared, the gate calls softmax with scale 1 only and
+ * attention with scale 1/sqrt(dim) and causal = 0 only. */
+enum sharpcheck_feature {
+  SHARPCHECK_SOFTMAX_SCALE = 1u << 0,   /* softmax scales other than 1 (the gate uses 1/4 and 4) */
+  SHARPCHECK_ATTENTION_SCALE = 1u << 1, /* attention scales other than 1/sqrt(dim) (the gate halves it) */
+  SHARPCHECK_ATTENTION_CAUSAL = 1u << 2 /* causal = 1 (top-left aligned) */
 };
 
 struct sharpcheck_plugin_description {
@@ -30,6 +40,7 @@ struct sharpcheck_plugin_description {
   const char* description;    /* one line */
   uint32_t softmax_formats;   /* bitmask of enum sharpcheck_format with a softmax entry point */
   uint32_t attention_formats; /* bitmask with an attention entry point (0: none) */
+  uint32_t features;          /* version >= 2: bitmask of enum sharpcheck_feature */
 };
 
 /* Required. */

@@ -1,7 +1,8 @@
 // Test plugins for the gate: a sound softmax, and the same that segfaults or hangs on rows of 64
 // or more, or returns an error; and the hostile ones of the reliability suite (tests/reliability.sh):
 // code that crashes, hangs or aborts while being loaded, forks children that outlive it, declares
-// nothing, has a name that is not UTF-8, allocates without bound, or prints. Which one is chosen
+// nothing, has a name that is not UTF-8, allocates without bound, prints, or declares a feature
+// (causal, softmax scale) it then ignores. Which one is chosen
 // at compile time (SHARPCHECK_TEST_PLUGIN_MODE).
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -52,9 +53,13 @@ constexpr const char* plugin_name = "bad\xff\xfe_name";  // not valid UTF-8
 #else
 constexpr const char* plugin_name = SHARPCHECK_TEST_PLUGIN_NAME;
 #endif
-const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION, plugin_name,
-                                         "a scalar three-pass softmax for the gate's own tests",
-                                         softmax_formats, attention_formats};
+const sharpcheck_plugin_description info{
+    SHARPCHECK_PLUGIN_ABI_VERSION,
+    plugin_name,
+    "a scalar three-pass softmax for the gate's own tests",
+    softmax_formats,
+    attention_formats,
+    SHARPCHECK_SOFTMAX_SCALE | SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL};
 
 // Spins forever under a process name a test can look for (it must not outlive the gate).
 [[noreturn]] void spin_as(const char* name) {
@@ -93,6 +98,9 @@ extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() {
 
 extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n,
                                   float scale) {
+#if SHARPCHECK_TEST_PLUGIN_MODE == 14
+  scale = 1.0F;  // declares SHARPCHECK_SOFTMAX_SCALE, ignores it
+#endif
 #if SHARPCHECK_TEST_PLUGIN_MODE == 7
   fork_sleepers();
 #elif SHARPCHECK_TEST_PLUGIN_MODE == 10
@@ -140,6 +148,9 @@ extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out
 extern "C" int sharpcheck_attention(uint32_t format, const void* q, const void* k, const void* v, void* out,
                                     size_t queries, size_t keys, size_t dim, size_t value_dim, float scale,
                                     int causal) {
+#if SHARPCHECK_TEST_PLUGIN_MODE == 13
+  causal = 0;  // declares SHARPCHECK_ATTENTION_CAUSAL, ignores it
+#endif
   if (format != SHARPCHECK_FP32 || keys > 16384) return 1;
 #if SHARPCHECK_TEST_PLUGIN_MODE == 1
   if (keys >= 64) {
