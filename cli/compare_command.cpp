@@ -23,7 +23,9 @@ struct CompareSettings {
   std::string tolerance_entry;
   double theta = 1.0;
   bool causal = false;
-  std::string json_path, junit_path, budget_path;
+  std::string json_path, junit_path, budget_path, baseline_path;
+  std::string name;  // --name: the kernel's name in reports, budgets and baselines
+  bool update_baseline = false;
 };
 
 // A matrix of values of `format`: bf16 may come as uint16 bit patterns; anything else must hold
@@ -118,6 +120,8 @@ std::string rerun_command(const CompareSettings& s) {
   if (s.causal) command += " --causal";
   add("--tolerance-of", s.tolerance_entry);
   add("--budget", s.budget_path);
+  add("--baseline", s.baseline_path);
+  add("--name", s.name);
   return command;
 }
 
@@ -135,7 +139,9 @@ void judge_softmax_outputs(const CompareSettings& settings, const FloatFormat& f
                            gate::CaseOutcome& outcome) {
   if (settings.probabilities.empty())
     throw InputError(InputProblem::out_of_range, "compare: --probs is required");
-  outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.probabilities).filename().string();
+  outcome.gate_case.kernel =
+      settings.name.empty() ? "compare:" + std::filesystem::path(settings.probabilities).filename().string()
+                            : settings.name;
   const kernels::SoftmaxKernel description{outcome.gate_case.kernel,
                                            "outputs from a file",
                                            kernels::Operation::softmax,
@@ -161,7 +167,9 @@ void judge_attention_outputs(const CompareSettings& settings, const FloatFormat&
   const Matrix k = exact_values(settings.k);
   const Matrix v = exact_values(settings.v);
   const Matrix out = values_in_format(settings.out, format);
-  outcome.gate_case.kernel = "compare:" + std::filesystem::path(settings.out).filename().string();
+  outcome.gate_case.kernel = settings.name.empty()
+                                 ? "compare:" + std::filesystem::path(settings.out).filename().string()
+                                 : settings.name;
   outcome.gate_case.n = k.rows;
   if (out.rows != q.rows || out.cols != v.cols) {
     throw InputError(InputProblem::shape_mismatch, "compare: --out is " + std::to_string(out.rows) + "x" +
@@ -197,6 +205,9 @@ void print_outcome(const gate::CaseOutcome& outcome) {
 }
 
 int run_compare(const CompareSettings& settings) {
+  if (settings.update_baseline && settings.baseline_path.empty()) {
+    throw InputError(InputProblem::out_of_range, "compare: --update-baseline needs --baseline FILE");
+  }
   const FloatFormat& format = output_format(settings.format);
   const bool attention = !settings.q.empty();
   if (attention == !settings.logits.empty()) {
@@ -216,6 +227,9 @@ int run_compare(const CompareSettings& settings) {
                                " violations; worst " + outcome.comparison.worst.describe());
   }
   if (!settings.budget_path.empty()) gate::apply_budget(outcome, gate::read_budget(settings.budget_path));
+  if (!settings.baseline_path.empty() && !settings.update_baseline) {
+    gate::apply_baseline(outcome, gate::read_baseline(settings.baseline_path));
+  }
   print_outcome(outcome);
   nlohmann::json record = gate::to_json(outcome);
   record["rerun"] = to_valid_utf8(rerun_command(settings));
@@ -225,6 +239,10 @@ int run_compare(const CompareSettings& settings) {
   }
   if (!settings.junit_path.empty())
     io::write_file_atomically(settings.junit_path, gate::junit_xml(cases, {}));
+  if (settings.update_baseline) {
+    io::write_file_atomically(settings.baseline_path, gate::baseline_of(cases).dump(1) + "\n");
+    std::printf("baseline written to %s\n", settings.baseline_path.c_str());
+  }
   return outcome.passed() ? exit_pass : exit_failure;
 }
 
@@ -245,6 +263,12 @@ Command add_compare_command(CLI::App& app) {
   command->add_option("--tolerance-of", settings->tolerance_entry,
                       "Judge by this kernel's tolerance-table entry");
   command->add_option("--budget", settings->budget_path, "JSON budget (see gate)");
+  command->add_option("--name", settings->name,
+                      "The kernel's name in reports, budgets and baselines (default compare:<file name>)");
+  command->add_option("--baseline", settings->baseline_path,
+                      "JSON baseline from an earlier run: fail on any growth");
+  command->add_flag("--update-baseline", settings->update_baseline,
+                    "Write this comparison's figures to --baseline");
   command->add_option("--json", settings->json_path, "Write the report as JSON");
   command->add_option("--junit", settings->junit_path, "Write JUnit XML");
   return [command, settings]() -> int { return *command ? run_compare(*settings) : -1; };

@@ -209,7 +209,21 @@ case $attack in
     rerun=$(grep -oE '"rerun": "[^"]*"' compare.json | cut -d'"' -f4)
     [[ $rerun == "sharpcheck compare "* ]] || fail "compare's rerun is not a compare command: $rerun"
     run ${rerun#sharpcheck }
-    expect_code 1; expect_text "FAIL tolerance table" ;;
+    expect_code 1; expect_text "FAIL tolerance table"
+    # Baselines keyed by --name, not by file name: a copy of the outputs under another file name
+    # is judged against the same baseline; a worse output under that name is a regression.
+    good=$data/probs_f4_v1.npy
+    run compare --logits "$data/logits_f8_fortran_v2.npy" --probs "$good" --format fp32 --name my_kernel \
+      --baseline base.json --update-baseline
+    expect_code 0; expect_text "baseline written"
+    grep -q '"my_kernel/npy/n=' base.json || fail "the baseline is not keyed by --name: $(cat base.json)"
+    cp "$good" renamed.npy
+    run compare --logits "$data/logits_f8_fortran_v2.npy" --probs renamed.npy --format fp32 --name my_kernel \
+      --baseline base.json
+    expect_code 0
+    run compare --logits "$data/logits_f8_fortran_v2.npy" --probs "$data/logits_f4_v1.npy" --format fp32 \
+      --name my_kernel --baseline base.json
+    expect_code 1; expect_text "baseline regression" ;;
   concurrent_reports)
     "$sharpcheck" gate --kernel safe3 --sizes 16,64 --json same.json >a.out 2>&1 & first=$!
     "$sharpcheck" gate --kernel safe3 --sizes 16,64 --json same.json >b.out 2>&1 & second=$!
