@@ -20,7 +20,7 @@ done
 # recommends (ocl-icd-opencl-dev), and clang's libFuzzer and sanitizer runtimes, which clang
 # merely recommends (libclang-rt-14-dev).
 packages=(
-  g++ cmake make pkg-config git
+  g++ cmake make pkg-config git procps
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libz3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libhwy-dev libflint-arb-dev

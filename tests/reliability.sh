@@ -28,7 +28,10 @@ expect_report() {
   cases=$(grep -oE "[0-9]+ cases" <<<"$merged" | head -1 | cut -d' ' -f1)
   [ "$cases" -ge "$2" ] || fail "report $1 holds $cases cases, expected at least $2"
 }
-expect_no_process() { ! pgrep -x "$1" >/dev/null || { pkill -9 -x "$1"; fail "processes named $1 outlived the run"; }; }
+expect_no_process() {
+  command -v pgrep >/dev/null || fail "pgrep is missing (Debian: procps, installed by scripts/setup.sh)"
+  ! pgrep -x "$1" >/dev/null || { pkill -9 -x "$1"; fail "processes named $1 outlived the run"; }
+}
 valid_utf8() { iconv -f UTF-8 -t UTF-8 "$1" >/dev/null 2>&1 || fail "$1 is not valid UTF-8"; }
 
 case $attack in
