@@ -73,11 +73,12 @@ void print_verdicts(const gate::SweepVerdict& verdict, const std::vector<nlohman
 
 gate::SweepProgress progress_printer() {
   const bool terminal = isatty(STDERR_FILENO) != 0;
-  return [terminal](std::size_t done, std::size_t total, const gate::GateCase& c) {
+  // On a terminal one line rewritten per case; in a CI log one line per kernel, not per case.
+  return [terminal](std::size_t done, std::size_t total, const gate::GateCase& c, bool kernel_done) {
     if (terminal) {
       std::fprintf(stderr, "\r[%zu/%zu] %-50s%s", done, total, c.id().c_str(), done == total ? "\n" : "");
-    } else {
-      std::fprintf(stderr, "gate: %zu/%zu cases (%s)\n", done, total, c.kernel.c_str());
+    } else if (kernel_done) {
+      std::fprintf(stderr, "gate: %zu/%zu cases done (%s)\n", done, total, c.kernel.c_str());
     }
   };
 }

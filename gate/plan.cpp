@@ -54,8 +54,43 @@ GateCase make_case(std::string kernel, std::string input, std::size_t n, const G
           .plugin_path = plugin_format != nullptr ? settings.plugin->path() : std::string()};
 }
 
+// The softmax scales and attention variants a plugin's declared features add to its sweep: powers
+// of two, so 1/scale and the attention scale 1/sqrt(64)/theta are exact in float.
+constexpr double swept_softmax_scales[] = {0.25, 4.0};
+constexpr inputs::RowKind scaled_row_kinds[] = {inputs::RowKind::random_normal,
+                                                inputs::RowKind::spread_controlled};
+
 void add_feature_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes,
-                       std::vector<GateCase>& cases);
+                       const std::string& prefix, std::vector<GateCase>& cases) {
+  const std::uint32_t features = settings.plugin->features();
+  if ((features & SHARPCHECK_SOFTMAX_SCALE) != 0) {
+    for (const FloatFormat* format : settings.plugin->softmax_formats()) {
+      for (const double scale : swept_softmax_scales) {
+        for (const inputs::RowKind kind : scaled_row_kinds) {
+          for (const std::size_t n : sizes) {
+            GateCase c = make_case(prefix + std::string(format->name),
+                                   std::string(inputs::row_kind_name(kind)), n, settings, false, format);
+            c.softmax_scale = scale;
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  for (const FloatFormat* format : settings.plugin->attention_formats()) {
+    for (const auto& [theta, causal] : {std::pair{2.0, false}, std::pair{1.0, true}, std::pair{2.0, true}}) {
+      if (theta != 1.0 && (features & SHARPCHECK_ATTENTION_SCALE) == 0) continue;
+      if (causal && (features & SHARPCHECK_ATTENTION_CAUSAL) == 0) continue;
+      for (const std::size_t n : sizes) {
+        GateCase c = make_case(prefix + "attention_" + std::string(format->name), attention_input, n,
+                               settings, false, format);
+        c.attention_theta = theta;
+        c.causal = causal;
+        cases.push_back(c);
+      }
+    }
+  }
+}
 
 // Every case of the unsharded sweep, in sweep order.
 std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes) {
@@ -96,47 +131,8 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
                                 settings, false, format));
     }
   }
-  add_feature_cases(settings, sizes, cases);
+  add_feature_cases(settings, sizes, prefix, cases);
   return cases;
-}
-
-// The softmax scales and attention variants a plugin's declared features add to its sweep: powers
-// of two, so 1/scale and the attention scale 1/sqrt(64)/theta are exact in float.
-constexpr double swept_softmax_scales[] = {0.25, 4.0};
-constexpr inputs::RowKind scaled_row_kinds[] = {inputs::RowKind::random_normal,
-                                                inputs::RowKind::spread_controlled};
-
-void add_feature_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes,
-                       std::vector<GateCase>& cases) {
-  const std::uint32_t features = settings.plugin->features();
-  const std::string prefix = "plugin:" + settings.plugin->name() + ":";
-  if ((features & SHARPCHECK_SOFTMAX_SCALE) != 0) {
-    for (const FloatFormat* format : settings.plugin->softmax_formats()) {
-      for (const double scale : swept_softmax_scales) {
-        for (const inputs::RowKind kind : scaled_row_kinds) {
-          for (const std::size_t n : sizes) {
-            GateCase c = make_case(prefix + std::string(format->name),
-                                   std::string(inputs::row_kind_name(kind)), n, settings, false, format);
-            c.softmax_scale = scale;
-            cases.push_back(c);
-          }
-        }
-      }
-    }
-  }
-  for (const FloatFormat* format : settings.plugin->attention_formats()) {
-    for (const auto& [theta, causal] : {std::pair{2.0, false}, std::pair{1.0, true}, std::pair{2.0, true}}) {
-      if (theta != 1.0 && (features & SHARPCHECK_ATTENTION_SCALE) == 0) continue;
-      if (causal && (features & SHARPCHECK_ATTENTION_CAUSAL) == 0) continue;
-      for (const std::size_t n : sizes) {
-        GateCase c = make_case(prefix + "attention_" + std::string(format->name), attention_input, n,
-                               settings, false, format);
-        c.attention_theta = theta;
-        c.causal = causal;
-        cases.push_back(c);
-      }
-    }
-  }
 }
 
 }  // namespace

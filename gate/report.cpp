@@ -50,25 +50,29 @@ nlohmann::json read_limits_file(const std::string& path, const char* what, const
 // The keys merge and the verdicts read from each case record, with their types.
 void check_case_record(const nlohmann::json& c, const std::string& where) {
   if (!c.is_object()) malformed(where, "a case is not an object");
-  const auto need = [&](const char* key, bool ok) {
-    if (!c.contains(key) || !ok) malformed(where, std::string("a case has no valid \"") + key + "\"");
+  using Check = bool (nlohmann::json::*)() const noexcept;
+  const auto need = [&](const char* key, Check is_valid) {
+    if (!c.contains(key) || !(c[key].*is_valid)())
+      malformed(where, std::string("a case has no valid \"") + key + "\"");
   };
-  need("id", c.contains("id") && c["id"].is_string());
-  need("kernel", c.contains("kernel") && c["kernel"].is_string());
-  need("format", c.contains("format") && c["format"].is_string());
-  need("index", c.contains("index") && c["index"].is_number_unsigned());
-  need("status", c.contains("status") && c["status"].is_string());
-  need("deliberately_broken", c.contains("deliberately_broken") && c["deliberately_broken"].is_boolean());
-  need("max_ulps", c.contains("max_ulps") && c["max_ulps"].is_number_unsigned());
-  need("max_bound_ratio", c.contains("max_bound_ratio"));
-  need("failures", c.contains("failures") && c["failures"].is_array());
-  need("seconds", c.contains("seconds") && c["seconds"].is_number());
-  need("seed", c.contains("seed") && c["seed"].is_number_unsigned());
-  need("rerun", c.contains("rerun") && c["rerun"].is_string());
+  need("id", &nlohmann::json::is_string);
+  need("kernel", &nlohmann::json::is_string);
+  need("format", &nlohmann::json::is_string);
+  need("index", &nlohmann::json::is_number_unsigned);
+  need("status", &nlohmann::json::is_string);
+  need("deliberately_broken", &nlohmann::json::is_boolean);
+  need("max_ulps", &nlohmann::json::is_number_unsigned);
+  need("max_bound_ratio", &nlohmann::json::is_primitive);  // a number, or "inf"/"nan" as written
+  need("failures", &nlohmann::json::is_array);
+  need("seconds", &nlohmann::json::is_number);
+  need("seed", &nlohmann::json::is_number_unsigned);
+  need("rerun", &nlohmann::json::is_string);
 }
 
 // "i/N" of a report's shard field.
 std::pair<std::size_t, std::size_t> shard_of(const nlohmann::json& report) {
+  if (report.contains("shard") && !report["shard"].is_string())
+    malformed("merge", "a report's shard is not i/N");
   const std::string text = report.value("shard", std::string("0/1"));
   const auto slash = text.find('/');
   try {

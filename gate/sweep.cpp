@@ -132,8 +132,8 @@ SweepOutcome run_sweep(const GateSettings& settings, const std::vector<GateCase>
     apply_budget(*outcome, budget);
     apply_baseline(*outcome, baseline);
     sweep.cases.push_back(to_json(*outcome));
-    if (progress) progress(i + 1, cases.size(), cases[i]);
     const bool kernel_done = i + 1 == cases.size() || cases[i].kernel != cases[i + 1].kernel;
+    if (progress) progress(i + 1, cases.size(), cases[i], kernel_done);
     if (i + 1 < cases.size() && (kernel_done || Clock::now() - last_write >= report_interval)) {
       try {
         write_reports(settings, sweep.cases, false);

@@ -24,8 +24,9 @@ struct SweepOutcome {
   [[nodiscard]] bool complete() const { return cases.size() == planned && interrupt_signal == 0 && !error; }
 };
 
-// Called in sweep order after each case is taken (done, planned, that case).
-using SweepProgress = std::function<void(std::size_t, std::size_t, const GateCase&)>;
+// Called in sweep order after each case is taken (done, planned, that case, whether it is the last
+// case of a run of its kernel's cases).
+using SweepProgress = std::function<void(std::size_t, std::size_t, const GateCase&, bool)>;
 
 // Runs `cases` under `settings` (reports to settings.json_path / junit_path; budget and baseline
 // already read). The reports are written once before the first case, so an unwritable path fails
