@@ -141,13 +141,18 @@ void attention(benchmark::State& state, bool flash) {
   const auto keys = normal_logits<float>(n * 128);
   const auto values = normal_logits<float>(n * 128);
   std::vector<float> out(128);
+  sharpcheck::tensor::HeadScores scores;
+  scores.scale = 0.0884;
+  scores.queries = 1;
+  scores.keys = n;
+  scores.row_stride = n;
   for (auto _ : state) {
     if (flash) {
-      sharpcheck::kernels::attention_flash_fp32(q.data(), keys.data(), values.data(), out.data(), shape,
-                                                0.0884F, false);
+      sharpcheck::kernels::attention_flash_fp32(q.data(), keys.data(), values.data(), out.data(), nullptr, shape,
+                                                scores);
     } else {
-      sharpcheck::kernels::attention_naive_fp32(q.data(), keys.data(), values.data(), out.data(), shape,
-                                                0.0884F, false);
+      sharpcheck::kernels::attention_naive_fp32(q.data(), keys.data(), values.data(), out.data(), nullptr, shape,
+                                                scores);
     }
     benchmark::DoNotOptimize(out.data());
   }

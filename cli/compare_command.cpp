@@ -79,8 +79,7 @@ Matrix values_in_format(const std::string& path, const FloatFormat& format) {
 // Softmax outputs judged a block of rows at a time (about 4 M elements), so memory stays at the
 // blocks' size whatever the files' size; the blocks' comparisons are folded into one.
 metrics::Comparison judge_softmax_files(const CompareSettings& settings, const FloatFormat& format,
-                                        const kernels::SoftmaxKernel& description,
-                                        const metrics::Tolerance& tolerance) {
+                                        const metrics::JudgeSpec& spec) {
   const io::NpyFile logits(settings.logits);
   const io::NpyFile probabilities(settings.probabilities);
   require_elements(logits.rows(), logits.cols(), settings.logits);
@@ -97,7 +96,7 @@ metrics::Comparison judge_softmax_files(const CompareSettings& settings, const F
     Matrix actual = rows_in_format(probabilities, settings.probabilities, first, count, format);
     const Matrix logit_rows = exact_rows(logits, first, count);
     total.merge(
-        metrics::judge_softmax(description, tolerance, logit_rows, settings.theta, std::move(actual), first)
+        metrics::judge_softmax(spec, logit_rows, settings.theta, std::move(actual), first)
             .comparison);
   }
   return total;
@@ -142,17 +141,9 @@ void judge_softmax_outputs(const CompareSettings& settings, const FloatFormat& f
   outcome.gate_case.kernel =
       settings.name.empty() ? "compare:" + std::filesystem::path(settings.probabilities).filename().string()
                             : settings.name;
-  const kernels::SoftmaxKernel description{outcome.gate_case.kernel,
-                                           "outputs from a file",
-                                           kernels::Operation::softmax,
-                                           &format,
-                                           &format,
-                                           &fp32,
-                                           false,
-                                           nullptr};
   const auto& tolerance =
       metrics::tolerance_for(settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
-  outcome.comparison = judge_softmax_files(settings, format, description, tolerance);
+  outcome.comparison = judge_softmax_files(settings, format, {kernels::Operation::softmax, &format, &tolerance});
   outcome.gate_case.n =
       outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
 }
@@ -176,19 +167,13 @@ void judge_attention_outputs(const CompareSettings& settings, const FloatFormat&
                                                        std::to_string(out.cols) + ", expected " +
                                                        std::to_string(q.rows) + "x" + std::to_string(v.cols));
   }
-  const kernels::AttentionKernel description{
-      outcome.gate_case.kernel,
-      "outputs from a file",
-      &format,
-      &format,
-      &fp32,
-      false,
-      [](const Matrix&, const Matrix&, const Matrix&, double, bool, Matrix&) {}};
   const auto& tolerance =
       metrics::tolerance_for(settings.tolerance_entry.empty() ? "attention_flash" : settings.tolerance_entry);
+  tensor::HeadScores scores;
+  scores.theta = settings.theta;
+  scores.causal = settings.causal;
   outcome.comparison =
-      metrics::judge_attention(description, tolerance, q, k, v, settings.causal, settings.theta, out)
-          .comparison;
+      metrics::judge_attention({kernels::Operation::attention, &format, &tolerance}, q, k, v, scores, out).comparison;
 }
 
 void print_outcome(const gate::CaseOutcome& outcome) {

@@ -93,11 +93,12 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
       return;
     }
     outcome.console = run.console;
-    const kernels::AttentionKernel description{gate_case.kernel, "plugin", &format, &format, &fp32, false,
-                                               nullptr};
-    const auto evaluation =
-        metrics::judge_attention(description, metrics::tolerance_for("attention_flash"), q, k, v,
-                                 gate_case.causal, gate_case.attention_theta, run.out);
+    tensor::HeadScores scores;
+    scores.theta = gate_case.attention_theta;
+    scores.causal = gate_case.causal;
+    const auto evaluation = metrics::judge_attention(
+        {kernels::Operation::attention, &format, &metrics::tolerance_for("attention_flash")}, q, k, v, scores,
+        run.out);
     outcome.comparison = evaluation.comparison;
     outcome.reference_statistics = evaluation.reference_statistics;
     return;
@@ -111,10 +112,9 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
     return;
   }
   outcome.console = run.console;
-  const kernels::SoftmaxKernel description{
-      gate_case.kernel, "plugin", kernels::Operation::softmax, &format, &format, &fp32, false, nullptr};
-  const auto evaluation = metrics::judge_softmax(description, metrics::tolerance_for("plugin_softmax"),
-                                                 logits, 1.0 / gate_case.softmax_scale, run.out);
+  const auto evaluation =
+      metrics::judge_softmax({kernels::Operation::softmax, &format, &metrics::tolerance_for("plugin_softmax")},
+                             logits, 1.0 / gate_case.softmax_scale, run.out);
   outcome.comparison = evaluation.comparison;
   outcome.reference_statistics = evaluation.reference_statistics;
 }
@@ -132,7 +132,7 @@ void run_builtin_case(const GateCase& gate_case, CaseOutcome& outcome) {
   const auto* attention = kernels::find_attention_kernel(gate_case.kernel);
   outcome.format = std::string(attention->output->name);
   const auto [q, k, v] = attention_inputs(gate_case.n, gate_case.seed, *attention->input);
-  const auto evaluation = metrics::evaluate_attention(*attention, q, k, v, false);
+  const auto evaluation = metrics::evaluate_attention(*attention, q, k, v, tensor::HeadScores{});
   outcome.comparison = evaluation.comparison;
   outcome.reference_statistics = evaluation.reference_statistics;
 }

@@ -1,13 +1,17 @@
 // The fast attention kernels under test (one head), on native storage, row-major:
 // Q is queries x dimension, K keys x dimension, V keys x value_dimension, out queries x
-// value_dimension. logits = (q . k) * scale, where scale already folds in 1/theta. With
-// `causal`, query i sees keys j <= i (top-left aligned, as the reference). A query that sees no
-// key gets zeros.
+// value_dimension, lse (optional) one float per query. Scores, masks and modifiers are as
+// tensor/head_scores.hpp defines them. Without soft-cap or bias the logit is
+// fl(q . k) * fl(scale / theta) (one multiplier, as fused kernels fold it); with them (or a
+// sink) it is
+// ((cap tanh(fl(q . k) fl(scale) / cap)) + fl(bias)) * fl(1 / theta). A query that sees no key
+// and has no sink gets zeros and log-sum-exp -inf, as FlashAttention does.
 #pragma once
 
 #include <cstddef>
 
 #include "formats/storage.hpp"
+#include "tensor/head_scores.hpp"
 
 namespace sharpcheck::kernels {
 
@@ -19,14 +23,14 @@ struct AttentionShape {
 };
 
 // Materialises the row of scores, then the fp32 three-pass softmax, then the weighted sum.
-void attention_naive_fp32(const float* q, const float* k, const float* v, float* out,
-                          const AttentionShape& shape, float scale, bool causal);
-// FlashAttention's loop: tiles of `tile` keys, a running max, sum and output accumulator
-// rescaled per tile; the score row is never stored.
-void attention_flash_fp32(const float* q, const float* k, const float* v, float* out,
-                          const AttentionShape& shape, float scale, bool causal, std::size_t tile = 64);
-// The same with bf16 inputs and output and fp32 accumulation.
-void attention_flash_bf16(const Bfloat16* q, const Bfloat16* k, const Bfloat16* v, Bfloat16* out,
-                          const AttentionShape& shape, float scale, bool causal, std::size_t tile = 64);
+void attention_naive_fp32(const float* q, const float* k, const float* v, float* out, float* lse,
+                          const AttentionShape& shape, const tensor::HeadScores& scores);
+// FlashAttention's loop: tiles of `tile` visible keys, a running max, sum and output accumulator
+// rescaled per tile (a sink starts the running max and sum); the score row is never stored.
+void attention_flash_fp32(const float* q, const float* k, const float* v, float* out, float* lse,
+                          const AttentionShape& shape, const tensor::HeadScores& scores, std::size_t tile = 64);
+// The same with bf16 inputs and output, fp32 accumulation and an fp32 log-sum-exp.
+void attention_flash_bf16(const Bfloat16* q, const Bfloat16* k, const Bfloat16* v, Bfloat16* out, float* lse,
+                          const AttentionShape& shape, const tensor::HeadScores& scores, std::size_t tile = 64);
 
 }  // namespace sharpcheck::kernels

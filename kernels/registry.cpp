@@ -96,30 +96,35 @@ std::vector<Storage> matrix_to_storage(const Matrix& matrix, const FloatFormat& 
 }
 
 template <typename Storage, typename Kernel>
-void run_attention(const Matrix& queries, const Matrix& keys, const Matrix& values, double scale_over_theta,
-                   bool causal, Matrix& out, const FloatFormat& format, Kernel kernel) {
+void run_attention(const Matrix& queries, const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores,
+                   Matrix& out, std::vector<double>* lse, const FloatFormat& format, Kernel kernel) {
   const AttentionShape shape{queries.rows, keys.rows, queries.cols, values.cols};
+  tensor::HeadScores head = scores;
+  if (head.queries == 0) head.queries = shape.queries;
+  if (head.keys == 0) head.keys = shape.keys;
+  if (head.row_stride == 0) head.row_stride = shape.keys;
   const auto q = matrix_to_storage<Storage>(queries, format, "Q entry");
   const auto k = matrix_to_storage<Storage>(keys, format, "K entry");
   const auto v = matrix_to_storage<Storage>(values, format, "V entry");
   std::vector<Storage> result(shape.queries * shape.value_dimension);
-  kernel(q.data(), k.data(), v.data(), result.data(), shape, static_cast<float>(scale_over_theta), causal);
+  std::vector<float> lse32(lse != nullptr ? shape.queries : 0);
+  kernel(q.data(), k.data(), v.data(), result.data(), lse != nullptr ? lse32.data() : nullptr, shape, head);
   out = Matrix(shape.queries, shape.value_dimension);
   for (std::size_t i = 0; i < result.size(); ++i) out.values[i] = from_storage(result[i]);
+  if (lse != nullptr) lse->assign(lse32.begin(), lse32.end());
 }
 
-void attention_naive(const Matrix& q, const Matrix& k, const Matrix& v, double scale, bool causal,
-                     Matrix& out) {
-  run_attention<float>(q, k, v, scale, causal, out, fp32, attention_naive_fp32);
+void attention_naive(const Matrix& q, const Matrix& k, const Matrix& v, const tensor::HeadScores& scores, Matrix& out,
+                     std::vector<double>* lse) {
+  run_attention<float>(q, k, v, scores, out, lse, fp32, attention_naive_fp32);
 }
-void attention_flash(const Matrix& q, const Matrix& k, const Matrix& v, double scale, bool causal,
-                     Matrix& out) {
-  run_attention<float>(q, k, v, scale, causal, out, fp32,
-                       [](auto... arguments) { attention_flash_fp32(arguments...); });
+void attention_flash(const Matrix& q, const Matrix& k, const Matrix& v, const tensor::HeadScores& scores, Matrix& out,
+                     std::vector<double>* lse) {
+  run_attention<float>(q, k, v, scores, out, lse, fp32, [](auto... arguments) { attention_flash_fp32(arguments...); });
 }
-void attention_flash_bf16_inputs(const Matrix& q, const Matrix& k, const Matrix& v, double scale, bool causal,
-                                 Matrix& out) {
-  run_attention<Bfloat16>(q, k, v, scale, causal, out, bf16,
+void attention_flash_bf16_inputs(const Matrix& q, const Matrix& k, const Matrix& v, const tensor::HeadScores& scores,
+                                 Matrix& out, std::vector<double>* lse) {
+  run_attention<Bfloat16>(q, k, v, scores, out, lse, bf16,
                           [](auto... arguments) { attention_flash_bf16(arguments...); });
 }
 

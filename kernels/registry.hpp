@@ -4,9 +4,11 @@
 
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
+#include "tensor/head_scores.hpp"
 
 namespace sharpcheck::kernels {
 
@@ -42,10 +44,12 @@ struct AttentionKernel {
   const FloatFormat* output;
   const FloatFormat* accumulation;
   bool deliberately_broken;
-  // Q (m x d), K (n x d), V (n x dv), entries values of `input`; logits are (q . k) * scale /
-  // theta with scale = 1/sqrt(d) when absent; top-left causal mask when asked.
-  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values, double scale_over_theta,
-              bool causal, Matrix& out);
+  // Q (m x d), K (n x d), V (n x dv), entries values of `input`; scores, masks and modifiers as
+  // tensor/head_scores.hpp says. Writes the outputs (queries x dv, values of `output`) and, when
+  // `lse` is not null, the natural log-sum-exp per query (values of `lse_format`).
+  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores,
+              Matrix& out, std::vector<double>* lse);
+  const FloatFormat* lse_format = &fp32;
 };
 
 [[nodiscard]] std::span<const SoftmaxKernel> softmax_kernels();

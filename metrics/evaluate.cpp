@@ -64,14 +64,14 @@ struct ReferenceRow {
 
 // The correctly rounded reference for the kernel's operation on one row, and the row's geometry
 // for the tolerance table.
-ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const double> row, double theta,
+ReferenceRow reference_for(const JudgeSpec& spec, std::span<const double> row, double theta,
                            reference::ZivStatistics* statistics) {
   reference::RowOptions options;
   options.theta = theta;
   options.statistics = statistics;
-  const FloatFormat& target = *kernel.output;
+  const FloatFormat& target = *spec.output;
   const auto n = static_cast<double>(unmasked(row));
-  switch (kernel.operation) {
+  switch (spec.operation) {
     case kernels::Operation::softmax:
       return {reference::softmax(row, target, options), row_geometry(row, theta, true, true)};
     case kernels::Operation::adaptive_temperature: {
@@ -97,7 +97,7 @@ ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const
     case kernels::Operation::attention:
       break;
   }
-  throw std::logic_error("judge_softmax: kernel '" + std::string(kernel.name) + "' is not a row operation");
+  throw std::logic_error("judge_softmax: attention is not a row operation");
 }
 
 }  // namespace
@@ -105,11 +105,12 @@ ReferenceRow reference_for(const kernels::SoftmaxKernel& kernel, std::span<const
 Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits, double theta) {
   Matrix actual;
   kernel.run(logits, theta, actual);
-  return judge_softmax(kernel, tolerance_for(kernel.name), logits, theta, std::move(actual));
+  return judge_softmax({kernel.operation, kernel.output, &tolerance_for(kernel.name)}, logits, theta,
+                       std::move(actual));
 }
 
-Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance,
-                         const Matrix& logits, double theta, Matrix actual, std::size_t first_row_number) {
+Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double theta, Matrix actual,
+                         std::size_t first_row_number) {
   if (actual.rows != logits.rows || actual.cols != logits.cols) {
     throw InputError(InputProblem::shape_mismatch, "judge: the outputs are " + std::to_string(actual.rows) +
                                                        "x" + std::to_string(actual.cols) +
@@ -123,13 +124,13 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
   Matrix z_magnitudes(logits.rows, logits.cols);
   evaluation.allowed = Matrix(logits.rows, logits.cols);
   // Sigmoid and stick-breaking weights are not distributions: no sum, argmax or KL check for them.
-  const bool distributions = kernel.operation != kernels::Operation::sigmoid_attention &&
-                             kernel.operation != kernels::Operation::stick_breaking;
+  const bool distributions = spec.operation != kernels::Operation::sigmoid_attention &&
+                             spec.operation != kernels::Operation::stick_breaking;
   ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes,        &z_magnitudes, {},
                         distributions,        first_row_number,   &evaluation.allowed};
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const std::span<const double> row = logits.row(r);
-    const ReferenceRow reference_row = reference_for(kernel, row, theta, &evaluation.reference_statistics);
+    const ReferenceRow reference_row = reference_for(spec, row, theta, &evaluation.reference_statistics);
     std::copy(reference_row.expected.begin(), reference_row.expected.end(),
               evaluation.expected.row(r).begin());
     for (std::size_t j = 0; j < row.size(); ++j) {
@@ -138,32 +139,78 @@ Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& 
     }
     input.scales.push_back(reference_row.geometry.scale);
   }
-  evaluation.comparison = compare(input, tolerance, *kernel.output);
+  evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   return evaluation;
 }
 
-Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
-                              const Matrix& keys, const Matrix& values, bool causal, double theta) {
+Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries, const Matrix& keys,
+                              const Matrix& values, const tensor::HeadScores& scores) {
   Matrix actual;
-  kernel.run(queries, keys, values, 1.0 / std::sqrt(static_cast<double>(queries.cols)) / theta, causal,
-             actual);
-  return judge_attention(kernel, tolerance_for(kernel.name), queries, keys, values, causal, theta,
-                         std::move(actual));
+  kernel.run(queries, keys, values, scores, actual, nullptr);
+  return judge_attention({kernels::Operation::attention, kernel.output, &tolerance_for(kernel.name)}, queries, keys,
+                         values, scores, std::move(actual));
 }
 
-Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance,
-                           const Matrix& queries, const Matrix& keys, const Matrix& values, bool causal,
-                           double theta, Matrix actual) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(queries.cols));
+namespace {
+
+// Query i's geometry for the tolerance: the entries it sees (keys and sink), the spread of their
+// logits, and the logits' rounding error in units of u (tolerance_table.cpp): the fp32 dot
+// product's d u sum_t |q_t k_t| |scale / theta|, and with soft-cap or bias the roundings of the
+// cap's division, tanh and product and of the bias and its addition, (4|s| + 2|b| + 2|c|)/|theta|
+// + 2|z| (s the scaled dot product, c the capped score). Entries more than negligible_below under
+// the largest logit (an additive mask of -1e9 through the bias) are counted as negligible.
+RowScale attention_row_scale(const Matrix& queries, const Matrix& keys, const tensor::HeadScores& scores,
+                             std::size_t query, std::span<const std::size_t> visible) {
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
+  const double theta = std::fabs(scores.theta);
+  std::vector<double> logits;
+  RowScale row_scale;
+  for (const std::size_t j : visible) {
+    double dot = 0;
+    double absolute = 0;
+    for (std::size_t t = 0; t < queries.cols; ++t) {
+      dot += queries(query, t) * keys(j, t);
+      absolute += std::fabs(queries(query, t) * keys(j, t));
+    }
+    const double scaled = dot * scale;
+    const double capped = scores.softcap != 0.0 ? scores.softcap * std::tanh(scaled / scores.softcap) : scaled;
+    const double bias = scores.has_bias() ? scores.bias_of(query, j) : 0.0;
+    const double z = (capped + bias) / scores.theta;
+    logits.push_back(z);
+    double rounding = static_cast<double>(queries.cols) * absolute * std::fabs(scale) / theta;
+    if (scores.softcap != 0.0 || scores.has_bias()) {
+      rounding += (4 * std::fabs(scaled) + 2 * std::fabs(bias) + 2 * std::fabs(capped)) / theta + 2 * std::fabs(z);
+    }
+    row_scale.logit_rounding = std::max(row_scale.logit_rounding, rounding);
+  }
+  if (scores.sink) logits.push_back(*scores.sink / scores.theta);
+  if (logits.empty()) return row_scale;
+  const double largest = *std::max_element(logits.begin(), logits.end());
+  double smallest = largest;
+  for (const double z : logits) {
+    if (largest - z > negligible_below) {
+      ++row_scale.negligible;
+      continue;
+    }
+    ++row_scale.n;
+    smallest = std::min(smallest, z);
+  }
+  row_scale.largest_magnitude = largest - smallest;
+  return row_scale;
+}
+
+}  // namespace
+
+Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys, const Matrix& values,
+                           const tensor::HeadScores& scores, Matrix actual) {
   Evaluation evaluation;
   evaluation.actual = std::move(actual);
   reference::AttentionOptions options;
-  options.theta = theta;
-  options.causal = causal;
+  options.scores = scores;
+  options.scores.fully_masked = tensor::FullyMaskedRows::zeros;
   options.return_weights = true;
-  options.fully_masked_gives_zeros = true;
   options.statistics = &evaluation.reference_statistics;
-  auto reference_result = reference::attention(queries, keys, values, *kernel.output, options);
+  auto reference_result = reference::attention(queries, keys, values, *spec.output, options);
   evaluation.expected = std::move(reference_result.output);
   const Matrix& weights = *reference_result.weights;
   Matrix magnitudes(queries.rows, values.cols);
@@ -171,37 +218,24 @@ Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Toleran
   evaluation.allowed = Matrix(queries.rows, values.cols);
   ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, false, 0,
                         &evaluation.allowed};
-  const double inflation =
-      1 + 2 * kernel.output->unit_roundoff();  // weights are rounded to the output format
+  const double inflation = 1 + 2 * spec.output->unit_roundoff();  // weights are rounded to the output format
+  tensor::HeadScores head = options.scores;
+  if (head.queries == 0) head.queries = queries.rows;
+  if (head.keys == 0) head.keys = keys.rows;
+  if (head.row_stride == 0) head.row_stride = keys.rows;
+  std::vector<std::size_t> visible;
   for (std::size_t i = 0; i < queries.rows; ++i) {
-    const std::size_t visible = causal ? std::min(keys.rows, i + 1) : keys.rows;
-    RowScale row_scale;
-    row_scale.n = visible;
-    double largest = -INFINITY;
-    double smallest = INFINITY;
-    for (std::size_t j = 0; j < visible; ++j) {
-      double dot = 0;
-      double absolute = 0;
-      for (std::size_t t = 0; t < queries.cols; ++t) {
-        dot += queries(i, t) * keys(j, t);
-        absolute += std::fabs(queries(i, t) * keys(j, t));
-      }
-      const double z = dot * scale / theta;
-      largest = std::max(largest, z);
-      smallest = std::min(smallest, z);
-      row_scale.logit_rounding = std::max(
-          row_scale.logit_rounding, static_cast<double>(queries.cols) * absolute * scale / std::fabs(theta));
-    }
-    row_scale.largest_magnitude = visible == 0 ? 0 : largest - smallest;
+    head.visible_keys(i, visible);
+    const RowScale row_scale = attention_row_scale(queries, keys, head, i, visible);
     for (std::size_t c = 0; c < values.cols; ++c) {
       double magnitude = 0;
-      for (std::size_t j = 0; j < visible; ++j) magnitude += weights(i, j) * std::fabs(values(j, c));
+      for (const std::size_t j : visible) magnitude += weights(i, j) * std::fabs(values(j, c));
       magnitudes(i, c) = magnitude * inflation;
       z_magnitudes(i, c) = row_scale.largest_magnitude;
     }
     input.scales.push_back(row_scale);
   }
-  evaluation.comparison = compare(input, tolerance, *kernel.output);
+  evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   return evaluation;
 }
 

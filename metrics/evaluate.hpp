@@ -21,19 +21,24 @@ struct Evaluation {
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits,
                                           double theta);
 
-// Judges outputs computed elsewhere (a plugin in a child process, a .npy file): `kernel` gives
-// the operation and formats, `tolerance` the entry to judge by.
+// What outputs computed elsewhere (a plugin in a child process, a .npy file, Python) are judged
+// as: the operation they claim to compute, their format, and the tolerance entry to judge by.
+struct JudgeSpec {
+  kernels::Operation operation = kernels::Operation::softmax;
+  const FloatFormat* output = &fp32;
+  const Tolerance* tolerance = nullptr;
+};
+
 // first_row_number: the number the first row has in reports (when judging a block of a larger file).
-[[nodiscard]] Evaluation judge_softmax(const kernels::SoftmaxKernel& kernel, const Tolerance& tolerance,
-                                       const Matrix& logits, double theta, Matrix actual,
+[[nodiscard]] Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double theta, Matrix actual,
                                        std::size_t first_row_number = 0);
 
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
-                                            const Matrix& keys, const Matrix& values, bool causal,
-                                            double theta = 1.0);
-// Judges attention outputs computed elsewhere (scale exactly 1/sqrt(d), as the kernels use).
-[[nodiscard]] Evaluation judge_attention(const kernels::AttentionKernel& kernel, const Tolerance& tolerance,
-                                         const Matrix& queries, const Matrix& keys, const Matrix& values,
-                                         bool causal, double theta, Matrix actual);
+                                            const Matrix& keys, const Matrix& values,
+                                            const tensor::HeadScores& scores);
+// Judges attention outputs computed elsewhere under the given scores (masks, modifiers, scale;
+// fully masked rows are judged against zeros).
+[[nodiscard]] Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
+                                         const Matrix& values, const tensor::HeadScores& scores, Matrix actual);
 
 }  // namespace sharpcheck::metrics

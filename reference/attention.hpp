@@ -1,11 +1,16 @@
-// The correctly rounded reference for one attention head.
+// The correctly rounded reference for attention: one head (2-D matrices) or a whole problem of
+// batched multi-head tensors (tensor/attention_problem.hpp), with every mask and score modifier of
+// tensor/head_scores.hpp.
 //
-// output_i = sum_j p_ij V_j with p_ij = softmax_j(z_ij) over the keys query i may see, and
-// logits z_ij = scale * (Q_i . K_j) / theta. The dot products are exact (exact products, an
-// exactly rounded sum), never a float dot product.
+// output_i = sum_j p_ij V_j with p_ij = softmax over the keys query i sees (and the sink) of the
+// logits (softcap(scale * Q_i . K_j) + bias_ij) / theta. The dot products are exact (exact
+// products, an exactly rounded sum), never a float dot product; the bias terms are exact.
 //
-// Accuracy contract: every output element (and every weight, when asked for) is the exact real
-// result rounded to nearest-even in the target format, as in reference/softmax.hpp.
+// Accuracy contract: every output element, every weight (when asked for) and the log-sum-exp
+// (when asked for: ln sum_j exp(logit_j) over the keys seen and the sink, or that over ln 2) is
+// the exact real result rounded to nearest-even in the target format, as in
+// reference/softmax.hpp. The termination argument, and where it is incomplete (soft-capping),
+// is in reference/attention_exact.cpp; an undecided case throws UndecidedRounding.
 //
 // Scale semantics: with no scale given, the scale is exactly 1/sqrt(d) as a real number (so
 // for d = 128 it is irrational and never rounded); a given scale is used exactly as the double
@@ -15,35 +20,55 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "core/errors.hpp"
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
 #include "reference/exact_rounding.hpp"
+#include "tensor/attention_problem.hpp"
+#include "tensor/head_scores.hpp"
 
 namespace sharpcheck::reference {
 
 struct AttentionOptions {
-  std::optional<double> scale;  // nullopt: exactly 1/sqrt(d)
-  double theta = 1.0;           // any finite non-zero temperature
-  // Optional mask, queries x keys row-major: keep[i * n + j] == 0 hides key j from query i.
-  std::span<const std::uint8_t> keep = {};
-  // Causal masking aligned top-left, as PyTorch's is_causal: query i sees keys j <= i.
-  bool causal = false;
-  // A query that sees no key is an InputError by default; with this flag its output is zeros.
-  bool fully_masked_gives_zeros = false;
+  // Scale, temperature, masks and modifiers. queries, keys and row_stride left at 0 are taken
+  // from the matrices (all queries computed, all keys present, masks queries x keys).
+  tensor::HeadScores scores;
   bool return_weights = false;
+  bool return_lse = false;
+  bool lse_base2 = false;  // the log-sum-exp over ln 2, as kernels that use exp2 store it
   ZivStatistics* statistics = nullptr;
-  bool mpfr_only = false;  // skip the fast Arb stage (same results, slower), for tests
+  bool mpfr_only = false;  // skip the double and Arb stages (same results, slower), for tests
 };
 
 struct AttentionResult {
-  Matrix output;                  // queries x value columns
+  Matrix output;                  // queries x value columns (padding rows and fully masked rows: 0)
   std::optional<Matrix> weights;  // queries x keys, when asked for
+  std::vector<double> lse;        // per query, when asked for (-inf on a fully masked row)
 };
 
 // queries: m x d, keys: n x d, values: n x dv. All entries finite.
 [[nodiscard]] AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                         const FloatFormat& target, const AttentionOptions& options = {});
+
+struct AttentionTensorOptions {
+  bool return_lse = false;
+  bool lse_base2 = false;
+  unsigned threads = 0;  // 0: every core; rows are computed in parallel
+  ZivStatistics* statistics = nullptr;
+  bool mpfr_only = false;
+};
+
+struct AttentionTensorResult {
+  std::vector<double> output;  // laid out as problem.output_offset says
+  std::vector<double> lse;     // laid out as problem.lse_offset says, when asked for
+};
+
+// q, k, v hold problem.query_elements(), key_elements() and value_elements() doubles in the
+// problem's layout. Holds one head's keys and values as matrices at a time, beside the result.
+[[nodiscard]] AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::span<const double> q,
+                                              std::span<const double> k, std::span<const double> v,
+                                              const FloatFormat& target, const AttentionTensorOptions& options = {});
 
 }  // namespace sharpcheck::reference

@@ -103,32 +103,55 @@ std::optional<double> decide_entropy_by_balls(std::span<const double> logits, co
   return round_ball_if_decided(entropy.get(), target);
 }
 
-void decide_attention_row_by_balls(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                   std::span<const std::size_t> active, std::optional<double> scale,
-                                   double theta, const FloatFormat& target, std::span<double> output,
-                                   std::span<double> weights, std::vector<bool>& output_done,
-                                   std::vector<bool>& weight_done) {
-  const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
-  const std::size_t dimension = keys.cols;
-  const std::size_t count = active.size();
-  BallVector query_balls(dimension), key_balls(dimension), exponentials(count), column(count);
-  for (std::size_t t = 0; t < dimension; ++t) arb_set_d(query_balls[t], query[t]);
-  Ball multiplier, temperature, shift, sum, quotient;
-  if (scale) {
-    arb_set_d(multiplier.get(), *scale);
+namespace {
+
+// Entry a's logit (softcap(scale * q . k_a) + bias_a) / theta as a ball; the sink's is sink / theta.
+void enclose_attention_logits(const AttentionRow& row, slong precision, BallVector& logits) {
+  const std::size_t dimension = row.keys.cols;
+  BallVector query_balls(dimension), key_balls(dimension);
+  for (std::size_t t = 0; t < dimension; ++t) arb_set_d(query_balls[t], row.query[t]);
+  Ball scale, cap, term;
+  if (row.scores.scale) {
+    arb_set_d(scale.get(), *row.scores.scale);
   } else {
-    arb_set_ui(multiplier.get(), dimension);
-    arb_rsqrt(multiplier.get(), multiplier.get(), precision);
+    arb_set_ui(scale.get(), dimension);
+    arb_rsqrt(scale.get(), scale.get(), precision);
   }
-  arb_set_d(temperature.get(), theta);
-  arb_div(multiplier.get(), multiplier.get(), temperature.get(), precision);
-  // Logits z_a = (q . k_a) * scale / theta; the dot product of exact inputs is enclosed by arb_dot.
-  for (std::size_t a = 0; a < count; ++a) {
-    for (std::size_t t = 0; t < dimension; ++t) arb_set_d(key_balls[t], keys(active[a], t));
-    arb_dot(exponentials[a], nullptr, 0, query_balls.data(), 1, key_balls.data(), 1,
-            static_cast<slong>(dimension), precision);
-    arb_mul(exponentials[a], exponentials[a], multiplier.get(), precision);
+  arb_set_d(cap.get(), row.scores.softcap);
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    for (std::size_t t = 0; t < dimension; ++t) arb_set_d(key_balls[t], row.keys(row.active[a], t));
+    arb_dot(logits[a], nullptr, 0, query_balls.data(), 1, key_balls.data(), 1, static_cast<slong>(dimension),
+            precision);
+    arb_mul(logits[a], logits[a], scale.get(), precision);
+    if (row.scores.softcap != 0.0) {
+      arb_div(logits[a], logits[a], cap.get(), precision);
+      arb_tanh(logits[a], logits[a], precision);
+      arb_mul(logits[a], logits[a], cap.get(), precision);
+    }
+    if (!row.bias.empty()) {
+      const auto& terms = row.bias[a];
+      arb_set_d(term.get(), terms.slope);
+      arb_mul_si(term.get(), term.get(), static_cast<slong>(terms.distance), precision);
+      arb_sub(logits[a], logits[a], term.get(), precision);
+      arb_set_d(term.get(), terms.additive);
+      arb_add(logits[a], logits[a], term.get(), precision);
+    }
   }
+  if (row.has_sink()) arb_set_d(logits[row.active.size()], *row.scores.sink);
+  Ball theta;
+  arb_set_d(theta.get(), row.scores.theta);
+  for (std::size_t a = 0; a < row.entries(); ++a) arb_div(logits[a], logits[a], theta.get(), precision);
+}
+
+}  // namespace
+
+void decide_attention_row_by_balls(const AttentionRow& row, const FloatFormat& target,
+                                   AttentionRowResults& results) {
+  const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
+  const std::size_t count = row.entries();
+  BallVector exponentials(count), column(row.active.size());
+  enclose_attention_logits(row, precision, exponentials);
+  Ball shift, sum, quotient;
   // Shift by the largest midpoint (any exact constant cancels; this one keeps exp in range).
   arf_t largest;
   arf_init(largest);
@@ -142,21 +165,36 @@ void decide_attention_row_by_balls(std::span<const double> query, const Matrix& 
     arb_exp(exponentials[a], exponentials[a], precision);
     arb_add(sum.get(), sum.get(), exponentials[a], precision);
   }
-  for (std::size_t a = 0; a < weight_done.size(); ++a) {
+  for (std::size_t a = 0; a < results.weight_done.size(); ++a) {
+    if (results.weight_done[a]) continue;
     arb_div(quotient.get(), exponentials[a], sum.get(), precision);
     if (const auto rounded = round_ball_if_decided(quotient.get(), target)) {
-      weights[active[a]] = *rounded;
-      weight_done[a] = true;
+      results.weights[row.active[a]] = *rounded;
+      results.weight_done[a] = true;
     }
   }
-  for (std::size_t c = 0; c < values.cols; ++c) {
-    for (std::size_t a = 0; a < count; ++a) arb_set_d(column[a], values(active[a], c));
-    arb_dot(quotient.get(), nullptr, 0, exponentials.data(), 1, column.data(), 1, static_cast<slong>(count),
-            precision);
+  for (std::size_t c = 0; c < row.values.cols; ++c) {
+    if (results.output_done[c]) continue;
+    for (std::size_t a = 0; a < row.active.size(); ++a) arb_set_d(column[a], row.values(row.active[a], c));
+    arb_dot(quotient.get(), nullptr, 0, exponentials.data(), 1, column.data(), 1,
+            static_cast<slong>(row.active.size()), precision);
     arb_div(quotient.get(), quotient.get(), sum.get(), precision);
     if (const auto rounded = round_ball_if_decided(quotient.get(), target)) {
-      output[c] = *rounded;
-      output_done[c] = true;
+      results.output[c] = *rounded;
+      results.output_done[c] = true;
+    }
+  }
+  if (results.lse != nullptr && !results.lse_done) {
+    arb_log(quotient.get(), sum.get(), precision);
+    arb_add(quotient.get(), quotient.get(), shift.get(), precision);
+    if (results.lse_base2) {
+      Ball ln2;
+      arb_const_log2(ln2.get(), precision);
+      arb_div(quotient.get(), quotient.get(), ln2.get(), precision);
+    }
+    if (const auto rounded = round_ball_if_decided(quotient.get(), target)) {
+      *results.lse = *rounded;
+      results.lse_done = true;
     }
   }
 }

@@ -15,6 +15,7 @@
 
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
+#include "reference/attention_row.hpp"
 #include "reference/input_checks.hpp"
 
 namespace sharpcheck::reference {
@@ -88,13 +89,9 @@ std::size_t decide_softmax_by_balls(std::span<const double> logits, const Prepar
                                                             const PreparedRow& row, double theta,
                                                             const FloatFormat& target);
 
-// One attention query row by balls, over the keys in `active`: weights (if `weights` is not
-// empty; indexed by key) and outputs (indexed by value column). Sets the matching done flags
-// (weight_done indexed like active). `scale` absent means exactly 1/sqrt(d).
-void decide_attention_row_by_balls(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                   std::span<const std::size_t> active, std::optional<double> scale,
-                                   double theta, const FloatFormat& target, std::span<double> output,
-                                   std::span<double> weights, std::vector<bool>& output_done,
-                                   std::vector<bool>& weight_done);
+// One attention query row by balls (reference/attention_row.hpp: masks, bias, soft-cap, sink):
+// weights, outputs and the log-sum-exp where the balls decide them, with their done flags set.
+void decide_attention_row_by_balls(const AttentionRow& row, const FloatFormat& target,
+                                   AttentionRowResults& results);
 
 }  // namespace sharpcheck::reference

@@ -178,26 +178,43 @@ struct AttentionRowInDouble {
   double sum_error = 0;
 };
 
-// z_j = fl(q . k_j) * multiplier with its absolute error; false when a logit is not finite or its
+// Entry a's logit z_a = (fl(q . k_a) fl(scale) + fl(bias_a)) / theta in double, with its absolute
+// error: the dot product's (gamma_d sum |q_t k_t| scaled), the scale's (1/sqrt(d) is within 2u:
+// a correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's
+// one fma (u |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta (2.1u |z|). The sink is
+// entry `active.size()`, exact but for the division. False when a logit is not finite or its
 // error is too large for this stage (the later stages take the row).
-bool bound_attention_logits(std::span<const double> query, const Matrix& keys,
-                            std::span<const std::size_t> active, double multiplier,
-                            AttentionRowInDouble& row) {
-  const std::size_t dimension = keys.cols;
+bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
+  const std::size_t dimension = source.keys.cols;
   const double dot_gamma = gamma_of(static_cast<double>(dimension));
-  for (std::size_t a = 0; a < active.size(); ++a) {
-    const auto key = keys.row(active[a]);
+  const double scale = source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
+  const double theta = source.scores.theta;
+  for (std::size_t a = 0; a < source.active.size(); ++a) {
+    const auto key = source.keys.row(source.active[a]);
     double dot = 0;
     double absolute = 0;
     for (std::size_t t = 0; t < dimension; ++t) {
-      dot += query[t] * key[t];
-      absolute += std::fabs(query[t] * key[t]);
+      dot += source.query[t] * key[t];
+      absolute += std::fabs(source.query[t] * key[t]);
     }
-    const double z = dot * multiplier;
+    const double scaled = dot * scale;
+    double bias = 0;
+    if (!source.bias.empty()) {
+      const auto& terms = source.bias[a];
+      bias = std::fma(-terms.slope, static_cast<double>(terms.distance), terms.additive);
+    }
+    const double z = (scaled + bias) / theta;
     row.logits[a] = z;
-    row.errors[a] =
-        std::fabs(multiplier) * dot_gamma * absolute * (1 + 0x1p-40) + 4.1 * unit_roundoff * std::fabs(z);
+    row.errors[a] = ((std::fabs(scale) * dot_gamma * absolute + 5.1 * unit_roundoff * std::fabs(scaled) +
+                      2.1 * unit_roundoff * std::fabs(bias)) / std::fabs(theta) +
+                     2.1 * unit_roundoff * std::fabs(z)) * (1 + 0x1p-40);
     if (!std::isfinite(z) || !std::isfinite(row.errors[a]) || row.errors[a] > 0x1p-30) return false;
+  }
+  if (source.has_sink()) {
+    const std::size_t a = source.active.size();
+    row.logits[a] = *source.scores.sink / theta;
+    row.errors[a] = 1.01 * unit_roundoff * std::fabs(row.logits[a]);
+    if (!std::isfinite(row.logits[a]) || row.errors[a] > 0x1p-30) return false;
   }
   return true;
 }
@@ -231,7 +248,7 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
                               const FloatFormat& target, const AttentionRowInDouble& row,
                               std::vector<double>& scratch, std::vector<double>& magnitude_scratch,
                               std::span<double> output, std::vector<bool>& output_done) {
-  const std::size_t count = active.size();
+  const std::size_t count = active.size();  // the sink (if any) has no value
   magnitude_scratch.resize(count);
   for (std::size_t c = 0; c < values.cols; ++c) {
     if (output_done[c]) continue;
@@ -261,33 +278,33 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
 
 }  // namespace
 
-void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                    std::span<const std::size_t> active, std::optional<double> scale,
-                                    double theta, const FloatFormat& target, std::span<double> output,
-                                    std::span<double> weights, std::vector<bool>& output_done,
-                                    std::vector<bool>& weight_done) {
-  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || active.empty()) return;
-  const std::size_t count = active.size();
-  const double multiplier =
-      (scale ? *scale : 1.0 / std::sqrt(static_cast<double>(keys.cols))) / theta;  // within 3.01u of c
+void decide_attention_row_in_double(const AttentionRow& source, const FloatFormat& target,
+                                    AttentionRowResults& results) {
+  // Soft-capping's tanh has no certified double version here: the ball stage takes those rows.
+  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || source.active.empty() ||
+      source.scores.softcap != 0.0) {
+    return;
+  }
+  const std::size_t count = source.entries();
   thread_local std::vector<double> logits, logit_errors, exponentials, scratch, magnitude_scratch;
   logits.resize(count);
   logit_errors.resize(count);
   exponentials.resize(count);
   AttentionRowInDouble row{logits, logit_errors, exponentials};
-  if (!bound_attention_logits(query, keys, active, multiplier, row)) return;
+  if (!bound_attention_logits(source, row)) return;
   bound_attention_exponentials(count, scratch, row);
-  if (!weights.empty()) {
-    for (std::size_t a = 0; a < count; ++a) {
-      if (weight_done[a]) continue;
+  if (!results.weights.empty()) {
+    for (std::size_t a = 0; a < source.active.size(); ++a) {
+      if (results.weight_done[a]) continue;
       const double error = (row.errors[a] + row.sum_error + unit_roundoff) * (1 + 0x1p-20);
       const auto rounded = decide_coefficient(row.exponentials[a], row.sum, error, target);
       if (!rounded) continue;
-      weights[active[a]] = *rounded;
-      weight_done[a] = true;
+      results.weights[source.active[a]] = *rounded;
+      results.weight_done[a] = true;
     }
   }
-  decide_attention_outputs(values, active, target, row, scratch, magnitude_scratch, output, output_done);
+  decide_attention_outputs(source.values, source.active, target, row, scratch, magnitude_scratch, results.output,
+                           results.output_done);
 }
 
 }  // namespace sharpcheck::reference

@@ -11,6 +11,7 @@
 
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
+#include "reference/attention_row.hpp"
 #include "reference/input_checks.hpp"
 
 namespace sharpcheck::reference {
@@ -27,14 +28,10 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
                                      const FloatFormat& target, std::span<double> result,
                                      std::vector<bool>& decided);
 
-// One attention query row in double over the keys in `active`, with the same contract: weights
-// (if `weights` is not empty; indexed by key) and outputs (indexed by value column) are written
-// and their done flags set where decided (weight_done indexed like active). `scale` absent means
-// exactly 1/sqrt(d). Decides nothing if a logit or product overflows double.
-void decide_attention_row_in_double(std::span<const double> query, const Matrix& keys, const Matrix& values,
-                                    std::span<const std::size_t> active, std::optional<double> scale,
-                                    double theta, const FloatFormat& target, std::span<double> output,
-                                    std::span<double> weights, std::vector<bool>& output_done,
-                                    std::vector<bool>& weight_done);
+// One attention query row in double (reference/attention_row.hpp), with the same contract:
+// weights and outputs are written and their done flags set where decided. Decides nothing if a
+// logit or product overflows double, or for soft-capped rows; never the log-sum-exp.
+void decide_attention_row_in_double(const AttentionRow& row, const FloatFormat& target,
+                                    AttentionRowResults& results);
 
 }  // namespace sharpcheck::reference

@@ -148,7 +148,8 @@ TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
     Matrix actual;
     kernel.run(logits, 1.0, actual);
     const auto evaluation =
-        metrics::judge_softmax(kernel, metrics::tolerance_for(variant.entry), logits, 1.0, std::move(actual));
+        metrics::judge_softmax({kernel.operation, kernel.output, &metrics::tolerance_for(variant.entry)}, logits, 1.0,
+                               std::move(actual));
     EXPECT_FALSE(evaluation.comparison.passed()) << variant.entry;
     EXPECT_GT(evaluation.comparison.max_bound_ratio, 100.0) << variant.entry;
   }
@@ -372,7 +373,9 @@ TEST(AttentionKernels, StayWithinTheirTableEntries) {
         for (auto* matrix : {&q, &k, &v}) {
           for (double& x : matrix->values) x = round_to_format(random.normal(0, 1), *kernel.input);
         }
-        const auto evaluation = metrics::evaluate_attention(kernel, q, k, v, causal);
+        tensor::HeadScores scores;
+        scores.causal = causal;
+        const auto evaluation = metrics::evaluate_attention(kernel, q, k, v, scores);
         ASSERT_TRUE(evaluation.comparison.passed()) << kernel.name << " n=" << n << " causal=" << causal
                                                     << ": " << evaluation.comparison.worst.describe();
       }

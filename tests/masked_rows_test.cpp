@@ -29,13 +29,9 @@ Matrix masked_rows(double mask, std::size_t rows, std::uint64_t seed) {
   return logits;
 }
 
-const kernels::SoftmaxKernel outputs_from_elsewhere{
-    "from_a_file", "outputs judged as given", kernels::Operation::softmax, &fp32, &fp32, &fp32, false,
-    nullptr};
-
 metrics::Evaluation judge(const Matrix& logits, Matrix actual) {
-  return metrics::judge_softmax(outputs_from_elsewhere, metrics::tolerance_for("plugin_softmax"), logits, 1.0,
-                                std::move(actual));
+  return metrics::judge_softmax({kernels::Operation::softmax, &fp32, &metrics::tolerance_for("plugin_softmax")},
+                                logits, 1.0, std::move(actual));
 }
 
 Matrix exact_outputs(const Matrix& logits) {

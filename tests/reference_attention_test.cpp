@@ -64,11 +64,11 @@ TEST_P(EveryFormat, AgreesWithAnIndependentComputationWithAndWithoutMasks) {
     const Matrix v = random_matrix(n, 3, random, 2.0);
     AttentionOptions options;
     options.return_weights = true;
-    options.causal = trial % 3 == 1;
-    options.theta = trial % 5 == 2 ? -0.75 : 1.0;
+    options.scores.causal = trial % 3 == 1;
+    options.scores.theta = trial % 5 == 2 ? -0.75 : 1.0;
     Exact scale = 1 / sqrt(Exact(d));
     if (trial % 4 == 3) {
-      options.scale = 0.3;
+      options.scores.scale = 0.3;
       scale = Exact(0.3);
     }
     const auto result = reference::attention(q, k, v, format, options);
@@ -79,8 +79,8 @@ TEST_P(EveryFormat, AgreesWithAnIndependentComputationWithAndWithoutMasks) {
     ASSERT_EQ(by_mpfr_alone.weights->values, result.weights->values);
     for (std::size_t i = 0; i < m; ++i) {
       std::vector<bool> visible(n);
-      for (std::size_t j = 0; j < n; ++j) visible[j] = !options.causal || j <= i;
-      const auto expected = independent_attention_row(q, k, v, i, visible, scale, options.theta);
+      for (std::size_t j = 0; j < n; ++j) visible[j] = !options.scores.causal || j <= i;
+      const auto expected = independent_attention_row(q, k, v, i, visible, scale, options.scores.theta);
       for (std::size_t c = 0; c < v.cols; ++c) {
         ASSERT_TRUE(is_nearest_in_format(result.output(i, c), expected.output[c], format))
             << "trial " << trial;
@@ -157,10 +157,10 @@ TEST(Masks, ExplicitMaskHidesKeysAndFullyMaskedQueriesAreErrorsOrZeros) {
   const Matrix v = random_matrix(3, 2, random, 1.0);
   const std::vector<std::uint8_t> keep{1, 0, 1, 0, 0, 0};
   AttentionOptions options;
-  options.keep = keep;
+  options.scores.keep = keep;
   options.return_weights = true;
   EXPECT_THROW((void)reference::attention(q, k, v, fp32, options), InputError);
-  options.fully_masked_gives_zeros = true;
+  options.scores.fully_masked = tensor::FullyMaskedRows::zeros;
   const auto result = reference::attention(q, k, v, fp32, options);
   EXPECT_EQ(result.weights->operator()(0, 1), 0.0);
   EXPECT_EQ(result.output(1, 0), 0.0);
@@ -189,7 +189,7 @@ TEST(BadInput, ShapesAndValuesAreNamed) {
   EXPECT_EQ(message_of([&] { (void)reference::attention(q, bad_keys, v, fp32); }),
             "attention: K(2, 1) is NaN");
   AttentionOptions zero_theta;
-  zero_theta.theta = 0.0;
+  zero_theta.scores.theta = 0.0;
   EXPECT_NE(message_of([&] { (void)reference::attention(q, k, v, fp32, zero_theta); }).find("theta"),
             std::string::npos);
   EXPECT_NE(message_of([&] { (void)reference::attention(Matrix(0, 4), k, v, fp32); }).find("empty"),

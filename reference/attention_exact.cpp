@@ -1,0 +1,246 @@
+// The exact cases of attention, and why the Ziv loop terminates on everything else.
+//
+// Termination, by Lindemann-Weierstrass (distinct algebraic exponents have linearly independent
+// exponentials over the algebraic numbers). Entry j of a row has the logit
+// x_j = (s a_j + b_j) / theta with a_j = Q_i . K_j rational (exact dot product of doubles),
+// b_j = additive - slope * distance rational, theta rational, and s = scale / 1 (a double) or
+// 1/sqrt(d), algebraic; a sink is one more entry with a = 0, b = sink and value 0. Group the
+// entries by equal x (group g: exponent x_g, c_g entries, value sums W_g per column). Then:
+//  - an output o = sum_g W_g e^{x_g} / sum_g c_g e^{x_g} equal to a rational r gives
+//    sum_g (W_g - r c_g) e^{x_g} = 0, so W_g = r c_g for every g: o is rational exactly when every
+//    group has the same mean, and then o is that mean;
+//  - a weight e^{x_j} / sum_g c_g e^{x_g} is rational only with one group, and is then 1/c;
+//  - the log-sum-exp L = ln sum_g c_g e^{x_g} equal to a rational r gives
+//    sum_g c_g e^{x_g} - e^r = 0, so one group, c = 1 and x = r: L is rational exactly when the
+//    row has one entry and its logit is rational, and then L is that logit;
+//  - the base-2 log-sum-exp L / ln 2 = r rational makes sum_g c_g e^{x_g} = 2^r algebraic, so
+//    the only group has x = 0 and the sum is c: L2 = log2(c), rational exactly when c is a power
+//    of two (an integer then), irrational otherwise.
+// Every other result is irrational and so not a rounding boundary (those are rational), and
+// Ziv's loop decides it at a finite precision.
+//
+// Grouping needs exact equality of the x_j. When s is rational (a given scale, or d a perfect
+// square) x_j theta = s a_j + b_j is compared as a rational. When s = 1/sqrt(d) is irrational,
+// s a + b = s a' + b' holds exactly when a = a' and b = b', so the pairs (a, b) are compared.
+//
+// Soft-capping makes the exponent cap tanh(s a / cap) + b, transcendental where s a != 0, and
+// Lindemann-Weierstrass no longer applies: the argument is incomplete. Grouping by (a, b) is
+// still sound (equal pairs give equal logits), so the equal-means and one-group cases above are
+// still found and rounded exactly; a rational result outside them cannot be excluded, so if the
+// loop fails to decide one it reaches its cap and reports UndecidedRounding, never a guess.
+#include <gmp.h>
+#include <mpfr.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "reference/attention_row.hpp"
+#include "reference/exact_rounding.hpp"
+
+namespace sharpcheck::reference {
+namespace {
+
+class Rational {
+ public:
+  Rational() { mpq_init(value_); }
+  explicit Rational(double x) : Rational() { mpq_set_d(value_, x); }  // exact
+  ~Rational() { mpq_clear(value_); }
+  Rational(const Rational& other) : Rational() { mpq_set(value_, other.value_); }
+  Rational& operator=(const Rational& other) {
+    mpq_set(value_, other.value_);
+    return *this;
+  }
+  [[nodiscard]] mpq_ptr get() { return value_; }
+  [[nodiscard]] mpq_srcptr get() const { return value_; }
+
+ private:
+  mpq_t value_;
+};
+
+int compare(const Rational& x, const Rational& y) { return mpq_cmp(x.get(), y.get()); }
+
+double round_rational(const Rational& value, const FloatFormat& target) {
+  return round_exact_ratio(mpq_numref(value.get()), mpq_denref(value.get()), target);
+}
+
+// s as a rational when it is one: a given scale, or 1/k for d = k^2.
+std::optional<Rational> rational_scale(const AttentionRow& row) {
+  if (row.scores.scale) return Rational(*row.scores.scale);
+  const auto d = static_cast<unsigned long>(row.keys.cols);
+  const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
+  if (root * root != d) return std::nullopt;
+  Rational scale;
+  mpq_set_ui(scale.get(), 1, root);
+  return scale;
+}
+
+// a_j = Q_i . K_j exactly: products of doubles summed in rationals.
+Rational exact_dot(const AttentionRow& row, std::size_t key) {
+  Rational sum;
+  Rational product;
+  Rational factor;
+  for (std::size_t t = 0; t < row.keys.cols; ++t) {
+    mpq_set_d(product.get(), row.query[t]);
+    mpq_set_d(factor.get(), row.keys(key, t));
+    mpq_mul(product.get(), product.get(), factor.get());
+    mpq_add(sum.get(), sum.get(), product.get());
+  }
+  return sum;
+}
+
+Rational exact_bias(const tensor::HeadScores::BiasTerms& terms) {
+  Rational bias(terms.additive);
+  Rational alibi(terms.slope);
+  Rational distance;
+  mpq_set_si(distance.get(), terms.distance, 1);
+  mpq_mul(alibi.get(), alibi.get(), distance.get());
+  mpq_sub(bias.get(), bias.get(), alibi.get());
+  return bias;
+}
+
+struct Entry {
+  Rational dot;   // a
+  Rational bias;  // b
+  Rational key;   // s a + b when s is rational and there is no soft-cap (the logit times theta)
+};
+
+struct ExactRow {
+  std::vector<Entry> entries;
+  bool by_value = false;  // group by `key` (else by the pair (dot, bias))
+  std::vector<std::vector<std::size_t>> groups;
+};
+
+ExactRow group_entries(const AttentionRow& row) {
+  ExactRow exact;
+  const std::optional<Rational> scale = rational_scale(row);
+  exact.by_value = scale.has_value() && row.scores.softcap == 0.0;
+  exact.entries.resize(row.entries());
+  for (std::size_t e = 0; e < exact.entries.size(); ++e) {
+    Entry& entry = exact.entries[e];
+    if (e < row.active.size()) {
+      entry.dot = exact_dot(row, row.active[e]);
+      if (!row.bias.empty()) entry.bias = exact_bias(row.bias[e]);
+    } else {
+      entry.bias = Rational(*row.scores.sink);
+    }
+    if (exact.by_value) {
+      mpq_mul(entry.key.get(), entry.dot.get(), scale->get());
+      mpq_add(entry.key.get(), entry.key.get(), entry.bias.get());
+    }
+  }
+  const auto less = [&exact](std::size_t x, std::size_t y) {
+    const Entry& p = exact.entries[x];
+    const Entry& q = exact.entries[y];
+    if (exact.by_value) return compare(p.key, q.key) < 0;
+    const int by_dot = compare(p.dot, q.dot);
+    return by_dot != 0 ? by_dot < 0 : compare(p.bias, q.bias) < 0;
+  };
+  std::vector<std::size_t> order(exact.entries.size());
+  for (std::size_t e = 0; e < order.size(); ++e) order[e] = e;
+  std::sort(order.begin(), order.end(), less);
+  for (std::size_t position = 0; position < order.size(); ++position) {
+    if (position == 0 || less(order[position - 1], order[position])) exact.groups.emplace_back();
+    exact.groups.back().push_back(order[position]);
+  }
+  return exact;
+}
+
+// Column c of value v_e (the sink's value is 0).
+double value_of(const AttentionRow& row, std::size_t entry, std::size_t column) {
+  return entry < row.active.size() ? row.values(row.active[entry], column) : 0.0;
+}
+
+long decide_outputs_exactly(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
+                            AttentionRowResults& results) {
+  long decided = 0;
+  Rational sum;
+  Rational value;
+  Rational left;
+  Rational right;
+  for (std::size_t column = 0; column < row.values.cols; ++column) {
+    if (results.output_done[column]) continue;
+    std::vector<Rational> group_sums(exact.groups.size());
+    for (std::size_t g = 0; g < exact.groups.size(); ++g) {
+      for (const std::size_t e : exact.groups[g]) {
+        mpq_set_d(value.get(), value_of(row, e, column));
+        mpq_add(group_sums[g].get(), group_sums[g].get(), value.get());
+      }
+    }
+    bool equal_means = true;
+    for (std::size_t g = 1; g < exact.groups.size() && equal_means; ++g) {
+      mpq_set_ui(value.get(), exact.groups[0].size(), 1);
+      mpq_mul(left.get(), group_sums[g].get(), value.get());
+      mpq_set_ui(value.get(), exact.groups[g].size(), 1);
+      mpq_mul(right.get(), group_sums[0].get(), value.get());
+      equal_means = mpq_equal(left.get(), right.get()) != 0;
+    }
+    if (!equal_means) continue;
+    mpq_set_ui(value.get(), exact.groups[0].size(), 1);
+    mpq_div(sum.get(), group_sums[0].get(), value.get());
+    results.output[column] = round_rational(sum, target);
+    results.output_done[column] = true;
+    ++decided;
+  }
+  return decided;
+}
+
+long decide_weights_exactly(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
+                            AttentionRowResults& results) {
+  if (exact.groups.size() != 1 || results.weights.empty()) return 0;
+  Rational weight;
+  mpq_set_ui(weight.get(), 1, row.entries());
+  const double rounded = round_rational(weight, target);
+  long decided = 0;
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    if (results.weight_done[a]) continue;
+    results.weights[row.active[a]] = rounded;
+    results.weight_done[a] = true;
+    ++decided;
+  }
+  return decided;
+}
+
+bool is_zero(const Rational& x) { return mpq_sgn(x.get()) == 0; }
+
+bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
+                        AttentionRowResults& results) {
+  if (results.lse == nullptr || results.lse_done) return false;
+  const std::size_t count = row.entries();
+  if (results.lse_base2) {
+    const Entry& first = exact.entries[0];
+    const bool all_zero = exact.groups.size() == 1 && is_zero(first.bias) && is_zero(first.dot);
+    if (!all_zero || !std::has_single_bit(count)) return false;
+    *results.lse = round_to_format(static_cast<double>(std::bit_width(count) - 1), target);  // log2 of a power of two
+    return results.lse_done = true;
+  }
+  if (count != 1) return false;
+  const Entry& entry = exact.entries[0];
+  Rational logit;
+  if (exact.by_value) {
+    logit = entry.key;
+  } else if (is_zero(entry.dot)) {
+    logit = entry.bias;  // soft-cap(0) = 0 and s * 0 = 0 for any s
+  } else {
+    return false;  // an irrational logit: the loop decides it
+  }
+  Rational theta(row.scores.theta);
+  mpq_div(logit.get(), logit.get(), theta.get());
+  *results.lse = round_rational(logit, target);
+  return results.lse_done = true;
+}
+
+}  // namespace
+
+long apply_attention_exact_cases(const AttentionRow& row, const FloatFormat& target,
+                                 AttentionRowResults& results) {
+  const ExactRow exact = group_entries(row);
+  long decided = decide_outputs_exactly(row, exact, target, results);
+  decided += decide_weights_exactly(row, exact, target, results);
+  if (decide_lse_exactly(row, exact, target, results)) ++decided;
+  return decided;
+}
+
+}  // namespace sharpcheck::reference
