@@ -371,6 +371,13 @@ void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const
   check(q.size(), problem.query_elements(), "Q");
   check(k.size(), problem.key_elements(), "K");
   check(v.size(), problem.value_elements(), "V");
+  for (const auto& [data, name] : {std::pair{q, "Q"}, std::pair{k, "K"}, std::pair{v, "V"}}) {
+    const auto bad = std::find_if(data.begin(), data.end(), [](double x) { return !std::isfinite(x); });
+    if (bad == data.end()) continue;
+    throw InputError(std::isnan(*bad) ? InputProblem::nan_value : InputProblem::non_finite_value,
+                     std::string("attention: ") + name + " element " + std::to_string(bad - data.begin()) + " is " +
+                         (std::isnan(*bad) ? "NaN" : "infinite"));
+  }
 }
 
 void add_statistics(ZivStatistics& total, const ZivStatistics& part) {
