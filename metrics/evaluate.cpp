@@ -164,7 +164,7 @@ RowScale attention_row_scale(const Matrix& queries, const Matrix& keys, const te
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   const double theta = std::fabs(scores.theta);
   std::vector<double> logits;
-  RowScale row_scale;
+  std::vector<double> roundings;
   for (const std::size_t j : visible) {
     double dot = 0;
     double absolute = 0;
@@ -181,19 +181,24 @@ RowScale attention_row_scale(const Matrix& queries, const Matrix& keys, const te
     if (scores.softcap != 0.0 || scores.has_bias()) {
       rounding += (4 * std::fabs(scaled) + 2 * std::fabs(bias) + 2 * std::fabs(capped)) / theta + 2 * std::fabs(z);
     }
-    row_scale.logit_rounding = std::max(row_scale.logit_rounding, rounding);
+    roundings.push_back(rounding);
   }
-  if (scores.sink) logits.push_back(*scores.sink / scores.theta);
+  if (scores.sink) {
+    logits.push_back(*scores.sink / scores.theta);
+    roundings.push_back(2 * std::fabs(logits.back()));
+  }
+  RowScale row_scale;
   if (logits.empty()) return row_scale;
   const double largest = *std::max_element(logits.begin(), logits.end());
   double smallest = largest;
-  for (const double z : logits) {
-    if (largest - z > negligible_below) {
+  for (std::size_t e = 0; e < logits.size(); ++e) {
+    if (largest - logits[e] > negligible_below) {  // its rounding matters only through its own size
       ++row_scale.negligible;
       continue;
     }
     ++row_scale.n;
-    smallest = std::min(smallest, z);
+    smallest = std::min(smallest, logits[e]);
+    row_scale.logit_rounding = std::max(row_scale.logit_rounding, roundings[e]);
   }
   row_scale.largest_magnitude = largest - smallest;
   return row_scale;

@@ -383,6 +383,52 @@ TEST(AttentionKernels, StayWithinTheirTableEntries) {
   }
 }
 
+// Every mask and modifier, on every attention kernel: within the table entry when the kernel is
+// told the scores, and failing when it computes without one modifier (a kernel that ignores the
+// window, misaligns causal, drops the cap, skips the sink or the bias) -- the mutation check.
+TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
+  DeterministicRandom random(43);
+  const std::size_t m = 6;
+  const std::size_t n = 150;
+  const std::size_t d = 32;
+  std::vector<double> bias(m * n);
+  for (double& b : bias) b = random.below(7) == 0 ? -1e9 : (random.below(9) == 0 ? -INFINITY : 0.5 * random.normal(0, 1));
+  struct Variant {
+    const char* name;
+    tensor::HeadScores scores;
+  };
+  std::vector<Variant> variants;
+  const auto with = [&](const char* name, auto&& set) {
+    tensor::HeadScores scores;
+    set(scores);
+    variants.push_back({name, scores});
+  };
+  with("causal bottom-right", [](auto& s) { s.causal = true; s.alignment = tensor::DiagonalAlignment::bottom_right; });
+  with("window (16, 0)", [](auto& s) { s.window_left = 16; s.window_right = 0; s.alignment = tensor::DiagonalAlignment::bottom_right; });
+  with("soft-cap 1", [](auto& s) { s.softcap = 1.0; });
+  with("ALiBi 0.5", [](auto& s) { s.alibi_slope = 0.5; });
+  with("sink 4", [](auto& s) { s.sink = 4.0; });
+  with("bias, -1e9 and -inf", [&](auto& s) { s.bias = bias; s.row_stride = n; });
+  with("scale 0.3, theta 0.5", [](auto& s) { s.scale = 0.3; s.theta = 0.5; });
+  for (const auto& kernel : kernels::attention_kernels()) {
+    Matrix q(m, d), k(n, d), v(n, 8);
+    for (auto* matrix : {&q, &k, &v}) {
+      for (double& x : matrix->values) x = round_to_format(random.normal(0, 1.5), *kernel.input);
+    }
+    for (const auto& variant : variants) {
+      const auto honest = metrics::evaluate_attention(kernel, q, k, v, variant.scores);
+      EXPECT_TRUE(honest.comparison.passed())
+          << kernel.name << " " << variant.name << ": " << honest.comparison.worst.describe();
+      Matrix ignoring;
+      kernel.run(q, k, v, tensor::HeadScores{}, ignoring, nullptr);
+      const auto mutant = metrics::judge_attention({kernels::Operation::attention, kernel.output,
+                                                    &metrics::tolerance_for(kernel.name)},
+                                                   q, k, v, variant.scores, ignoring);
+      EXPECT_FALSE(mutant.comparison.passed()) << kernel.name << " ignoring " << variant.name;
+    }
+  }
+}
+
 TEST(Registry, EveryKernelHasATableEntryAndADescription) {
   for (const auto& kernel : kernels::softmax_kernels()) {
     EXPECT_NO_THROW((void)metrics::tolerance_for(kernel.name));
