@@ -148,11 +148,11 @@ void attention(benchmark::State& state, bool flash) {
   scores.row_stride = n;
   for (auto _ : state) {
     if (flash) {
-      sharpcheck::kernels::attention_flash_fp32(q.data(), keys.data(), values.data(), out.data(), nullptr, shape,
-                                                scores);
+      sharpcheck::kernels::attention_flash_fp32(q.data(), keys.data(), values.data(), out.data(), nullptr,
+                                                shape, scores);
     } else {
-      sharpcheck::kernels::attention_naive_fp32(q.data(), keys.data(), values.data(), out.data(), nullptr, shape,
-                                                scores);
+      sharpcheck::kernels::attention_naive_fp32(q.data(), keys.data(), values.data(), out.data(), nullptr,
+                                                shape, scores);
     }
     benchmark::DoNotOptimize(out.data());
   }

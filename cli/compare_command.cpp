@@ -96,8 +96,7 @@ metrics::Comparison judge_softmax_files(const CompareSettings& settings, const F
     Matrix actual = rows_in_format(probabilities, settings.probabilities, first, count, format);
     const Matrix logit_rows = exact_rows(logits, first, count);
     total.merge(
-        metrics::judge_softmax(spec, logit_rows, settings.theta, std::move(actual), first)
-            .comparison);
+        metrics::judge_softmax(spec, logit_rows, settings.theta, std::move(actual), first).comparison);
   }
   return total;
 }
@@ -143,7 +142,8 @@ void judge_softmax_outputs(const CompareSettings& settings, const FloatFormat& f
                             : settings.name;
   const auto& tolerance =
       metrics::tolerance_for(settings.tolerance_entry.empty() ? "plugin_softmax" : settings.tolerance_entry);
-  outcome.comparison = judge_softmax_files(settings, format, {kernels::Operation::softmax, &format, &tolerance});
+  outcome.comparison =
+      judge_softmax_files(settings, format, {kernels::Operation::softmax, &format, &tolerance});
   outcome.gate_case.n =
       outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
 }
@@ -173,7 +173,8 @@ void judge_attention_outputs(const CompareSettings& settings, const FloatFormat&
   scores.theta = settings.theta;
   scores.causal = settings.causal;
   outcome.comparison =
-      metrics::judge_attention({kernels::Operation::attention, &format, &tolerance}, q, k, v, scores, out).comparison;
+      metrics::judge_attention({kernels::Operation::attention, &format, &tolerance}, q, k, v, scores, out)
+          .comparison;
 }
 
 void print_outcome(const gate::CaseOutcome& outcome) {

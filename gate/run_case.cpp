@@ -112,9 +112,9 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
     return;
   }
   outcome.console = run.console;
-  const auto evaluation =
-      metrics::judge_softmax({kernels::Operation::softmax, &format, &metrics::tolerance_for("plugin_softmax")},
-                             logits, 1.0 / gate_case.softmax_scale, run.out);
+  const auto evaluation = metrics::judge_softmax(
+      {kernels::Operation::softmax, &format, &metrics::tolerance_for("plugin_softmax")}, logits,
+      1.0 / gate_case.softmax_scale, run.out);
   outcome.comparison = evaluation.comparison;
   outcome.reference_statistics = evaluation.reference_statistics;
 }

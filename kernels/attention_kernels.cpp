@@ -75,7 +75,8 @@ void attention_naive_fp32(const float* q, const float* k, const float* v, float*
         row_out[c] += weights[a] * v[visible[a] * shape.value_dimension + c];
     }
     if (lse != nullptr) {
-      const float largest = *std::max_element(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(count));
+      const float largest =
+          *std::max_element(logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(count));
       float sum = 0.0F;
       for (std::size_t a = 0; a < count; ++a) sum += std::exp((logits[a] - largest) * logit.row_scale());
       lse[i] = largest * logit.row_scale() + std::log(sum);
@@ -100,7 +101,8 @@ void attention_flash_fp32(const float* q, const float* k, const float* v, float*
       float tile_max = -std::numeric_limits<float>::infinity();
       for (std::size_t j = 0; j < length; ++j) {
         const std::size_t key = visible[start + j];
-        tile_scores[j] = logit(dot(q + i * shape.dimension, k + key * shape.dimension, shape.dimension), i, key);
+        tile_scores[j] =
+            logit(dot(q + i * shape.dimension, k + key * shape.dimension, shape.dimension), i, key);
         tile_max = std::max(tile_max, tile_scores[j]);
       }
       const float new_max = std::max(running_max, tile_max);
@@ -117,8 +119,10 @@ void attention_flash_fp32(const float* q, const float* k, const float* v, float*
     }
     const bool empty = running_sum == 0.0F;
     float* row_out = out + i * shape.value_dimension;
-    for (std::size_t c = 0; c < shape.value_dimension; ++c) row_out[c] = empty ? 0.0F : accumulator[c] / running_sum;
-    if (lse != nullptr) lse[i] = empty ? -std::numeric_limits<float>::infinity() : running_max + std::log(running_sum);
+    for (std::size_t c = 0; c < shape.value_dimension; ++c)
+      row_out[c] = empty ? 0.0F : accumulator[c] / running_sum;
+    if (lse != nullptr)
+      lse[i] = empty ? -std::numeric_limits<float>::infinity() : running_max + std::log(running_sum);
   }
 }
 

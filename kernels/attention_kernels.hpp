@@ -28,9 +28,11 @@ void attention_naive_fp32(const float* q, const float* k, const float* v, float*
 // FlashAttention's loop: tiles of `tile` visible keys, a running max, sum and output accumulator
 // rescaled per tile (a sink starts the running max and sum); the score row is never stored.
 void attention_flash_fp32(const float* q, const float* k, const float* v, float* out, float* lse,
-                          const AttentionShape& shape, const tensor::HeadScores& scores, std::size_t tile = 64);
+                          const AttentionShape& shape, const tensor::HeadScores& scores,
+                          std::size_t tile = 64);
 // The same with bf16 inputs and output, fp32 accumulation and an fp32 log-sum-exp.
 void attention_flash_bf16(const Bfloat16* q, const Bfloat16* k, const Bfloat16* v, Bfloat16* out, float* lse,
-                          const AttentionShape& shape, const tensor::HeadScores& scores, std::size_t tile = 64);
+                          const AttentionShape& shape, const tensor::HeadScores& scores,
+                          std::size_t tile = 64);
 
 }  // namespace sharpcheck::kernels

@@ -8,6 +8,7 @@
 
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
+#include "kernels/tolerance.hpp"
 #include "tensor/head_scores.hpp"
 
 namespace sharpcheck::kernels {
@@ -32,9 +33,14 @@ struct SoftmaxKernel {
   const FloatFormat* accumulation;
   // Kept to prove the suite catches a classic bug: reported as an expected failure.
   bool deliberately_broken;
+  // Its core is compiled once per Highway SIMD target and dispatched at run time, so tests run it
+  // on every target.
+  bool simd_dispatched = false;
   // Rows of logits (each a value of `input`) at temperature theta -> rows of outputs (values of
   // `output`). Throws InputError if a logit is not a value of `input`.
   void (*run)(const Matrix& logits, double theta, Matrix& out);
+  // What the kernel is held to, with its derivation beside the row.
+  Tolerance tolerance;
 };
 
 struct AttentionKernel {
@@ -47,8 +53,9 @@ struct AttentionKernel {
   // Q (m x d), K (n x d), V (n x dv), entries values of `input`; scores, masks and modifiers as
   // tensor/head_scores.hpp says. Writes the outputs (queries x dv, values of `output`) and, when
   // `lse` is not null, the natural log-sum-exp per query (values of `lse_format`).
-  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores,
-              Matrix& out, std::vector<double>* lse);
+  void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values,
+              const tensor::HeadScores& scores, Matrix& out, std::vector<double>* lse);
+  Tolerance tolerance;
   const FloatFormat* lse_format = &fp32;
 };
 

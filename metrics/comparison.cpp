@@ -100,8 +100,8 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
     for (std::size_t j = 0; j < expected.cols; ++j) {
       const double e = expected(r, j);
       const double a = actual(r, j);
-      allowed[j] = tolerance.allowed_error((*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j),
-                                           input.scales[r], output);
+      allowed[j] = allowed_error(tolerance, (*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j),
+                                 input.scales[r], output);
       if (input.allowed != nullptr) (*input.allowed)(r, j) = allowed[j];
       ElementReport element{row_number, j, e, a, std::nullopt, allowed[j], 0};
       if (is_representable(a, output)) element.ulps = ulp_distance(a, e, output);

@@ -143,12 +143,12 @@ Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double the
   return evaluation;
 }
 
-Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries, const Matrix& keys,
-                              const Matrix& values, const tensor::HeadScores& scores) {
+Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
+                              const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores) {
   Matrix actual;
   kernel.run(queries, keys, values, scores, actual, nullptr);
-  return judge_attention({kernels::Operation::attention, kernel.output, &tolerance_for(kernel.name)}, queries, keys,
-                         values, scores, std::move(actual));
+  return judge_attention({kernels::Operation::attention, kernel.output, &tolerance_for(kernel.name)}, queries,
+                         keys, values, scores, std::move(actual));
 }
 
 namespace {
@@ -173,13 +173,15 @@ RowScale attention_row_scale(const Matrix& queries, const Matrix& keys, const te
       absolute += std::fabs(queries(query, t) * keys(j, t));
     }
     const double scaled = dot * scale;
-    const double capped = scores.softcap != 0.0 ? scores.softcap * std::tanh(scaled / scores.softcap) : scaled;
+    const double capped =
+        scores.softcap != 0.0 ? scores.softcap * std::tanh(scaled / scores.softcap) : scaled;
     const double bias = scores.has_bias() ? scores.bias_of(query, j) : 0.0;
     const double z = (capped + bias) / scores.theta;
     logits.push_back(z);
     double rounding = static_cast<double>(queries.cols) * absolute * std::fabs(scale) / theta;
     if (scores.softcap != 0.0 || scores.has_bias()) {
-      rounding += (4 * std::fabs(scaled) + 2 * std::fabs(bias) + 2 * std::fabs(capped)) / theta + 2 * std::fabs(z);
+      rounding +=
+          (4 * std::fabs(scaled) + 2 * std::fabs(bias) + 2 * std::fabs(capped)) / theta + 2 * std::fabs(z);
     }
     roundings.push_back(rounding);
   }
@@ -206,8 +208,8 @@ RowScale attention_row_scale(const Matrix& queries, const Matrix& keys, const te
 
 }  // namespace
 
-Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys, const Matrix& values,
-                           const tensor::HeadScores& scores, Matrix actual) {
+Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
+                           const Matrix& values, const tensor::HeadScores& scores, Matrix actual) {
   Evaluation evaluation;
   evaluation.actual = std::move(actual);
   reference::AttentionOptions options;

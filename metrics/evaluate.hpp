@@ -30,8 +30,8 @@ struct JudgeSpec {
 };
 
 // first_row_number: the number the first row has in reports (when judging a block of a larger file).
-[[nodiscard]] Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double theta, Matrix actual,
-                                       std::size_t first_row_number = 0);
+[[nodiscard]] Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double theta,
+                                       Matrix actual, std::size_t first_row_number = 0);
 
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                                             const Matrix& keys, const Matrix& values,
@@ -39,6 +39,7 @@ struct JudgeSpec {
 // Judges attention outputs computed elsewhere under the given scores (masks, modifiers, scale;
 // fully masked rows are judged against zeros).
 [[nodiscard]] Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
-                                         const Matrix& values, const tensor::HeadScores& scores, Matrix actual);
+                                         const Matrix& values, const tensor::HeadScores& scores,
+                                         Matrix actual);
 
 }  // namespace sharpcheck::metrics

@@ -1,8 +1,8 @@
-// The one tolerance table: for each kernel, the largest error the suite accepts per output
-// element, as a formula in the accumulation format's unit roundoff u, the output format's unit
-// roundoff u_out, the row size n and the row's shifted logits. Every entry is derived in
-// metrics/tolerance_table.cpp from a rounding-error analysis (and says so) or from measurement
-// (and says so); tests never carry a tolerance of their own.
+// Evaluating tolerance entries (kernels/tolerance.hpp): a row's geometry, the allowed error of
+// one element, and the entries that belong to no built-in kernel. Every entry is derived beside
+// its definition (a kernel's in kernels/registry.cpp, a contract's in tolerance_table.cpp) from
+// a rounding-error analysis (and says so) or from measurement (and says so); tests never carry a
+// tolerance of their own.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "formats/float_format.hpp"
+#include "kernels/tolerance.hpp"
 
 namespace sharpcheck::metrics {
 
@@ -33,38 +34,23 @@ inline constexpr double negligible_below = 200;
 // What one negligible entry can contribute, relative to the row's sum and to an element's own value.
 inline constexpr double negligible_contribution = 0x1p-190;
 
-struct Tolerance {
-  std::string_view kernel;
-  // The accumulation format the bound assumes: the kernel's contract, which a broken kernel
-  // (bf16acc, whose running sum is bf16) fails to honour.
-  const FloatFormat* accumulation;
-  // Relative error bound of element j, in units of u:
-  //   argument |z_j| + spread max|z| + unshifted |m/theta| + per_item n + constant
-  //   + beta_sensitivity n (2 + ln n + max|z|) (|z_j| + max|z|) + dot_product logit_rounding
-  //   + log_length ln n + logarithm (n + 1) |ln magnitude|
-  // relative to the element's magnitude (|expected| for softmax, sum_j p_j |v_j| for attention),
-  // taken as exp(units u) - 1 so that the large exponent errors of stick-breaking stay bounds.
-  double argument;
-  double spread;
-  double unshifted;
-  double per_item;
-  double constant;
-  double beta_sensitivity;
-  double dot_product;
-  std::string_view basis;   // "analysis: ..." or "measured: ..."
-  std::string_view reason;  // one line: why these coefficients
-  double log_length = 0;    // sigmoid attention's bias -ln n, rounded
-  double logarithm = 0;     // stick-breaking: an exponent of size |ln A_j| summed over up to n terms
+using kernels::Tolerance;
 
-  // Largest accepted |actual - expected| for one element of the given magnitude. Includes the
-  // output rounding (the kernel's and the reference's, 2 u_out relative) and an absolute floor
-  // of one output subnormal plus four accumulation subnormals.
-  [[nodiscard]] double allowed_error(double magnitude, double z_magnitude, const RowScale& row,
-                                     const FloatFormat& output) const;
+// Largest accepted |actual - expected| for one element of the given magnitude under `tolerance`.
+// Includes the output rounding (the kernel's and the reference's, 2 u_out relative) and an
+// absolute floor of one output subnormal plus four accumulation subnormals.
+[[nodiscard]] double allowed_error(const Tolerance& tolerance, double magnitude, double z_magnitude,
+                                   const RowScale& row, const FloatFormat& output);
+
+// A named entry that belongs to no built-in kernel: what a plugin or a file of outputs is held to.
+struct ContractEntry {
+  std::string_view name;
+  Tolerance tolerance;
 };
+[[nodiscard]] std::span<const ContractEntry> contract_entries();
 
-// The entry for a kernel; throws std::out_of_range naming the kernel if it has none.
-[[nodiscard]] const Tolerance& tolerance_for(std::string_view kernel);
-[[nodiscard]] std::span<const Tolerance> tolerance_table();
+// The entry of a built-in kernel (its registry row's) or a contract entry, by name; throws
+// std::out_of_range naming it if there is none.
+[[nodiscard]] const Tolerance& tolerance_for(std::string_view name);
 
 }  // namespace sharpcheck::metrics

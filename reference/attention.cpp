@@ -35,7 +35,8 @@ long AttentionRowResults::decided_count() const {
 
 namespace {
 
-void validate(const Matrix& queries, const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores) {
+void validate(const Matrix& queries, const Matrix& keys, const Matrix& values,
+              const tensor::HeadScores& scores) {
   const std::string name = "attention";
   if (queries.rows == 0 || keys.rows == 0 || queries.cols == 0 || values.cols == 0) {
     throw InputError(InputProblem::empty_input, name + ": empty input (Q is " + std::to_string(queries.rows) +
@@ -52,10 +53,10 @@ void validate(const Matrix& queries, const Matrix& keys, const Matrix& values, c
                                                        " rows but V has " + std::to_string(values.rows));
   }
   if (scores.queries > queries.rows || scores.keys > keys.rows) {
-    throw InputError(InputProblem::shape_mismatch, name + ": the scores cover " + std::to_string(scores.queries) +
-                                                       "x" + std::to_string(scores.keys) + " but Q has " +
-                                                       std::to_string(queries.rows) + " rows and K " +
-                                                       std::to_string(keys.rows));
+    throw InputError(InputProblem::shape_mismatch,
+                     name + ": the scores cover " + std::to_string(scores.queries) + "x" +
+                         std::to_string(scores.keys) + " but Q has " + std::to_string(queries.rows) +
+                         " rows and K " + std::to_string(keys.rows));
   }
   scores.validate(name);
   check_all_finite(queries, name, "Q");
@@ -95,7 +96,8 @@ class ZivRow {
         exact_cases_checked = true;
         if (results.all_done()) return;
       }
-      if (statistics != nullptr) statistics->highest_precision = std::max(statistics->highest_precision, precision);
+      if (statistics != nullptr)
+        statistics->highest_precision = std::max(statistics->highest_precision, precision);
       enclose(precision);
       decide_weights(precision, results);
       decide_outputs(precision, results);
@@ -108,7 +110,8 @@ class ZivRow {
  private:
   // [lo, hi] encloses the exact dot product Q_i . K_key.
   void enclose_dot(std::size_t key, mpfr_ptr lo, mpfr_ptr hi) {
-    for (std::size_t t = 0; t < row_.keys.cols; ++t) mpfr_set_d(key_numbers_[t], row_.keys(key, t), MPFR_RNDN);
+    for (std::size_t t = 0; t < row_.keys.cols; ++t)
+      mpfr_set_d(key_numbers_[t], row_.keys(key, t), MPFR_RNDN);
     const int ternary =
         mpfr_dot(lo, query_numbers_.pointers(), key_numbers_.pointers(), row_.keys.cols, MPFR_RNDN);
     mpfr_set(hi, lo, MPFR_RNDN);
@@ -169,7 +172,8 @@ class ZivRow {
 
   // Encloses every entry's logit, its exponential against a common shift, and their sum S.
   void enclose(mpfr_prec_t precision) {
-    for (MpfrArray* array : {&z_lo_, &z_hi_, &w_lo_, &w_hi_, &terms_lo_, &terms_hi_}) array->set_precision(precision);
+    for (MpfrArray* array : {&z_lo_, &z_hi_, &w_lo_, &w_hi_, &terms_lo_, &terms_hi_})
+      array->set_precision(precision);
     MpfrNumber s_lo(precision), s_hi(precision);
     enclose_scale(precision, s_lo, s_hi);
     const std::size_t count = row_.entries();
@@ -230,10 +234,10 @@ class ZivRow {
       mpfr_sum(numerator_lo.get(), terms_lo_.pointers(), count, MPFR_RNDD);
       mpfr_sum(numerator_hi.get(), terms_hi_.pointers(), count, MPFR_RNDU);
       // N / S with S in [sum_lo, sum_hi] > 0.
-      mpfr_div(lo.get(), numerator_lo.get(), mpfr_sgn(numerator_lo.get()) >= 0 ? sum_hi_->get() : sum_lo_->get(),
-               MPFR_RNDD);
-      mpfr_div(hi.get(), numerator_hi.get(), mpfr_sgn(numerator_hi.get()) >= 0 ? sum_lo_->get() : sum_hi_->get(),
-               MPFR_RNDU);
+      mpfr_div(lo.get(), numerator_lo.get(),
+               mpfr_sgn(numerator_lo.get()) >= 0 ? sum_hi_->get() : sum_lo_->get(), MPFR_RNDD);
+      mpfr_div(hi.get(), numerator_hi.get(),
+               mpfr_sgn(numerator_hi.get()) >= 0 ? sum_lo_->get() : sum_hi_->get(), MPFR_RNDU);
       if (const auto rounded = round_if_decided(lo.get(), hi.get(), target_)) {
         results.output[column] = *rounded;
         results.output_done[column] = true;
@@ -270,8 +274,8 @@ class ZivRow {
 };
 
 // The cheap stages, then the Ziv loop, for one row.
-void solve_row(const AttentionRow& row, const FloatFormat& target, bool mpfr_only, AttentionRowResults& results,
-               ZivStatistics* statistics) {
+void solve_row(const AttentionRow& row, const FloatFormat& target, bool mpfr_only,
+               AttentionRowResults& results, ZivStatistics* statistics) {
   if (!mpfr_only) {
     decide_attention_row_in_double(row, target, results);
     const long in_double = results.decided_count();
@@ -294,8 +298,9 @@ struct RowRequest {
 };
 
 // Query `query` of a head: its keys, bias terms and sink, the fully masked rule, then the stages.
-void attention_row(const Matrix& queries, const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores,
-                   std::size_t query, const FloatFormat& target, const RowRequest& request) {
+void attention_row(const Matrix& queries, const Matrix& keys, const Matrix& values,
+                   const tensor::HeadScores& scores, std::size_t query, const FloatFormat& target,
+                   const RowRequest& request) {
   thread_local std::vector<std::size_t> active;
   thread_local std::vector<tensor::HeadScores::BiasTerms> bias;
   scores.visible_keys(query, active);
@@ -313,13 +318,17 @@ void attention_row(const Matrix& queries, const Matrix& keys, const Matrix& valu
     if (request.lse != nullptr) *request.lse = -INFINITY;
     return;  // outputs and weights stay 0
   }
-  AttentionRowResults results{request.output, request.weights, request.lse, request.lse_base2,
+  AttentionRowResults results{request.output,
+                              request.weights,
+                              request.lse,
+                              request.lse_base2,
                               std::vector<bool>(values.cols, false),
                               std::vector<bool>(request.weights.empty() ? 0 : active.size(), false)};
   solve_row(row, target, request.mpfr_only, results, request.statistics);
 }
 
-tensor::HeadScores completed_scores(const AttentionOptions& options, const Matrix& queries, const Matrix& keys) {
+tensor::HeadScores completed_scores(const AttentionOptions& options, const Matrix& queries,
+                                    const Matrix& keys) {
   tensor::HeadScores scores = options.scores;
   if (scores.queries == 0) scores.queries = queries.rows;
   if (scores.keys == 0) scores.keys = keys.rows;
@@ -329,8 +338,8 @@ tensor::HeadScores completed_scores(const AttentionOptions& options, const Matri
 
 }  // namespace
 
-AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matrix& values, const FloatFormat& target,
-                          const AttentionOptions& options) {
+AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matrix& values,
+                          const FloatFormat& target, const AttentionOptions& options) {
   const tensor::HeadScores scores = completed_scores(options, queries, keys);
   validate(queries, keys, values, scores);
   AttentionResult result{Matrix(queries.rows, values.cols), std::nullopt, {}};
@@ -350,7 +359,8 @@ namespace {
 
 // One head's rows of a stored tensor as a matrix (rows x columns).
 template <typename Offset>
-Matrix gather_head(std::span<const double> stored, std::size_t rows, std::size_t columns, const Offset& offset_of) {
+Matrix gather_head(std::span<const double> stored, std::size_t rows, std::size_t columns,
+                   const Offset& offset_of) {
   Matrix matrix(rows, columns);
   for (std::size_t s = 0; s < rows; ++s) {
     const std::size_t start = offset_of(s);
@@ -360,12 +370,13 @@ Matrix gather_head(std::span<const double> stored, std::size_t rows, std::size_t
   return matrix;
 }
 
-void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const double> q, std::span<const double> k,
-                        std::span<const double> v) {
+void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const double> q,
+                        std::span<const double> k, std::span<const double> v) {
   const auto check = [](std::size_t got, std::size_t expected, const char* name) {
     if (got != expected) {
-      throw InputError(InputProblem::shape_mismatch, std::string("attention: ") + name + " has " + std::to_string(got) +
-                                                         " elements, the problem needs " + std::to_string(expected));
+      throw InputError(InputProblem::shape_mismatch,
+                       std::string("attention: ") + name + " has " + std::to_string(got) +
+                           " elements, the problem needs " + std::to_string(expected));
     }
   };
   check(q.size(), problem.query_elements(), "Q");
@@ -375,8 +386,8 @@ void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const
     const auto bad = std::find_if(data.begin(), data.end(), [](double x) { return !std::isfinite(x); });
     if (bad == data.end()) continue;
     throw InputError(std::isnan(*bad) ? InputProblem::nan_value : InputProblem::non_finite_value,
-                     std::string("attention: ") + name + " element " + std::to_string(bad - data.begin()) + " is " +
-                         (std::isnan(*bad) ? "NaN" : "infinite"));
+                     std::string("attention: ") + name + " element " + std::to_string(bad - data.begin()) +
+                         " is " + (std::isnan(*bad) ? "NaN" : "infinite"));
   }
 }
 
@@ -392,8 +403,8 @@ void add_statistics(ZivStatistics& total, const ZivStatistics& part) {
 }  // namespace
 
 AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::span<const double> q,
-                                std::span<const double> k, std::span<const double> v, const FloatFormat& target,
-                                const AttentionTensorOptions& options) {
+                                std::span<const double> k, std::span<const double> v,
+                                const FloatFormat& target, const AttentionTensorOptions& options) {
   problem.validate();
   check_tensor_sizes(problem, q, k, v);
   const tensor::AttentionShape& shape = problem.shape;
@@ -407,13 +418,16 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
     const std::size_t key_rows = problem.key_length(b);
     if (query_rows == 0) continue;
     for (std::size_t kv = 0; kv < shape.kv_heads; ++kv) {
-      const Matrix keys = gather_head(k, key_rows, shape.head_dim, [&](std::size_t s) { return problem.key_offset(b, kv, s, 0); });
-      const Matrix values = gather_head(v, key_rows, shape.value_dim, [&](std::size_t s) { return problem.value_offset(b, kv, s, 0); });
+      const Matrix keys = gather_head(k, key_rows, shape.head_dim,
+                                      [&](std::size_t s) { return problem.key_offset(b, kv, s, 0); });
+      const Matrix values = gather_head(v, key_rows, shape.value_dim,
+                                        [&](std::size_t s) { return problem.value_offset(b, kv, s, 0); });
       std::vector<Matrix> queries;
       std::vector<tensor::HeadScores> scores;
       for (std::size_t g = 0; g < problem.group_size(); ++g) {
         const std::size_t h = kv * problem.group_size() + g;
-        queries.push_back(gather_head(q, query_rows, shape.head_dim, [&](std::size_t s) { return problem.query_offset(b, h, s, 0); }));
+        queries.push_back(gather_head(q, query_rows, shape.head_dim,
+                                      [&](std::size_t s) { return problem.query_offset(b, h, s, 0); }));
         scores.push_back(problem.head(b, h));
         if (key_rows == 0) scores.back().keys = 0;
       }
@@ -422,9 +436,14 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
         const std::size_t g = item / chunks;
         const std::size_t h = kv * problem.group_size() + g;
         ZivStatistics local;
-        for (std::size_t s = (item % chunks) * rows_per_item; s < std::min(query_rows, (item % chunks + 1) * rows_per_item); ++s) {
-          RowRequest request{{result.output.data() + problem.output_offset(b, h, s, 0), shape.value_dim}, {}, nullptr,
-                             options.lse_base2, options.mpfr_only, &local};
+        for (std::size_t s = (item % chunks) * rows_per_item;
+             s < std::min(query_rows, (item % chunks + 1) * rows_per_item); ++s) {
+          RowRequest request{{result.output.data() + problem.output_offset(b, h, s, 0), shape.value_dim},
+                             {},
+                             nullptr,
+                             options.lse_base2,
+                             options.mpfr_only,
+                             &local};
           if (options.return_lse) request.lse = &result.lse[problem.lse_offset(b, h, s)];
           attention_row(queries[g], keys, values, scores[g], s, target, request);
         }

@@ -67,8 +67,9 @@ struct AttentionTensorResult {
 
 // q, k, v hold problem.query_elements(), key_elements() and value_elements() doubles in the
 // problem's layout. Holds one head's keys and values as matrices at a time, beside the result.
-[[nodiscard]] AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::span<const double> q,
-                                              std::span<const double> k, std::span<const double> v,
-                                              const FloatFormat& target, const AttentionTensorOptions& options = {});
+[[nodiscard]] AttentionTensorResult attention(const tensor::AttentionProblem& problem,
+                                              std::span<const double> q, std::span<const double> k,
+                                              std::span<const double> v, const FloatFormat& target,
+                                              const AttentionTensorOptions& options = {});
 
 }  // namespace sharpcheck::reference

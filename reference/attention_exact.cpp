@@ -213,7 +213,8 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, const Fl
     const Entry& first = exact.entries[0];
     const bool all_zero = exact.groups.size() == 1 && is_zero(first.bias) && is_zero(first.dot);
     if (!all_zero || !std::has_single_bit(count)) return false;
-    *results.lse = round_to_format(static_cast<double>(std::bit_width(count) - 1), target);  // log2 of a power of two
+    *results.lse =
+        round_to_format(static_cast<double>(std::bit_width(count) - 1), target);  // log2 of a power of two
     return results.lse_done = true;
   }
   if (count != 1) return false;

@@ -17,8 +17,8 @@ struct AttentionRow {
   std::span<const double> query;
   const Matrix& keys;
   const Matrix& values;
-  std::span<const std::size_t> active;                          // the keys this query sees
-  std::span<const tensor::HeadScores::BiasTerms> bias;          // per active key; empty when none
+  std::span<const std::size_t> active;                  // the keys this query sees
+  std::span<const tensor::HeadScores::BiasTerms> bias;  // per active key; empty when none
   const tensor::HeadScores& scores;
 
   [[nodiscard]] bool has_sink() const { return scores.sink.has_value(); }

@@ -181,13 +181,14 @@ struct AttentionRowInDouble {
 // Entry a's logit z_a = (fl(q . k_a) fl(scale) + fl(bias_a)) / theta in double, with its absolute
 // error: the dot product's (gamma_d sum |q_t k_t| scaled), the scale's (1/sqrt(d) is within 2u:
 // a correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's
-// one fma (u |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta (2.1u |z|). The sink is
-// entry `active.size()`, exact but for the division. False when a logit is not finite or its
-// error is too large for this stage (the later stages take the row).
+// one fma (u |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by
+// theta (2.1u |z|). The sink is entry `active.size()`, exact but for the division. False when a logit is not
+// finite or its error is too large for this stage (the later stages take the row).
 bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
   const std::size_t dimension = source.keys.cols;
   const double dot_gamma = gamma_of(static_cast<double>(dimension));
-  const double scale = source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
+  const double scale =
+      source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
   const double theta = source.scores.theta;
   for (std::size_t a = 0; a < source.active.size(); ++a) {
     const auto key = source.keys.row(source.active[a]);
@@ -206,8 +207,10 @@ bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& ro
     const double z = (scaled + bias) / theta;
     row.logits[a] = z;
     row.errors[a] = ((std::fabs(scale) * dot_gamma * absolute + 5.1 * unit_roundoff * std::fabs(scaled) +
-                      2.1 * unit_roundoff * std::fabs(bias)) / std::fabs(theta) +
-                     2.1 * unit_roundoff * std::fabs(z)) * (1 + 0x1p-40);
+                      2.1 * unit_roundoff * std::fabs(bias)) /
+                         std::fabs(theta) +
+                     2.1 * unit_roundoff * std::fabs(z)) *
+                    (1 + 0x1p-40);
     if (!std::isfinite(z) || !std::isfinite(row.errors[a]) || row.errors[a] > 0x1p-30) return false;
   }
   if (source.has_sink()) {
@@ -303,8 +306,8 @@ void decide_attention_row_in_double(const AttentionRow& source, const FloatForma
       results.weight_done[a] = true;
     }
   }
-  decide_attention_outputs(source.values, source.active, target, row, scratch, magnitude_scratch, results.output,
-                           results.output_done);
+  decide_attention_outputs(source.values, source.active, target, row, scratch, magnitude_scratch,
+                           results.output, results.output_done);
 }
 
 }  // namespace sharpcheck::reference

@@ -100,8 +100,9 @@ void HeadScores::validate(const std::string& where) const {
       const double b = bias[i * row_stride + j];
       if (std::isnan(b) || b == INFINITY) {
         throw InputError(std::isnan(b) ? InputProblem::nan_value : InputProblem::positive_infinity,
-                         where + ": bias[" + std::to_string(i) + "][" + std::to_string(j) +
-                             "] is " + (std::isnan(b) ? "NaN" : "+inf") + " (-inf masks the key; nothing else may be non-finite)");
+                         where + ": bias[" + std::to_string(i) + "][" + std::to_string(j) + "] is " +
+                             (std::isnan(b) ? "NaN" : "+inf") +
+                             " (-inf masks the key; nothing else may be non-finite)");
       }
     }
   }

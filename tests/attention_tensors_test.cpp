@@ -49,7 +49,8 @@ struct IndependentRow {
   bool empty = true;
 };
 
-IndependentRow independent_row(const Matrix& q, const Matrix& k, const Matrix& v, std::size_t i, const Modifiers& m) {
+IndependentRow independent_row(const Matrix& q, const Matrix& k, const Matrix& v, std::size_t i,
+                               const Modifiers& m) {
   const long offset = m.bottom_right ? static_cast<long>(k.rows) - static_cast<long>(q.rows) : 0;
   const long aligned = static_cast<long>(i) + offset;
   const Exact scale = 1 / sqrt(Exact(q.cols));
@@ -91,7 +92,8 @@ tensor::HeadScores scores_of(const Modifiers& m, const Matrix& q, const Matrix& 
   scores.keys = k.rows;
   scores.row_stride = k.rows;
   scores.causal = m.causal;
-  scores.alignment = m.bottom_right ? tensor::DiagonalAlignment::bottom_right : tensor::DiagonalAlignment::top_left;
+  scores.alignment =
+      m.bottom_right ? tensor::DiagonalAlignment::bottom_right : tensor::DiagonalAlignment::top_left;
   if (m.left) scores.window_left = static_cast<std::size_t>(*m.left);
   if (m.right) scores.window_right = static_cast<std::size_t>(*m.right);
   scores.softcap = m.softcap;
@@ -122,9 +124,11 @@ void expect_matches_independent(const Matrix& q, const Matrix& k, const Matrix& 
       continue;
     }
     for (std::size_t c = 0; c < v.cols; ++c)
-      ASSERT_TRUE(is_nearest_in_format(result.output(i, c), expected.output[c], format)) << label << " row " << i;
+      ASSERT_TRUE(is_nearest_in_format(result.output(i, c), expected.output[c], format))
+          << label << " row " << i;
     for (std::size_t j = 0; j < k.rows; ++j)
-      ASSERT_TRUE(is_nearest_in_format(result.weights->operator()(i, j), expected.weights[j], format)) << label;
+      ASSERT_TRUE(is_nearest_in_format(result.weights->operator()(i, j), expected.weights[j], format))
+          << label;
     ASSERT_TRUE(is_nearest_in_format(result.lse[i], expected.lse, format)) << label << " lse row " << i;
   }
 }
@@ -138,7 +142,8 @@ TEST_P(EveryModifier, AgreesWithTheIndependentBackend) {
   const Matrix k = random_matrix(11, 16, random, 1.5);
   const Matrix v = random_matrix(11, 3, random, 2.0);
   Matrix bias(7, 11);
-  for (double& b : bias.values) b = random.below(5) == 0 ? -INFINITY : static_cast<float>(random.normal(0, 1));
+  for (double& b : bias.values)
+    b = random.below(5) == 0 ? -INFINITY : static_cast<float>(random.normal(0, 1));
   std::vector<std::pair<std::string, Modifiers>> cases;
   cases.push_back({"causal top-left", {.causal = true}});
   cases.push_back({"causal bottom-right", {.causal = true, .bottom_right = true}});
@@ -147,12 +152,20 @@ TEST_P(EveryModifier, AgreesWithTheIndependentBackend) {
   cases.push_back({"soft-cap 2", {.softcap = 2.0}});
   cases.push_back({"soft-cap 50, theta -0.75", {.softcap = 50.0, .theta = -0.75}});
   cases.push_back({"ALiBi 0.25", {.alibi = 0.25}});
-  cases.push_back({"ALiBi 0.0625 causal bottom-right", {.causal = true, .bottom_right = true, .alibi = 0.0625}});
+  cases.push_back(
+      {"ALiBi 0.0625 causal bottom-right", {.causal = true, .bottom_right = true, .alibi = 0.0625}});
   cases.push_back({"sink 1.5", {.sink = 1.5}});
   cases.push_back({"sink -3 causal", {.causal = true, .sink = -3.0}});
   cases.push_back({"additive bias with -inf", {.bias = &bias}});
-  cases.push_back({"everything", {.causal = true, .bottom_right = true, .left = 4, .softcap = 5.0, .alibi = 0.125,
-                                  .sink = 0.5, .theta = 1.25, .bias = &bias}});
+  cases.push_back({"everything",
+                   {.causal = true,
+                    .bottom_right = true,
+                    .left = 4,
+                    .softcap = 5.0,
+                    .alibi = 0.125,
+                    .sink = 0.5,
+                    .theta = 1.25,
+                    .bias = &bias}});
   for (const auto& [label, modifiers] : cases) expect_matches_independent(q, k, v, modifiers, format, label);
 }
 
@@ -271,8 +284,8 @@ Tensors random_tensors(const tensor::AttentionProblem& problem, std::uint64_t se
   return t;
 }
 
-tensor::AttentionProblem problem_of(std::size_t batch, std::size_t heads, std::size_t kv_heads, std::size_t sq,
-                                    std::size_t sk, std::size_t d) {
+tensor::AttentionProblem problem_of(std::size_t batch, std::size_t heads, std::size_t kv_heads,
+                                    std::size_t sq, std::size_t sk, std::size_t d) {
   tensor::AttentionProblem problem;
   problem.shape = {batch, heads, kv_heads, sq, sk, d, d};
   return problem;
@@ -285,7 +298,8 @@ TEST(Tensors, GroupedQueryAttentionEqualsRepeatedKeysAndValuesBitForBit) {
   const Tensors t = random_tensors(gqa, 3);
   tensor::AttentionProblem repeated = gqa;
   repeated.shape.kv_heads = 4;
-  Tensors r{t.q, std::vector<double>(repeated.key_elements()), std::vector<double>(repeated.value_elements())};
+  Tensors r{t.q, std::vector<double>(repeated.key_elements()),
+            std::vector<double>(repeated.value_elements())};
   for (std::size_t b = 0; b < 2; ++b) {
     for (std::size_t h = 0; h < 4; ++h) {
       for (std::size_t s = 0; s < 7; ++s) {
@@ -306,7 +320,8 @@ TEST(Tensors, GroupedQueryAttentionEqualsRepeatedKeysAndValuesBitForBit) {
   for (std::size_t b = 0; b < 2; ++b)
     for (std::size_t h = 0; h < 4; ++h)
       for (std::size_t s = 0; s < 7; ++s)
-        for (std::size_t c = 0; c < 8; ++c) wrong.k[repeated.key_offset(b, h, s, c)] = t.k[gqa.key_offset(b, h % 2, s, c)];
+        for (std::size_t c = 0; c < 8; ++c)
+          wrong.k[repeated.key_offset(b, h, s, c)] = t.k[gqa.key_offset(b, h % 2, s, c)];
   EXPECT_NE(reference::attention(repeated, wrong.q, wrong.k, r.v, bf16, options).output, grouped.output);
 }
 
@@ -341,13 +356,15 @@ TEST(Tensors, PackedVariableLengthsEqualPaddedBatchesAndBshdEqualsBhsd) {
   bshd.layout = tensor::Layout::bshd;
   Tensors p{std::vector<double>(packed.query_elements()), std::vector<double>(packed.key_elements()),
             std::vector<double>(packed.value_elements())};
-  Tensors s{std::vector<double>(t.q.size()), std::vector<double>(t.k.size()), std::vector<double>(t.v.size())};
+  Tensors s{std::vector<double>(t.q.size()), std::vector<double>(t.k.size()),
+            std::vector<double>(t.v.size())};
   for (std::size_t b = 0; b < 2; ++b) {
     for (std::size_t c = 0; c < 8; ++c) {
       for (std::size_t h = 0; h < 2; ++h) {
         for (std::size_t i = 0; i < 6; ++i) {
           s.q[bshd.query_offset(b, h, i, c)] = t.q[padded.query_offset(b, h, i, c)];
-          if (i < padded.query_length(b)) p.q[packed.query_offset(b, h, i, c)] = t.q[padded.query_offset(b, h, i, c)];
+          if (i < padded.query_length(b))
+            p.q[packed.query_offset(b, h, i, c)] = t.q[padded.query_offset(b, h, i, c)];
         }
       }
       for (std::size_t j = 0; j < 9; ++j) {

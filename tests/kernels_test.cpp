@@ -143,13 +143,20 @@ TEST(EscapeKernels, AWrongOperatorFailsItsTableEntry) {
       {"sigmoid", kernels::Operation::sigmoid_attention, run_double_rows<sigmoid_without_bias>},
       {"stick_breaking", kernels::Operation::stick_breaking, run_double_rows<stick_breaking_farthest_first>}};
   for (const auto& variant : wrong) {
-    const SoftmaxKernel kernel{variant.entry, "a wrong variant", variant.operation, &fp32, &fp32, &fp32,
-                               true,          variant.run};
+    const SoftmaxKernel kernel{.name = variant.entry,
+                               .description = "a wrong variant",
+                               .operation = variant.operation,
+                               .input = &fp32,
+                               .output = &fp32,
+                               .accumulation = &fp32,
+                               .deliberately_broken = true,
+                               .run = variant.run,
+                               .tolerance = metrics::tolerance_for(variant.entry)};
     Matrix actual;
     kernel.run(logits, 1.0, actual);
     const auto evaluation =
-        metrics::judge_softmax({kernel.operation, kernel.output, &metrics::tolerance_for(variant.entry)}, logits, 1.0,
-                               std::move(actual));
+        metrics::judge_softmax({kernel.operation, kernel.output, &metrics::tolerance_for(variant.entry)},
+                               logits, 1.0, std::move(actual));
     EXPECT_FALSE(evaluation.comparison.passed()) << variant.entry;
     EXPECT_GT(evaluation.comparison.max_bound_ratio, 100.0) << variant.entry;
   }
@@ -287,9 +294,9 @@ TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
   for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     targets.emplace_back(hwy::TargetName(target));
-    for (const char* name : {"safe3", "online2", "blocked", "safe3_bf16", "online2_bf16", "safe3_fp16",
-                             "online2_fp16", "int8", "uint8"}) {
-      const SoftmaxKernel& kernel = *kernels::find_softmax_kernel(name);
+    for (const SoftmaxKernel& kernel : kernels::softmax_kernels()) {
+      if (!kernel.simd_dispatched || kernel.deliberately_broken) continue;
+      const std::string_view name = kernel.name;
       for (const inputs::RowKind kind : inputs::all_row_kinds) {
         const Matrix logits = rows_of({inputs::make_row(kind, 1000, *kernel.input, 3)});
         const auto evaluation = metrics::evaluate_softmax(kernel, logits, 1.0);
@@ -301,6 +308,9 @@ TEST(Dispatch, EverySimdTargetStaysWithinTheTable) {
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
   EXPECT_GE(targets.size(), 2u) << "expected a SIMD target and a scalar fallback";
+  const auto dispatched = std::count_if(kernels::softmax_kernels().begin(), kernels::softmax_kernels().end(),
+                                        [](const SoftmaxKernel& k) { return k.simd_dispatched; });
+  EXPECT_GE(dispatched, 9) << "the registry marks the SIMD-dispatched kernels";
 }
 
 // The SIMD row conversions on every compiled target agree with the exact scalar ones on every
@@ -392,7 +402,8 @@ TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
   const std::size_t n = 150;
   const std::size_t d = 32;
   std::vector<double> bias(m * n);
-  for (double& b : bias) b = random.below(7) == 0 ? -1e9 : (random.below(9) == 0 ? -INFINITY : 0.5 * random.normal(0, 1));
+  for (double& b : bias)
+    b = random.below(7) == 0 ? -1e9 : (random.below(9) == 0 ? -INFINITY : 0.5 * random.normal(0, 1));
   struct Variant {
     const char* name;
     tensor::HeadScores scores;
@@ -403,13 +414,26 @@ TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
     set(scores);
     variants.push_back({name, scores});
   };
-  with("causal bottom-right", [](auto& s) { s.causal = true; s.alignment = tensor::DiagonalAlignment::bottom_right; });
-  with("window (16, 0)", [](auto& s) { s.window_left = 16; s.window_right = 0; s.alignment = tensor::DiagonalAlignment::bottom_right; });
+  with("causal bottom-right", [](auto& s) {
+    s.causal = true;
+    s.alignment = tensor::DiagonalAlignment::bottom_right;
+  });
+  with("window (16, 0)", [](auto& s) {
+    s.window_left = 16;
+    s.window_right = 0;
+    s.alignment = tensor::DiagonalAlignment::bottom_right;
+  });
   with("soft-cap 1", [](auto& s) { s.softcap = 1.0; });
   with("ALiBi 0.5", [](auto& s) { s.alibi_slope = 0.5; });
   with("sink 4", [](auto& s) { s.sink = 4.0; });
-  with("bias, -1e9 and -inf", [&](auto& s) { s.bias = bias; s.row_stride = n; });
-  with("scale 0.3, theta 0.5", [](auto& s) { s.scale = 0.3; s.theta = 0.5; });
+  with("bias, -1e9 and -inf", [&](auto& s) {
+    s.bias = bias;
+    s.row_stride = n;
+  });
+  with("scale 0.3, theta 0.5", [](auto& s) {
+    s.scale = 0.3;
+    s.theta = 0.5;
+  });
   for (const auto& kernel : kernels::attention_kernels()) {
     Matrix q(m, d), k(n, d), v(n, 8);
     for (auto* matrix : {&q, &k, &v}) {
@@ -421,9 +445,9 @@ TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
           << kernel.name << " " << variant.name << ": " << honest.comparison.worst.describe();
       Matrix ignoring;
       kernel.run(q, k, v, tensor::HeadScores{}, ignoring, nullptr);
-      const auto mutant = metrics::judge_attention({kernels::Operation::attention, kernel.output,
-                                                    &metrics::tolerance_for(kernel.name)},
-                                                   q, k, v, variant.scores, ignoring);
+      const auto mutant = metrics::judge_attention(
+          {kernels::Operation::attention, kernel.output, &metrics::tolerance_for(kernel.name)}, q, k, v,
+          variant.scores, ignoring);
       EXPECT_FALSE(mutant.comparison.passed()) << kernel.name << " ignoring " << variant.name;
     }
   }

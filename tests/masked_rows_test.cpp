@@ -30,8 +30,9 @@ Matrix masked_rows(double mask, std::size_t rows, std::uint64_t seed) {
 }
 
 metrics::Evaluation judge(const Matrix& logits, Matrix actual) {
-  return metrics::judge_softmax({kernels::Operation::softmax, &fp32, &metrics::tolerance_for("plugin_softmax")},
-                                logits, 1.0, std::move(actual));
+  return metrics::judge_softmax(
+      {kernels::Operation::softmax, &fp32, &metrics::tolerance_for("plugin_softmax")}, logits, 1.0,
+      std::move(actual));
 }
 
 Matrix exact_outputs(const Matrix& logits) {
