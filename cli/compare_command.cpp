@@ -12,6 +12,7 @@
 #include "io/npy.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
+#include "metrics/judge_tensors.hpp"
 #include "reference/attention.hpp"
 
 namespace sharpcheck::cli {
@@ -23,6 +24,12 @@ struct CompareSettings {
   std::string tolerance_entry;
   double theta = 1.0;
   bool causal = false;
+  // Attention problems (tensor/attention_problem.hpp): layout, lengths, masks and modifiers.
+  std::string layout = "bhsd", align = "top-left", window, query_lengths, key_lengths, cu_q, cu_k;
+  std::string sinks_path, alibi_path, lse_path, fully_masked = "zeros";
+  std::vector<double> scale;  // empty: exactly 1/sqrt(d)
+  double softcap = 0;
+  bool lse_base2 = false;
   std::string json_path, junit_path, budget_path, baseline_path;
   std::string name;  // --name: the kernel's name in reports, budgets and baselines
   bool update_baseline = false;
@@ -148,6 +155,118 @@ void judge_softmax_outputs(const CompareSettings& settings, const FloatFormat& f
       outcome.comparison.rows == 0 ? 0 : outcome.comparison.elements / outcome.comparison.rows;
 }
 
+// The scores every attention comparison shares: scale, temperature, causal alignment, window,
+// soft-cap and the fully masked rule, from the options.
+tensor::HeadScores scores_from(const CompareSettings& settings) {
+  tensor::HeadScores scores;
+  if (!settings.scale.empty()) scores.scale = settings.scale.front();
+  scores.theta = settings.theta;
+  scores.causal = settings.causal;
+  if (settings.align != "top-left" && settings.align != "bottom-right") {
+    throw InputError(InputProblem::out_of_range, "compare: --align must be top-left or bottom-right");
+  }
+  if (settings.align == "bottom-right") scores.alignment = tensor::DiagonalAlignment::bottom_right;
+  if (!settings.window.empty()) {  // "L,R" with -1 for unbounded, as FlashAttention's window_size
+    const auto comma = settings.window.find(',');
+    if (comma == std::string::npos)
+      throw InputError(InputProblem::out_of_range, "compare: --window takes L,R");
+    const auto side = [&](const std::string& text) -> std::optional<std::size_t> {
+      if (text == "-1") return std::nullopt;
+      return parse_count(text, "--window", 0);
+    };
+    scores.window_left = side(settings.window.substr(0, comma));
+    scores.window_right = side(settings.window.substr(comma + 1));
+  }
+  scores.softcap = settings.softcap;
+  if (settings.fully_masked != "zeros" && settings.fully_masked != "error") {
+    throw InputError(InputProblem::out_of_range, "compare: --fully-masked must be zeros or error");
+  }
+  if (settings.fully_masked == "error") scores.fully_masked = tensor::FullyMaskedRows::error;
+  return scores;
+}
+
+// An N-D .npy array as exact doubles (bf16 may come as uint16 bit patterns).
+io::NpyArray exact_array(const std::string& path) {
+  io::NpyArray array = io::read_npy(path);
+  if (array.element_count() == 0)
+    throw InputError(InputProblem::empty_input, "compare: " + path + " holds no element");
+  if (array.type == io::NpyType::uint16) {
+    for (double& x : array.values) x = decode(static_cast<std::uint64_t>(x), bf16);
+  }
+  return array;
+}
+
+// The problem the tensors' shapes describe: [B, H, S, D] (bhsd) or [B, S, H, D] (bshd), or
+// [total, H, D] (packed, with --cu-seqlens-q/k); KV heads from K's shape.
+tensor::AttentionProblem problem_from(const CompareSettings& settings, const io::NpyArray& q,
+                                      const io::NpyArray& k, const io::NpyArray& v) {
+  tensor::AttentionProblem problem;
+  problem.layout = tensor::parse_layout(settings.layout);
+  const std::size_t dims = problem.layout == tensor::Layout::packed ? 3 : 4;
+  for (const auto* array : {&q, &k, &v}) {
+    if (array->shape.size() != dims) {
+      throw InputError(InputProblem::shape_mismatch, "compare: layout " + settings.layout + " needs " +
+                                                         std::to_string(dims) + "-D --q, --k and --v");
+    }
+  }
+  const bool bshd = problem.layout == tensor::Layout::bshd;
+  auto& shape = problem.shape;
+  if (problem.layout == tensor::Layout::packed) {
+    problem.cu_seqlens_q = parse_count_list(settings.cu_q, "--cu-seqlens-q", 0, q.shape[0]);
+    problem.cu_seqlens_k = parse_count_list(settings.cu_k, "--cu-seqlens-k", 0, k.shape[0]);
+    shape = {problem.cu_seqlens_q.empty() ? 0 : problem.cu_seqlens_q.size() - 1,
+             q.shape[1],
+             k.shape[1],
+             0,
+             0,
+             q.shape[2],
+             v.shape[2]};
+  } else {
+    shape = {q.shape[0],
+             q.shape[bshd ? 2 : 1],
+             k.shape[bshd ? 2 : 1],
+             q.shape[bshd ? 1 : 2],
+             k.shape[bshd ? 1 : 2],
+             q.shape[3],
+             v.shape[3]};
+    problem.query_lengths = parse_count_list(settings.query_lengths, "--query-lengths", 0, shape.queries);
+    problem.key_lengths = parse_count_list(settings.key_lengths, "--key-lengths", 0, shape.keys);
+  }
+  problem.scores = scores_from(settings);
+  if (!settings.sinks_path.empty()) problem.sinks = exact_array(settings.sinks_path).values;
+  if (!settings.alibi_path.empty()) problem.alibi_slopes = exact_array(settings.alibi_path).values;
+  return problem;
+}
+
+// Attention tensors of a whole layer, judged per head (metrics/judge_tensors.hpp).
+void judge_attention_tensors(const CompareSettings& settings, const FloatFormat& format,
+                             const io::NpyArray& q, gate::CaseOutcome& outcome) {
+  const io::NpyArray k = exact_array(settings.k), v = exact_array(settings.v);
+  const tensor::AttentionProblem problem = problem_from(settings, q, k, v);
+  io::NpyArray out = exact_array(settings.out);
+  for (std::size_t i = 0; i < out.values.size(); ++i) {
+    if (!is_representable(out.values[i], format)) {
+      throw InputError(InputProblem::out_of_range, settings.out + ": element " + std::to_string(i) + " (" +
+                                                       hex_float(out.values[i]) + ") is not a " +
+                                                       std::string(format.name) + " value");
+    }
+  }
+  std::vector<double> lse;
+  if (!settings.lse_path.empty()) lse = exact_array(settings.lse_path).values;
+  const auto& tolerance =
+      metrics::tolerance_for(settings.tolerance_entry.empty() ? "attention_flash" : settings.tolerance_entry);
+  metrics::JudgeSpec spec{kernels::Operation::attention, &format, &tolerance};
+  spec.lse_base2 = settings.lse_base2;
+  const metrics::TensorJudgement judgement =
+      metrics::judge_attention_tensors(spec, problem, q.values, k.values, v.values, out.values, lse);
+  outcome.comparison = judgement.output;
+  if (judgement.lse) outcome.comparison.merge(*judgement.lse);
+  outcome.reference_statistics = judgement.statistics;
+  outcome.gate_case.n = problem.layout == tensor::Layout::packed ? problem.stored_keys() : problem.shape.keys;
+  std::printf("%s\n%s\n", problem.describe().c_str(), judgement.describe_worst().c_str());
+  if (!judgement.passed()) outcome.failures.push_back(judgement.describe_worst());
+}
+
 // Attention outputs from files, judged under the named entry (attention_flash by default).
 void judge_attention_outputs(const CompareSettings& settings, const FloatFormat& format,
                              gate::CaseOutcome& outcome) {
@@ -169,9 +288,7 @@ void judge_attention_outputs(const CompareSettings& settings, const FloatFormat&
   }
   const auto& tolerance =
       metrics::tolerance_for(settings.tolerance_entry.empty() ? "attention_flash" : settings.tolerance_entry);
-  tensor::HeadScores scores;
-  scores.theta = settings.theta;
-  scores.causal = settings.causal;
+  const tensor::HeadScores scores = scores_from(settings);
   outcome.comparison =
       metrics::judge_attention({kernels::Operation::attention, &format, &tolerance}, q, k, v, scores, out)
           .comparison;
@@ -203,7 +320,14 @@ int run_compare(const CompareSettings& settings) {
   gate::CaseOutcome outcome;
   outcome.format = std::string(format.name);
   outcome.gate_case.input = "npy";
-  if (attention) {
+  io::NpyArray queries;
+  if (attention) queries = exact_array(settings.q);
+  if (attention && queries.shape.size() >= 3) {
+    outcome.gate_case.kernel = settings.name.empty()
+                                   ? "compare:" + std::filesystem::path(settings.out).filename().string()
+                                   : settings.name;
+    judge_attention_tensors(settings, format, queries, outcome);
+  } else if (attention) {
     judge_attention_outputs(settings, format, outcome);
   } else {
     judge_softmax_outputs(settings, format, outcome);
@@ -243,7 +367,27 @@ Command add_compare_command(CLI::App& app) {
   command->add_option("--k", settings->k, "Attention keys (n x d)");
   command->add_option("--v", settings->v, "Attention values (n x dv)");
   command->add_option("--out", settings->out, "The kernel's attention output (m x dv)");
-  command->add_flag("--causal", settings->causal, "Top-left causal mask");
+  command->add_flag("--causal", settings->causal, "Causal mask (aligned as --align says)");
+  command->add_option("--layout", settings->layout,
+                      "Attention tensors: bhsd ([B,H,S,D], default), bshd ([B,S,H,D]) or packed ([T,H,D])");
+  command->add_option("--align", settings->align,
+                      "Causal and window diagonal: top-left (default) or bottom-right");
+  command->add_option("--window", settings->window,
+                      "Sliding window L,R (-1: unbounded), FlashAttention's window_size");
+  add_real_list_option(command, "--scale", settings->scale, "Softmax scale (default exactly 1/sqrt(d))");
+  add_real_option(command, "--softcap", settings->softcap, "Soft-cap: logits become cap tanh(s / cap)");
+  command->add_option("--sinks", settings->sinks_path, "One sink logit per query head (.npy)");
+  command->add_option("--alibi-slopes", settings->alibi_path, "One ALiBi slope per query head (.npy)");
+  command->add_option("--lse", settings->lse_path,
+                      "The kernel's log-sum-exp ([B,H,S] or [H,T]), judged in fp32");
+  command->add_flag("--lse-base2", settings->lse_base2, "The log-sum-exp is base 2 (log2 of the sum)");
+  command->add_option("--query-lengths", settings->query_lengths,
+                      "Valid query rows per batch (padding after)");
+  command->add_option("--key-lengths", settings->key_lengths, "Valid keys per batch (key padding mask)");
+  command->add_option("--cu-seqlens-q", settings->cu_q, "Packed layout: cumulative query lengths 0,...");
+  command->add_option("--cu-seqlens-k", settings->cu_k, "Packed layout: cumulative key lengths 0,...");
+  command->add_option("--fully-masked", settings->fully_masked,
+                      "A row that sees no key: zeros (default) or error");
   command->add_option("--format", settings->format, "The outputs' format: fp32, bf16, fp16 or fp64");
   add_real_option(command, "--theta", settings->theta, "Temperature");
   command->add_option("--tolerance-of", settings->tolerance_entry,

@@ -219,6 +219,12 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   options.statistics = &evaluation.reference_statistics;
   auto reference_result = reference::attention(queries, keys, values, *spec.output, options);
   evaluation.expected = std::move(reference_result.output);
+  if (spec.lse) {
+    options.return_weights = false;
+    options.return_lse = true;
+    options.lse_base2 = spec.lse_base2;
+    evaluation.expected_lse = reference::attention(queries, keys, values, *spec.lse_format, options).lse;
+  }
   const Matrix& weights = *reference_result.weights;
   Matrix magnitudes(queries.rows, values.cols);
   Matrix z_magnitudes(queries.rows, values.cols);
@@ -243,6 +249,7 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     input.scales.push_back(row_scale);
   }
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
+  evaluation.row_scales = input.scales;
   return evaluation;
 }
 

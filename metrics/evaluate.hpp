@@ -16,6 +16,8 @@ struct Evaluation {
   Matrix actual;    // the kernel's output
   Matrix allowed;   // each element's allowed error under the tolerance table
   reference::ZivStatistics reference_statistics;  // how the reference decided (balls, MPFR loop, exact cases)
+  std::vector<double> expected_lse;  // attention with spec.lse: the correctly rounded log-sum-exp per query
+  std::vector<RowScale> row_scales;  // attention: each query's geometry (for judging the log-sum-exp)
 };
 
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits,
@@ -27,6 +29,9 @@ struct JudgeSpec {
   kernels::Operation operation = kernels::Operation::softmax;
   const FloatFormat* output = &fp32;
   const Tolerance* tolerance = nullptr;
+  bool lse = false;        // attention: also compute the reference log-sum-exp per query
+  bool lse_base2 = false;  // ... over ln 2
+  const FloatFormat* lse_format = &fp32;
 };
 
 // first_row_number: the number the first row has in reports (when judging a block of a larger file).

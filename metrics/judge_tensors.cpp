@@ -1,0 +1,137 @@
+#include "metrics/judge_tensors.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/parallel.hpp"
+
+namespace sharpcheck::metrics {
+namespace {
+
+struct HeadJudgement {
+  Comparison output;
+  Comparison lse;
+  reference::ZivStatistics statistics;
+};
+
+template <typename Offset>
+Matrix gather(std::span<const double> stored, std::size_t rows, std::size_t columns,
+              const Offset& offset_of) {
+  Matrix matrix(rows, columns);
+  for (std::size_t s = 0; s < rows; ++s) {
+    for (std::size_t t = 0; t < columns; ++t) matrix(s, t) = stored[offset_of(s) + t];
+  }
+  return matrix;
+}
+
+// The head's log-sum-exp against the reference's (allowance derived in the header).
+Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::vector<double> actual) {
+  const std::size_t rows = actual.size();
+  Matrix expected(rows, 1), given(rows, 1), magnitudes(rows, 1), z_magnitudes(rows, 1);
+  ComparisonInput input{&expected, &given, &magnitudes, &z_magnitudes, evaluation.row_scales,
+                        false,     0,      nullptr};
+  for (std::size_t i = 0; i < rows; ++i) {
+    const double exact = evaluation.expected_lse[i];
+    const bool empty = exact == -INFINITY;  // a fully masked row: -inf is the one right answer
+    expected(i, 0) = empty ? 0.0 : exact;
+    given(i, 0) = empty ? (actual[i] == -INFINITY ? 0.0 : NAN) : actual[i];
+    const auto n = static_cast<double>(std::max<std::size_t>(evaluation.row_scales[i].n, 1));
+    magnitudes(i, 0) = empty ? 0.0 : 1 + std::fabs(exact) + std::log(n);
+    z_magnitudes(i, 0) = evaluation.row_scales[i].largest_magnitude;
+  }
+  return compare(input, *spec.tolerance, *spec.lse_format);
+}
+
+HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& problem, std::size_t b,
+                         std::size_t h, std::span<const double> q, std::span<const double> k,
+                         std::span<const double> v, std::span<const double> out,
+                         std::span<const double> lse) {
+  const tensor::AttentionShape& shape = problem.shape;
+  const std::size_t rows = problem.query_length(b);
+  const std::size_t keys = problem.key_length(b);
+  const std::size_t kv = problem.kv_head_of(h);
+  const Matrix queries =
+      gather(q, rows, shape.head_dim, [&](std::size_t s) { return problem.query_offset(b, h, s, 0); });
+  const Matrix key_rows =
+      gather(k, keys, shape.head_dim, [&](std::size_t s) { return problem.key_offset(b, kv, s, 0); });
+  const Matrix value_rows =
+      gather(v, keys, shape.value_dim, [&](std::size_t s) { return problem.value_offset(b, kv, s, 0); });
+  Matrix actual =
+      gather(out, rows, shape.value_dim, [&](std::size_t s) { return problem.output_offset(b, h, s, 0); });
+  JudgeSpec head_spec = spec;
+  head_spec.lse = !lse.empty();
+  const Evaluation evaluation =
+      judge_attention(head_spec, queries, key_rows, value_rows, problem.head(b, h), std::move(actual));
+  HeadJudgement judgement{evaluation.comparison, {}, evaluation.reference_statistics};
+  if (!lse.empty()) {
+    std::vector<double> given(rows);
+    for (std::size_t s = 0; s < rows; ++s) given[s] = lse[problem.lse_offset(b, h, s)];
+    judgement.lse = judge_lse(head_spec, evaluation, std::move(given));
+  }
+  return judgement;
+}
+
+void add(reference::ZivStatistics& total, const reference::ZivStatistics& part) {
+  total.calls += part.calls;
+  total.escalations += part.escalations;
+  total.exact_cases += part.exact_cases;
+  total.decided_in_double += part.decided_in_double;
+  total.decided_by_balls += part.decided_by_balls;
+  total.highest_precision = std::max(total.highest_precision, part.highest_precision);
+}
+
+// Folds a head's comparison in, keeping the full index of the worst element seen.
+void fold(Comparison& total, tensor::ElementIndex& worst, const Comparison& head, std::size_t b,
+          std::size_t h) {
+  const bool worse =
+      head.elements > 0 && (total.elements == 0 || head.max_bound_ratio > total.max_bound_ratio);
+  total.merge(head);
+  if (worse) worst = {b, h, head.worst.row, head.worst.index};
+}
+
+}  // namespace
+
+std::string TensorJudgement::describe_worst() const {
+  std::string text = "output worst at " + worst_output.to_string() + ": " + output.worst.describe();
+  if (lse) text += "; log-sum-exp worst at " + worst_lse.to_string(false) + ": " + lse->worst.describe();
+  return text;
+}
+
+TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::AttentionProblem& problem,
+                                        std::span<const double> q, std::span<const double> k,
+                                        std::span<const double> v, std::span<const double> out,
+                                        std::span<const double> lse, unsigned threads) {
+  problem.validate();
+  const auto check = [](std::size_t got, std::size_t expected, const char* name) {
+    if (got != expected) {
+      throw InputError(InputProblem::shape_mismatch,
+                       std::string("judge: ") + name + " has " + std::to_string(got) +
+                           " elements, the problem needs " + std::to_string(expected));
+    }
+  };
+  check(q.size(), problem.query_elements(), "Q");
+  check(k.size(), problem.key_elements(), "K");
+  check(v.size(), problem.value_elements(), "V");
+  check(out.size(), problem.output_elements(), "the output");
+  if (!lse.empty()) check(lse.size(), problem.lse_elements(), "the log-sum-exp");
+  const std::size_t heads = problem.shape.batch * problem.shape.heads;
+  std::vector<HeadJudgement> judged(heads);
+  parallel_for(heads, threads, [&](std::size_t item) {
+    const std::size_t b = item / problem.shape.heads;
+    if (problem.query_length(b) == 0) return;
+    judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, q, k, v, out, lse);
+  });
+  TensorJudgement judgement;
+  if (!lse.empty()) judgement.lse = Comparison{};
+  for (std::size_t item = 0; item < heads; ++item) {  // in order: reports do not depend on threads
+    const std::size_t b = item / problem.shape.heads;
+    const std::size_t h = item % problem.shape.heads;
+    fold(judgement.output, judgement.worst_output, judged[item].output, b, h);
+    if (judgement.lse) fold(*judgement.lse, judgement.worst_lse, judged[item].lse, b, h);
+    add(judgement.statistics, judged[item].statistics);
+  }
+  return judgement;
+}
+
+}  // namespace sharpcheck::metrics
