@@ -72,15 +72,6 @@ HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& 
   return judgement;
 }
 
-void add(reference::ZivStatistics& total, const reference::ZivStatistics& part) {
-  total.calls += part.calls;
-  total.escalations += part.escalations;
-  total.exact_cases += part.exact_cases;
-  total.decided_in_double += part.decided_in_double;
-  total.decided_by_balls += part.decided_by_balls;
-  total.highest_precision = std::max(total.highest_precision, part.highest_precision);
-}
-
 // Folds a head's comparison in, keeping the full index of the worst element seen.
 void fold(Comparison& total, tensor::ElementIndex& worst, const Comparison& head, std::size_t b,
           std::size_t h) {
@@ -129,7 +120,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
     const std::size_t h = item % problem.shape.heads;
     fold(judgement.output, judgement.worst_output, judged[item].output, b, h);
     if (judgement.lse) fold(*judgement.lse, judgement.worst_lse, judged[item].lse, b, h);
-    add(judgement.statistics, judged[item].statistics);
+    judgement.statistics.merge(judged[item].statistics);
   }
   return judgement;
 }

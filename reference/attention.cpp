@@ -391,15 +391,6 @@ void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const
   }
 }
 
-void add_statistics(ZivStatistics& total, const ZivStatistics& part) {
-  total.calls += part.calls;
-  total.escalations += part.escalations;
-  total.exact_cases += part.exact_cases;
-  total.decided_in_double += part.decided_in_double;
-  total.decided_by_balls += part.decided_by_balls;
-  total.highest_precision = std::max(total.highest_precision, part.highest_precision);
-}
-
 }  // namespace
 
 AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::span<const double> q,
@@ -449,7 +440,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
         }
         if (options.statistics != nullptr) {
           const std::lock_guard lock(statistics_mutex);
-          add_statistics(*options.statistics, local);
+          options.statistics->merge(local);
         }
       });
     }

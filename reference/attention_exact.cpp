@@ -37,28 +37,12 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/rational.hpp"
 #include "reference/attention_row.hpp"
 #include "reference/exact_rounding.hpp"
 
 namespace sharpcheck::reference {
 namespace {
-
-class Rational {
- public:
-  Rational() { mpq_init(value_); }
-  explicit Rational(double x) : Rational() { mpq_set_d(value_, x); }  // exact
-  ~Rational() { mpq_clear(value_); }
-  Rational(const Rational& other) : Rational() { mpq_set(value_, other.value_); }
-  Rational& operator=(const Rational& other) {
-    mpq_set(value_, other.value_);
-    return *this;
-  }
-  [[nodiscard]] mpq_ptr get() { return value_; }
-  [[nodiscard]] mpq_srcptr get() const { return value_; }
-
- private:
-  mpq_t value_;
-};
 
 int compare(const Rational& x, const Rational& y) { return mpq_cmp(x.get(), y.get()); }
 

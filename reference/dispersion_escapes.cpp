@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/mpfr_number.hpp"
+#include "core/rational.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
 #include "reference/input_checks.hpp"
@@ -39,22 +40,6 @@
 
 namespace sharpcheck::reference {
 namespace {
-
-// A rational number held exactly, for the exact-case tests.
-class Rational {
- public:
-  Rational() { mpq_init(value_); }
-  explicit Rational(double x) : Rational() { mpq_set_d(value_, x); }  // exact
-  ~Rational() { mpq_clear(value_); }
-  Rational(const Rational&) = delete;
-  Rational& operator=(const Rational&) = delete;
-  Rational(Rational&&) = delete;
-  Rational& operator=(Rational&&) = delete;
-  mpq_ptr get() { return value_; }
-
- private:
-  mpq_t value_;
-};
 
 // Outputs indexed by "slots" (distinct values, or entries for stick-breaking), decided by Ziv's
 // strategy over balls at growing precision. Slots decided up front (exact cases) are skipped.

@@ -43,6 +43,15 @@ struct ZivStatistics {
   long decided_in_double = 0;  // results the certified double stage decided (softmax, <= 24-bit targets)
   long decided_by_balls = 0;   // results the Arb stage decided (the rest went to the MPFR loop)
   mpfr_prec_t highest_precision = 0;
+  // Adds another call's counts (work split over threads or heads).
+  void merge(const ZivStatistics& other) {
+    calls += other.calls;
+    escalations += other.escalations;
+    exact_cases += other.exact_cases;
+    decided_in_double += other.decided_in_double;
+    decided_by_balls += other.decided_by_balls;
+    if (other.highest_precision > highest_precision) highest_precision = other.highest_precision;
+  }
 };
 
 }  // namespace sharpcheck::reference
