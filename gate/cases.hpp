@@ -30,6 +30,9 @@ struct GateCase {
   double softmax_scale = 1;
   double attention_theta = 1;
   bool causal = false;
+  // An attention scenario of gate/attention_scenarios.hpp (a whole multi-head problem with masks
+  // and modifiers), when not empty; `input` is then "attention_" + its name and n its keys.
+  std::string scenario = {};
   [[nodiscard]] std::string id() const;
 };
 

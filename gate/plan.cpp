@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
+#include "gate/attention_scenarios.hpp"
 #include "gate/case_inputs.hpp"
 #include "gate/cases.hpp"
 #include "inputs/rows.hpp"
@@ -92,6 +93,37 @@ void add_feature_cases(const GateSettings& settings, const std::vector<std::size
   }
 }
 
+// The key count a scenario's case reports as n.
+std::size_t scenario_keys(const AttentionScenario& scenario) {
+  const tensor::AttentionProblem problem = make_scenario(scenario, 0, fp32).problem;
+  return problem.layout == tensor::Layout::packed ? problem.stored_keys() : problem.shape.keys;
+}
+
+GateCase scenario_case(std::string kernel, const AttentionScenario& scenario, const GateSettings& settings,
+                       const FloatFormat* plugin_format) {
+  GateCase c = make_case(std::move(kernel), "attention_" + std::string(scenario.name),
+                         scenario_keys(scenario), settings, false, plugin_format);
+  c.scenario = std::string(scenario.name);
+  return c;
+}
+
+// A plugin that declares version-3 attention features runs every scenario whose features it
+// declares (and that the ABI can express).
+void add_scenario_cases(const GateSettings& settings, const std::string& prefix,
+                        std::vector<GateCase>& cases) {
+  const std::uint32_t features = settings.plugin->features();
+  if ((features & ~7U) == 0) return;
+  for (const FloatFormat* format : settings.plugin->attention_formats()) {
+    for (const auto& scenario : attention_scenarios()) {
+      if (!scenario.plugin_callable ||
+          (scenario.plugin_features & ~features & ~SHARPCHECK_ATTENTION_LSE) != 0)
+        continue;
+      cases.push_back(
+          scenario_case(prefix + "attention_" + std::string(format->name), scenario, settings, format));
+    }
+  }
+}
+
 // Every case of the unsharded sweep, in sweep order.
 std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes) {
   const auto wanted = [&](std::string_view name) {
@@ -114,6 +146,8 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
       cases.push_back(make_case(std::string(kernel.name), attention_input, n, settings,
                                 kernel.deliberately_broken, nullptr));
     }
+    for (const auto& scenario : attention_scenarios())
+      cases.push_back(scenario_case(std::string(kernel.name), scenario, settings, nullptr));
   }
   if (!settings.plugin) return cases;
   const std::string prefix = "plugin:" + settings.plugin->name() + ":";
@@ -132,6 +166,7 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
     }
   }
   add_feature_cases(settings, sizes, prefix, cases);
+  add_scenario_cases(settings, prefix, cases);
   return cases;
 }
 

@@ -5,13 +5,17 @@
 #include <exception>
 
 #include "core/errors.hpp"
+#include "gate/attention_scenarios.hpp"
 #include "gate/case_inputs.hpp"
 #include "gate/cases.hpp"
 #include "inputs/rows.hpp"
 #include "io/atomic_file.hpp"
 #include "io/npy.hpp"
+#include "kernels/attention_layer.hpp"
+#include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
+#include "metrics/judge_tensors.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -137,18 +141,65 @@ void run_builtin_case(const GateCase& gate_case, CaseOutcome& outcome) {
   outcome.reference_statistics = evaluation.reference_statistics;
 }
 
+// A scenario's whole problem, through a built-in kernel head by head or a plugin's layer entry in
+// a child; judged as a layer, the log-sum-exp too when the kernel gives one, the worst element
+// named by its full index.
+void run_scenario_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
+  const AttentionScenario& scenario = *find_attention_scenario(gate_case.scenario);
+  const auto* kernel = kernels::find_attention_kernel(gate_case.kernel);
+  const FloatFormat& format = gate_case.plugin_format != nullptr ? *gate_case.plugin_format : *kernel->input;
+  outcome.format = std::string(format.name);
+  const ScenarioInputs inputs = make_scenario(scenario, gate_case.seed, format);
+  const tensor::AttentionProblem& problem = inputs.problem;
+  std::vector<double> out, lse;
+  if (gate_case.plugin_format != nullptr) {
+    const bool want_lse = (settings.plugin->features() & SHARPCHECK_ATTENTION_LSE) != 0;
+    const kernels::PluginRun run =
+        settings.plugin->run_attention_layer(format, problem, inputs.q, inputs.k, inputs.v, want_lse);
+    if (run.status != kernels::PluginRun::Status::ok) {
+      const auto as_row = [](const std::vector<double>& values) { return one_row(values); };
+      const Matrix q = as_row(inputs.q), k = as_row(inputs.k), v = as_row(inputs.v);
+      record_plugin_failure(run, settings, gate_case, {{"_q", &q}, {"_k", &k}, {"_v", &v}}, outcome);
+      return;
+    }
+    outcome.console = run.console;
+    const auto split = run.out.values.begin() + static_cast<std::ptrdiff_t>(problem.output_elements());
+    out.assign(run.out.values.begin(), split);
+    lse.assign(split, run.out.values.end());
+  } else {
+    kernels::LayerOutputs outputs =
+        kernels::run_attention_layer(*kernel, problem, inputs.q, inputs.k, inputs.v);
+    out = std::move(outputs.out);
+    lse = std::move(outputs.lse);
+  }
+  const metrics::Tolerance& tolerance =
+      kernel != nullptr ? kernel->tolerance : metrics::tolerance_for("attention_flash");
+  const metrics::JudgeSpec spec{kernels::Operation::attention, &format, &tolerance};
+  const auto judgement =
+      metrics::judge_attention_tensors(spec, problem, inputs.q, inputs.k, inputs.v, out, lse);
+  outcome.comparison = judgement.output;
+  if (judgement.lse) outcome.comparison.merge(*judgement.lse);
+  outcome.reference_statistics = judgement.statistics;
+  if (!judgement.passed()) {
+    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
+                               " violations; " + judgement.describe_worst());
+  }
+}
+
 }  // namespace
 
 CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
   const auto start = std::chrono::steady_clock::now();
   CaseOutcome outcome;
   outcome.gate_case = gate_case;
-  if (gate_case.plugin_format != nullptr) {
+  if (!gate_case.scenario.empty()) {
+    run_scenario_case(gate_case, settings, outcome);
+  } else if (gate_case.plugin_format != nullptr) {
     run_plugin_case(gate_case, settings, outcome);
   } else {
     run_builtin_case(gate_case, outcome);
   }
-  if (!outcome.crashed && !outcome.interrupted && !outcome.comparison.passed()) {
+  if (!outcome.crashed && !outcome.interrupted && !outcome.comparison.passed() && outcome.failures.empty()) {
     outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
                                " violations; worst " + outcome.comparison.worst.describe());
   }

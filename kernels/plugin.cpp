@@ -3,7 +3,10 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <utility>
 
 #include "core/child_process.hpp"
@@ -19,6 +22,8 @@ namespace {
 using SoftmaxEntry = int (*)(uint32_t, const void*, void*, size_t, size_t, float);
 using AttentionEntry = int (*)(uint32_t, const void*, const void*, const void*, void*, size_t, size_t, size_t,
                                size_t, float, int);
+using LayerEntry = int (*)(uint32_t, const void*, const void*, const void*, void*,
+                           const sharpcheck_attention_call*);
 using InfoEntry = const sharpcheck_plugin_description* (*)();
 
 // A child's exit status when the library or its entry point could not be found there.
@@ -102,6 +107,88 @@ std::pair<std::string, int> call_attention(AttentionEntry attention, const Float
   return {std::string(reinterpret_cast<const char*>(result.data()), count * sizeof(double)), 0};
 }
 
+// One batch element's heads as the ABI lays them out: [heads, rows, columns].
+template <typename Offset>
+Matrix gather_heads(std::span<const double> stored, std::size_t heads, std::size_t rows, std::size_t columns,
+                    const Offset& offset_of) {
+  Matrix matrix(heads * rows, columns);
+  for (std::size_t h = 0; h < heads; ++h) {
+    for (std::size_t s = 0; s < rows; ++s) {
+      for (std::size_t t = 0; t < columns; ++t) matrix(h * rows + s, t) = stored[offset_of(h, s) + t];
+    }
+  }
+  return matrix;
+}
+
+// The ABI's description of batch element b (kernels/plugin_abi.h); `floats` keeps the slopes
+// and sinks it points to.
+sharpcheck_attention_call layer_call(const tensor::AttentionProblem& p, std::size_t b,
+                                     std::size_t stored_keys, std::vector<float>& slopes,
+                                     std::vector<float>& sinks) {
+  const auto& shape = p.shape;
+  const auto& scores = p.scores;
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
+  slopes.assign(p.alibi_slopes.begin(), p.alibi_slopes.end());
+  sinks.assign(p.sinks.begin(), p.sinks.end());
+  const auto side = [](const std::optional<std::size_t>& w) {
+    return w ? static_cast<int64_t>(*w) : int64_t{-1};
+  };
+  return {shape.heads,
+          shape.kv_heads,
+          p.query_length(b),
+          stored_keys,
+          p.key_length(b),
+          shape.head_dim,
+          shape.value_dim,
+          static_cast<float>(scale / scores.theta),
+          scores.causal ? 1 : 0,
+          scores.alignment == tensor::DiagonalAlignment::bottom_right ? 1 : 0,
+          side(scores.window_left),
+          side(scores.window_right),
+          static_cast<float>(scores.softcap),
+          slopes.empty() ? nullptr : slopes.data(),
+          sinks.empty() ? nullptr : sinks.data(),
+          nullptr};
+}
+
+// Runs in the child: every batch element through sharpcheck_attention_layer; returns the outputs
+// and then (when asked) the log-sum-exp, as doubles' bytes in the problem's layouts.
+std::pair<std::string, int> call_attention_layer(LayerEntry entry, const FloatFormat& format,
+                                                 const tensor::AttentionProblem& p, std::span<const double> q,
+                                                 std::span<const double> k, std::span<const double> v,
+                                                 bool want_lse) {
+  const auto& shape = p.shape;
+  std::vector<double> result(p.output_elements() + (want_lse ? p.lse_elements() : 0), 0.0);
+  for (std::size_t b = 0; b < shape.batch; ++b) {
+    const std::size_t rows = p.query_length(b);
+    const std::size_t keys = p.layout == tensor::Layout::packed ? p.key_length(b) : shape.keys;
+    if (rows == 0) continue;
+    const Matrix qh = gather_heads(q, shape.heads, rows, shape.head_dim,
+                                   [&](auto h, auto s) { return p.query_offset(b, h, s, 0); });
+    const Matrix kh = gather_heads(k, shape.kv_heads, keys, shape.head_dim,
+                                   [&](auto h, auto s) { return p.key_offset(b, h, s, 0); });
+    const Matrix vh = gather_heads(v, shape.kv_heads, keys, shape.value_dim,
+                                   [&](auto h, auto s) { return p.value_offset(b, h, s, 0); });
+    std::vector<float> slopes, sinks, lse(shape.heads * rows);
+    sharpcheck_attention_call call = layer_call(p, b, keys, slopes, sinks);
+    if (want_lse) call.lse = lse.data();
+    const std::size_t count = shape.heads * rows * shape.value_dim;
+    std::vector<char> out(count * (format == fp32 ? sizeof(float) : sizeof(std::uint16_t)));
+    const int code = entry(format_code(format), to_storage(qh, format).data(), to_storage(kh, format).data(),
+                           to_storage(vh, format).data(), out.data(), &call);
+    if (code != 0) return {"", 10 + (code & 0x7F)};
+    const auto values = from_storage(out, count, format);
+    for (std::size_t h = 0; h < shape.heads; ++h) {
+      for (std::size_t s = 0; s < rows; ++s) {
+        for (std::size_t c = 0; c < shape.value_dim; ++c)
+          result[p.output_offset(b, h, s, c)] = values[(h * rows + s) * shape.value_dim + c];
+        if (want_lse) result[p.output_elements() + p.lse_offset(b, h, s)] = lse[h * rows + s];
+      }
+    }
+  }
+  return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
+}
+
 // What a child's ending means for a plugin call whose answer is `expected_values` doubles.
 PluginRun interpret(const ChildOutcome& child, const ChildLimits& limits, std::size_t expected_values,
                     std::size_t rows, std::size_t cols, const char* entry) {
@@ -170,7 +257,12 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
                 ", this sharpcheck speaks 1 to " + std::to_string(SHARPCHECK_PLUGIN_ABI_VERSION),
             0};
   }
-  const std::uint32_t features = info->abi_version >= 2 ? info->features : 0;  // a v1 struct has no field
+  // A v1 struct has no field; a v2 plugin knows only the first three bits.
+  const std::uint32_t features =
+      info->abi_version >= 3 ? info->features : (info->abi_version == 2 ? info->features & 7U : 0U);
+  if ((features & ~7U) != 0 && dlsym(handle, "sharpcheck_attention_layer") == nullptr) {
+    return {"error\ndeclares version-3 attention features but does not export sharpcheck_attention_layer", 0};
+  }
   if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
     return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};
   }
@@ -277,6 +369,19 @@ PluginRun Plugin::run_attention(const FloatFormat& format, const Matrix& q, cons
       },
       limits_);
   return interpret(child, limits_, q.rows * v.cols, q.rows, v.cols, "sharpcheck_attention");
+}
+
+PluginRun Plugin::run_attention_layer(const FloatFormat& format, const tensor::AttentionProblem& problem,
+                                      std::span<const double> q, std::span<const double> k,
+                                      std::span<const double> v, bool want_lse) const {
+  const ChildOutcome child = run_in_child(
+      [&] {
+        const auto entry = reinterpret_cast<LayerEntry>(symbol_in_child(path_, "sharpcheck_attention_layer"));
+        return call_attention_layer(entry, format, problem, q, k, v, want_lse);
+      },
+      limits_);
+  const std::size_t count = problem.output_elements() + (want_lse ? problem.lse_elements() : 0);
+  return interpret(child, limits_, count, 1, count, "sharpcheck_attention_layer");
 }
 
 }  // namespace sharpcheck::kernels

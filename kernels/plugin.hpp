@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/child_process.hpp"
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
+#include "tensor/attention_problem.hpp"
 
 namespace sharpcheck::kernels {
 
@@ -50,6 +52,13 @@ class Plugin {
   // The same for attention: q (m x d), k (n x d), v (n x dv), values of `format`.
   [[nodiscard]] PluginRun run_attention(const FloatFormat& format, const Matrix& q, const Matrix& k,
                                         const Matrix& v, float scale, bool causal) const;
+  // ABI version 3: a whole attention problem (no explicit mask or bias; theta folded into the
+  // scale), one sharpcheck_attention_layer call per batch element. `out` is one row: the outputs
+  // in the problem's layout, then (with want_lse) the log-sum-exp.
+  [[nodiscard]] PluginRun run_attention_layer(const FloatFormat& format,
+                                              const tensor::AttentionProblem& problem,
+                                              std::span<const double> q, std::span<const double> k,
+                                              std::span<const double> v, bool want_lse) const;
 
  private:
   Plugin() = default;

@@ -16,8 +16,9 @@
 extern "C" {
 #endif
 
-/* Version 2 added `features`; the gate still loads version-1 plugins (no features declared). */
-#define SHARPCHECK_PLUGIN_ABI_VERSION 2u
+/* Version 2 added `features`; version 3 the attention features below 1u << 3 and
+ * sharpcheck_attention_layer. The gate still loads version-1 and -2 plugins. */
+#define SHARPCHECK_PLUGIN_ABI_VERSION 3u
 
 enum sharpcheck_format {
   SHARPCHECK_FP32 = 1u << 0,
@@ -29,9 +30,38 @@ enum sharpcheck_format {
  * and fails a plugin that ignores one. Undeclared, the gate calls softmax with scale 1 only and
  * attention with scale 1/sqrt(dim) and causal = 0 only. */
 enum sharpcheck_feature {
-  SHARPCHECK_SOFTMAX_SCALE = 1u << 0,   /* softmax scales other than 1 (the gate uses 1/4 and 4) */
-  SHARPCHECK_ATTENTION_SCALE = 1u << 1, /* attention scales other than 1/sqrt(dim) (the gate halves it) */
-  SHARPCHECK_ATTENTION_CAUSAL = 1u << 2 /* causal = 1 (top-left aligned) */
+  SHARPCHECK_SOFTMAX_SCALE = 1u << 0,    /* softmax scales other than 1 (the gate uses 1/4 and 4) */
+  SHARPCHECK_ATTENTION_SCALE = 1u << 1,  /* attention scales other than 1/sqrt(dim) (the gate halves it) */
+  SHARPCHECK_ATTENTION_CAUSAL = 1u << 2, /* causal = 1 (top-left aligned) */
+  /* Version 3: features of sharpcheck_attention_layer (required when any is declared). */
+  SHARPCHECK_ATTENTION_BOTTOM_RIGHT = 1u << 3, /* causal and window aligned bottom-right */
+  SHARPCHECK_ATTENTION_WINDOW = 1u << 4,       /* sliding window (left, right) */
+  SHARPCHECK_ATTENTION_SOFTCAP = 1u << 5,      /* cap * tanh(score / cap) */
+  SHARPCHECK_ATTENTION_ALIBI = 1u << 6,        /* - slope_h * |i + diagonal - j| per head */
+  SHARPCHECK_ATTENTION_SINK = 1u << 7,         /* one sink logit per head, no value */
+  SHARPCHECK_ATTENTION_GQA = 1u << 8, /* kv_heads < heads: head h reads KV head h / (heads / kv_heads) */
+  SHARPCHECK_ATTENTION_LSE = 1u << 9, /* writes the natural log-sum-exp per query row */
+  SHARPCHECK_ATTENTION_KEY_PADDING = 1u << 10 /* valid_keys < keys: keys past it are never seen */
+};
+
+/* One batch element of a multi-head attention layer (version 3). Tensors are [heads, seq, dim]
+ * row-major: q is heads x queries x dim, k is kv_heads x keys x dim, v kv_heads x keys x
+ * value_dim, out heads x queries x value_dim, lse heads x queries (float). The logit of query i
+ * and key j in head h is softcap(scale * q.k) - alibi_slopes[h] * |i + diagonal - j| with
+ * diagonal = 0 (top-left) or valid_keys - queries (bottom-right), softcap(s) = cap tanh(s / cap)
+ * (cap 0: none); query i sees key j < valid_keys with j <= i + diagonal when causal and
+ * i + diagonal - window_left <= j <= i + diagonal + window_right (-1: unbounded). sinks[h] (if
+ * not null) is one more logit with no value. A query that sees nothing outputs zeros, lse -inf. */
+struct sharpcheck_attention_call {
+  size_t heads, kv_heads, queries, keys, valid_keys, dim, value_dim;
+  float scale;
+  int causal;
+  int bottom_right;
+  int64_t window_left, window_right;
+  float softcap;
+  const float* alibi_slopes; /* heads entries, or null */
+  const float* sinks;        /* heads entries, or null */
+  float* lse;                /* heads x queries, or null when not asked for */
 };
 
 struct sharpcheck_plugin_description {
@@ -53,6 +83,10 @@ int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t ro
  * v (keys x value_dim), out (queries x value_dim); causal = top-left aligned mask. */
 int sharpcheck_attention(uint32_t format, const void* q, const void* k, const void* v, void* out,
                          size_t queries, size_t keys, size_t dim, size_t value_dim, float scale, int causal);
+
+/* Required when any version-3 attention feature is declared: one batch element, every head. */
+int sharpcheck_attention_layer(uint32_t format, const void* q, const void* k, const void* v, void* out,
+                               const struct sharpcheck_attention_call* call);
 
 #ifdef __cplusplus
 }

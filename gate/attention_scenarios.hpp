@@ -1,0 +1,38 @@
+// The attention problems the gate sweeps beyond plain single-head attention: the grid kernel
+// ports are tested against (FlashAttention's and cuDNN's test grids, PyTorch's SDPA tests):
+// causal bottom-right on uneven lengths, sliding windows, MQA and GQA, soft-capping, ALiBi,
+// sinks, key padding, packed variable lengths, additive masks, a KV-cache decode row, odd head
+// dimensions and head dimensions to 256. Each is generated from the case's seed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "formats/float_format.hpp"
+#include "tensor/attention_problem.hpp"
+
+namespace sharpcheck::gate {
+
+struct AttentionScenario {
+  std::string_view name;
+  std::uint32_t plugin_features;  // enum sharpcheck_feature bits a plugin must declare to be swept on it
+  bool plugin_callable;           // expressible in the plugin ABI (no explicit mask or bias tensor)
+};
+
+[[nodiscard]] std::span<const AttentionScenario> attention_scenarios();
+[[nodiscard]] const AttentionScenario* find_attention_scenario(std::string_view name);
+
+// The scenario's problem and tensors (Q, K, V normal, rounded to `format`). The problem's
+// scale is float(1/sqrt(d)) given explicitly, so a kernel that rounds its scale to fp32 and the
+// reference compute the same function; its bias, when any, lives in `bias`.
+struct ScenarioInputs {
+  tensor::AttentionProblem problem;
+  std::vector<double> q, k, v;
+  std::vector<double> bias;
+};
+[[nodiscard]] ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t seed,
+                                           const FloatFormat& format);
+
+}  // namespace sharpcheck::gate

@@ -1,0 +1,50 @@
+#include "kernels/attention_layer.hpp"
+
+namespace sharpcheck::kernels {
+namespace {
+
+template <typename Offset>
+Matrix gather(std::span<const double> stored, std::size_t rows, std::size_t columns,
+              const Offset& offset_of) {
+  Matrix matrix(rows, columns);
+  for (std::size_t s = 0; s < rows; ++s) {
+    for (std::size_t t = 0; t < columns; ++t) matrix(s, t) = stored[offset_of(s) + t];
+  }
+  return matrix;
+}
+
+}  // namespace
+
+LayerOutputs run_attention_layer(const AttentionKernel& kernel, const tensor::AttentionProblem& problem,
+                                 std::span<const double> q, std::span<const double> k,
+                                 std::span<const double> v) {
+  problem.validate();
+  const tensor::AttentionShape& shape = problem.shape;
+  LayerOutputs outputs{std::vector<double>(problem.output_elements(), 0.0),
+                       std::vector<double>(problem.lse_elements(), 0.0)};
+  for (std::size_t b = 0; b < shape.batch; ++b) {
+    const std::size_t rows = problem.query_length(b);
+    const std::size_t keys = problem.key_length(b);
+    if (rows == 0) continue;
+    for (std::size_t h = 0; h < shape.heads; ++h) {
+      const std::size_t kv = problem.kv_head_of(h);
+      const Matrix queries =
+          gather(q, rows, shape.head_dim, [&](std::size_t s) { return problem.query_offset(b, h, s, 0); });
+      const Matrix key_rows =
+          gather(k, keys, shape.head_dim, [&](std::size_t s) { return problem.key_offset(b, kv, s, 0); });
+      const Matrix values =
+          gather(v, keys, shape.value_dim, [&](std::size_t s) { return problem.value_offset(b, kv, s, 0); });
+      Matrix out;
+      std::vector<double> lse;
+      kernel.run(queries, key_rows, values, problem.head(b, h), out, &lse);
+      for (std::size_t s = 0; s < rows; ++s) {
+        outputs.lse[problem.lse_offset(b, h, s)] = lse[s];
+        for (std::size_t c = 0; c < shape.value_dim; ++c)
+          outputs.out[problem.output_offset(b, h, s, c)] = out(s, c);
+      }
+    }
+  }
+  return outputs;
+}
+
+}  // namespace sharpcheck::kernels
