@@ -32,6 +32,7 @@ std::size_t item_size(NpyType type) {
       return 4;
     case NpyType::float16:
     case NpyType::uint16:
+    case NpyType::int16:
       return 2;
     case NpyType::int8:
     case NpyType::uint8:
@@ -54,6 +55,8 @@ const char* type_code(NpyType type) {
       return "|u1";
     case NpyType::uint16:
       return "<u2";
+    case NpyType::int16:
+      return "<i2";
   }
   return "";
 }
@@ -167,9 +170,11 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
     layout.type = NpyType::uint8;
   } else if (kind == "u2") {
     layout.type = NpyType::uint16;
+  } else if (kind == "i2") {
+    layout.type = NpyType::int16;
   } else {
-    fail(source,
-         "unsupported dtype '" + code + "' (float64, float32, float16, int8, uint8, uint16 for bf16 bits)");
+    fail(source, "unsupported dtype '" + code +
+                     "' (float64, float32, float16, int8, uint8, and uint16 or int16 for bf16/fp16 bits)");
   }
   if (order != '<' && order != '>' && order != '|' && order != '=')
     fail(source, "dtype '" + code + "' has no byte order");
@@ -208,6 +213,7 @@ double decode_npy_item(const NpyLayout& layout, const char* data, std::size_t po
     case NpyType::uint8:
       return static_cast<unsigned char>(*item);
     case NpyType::uint16:
+    case NpyType::int16:  // torch saves bf16 as int16 bits: the pattern, not the integer
       return load<std::uint16_t>(item, layout.big_endian);
   }
   return 0;
@@ -278,7 +284,8 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
         out.write(reinterpret_cast<const char*>(&bits), 2);
         break;
       }
-      case NpyType::uint16: {
+      case NpyType::uint16:
+      case NpyType::int16: {
         const auto bits = static_cast<std::uint16_t>(value);
         out.write(reinterpret_cast<const char*>(&bits), 2);
         break;

@@ -1,6 +1,6 @@
 // NumPy .npy files: the way outputs of GPU, PyTorch or JAX kernels reach sharpcheck, and the
 // way sharpcheck hands reproducers back. Reads format versions 1.0, 2.0 and 3.0, C and Fortran
-// order, dtypes float64, float32, float16, int8, uint8 and uint16 (bf16 bit patterns), little or
+// order, dtypes float64, float32, float16, int8, uint8, uint16 and int16 (bf16 bit patterns), little or
 // big endian; writes version 1.0, C order, little endian.
 #pragma once
 
@@ -13,7 +13,9 @@
 
 namespace sharpcheck::io {
 
-enum class NpyType { float64, float32, float16, int8, uint8, uint16 };
+// uint16 and int16 arrays are read as 16-bit patterns (0 to 65535): torch saves bf16 as
+// .view(torch.int16) (torch 1.13 has no uint16), numpy users as uint16.
+enum class NpyType { float64, float32, float16, int8, uint8, uint16, int16 };
 
 struct NpyArray {
   NpyType type = NpyType::float64;

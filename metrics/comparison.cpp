@@ -102,6 +102,7 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
       const double a = actual(r, j);
       allowed[j] = allowed_error(tolerance, (*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j),
                                  input.scales[r], output);
+      if (input.additional != nullptr) allowed[j] += (*input.additional)(r, j);
       if (input.allowed != nullptr) (*input.allowed)(r, j) = allowed[j];
       ElementReport element{row_number, j, e, a, std::nullopt, allowed[j], 0};
       if (is_representable(a, output)) element.ulps = ulp_distance(a, e, output);

@@ -59,6 +59,9 @@ struct ComparisonInput {
   bool rows_are_distributions = true;  // softmax rows: check sum, argmax and KL
   std::size_t first_row_number = 0;    // row numbers in reports start here
   Matrix* allowed = nullptr;           // optional: receives each element's allowed error
+  // Optional: an absolute allowance added to each element's (a log's own rounding, which scales
+  // with the log's size rather than with the bound's magnitude).
+  const Matrix* additional = nullptr;
 };
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,

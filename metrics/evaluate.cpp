@@ -143,6 +143,47 @@ Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double the
   return evaluation;
 }
 
+Evaluation judge_log_softmax(const JudgeSpec& spec, const Matrix& logits, double theta, Matrix actual,
+                             std::size_t first_row_number) {
+  if (actual.rows != logits.rows || actual.cols != logits.cols) {
+    throw InputError(InputProblem::shape_mismatch,
+                     "judge: the log-probabilities are " + std::to_string(actual.rows) + "x" +
+                         std::to_string(actual.cols) + " but the logits are " + std::to_string(logits.rows) +
+                         "x" + std::to_string(logits.cols));
+  }
+  Evaluation evaluation;
+  evaluation.expected = Matrix(logits.rows, logits.cols);
+  evaluation.actual = Matrix(logits.rows, logits.cols);
+  evaluation.allowed = Matrix(logits.rows, logits.cols);
+  Matrix magnitudes(logits.rows, logits.cols), z_magnitudes(logits.rows, logits.cols);
+  Matrix own_rounding(logits.rows, logits.cols);
+  ComparisonInput input{&evaluation.expected, &evaluation.actual,  &magnitudes,  &z_magnitudes, {}, false,
+                        first_row_number,     &evaluation.allowed, &own_rounding};
+  const double u_out = spec.output->unit_roundoff();
+  reference::RowOptions options;
+  options.theta = theta;
+  options.statistics = &evaluation.reference_statistics;
+  for (std::size_t r = 0; r < logits.rows; ++r) {
+    const std::span<const double> row = logits.row(r);
+    const std::vector<double> expected = reference::log_softmax(row, *spec.output, options);
+    // n and the spread without the negligible entries (as for softmax); each element's own
+    // argument term with its own |z_j|, negligible or not (its log-probability is its size).
+    const RowGeometry geometry = row_geometry(row, theta, true, true);
+    const RowGeometry own = row_geometry(row, theta, true, false);
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      const bool masked = expected[j] == -INFINITY;  // -inf is the one right answer there
+      evaluation.expected(r, j) = masked ? 0.0 : expected[j];
+      evaluation.actual(r, j) = masked ? (actual(r, j) == -INFINITY ? 0.0 : NAN) : actual(r, j);
+      magnitudes(r, j) = masked ? 0.0 : 1.0;
+      own_rounding(r, j) = masked ? 0.0 : 2 * u_out * std::fabs(expected[j]) * (1 + 0x1p-40);
+      z_magnitudes(r, j) = own.z_magnitudes[j];
+    }
+    input.scales.push_back(geometry.scale);
+  }
+  evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
+  return evaluation;
+}
+
 Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                               const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores) {
   Matrix actual;

@@ -38,6 +38,15 @@ struct JudgeSpec {
 [[nodiscard]] Evaluation judge_softmax(const JudgeSpec& spec, const Matrix& logits, double theta,
                                        Matrix actual, std::size_t first_row_number = 0);
 
+// Log-probabilities computed elsewhere (log_softmax), judged against the correctly rounded
+// log-softmax. Allowance: a kernel forms z_j - ln S; S carries the softmax denominator's relative
+// error (the entry's units u at the row's spread, which ln turns into an absolute error of the
+// same size), z_j the argument's, and the subtraction rounds in the output format:
+// 2 u_out |log p_j|. So: the entry's allowance at magnitude 1, plus 2 u_out |log p_j|.
+// Masked entries must be -inf exactly.
+[[nodiscard]] Evaluation judge_log_softmax(const JudgeSpec& spec, const Matrix& logits, double theta,
+                                           Matrix actual, std::size_t first_row_number = 0);
+
 [[nodiscard]] Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matrix& queries,
                                             const Matrix& keys, const Matrix& values,
                                             const tensor::HeadScores& scores);
