@@ -260,7 +260,7 @@ class ZivRow {
       mpfr_div(lo.get(), lo.get(), mpfr_sgn(lo.get()) >= 0 ? ln2_hi.get() : ln2_lo.get(), MPFR_RNDD);
       mpfr_div(hi.get(), hi.get(), mpfr_sgn(hi.get()) >= 0 ? ln2_lo.get() : ln2_hi.get(), MPFR_RNDU);
     }
-    if (const auto rounded = round_if_decided(lo.get(), hi.get(), target_)) {
+    if (const auto rounded = round_if_decided(lo.get(), hi.get(), *results.lse_target)) {
       *results.lse = *rounded;
       results.lse_done = true;
     }
@@ -295,6 +295,7 @@ struct RowRequest {
   bool lse_base2 = false;
   bool mpfr_only = false;
   ZivStatistics* statistics = nullptr;
+  const FloatFormat* lse_target = nullptr;  // null: the outputs' format
 };
 
 // Query `query` of a head: its keys, bias terms and sink, the fully masked rule, then the stages.
@@ -322,6 +323,7 @@ void attention_row(const Matrix& queries, const Matrix& keys, const Matrix& valu
                               request.weights,
                               request.lse,
                               request.lse_base2,
+                              request.lse_target != nullptr ? request.lse_target : &target,
                               std::vector<bool>(values.cols, false),
                               std::vector<bool>(request.weights.empty() ? 0 : active.size(), false)};
   solve_row(row, target, request.mpfr_only, results, request.statistics);
@@ -346,8 +348,9 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
   if (options.return_weights) result.weights = Matrix(queries.rows, keys.rows);
   if (options.return_lse) result.lse.assign(queries.rows, 0.0);
   for (std::size_t query = 0; query < scores.queries; ++query) {
-    RowRequest request{result.output.row(query), {}, nullptr, options.lse_base2, options.mpfr_only,
-                       options.statistics};
+    RowRequest request{
+        result.output.row(query), {}, nullptr, options.lse_base2, options.mpfr_only, options.statistics,
+        options.lse_format};
     if (result.weights) request.weights = result.weights->row(query);
     if (options.return_lse) request.lse = &result.lse[query];
     attention_row(queries, keys, values, scores, query, target, request);
@@ -434,7 +437,8 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
                              nullptr,
                              options.lse_base2,
                              options.mpfr_only,
-                             &local};
+                             &local,
+                             options.lse_format};
           if (options.return_lse) request.lse = &result.lse[problem.lse_offset(b, h, s)];
           attention_row(queries[g], keys, values, scores[g], s, target, request);
         }

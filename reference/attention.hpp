@@ -37,7 +37,8 @@ struct AttentionOptions {
   tensor::HeadScores scores;
   bool return_weights = false;
   bool return_lse = false;
-  bool lse_base2 = false;  // the log-sum-exp over ln 2, as kernels that use exp2 store it
+  bool lse_base2 = false;                   // the log-sum-exp over ln 2, as kernels that use exp2 store it
+  const FloatFormat* lse_format = nullptr;  // the log-sum-exp's format (null: the target's)
   ZivStatistics* statistics = nullptr;
   bool mpfr_only = false;  // skip the double and Arb stages (same results, slower), for tests
 };
@@ -55,7 +56,8 @@ struct AttentionResult {
 struct AttentionTensorOptions {
   bool return_lse = false;
   bool lse_base2 = false;
-  unsigned threads = 0;  // 0: every core; rows are computed in parallel
+  const FloatFormat* lse_format = nullptr;  // null: the target's
+  unsigned threads = 0;                     // 0: every core; rows are computed in parallel
   ZivStatistics* statistics = nullptr;
   bool mpfr_only = false;
 };

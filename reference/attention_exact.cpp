@@ -189,8 +189,7 @@ long decide_weights_exactly(const AttentionRow& row, const ExactRow& exact, cons
 
 bool is_zero(const Rational& x) { return mpq_sgn(x.get()) == 0; }
 
-bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
-                        AttentionRowResults& results) {
+bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, AttentionRowResults& results) {
   if (results.lse == nullptr || results.lse_done) return false;
   const std::size_t count = row.entries();
   if (results.lse_base2) {
@@ -198,7 +197,7 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, const Fl
     const bool all_zero = exact.groups.size() == 1 && is_zero(first.bias) && is_zero(first.dot);
     if (!all_zero || !std::has_single_bit(count)) return false;
     *results.lse =
-        round_to_format(static_cast<double>(std::bit_width(count) - 1), target);  // log2 of a power of two
+        round_to_format(static_cast<double>(std::bit_width(count) - 1), *results.lse_target);  // log2 of 2^k
     return results.lse_done = true;
   }
   if (count != 1) return false;
@@ -213,7 +212,7 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, const Fl
   }
   Rational theta(row.scores.theta);
   mpq_div(logit.get(), logit.get(), theta.get());
-  *results.lse = round_rational(logit, target);
+  *results.lse = round_rational(logit, *results.lse_target);
   return results.lse_done = true;
 }
 
@@ -224,7 +223,7 @@ long apply_attention_exact_cases(const AttentionRow& row, const FloatFormat& tar
   const ExactRow exact = group_entries(row);
   long decided = decide_outputs_exactly(row, exact, target, results);
   decided += decide_weights_exactly(row, exact, target, results);
-  if (decide_lse_exactly(row, exact, target, results)) ++decided;
+  if (decide_lse_exactly(row, exact, results)) ++decided;  // in its own format
   return decided;
 }
 

@@ -33,6 +33,7 @@ struct AttentionRowResults {
   std::span<double> weights;
   double* lse = nullptr;
   bool lse_base2 = false;
+  const FloatFormat* lse_target = nullptr;  // the log-sum-exp's format (set whenever lse is)
   std::vector<bool> output_done;
   std::vector<bool> weight_done;  // indexed like active
   bool lse_done = false;

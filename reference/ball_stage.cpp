@@ -192,7 +192,7 @@ void decide_attention_row_by_balls(const AttentionRow& row, const FloatFormat& t
       arb_const_log2(ln2.get(), precision);
       arb_div(quotient.get(), quotient.get(), ln2.get(), precision);
     }
-    if (const auto rounded = round_ball_if_decided(quotient.get(), target)) {
+    if (const auto rounded = round_ball_if_decided(quotient.get(), *results.lse_target)) {
       *results.lse = *rounded;
       results.lse_done = true;
     }

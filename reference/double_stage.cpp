@@ -1,6 +1,7 @@
 #include "reference/double_stage.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cfenv>
 #include <cmath>
@@ -179,25 +180,48 @@ struct AttentionRowInDouble {
 };
 
 // Entry a's logit z_a = (fl(q . k_a) fl(scale) + fl(bias_a)) / theta in double, with its absolute
-// error: the dot product's (gamma_d sum |q_t k_t| scaled), the scale's (1/sqrt(d) is within 2u:
-// a correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's
-// one fma (u |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by
-// theta (2.1u |z|). The sink is entry `active.size()`, exact but for the division. False when a logit is not
-// finite or its error is too large for this stage (the later stages take the row).
+// error: the dot product's (gamma_{d+3} sum |q_t k_t| scaled, see dot_and_magnitude), the scale's (1/sqrt(d)
+// is within 2u: a correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's one fma (u
+// |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta (2.1u
+// |z|). The sink is entry `active.size()`, exact but for the division. False when a logit is not finite or
+// its error is too large for this stage (the later stages take the row). q . k and sum_t |q_t k_t| with eight
+// partial sums each (independent chains the compiler can vectorise). Blocked summation errs by at most
+// gamma_{ceil(d/8) + 3} <= gamma_{d + 3}, the bound bound_attention_logits uses.
+struct DotAndMagnitude {
+  double dot;
+  double magnitude;
+};
+DotAndMagnitude dot_and_magnitude(const double* q, const double* k, std::size_t d) {
+  std::array<double, 8> dots{};
+  std::array<double, 8> magnitudes{};
+  std::size_t t = 0;
+  for (; t + 8 <= d; t += 8) {
+    for (std::size_t lane = 0; lane < 8; ++lane) {
+      const double product = q[t + lane] * k[t + lane];
+      dots[lane] += product;
+      magnitudes[lane] += std::fabs(product);
+    }
+  }
+  for (std::size_t lane = 0; t < d; ++t, ++lane) {
+    const double product = q[t] * k[t];
+    dots[lane] += product;
+    magnitudes[lane] += std::fabs(product);
+  }
+  const auto pairwise8 = [](std::array<double, 8>& x) {
+    return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+  };
+  return {pairwise8(dots), pairwise8(magnitudes)};
+}
+
 bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
   const std::size_t dimension = source.keys.cols;
-  const double dot_gamma = gamma_of(static_cast<double>(dimension));
+  const double dot_gamma = gamma_of(static_cast<double>(dimension) + 3);
   const double scale =
       source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
   const double theta = source.scores.theta;
   for (std::size_t a = 0; a < source.active.size(); ++a) {
-    const auto key = source.keys.row(source.active[a]);
-    double dot = 0;
-    double absolute = 0;
-    for (std::size_t t = 0; t < dimension; ++t) {
-      dot += source.query[t] * key[t];
-      absolute += std::fabs(source.query[t] * key[t]);
-    }
+    const auto [dot, absolute] =
+        dot_and_magnitude(source.query.data(), source.keys.row(source.active[a]).data(), dimension);
     const double scaled = dot * scale;
     double bias = 0;
     if (!source.bias.empty()) {
@@ -249,26 +273,36 @@ void bound_attention_exponentials(std::size_t count, std::vector<double>& scratc
 // Each output column sum_j w_j v_jc / S with its bound, rounded where the bound decides it.
 void decide_attention_outputs(const Matrix& values, std::span<const std::size_t> active,
                               const FloatFormat& target, const AttentionRowInDouble& row,
-                              std::vector<double>& scratch, std::vector<double>& magnitude_scratch,
+                              std::vector<double>& numerators, std::vector<double>& magnitudes,
                               std::span<double> output, std::vector<bool>& output_done) {
   const std::size_t count = active.size();  // the sink (if any) has no value
-  magnitude_scratch.resize(count);
-  for (std::size_t c = 0; c < values.cols; ++c) {
-    if (output_done[c]) continue;
-    scratch.resize(count);
-    double largest_value = 0;
-    for (std::size_t a = 0; a < count; ++a) {
-      const double v = values(active[a], c);
-      scratch[a] = row.exponentials[a] * v;
-      magnitude_scratch[a] = std::fabs(scratch[a]);
-      largest_value = std::max(largest_value, std::fabs(v));
+  const std::size_t columns = values.cols;
+  // Recursive sums over the keys, every column at once (rows of V read in order): each numerator
+  // is within gamma_{count} of its magnitude sum_j |w_j v_jc| (Higham, Accuracy and Stability,
+  // section 4.2), which is itself computed with error gamma_{count}.
+  numerators.assign(columns, 0.0);
+  magnitudes.assign(columns, 0.0);
+  double largest_value = 0;
+  for (std::size_t a = 0; a < count; ++a) {
+    const double w = row.exponentials[a];
+    const auto v = values.row(active[a]);
+    for (std::size_t c = 0; c < columns; ++c) {
+      const double term = w * v[c];
+      numerators[c] += term;
+      magnitudes[c] += std::fabs(term);
     }
-    const double numerator = pairwise_sum(scratch);
-    const double magnitude = pairwise_sum(magnitude_scratch) * (1 + gamma_of(row.depth + 2));
-    const double result = numerator / row.sum;
+    if (row.tiny_mass != 0) {
+      for (const double x : v) largest_value = std::max(largest_value, std::fabs(x));
+    }
+  }
+  const double recursive = gamma_of(static_cast<double>(count) + 1);
+  for (std::size_t c = 0; c < columns; ++c) {
+    if (output_done[c]) continue;
+    const double magnitude = magnitudes[c] * (1 + gamma_of(static_cast<double>(count) + 2));
+    const double result = numerators[c] / row.sum;
     if (!std::isfinite(result) || !std::isfinite(magnitude)) continue;
     const double bound =
-        ((row.eta_max + gamma_of(row.depth + 1)) * magnitude / row.sum +
+        ((row.eta_max + recursive) * magnitude / row.sum +
          (row.sum_error + unit_roundoff) * std::fabs(result) + row.tiny_mass * largest_value / row.sum) *
             (1 + 0x1p-20) +
         4 * unit_roundoff * std::fabs(result);
@@ -276,6 +310,28 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
     if (!rounded) continue;
     output[c] = *rounded;
     output_done[c] = true;
+  }
+}
+
+// The natural log-sum-exp L = m + ln S, m the largest computed logit (an exact shift: any shift
+// gives the same L). Each term of S carries its eta_j, which includes its logit's own error, so
+// S is within sum_error relative and ln S within 1.01 sum_error absolute; ln (1 ulp) and the
+// final addition round twice more. Base 2 is left to the later stages.
+void decide_lse_in_double(const AttentionRowInDouble& row, std::size_t count, AttentionRowResults& results) {
+  if (results.lse == nullptr || results.lse_done || results.lse_base2 || results.lse_target->precision() > 24)
+    return;
+  if (row.sum_error > 0x1p-30) return;
+  const double largest =
+      *std::max_element(row.logits.begin(), row.logits.begin() + static_cast<std::ptrdiff_t>(count));
+  const double log_sum = std::log(row.sum);
+  const double lse = largest + log_sum;
+  const double bound =
+      (1.01 * row.sum_error + 2 * unit_roundoff * std::fabs(log_sum) + 2 * unit_roundoff * std::fabs(lse)) *
+      (1 + 0x1p-20);
+  if (!std::isfinite(lse)) return;
+  if (const auto rounded = round_if_decided(lse - bound, lse + bound, *results.lse_target)) {
+    *results.lse = *rounded;
+    results.lse_done = true;
   }
 }
 
@@ -308,6 +364,7 @@ void decide_attention_row_in_double(const AttentionRow& source, const FloatForma
   }
   decide_attention_outputs(source.values, source.active, target, row, scratch, magnitude_scratch,
                            results.output, results.output_done);
+  decide_lse_in_double(row, count, results);
 }
 
 }  // namespace sharpcheck::reference

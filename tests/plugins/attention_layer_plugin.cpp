@@ -4,8 +4,8 @@
 // top-left, 3 skips the sink, 4 forgets GQA's mapping (h % kv_heads), 5 drops the soft-cap,
 // 6 ignores ALiBi, 7 reads padded keys, 8 returns a log-sum-exp off by 1e-3.
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
