@@ -85,7 +85,8 @@ std::string rerun_command(const CompareSettings& s) {
   const auto real = [&](const char* option, double value, double plain) {
     if (value != plain) add(option, hex_float(value));
   };
-  for (const auto& [option, value] : {std::pair{"--logits", r.logits},
+  for (const auto& [option, value] : {std::pair{"--bundle", r.bundle},
+                                      {"--logits", r.logits},
                                       {"--probs", r.probabilities},
                                       {"--q", r.q},
                                       {"--k", r.k},
@@ -109,6 +110,7 @@ std::string rerun_command(const CompareSettings& s) {
                                       {"--baseline", s.baseline_path},
                                       {"--name", r.name}})
     add(option, value);
+  if (r.dim != -1) add("--dim", std::to_string(r.dim));
   flag("--log-softmax", r.log_softmax);
   flag("--lse-base2", r.lse_base2);
   flag("--causal", s.causal);
@@ -161,7 +163,15 @@ int run_compare(const CompareSettings& settings) {
 
 void add_file_options(CLI::App* command, CompareSettings& s) {
   auto& r = s.request;
-  command->add_option("--logits", r.logits, "Logits (.npy, 1-D or 2-D; bf16 as uint16 or int16 bits)");
+  command->add_option(
+      "--bundle", r.bundle,
+      "An .npz file whose members named logits, probs, q, k, v, out, lse, sinks, alibi_slopes "
+      "stand for the options not given");
+  command->add_option(
+      "--logits", r.logits,
+      "Logits (.npy or FILE.npz:NAME, any rank, softmax along --dim; bf16 as uint16 or int16 bits)");
+  command->add_option("--dim", r.dim,
+                      "The softmax axis of --logits (negative counts from the end; default -1)");
   command->add_option("--probs", r.probabilities,
                       "The kernel's probabilities (or log-probabilities), same shape");
   command->add_flag("--log-softmax", r.log_softmax, "--probs holds log-probabilities (log_softmax)");

@@ -1,11 +1,13 @@
 #include "gate/compare_files.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <optional>
 
 #include "core/errors.hpp"
 #include "io/npy.hpp"
+#include "io/npz.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
 #include "metrics/judge_tensors.hpp"
@@ -63,18 +65,6 @@ double decode_stored(double raw, io::NpyType type, const StoredFormat& stored, c
   }
 }
 
-// Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).
-void require_values_of(const std::vector<double>& values, const StoredFormat& stored, const std::string& path,
-                       std::size_t first_index, bool minus_infinity_allowed = false) {
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (minus_infinity_allowed && values[i] == -INFINITY) continue;
-    if (!is_representable(values[i], *stored.format)) {
-      refuse(InputProblem::out_of_range, path + ": element " + std::to_string(first_index + i) + " (" +
-                                             hex_float(values[i]) + ") is not a " + stored.name + " value");
-    }
-  }
-}
-
 // A whole N-D array as values (decoded as the stored format says), refused when empty.
 io::NpyArray read_values(const std::string& path, const StoredFormat& stored) {
   io::NpyArray array = io::read_npy(path);
@@ -84,13 +74,62 @@ io::NpyArray read_values(const std::string& path, const StoredFormat& stored) {
   return array;
 }
 
-Matrix read_rows(const io::NpyFile& file, const std::string& path, std::size_t first, std::size_t count,
-                 const StoredFormat& stored) {
-  Matrix matrix = file.read_rows(first, count);
-  for (std::size_t i = 0; i < matrix.values.size(); ++i)
-    matrix.values[i] =
-        decode_stored(matrix.values[i], file.layout().type, stored, path, first * file.cols() + i);
+// Softmax lanes along one axis of an N-D array: lane l is every index but the axis's (C order).
+struct Lanes {
+  std::size_t axis = 0, extent = 1, inner = 1, count = 1;
+  [[nodiscard]] std::size_t c_index(std::size_t lane, std::size_t position) const {
+    return (lane / inner) * extent * inner + position * inner + lane % inner;
+  }
+};
+
+Lanes lanes_of(const std::vector<std::size_t>& shape, int dim, const std::string& path) {
+  if (shape.empty()) return {};
+  const auto rank = static_cast<int>(shape.size());
+  if (dim < -rank || dim >= rank) {
+    refuse(InputProblem::out_of_range,
+           "--dim " + std::to_string(dim) + " is outside " + path + "'s " + std::to_string(rank) + " axes");
+  }
+  Lanes lanes;
+  lanes.axis = static_cast<std::size_t>(dim < 0 ? dim + rank : dim);
+  lanes.extent = shape[lanes.axis];
+  std::size_t total = 1;
+  for (std::size_t axis = 0; axis < shape.size(); ++axis) {
+    total *= shape[axis];
+    if (axis > lanes.axis) lanes.inner *= shape[axis];
+  }
+  lanes.count = lanes.extent == 0 ? 0 : total / lanes.extent;
+  return lanes;
+}
+
+Matrix read_lanes(const io::NpyFile& file, const Lanes& lanes, std::size_t first, std::size_t count,
+                  const StoredFormat& stored) {
+  Matrix matrix = file.read_lanes(lanes.axis, first, count);
+  for (std::size_t r = 0; r < count; ++r) {
+    for (std::size_t a = 0; a < matrix.cols; ++a) {
+      matrix(r, a) =
+          decode_stored(matrix(r, a), file.layout().type, stored, file.path(), lanes.c_index(first + r, a));
+    }
+  }
   return matrix;
+}
+
+// Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).
+void require_values_of(std::span<const double> values, const StoredFormat& stored, const std::string& path,
+                       const Lanes& lanes, std::size_t lane, bool minus_infinity_allowed) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (minus_infinity_allowed && values[i] == -INFINITY) continue;
+    if (!is_representable(values[i], *stored.format)) {
+      refuse(InputProblem::out_of_range, path + ": element " + std::to_string(lanes.c_index(lane, i)) + " (" +
+                                             hex_float(values[i]) + ") is not a " + stored.name + " value");
+    }
+  }
+}
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t axis = 0; axis < shape.size(); ++axis)
+    text += (axis ? ", " : "") + std::to_string(shape[axis]);
+  return text + "]";
 }
 
 std::string kernel_name(const CompareRequest& request, const std::string& output_path) {
@@ -106,28 +145,28 @@ void compare_rows(const CompareRequest& request, const StoredFormat& output, con
   outcome.gate_case.kernel = kernel_name(request, request.probabilities);
   const io::NpyFile logits(request.logits);
   const io::NpyFile probabilities(request.probabilities);
-  if (logits.rows() * logits.cols() == 0) {
-    refuse(InputProblem::empty_input, request.logits + " holds no element (shape " +
-                                          std::to_string(logits.rows()) + "x" +
-                                          std::to_string(logits.cols()) + ")");
+  const Lanes lanes = lanes_of(logits.layout().shape, request.dim, request.logits);
+  if (lanes.count * lanes.extent == 0) {
+    refuse(InputProblem::empty_input,
+           request.logits + " holds no element (shape " + shape_text(logits.layout().shape) + ")");
   }
-  if (logits.rows() != probabilities.rows() || logits.cols() != probabilities.cols()) {
-    refuse(InputProblem::shape_mismatch, "--probs does not match --logits: " + std::to_string(logits.rows()) +
-                                             "x" + std::to_string(logits.cols()) + " against " +
-                                             std::to_string(probabilities.rows()) + "x" +
-                                             std::to_string(probabilities.cols()));
+  if (logits.layout().shape != probabilities.layout().shape) {
+    refuse(InputProblem::shape_mismatch,
+           "--probs does not match --logits: " + shape_text(logits.layout().shape) + " against " +
+               shape_text(probabilities.layout().shape));
   }
   const std::string default_entry = output.zero_point ? output.name : "plugin_softmax";
   const auto& tolerance =
       metrics::tolerance_for(request.tolerance_entry.empty() ? default_entry : request.tolerance_entry);
   const metrics::JudgeSpec spec{kernels::Operation::softmax, output.format, &tolerance};
-  const std::size_t block = std::max<std::size_t>(1, (std::size_t{1} << 22) / logits.cols());
-  for (std::size_t first = 0; first < logits.rows(); first += block) {
-    const std::size_t count = std::min(block, logits.rows() - first);
-    Matrix actual = read_rows(probabilities, request.probabilities, first, count, output);
-    require_values_of(actual.values, output, request.probabilities, first * logits.cols(),
-                      request.log_softmax);
-    const Matrix logit_rows = read_rows(logits, request.logits, first, count, input);
+  const std::size_t block = std::max<std::size_t>(1, (std::size_t{1} << 22) / lanes.extent);
+  for (std::size_t first = 0; first < lanes.count; first += block) {
+    const std::size_t count = std::min(block, lanes.count - first);
+    Matrix actual = read_lanes(probabilities, lanes, first, count, output);
+    for (std::size_t r = 0; r < count; ++r) {
+      require_values_of(actual.row(r), output, request.probabilities, lanes, first + r, request.log_softmax);
+    }
+    const Matrix logit_rows = read_lanes(logits, lanes, first, count, input);
     const auto evaluation =
         request.log_softmax
             ? metrics::judge_log_softmax(spec, logit_rows, request.theta, std::move(actual), first)
@@ -135,46 +174,93 @@ void compare_rows(const CompareRequest& request, const StoredFormat& output, con
     outcome.comparison.merge(evaluation.comparison);
     outcome.reference_statistics.merge(evaluation.reference_statistics);
   }
-  outcome.gate_case.n = logits.cols();
+  if (!outcome.comparison.passed() && lanes.inner != 1) {
+    outcome.failures.push_back(
+        "the worst element, lane " + std::to_string(outcome.comparison.worst.row) + " position " +
+        std::to_string(outcome.comparison.worst.index) + " along --dim " + std::to_string(request.dim) +
+        ", is element " +
+        std::to_string(lanes.c_index(outcome.comparison.worst.row, outcome.comparison.worst.index)) +
+        " of the arrays in C order");
+  }
+  outcome.gate_case.n = lanes.extent;
 }
 
-// Multiplies every value by a descale factor, which must leave each product exact.
-void descale(std::vector<double>& values, double factor, const char* option) {
-  if (factor == 1.0) return;
-  if (!std::isfinite(factor) || factor <= 0)
-    refuse(InputProblem::out_of_range, std::string(option) + " must be finite and positive");
-  for (double& x : values) {
+// FlashAttention 3's per-tensor descale: the real value is the stored one times the factor,
+// which must leave the product exact (else the real input is not a double and none can judge it).
+struct Descale {
+  double factor = 1;
+  const char* option = "";
+  void check() const {
+    if (!std::isfinite(factor) || factor <= 0)
+      refuse(InputProblem::out_of_range, std::string(option) + " must be finite and positive");
+  }
+  [[nodiscard]] double apply(double x) const {
+    if (factor == 1.0) return x;
     const double product = x * factor;
     if (std::fma(x, factor, -product) != 0.0) {
       refuse(InputProblem::out_of_range, std::string(option) + ": " + hex_float(x) + " x " +
                                              hex_float(factor) + " is not exact in double");
     }
-    x = product;
+    return product;
   }
-}
+};
+
+// A tensor file (.npy or an .npz member) decoded as its stored format says while it is read:
+// descaled for inputs, checked to be values of the format for outputs.
+class DecodedFile final : public tensor::TensorSource {
+ public:
+  DecodedFile(const std::string& path, StoredFormat stored, Descale descale = {}, bool output = false)
+      : file_(path), stored_(std::move(stored)), descale_(descale), output_(output) {
+    descale_.check();
+    if (file_.layout().element_count() == 0) refuse(InputProblem::empty_input, path + " holds no element");
+  }
+  [[nodiscard]] std::size_t size() const override { return file_.layout().element_count(); }
+  [[nodiscard]] const std::vector<std::size_t>& shape() const { return file_.layout().shape; }
+  void read(std::size_t first, std::span<double> out) const override {
+    file_.read_elements(first, out);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i] = descale_.apply(decode_stored(out[i], file_.layout().type, stored_, file_.path(), first + i));
+      if (output_ && !is_representable(out[i], *stored_.format)) {
+        refuse(InputProblem::out_of_range, file_.path() + ": element " + std::to_string(first + i) + " (" +
+                                               hex_float(out[i]) + ") is not a " + stored_.name + " value");
+      }
+    }
+  }
+
+ private:
+  io::NpyFile file_;
+  StoredFormat stored_;
+  Descale descale_;
+  bool output_;
+};
 
 }  // namespace
 
 namespace {
 
 // A 2-D array (one head's matrix, rows x columns) read as [1, 1, rows, columns].
-void as_one_head(io::NpyArray& array) {
-  if (array.shape.size() == 1) array.shape = {1, 1, 1, array.shape[0]};
-  if (array.shape.size() == 2) array.shape = {1, 1, array.shape[0], array.shape[1]};
+std::vector<std::size_t> as_one_head(std::vector<std::size_t> shape) {
+  if (shape.size() == 1) return {1, 1, 1, shape[0]};
+  if (shape.size() == 2) return {1, 1, shape[0], shape[1]};
+  return shape;
 }
+
+struct TensorShapes {
+  std::vector<std::size_t> q, k, v;
+};
 
 // The problem the tensors' shapes describe: [B, H, S, D] (bhsd) or [B, S, H, D] (bshd), or
 // [T, H, D] (packed, with cumulative lengths); KV heads from K's shape.
-tensor::AttentionProblem problem_from(const CompareRequest& request, const io::NpyArray& q,
-                                      const io::NpyArray& k, const io::NpyArray& v) {
+tensor::AttentionProblem problem_from(const CompareRequest& request, const TensorShapes& shapes) {
+  const auto& [q, k, v] = shapes;
   tensor::AttentionProblem problem;
   problem.layout = tensor::parse_layout(request.layout);
   const std::size_t dims = problem.layout == tensor::Layout::packed ? 3 : 4;
-  for (const auto* array : {&q, &k, &v}) {
-    if (array->shape.size() != dims) {
+  for (const auto* shape : {&q, &k, &v}) {
+    if (shape->size() != dims) {
       refuse(InputProblem::shape_mismatch, "layout " + request.layout + " needs " + std::to_string(dims) +
                                                "-D --q, --k and --v (or 2-D matrices of one head), got " +
-                                               std::to_string(array->shape.size()) + "-D");
+                                               std::to_string(shape->size()) + "-D");
     }
   }
   auto& shape = problem.shape;
@@ -183,24 +269,18 @@ tensor::AttentionProblem problem_from(const CompareRequest& request, const io::N
     problem.cu_seqlens_k = request.cu_seqlens_k;
     if (problem.cu_seqlens_q.size() < 2)
       refuse(InputProblem::out_of_range, "the packed layout needs --cu-seqlens-q and --cu-seqlens-k");
-    shape = {problem.cu_seqlens_q.size() - 1, q.shape[1], k.shape[1], 0, 0, q.shape[2], v.shape[2]};
-    if (q.shape[0] != problem.cu_seqlens_q.back() || k.shape[0] != problem.cu_seqlens_k.back()) {
+    shape = {problem.cu_seqlens_q.size() - 1, q[1], k[1], 0, 0, q[2], v[2]};
+    if (q[0] != problem.cu_seqlens_q.back() || k[0] != problem.cu_seqlens_k.back()) {
       refuse(InputProblem::shape_mismatch,
              "the cumulative lengths end at " + std::to_string(problem.cu_seqlens_q.back()) + " and " +
-                 std::to_string(problem.cu_seqlens_k.back()) + ", the tensors hold " +
-                 std::to_string(q.shape[0]) + " and " + std::to_string(k.shape[0]) + " tokens");
+                 std::to_string(problem.cu_seqlens_k.back()) + ", the tensors hold " + std::to_string(q[0]) +
+                 " and " + std::to_string(k[0]) + " tokens");
     }
   } else {
     const bool bshd = problem.layout == tensor::Layout::bshd;
-    shape = {q.shape[0],
-             q.shape[bshd ? 2 : 1],
-             k.shape[bshd ? 2 : 1],
-             q.shape[bshd ? 1 : 2],
-             k.shape[bshd ? 1 : 2],
-             q.shape[3],
-             v.shape[3]};
-    if (k.shape[0] != shape.batch || v.shape[0] != shape.batch || k.shape[3] != shape.head_dim ||
-        v.shape[bshd ? 1 : 2] != shape.keys || v.shape[bshd ? 2 : 1] != shape.kv_heads) {
+    shape = {q[0], q[bshd ? 2 : 1], k[bshd ? 2 : 1], q[bshd ? 1 : 2], k[bshd ? 1 : 2], q[3], v[3]};
+    if (k[0] != shape.batch || v[0] != shape.batch || k[3] != shape.head_dim ||
+        v[bshd ? 1 : 2] != shape.keys || v[bshd ? 2 : 1] != shape.kv_heads) {
       refuse(InputProblem::shape_mismatch, "--q, --k and --v disagree on batch, keys, KV heads or head dim");
     }
     problem.query_lengths = request.query_lengths;
@@ -220,30 +300,27 @@ void compare_attention(const CompareRequest& request, const StoredFormat& output
     refuse(InputProblem::out_of_range, "attention needs --q, --k, --v and --out");
   }
   outcome.gate_case.kernel = kernel_name(request, request.out);
-  io::NpyArray q = read_values(request.q, input), k = read_values(request.k, input),
-               v = read_values(request.v, input);
-  io::NpyArray out = read_values(request.out, output);
-  if (q.shape.size() <= 2) {
-    for (io::NpyArray* array : {&q, &k, &v, &out}) as_one_head(*array);
-  }
-  descale(q.values, request.q_descale, "--q-descale");
-  descale(k.values, request.k_descale, "--k-descale");
-  descale(v.values, request.v_descale, "--v-descale");
-  const tensor::AttentionProblem problem = problem_from(request, q, k, v);
-  if (out.values.size() != problem.output_elements()) {
-    refuse(InputProblem::shape_mismatch, "--out holds " + std::to_string(out.values.size()) +
+  const DecodedFile q(request.q, input, {request.q_descale, "--q-descale"});
+  const DecodedFile k(request.k, input, {request.k_descale, "--k-descale"});
+  const DecodedFile v(request.v, input, {request.v_descale, "--v-descale"});
+  const DecodedFile out(request.out, output, {}, true);
+  const bool one_head = q.shape().size() <= 2;
+  const auto shape_of = [&](const DecodedFile& file) {
+    return one_head ? as_one_head(file.shape()) : file.shape();
+  };
+  const tensor::AttentionProblem problem = problem_from(request, {shape_of(q), shape_of(k), shape_of(v)});
+  if (out.size() != problem.output_elements()) {
+    refuse(InputProblem::shape_mismatch, "--out holds " + std::to_string(out.size()) +
                                              " elements, the problem (" + problem.describe() + ") has " +
                                              std::to_string(problem.output_elements()));
   }
-  require_values_of(out.values, output, request.out, 0);
-  std::vector<double> lse;
-  if (!request.lse.empty()) lse = read_values(request.lse, {&fp32, std::nullopt, "fp32"}).values;
+  std::optional<DecodedFile> lse;
+  if (!request.lse.empty()) lse.emplace(request.lse, StoredFormat{&fp32, std::nullopt, "fp32"});
   const auto& tolerance =
       metrics::tolerance_for(request.tolerance_entry.empty() ? "attention_flash" : request.tolerance_entry);
   metrics::JudgeSpec spec{kernels::Operation::attention, output.format, &tolerance};
   spec.lse_base2 = request.lse_base2;
-  const auto judgement =
-      metrics::judge_attention_tensors(spec, problem, q.values, k.values, v.values, out.values, lse);
+  const auto judgement = metrics::judge_attention_tensors(spec, problem, q, k, v, out, lse ? &*lse : nullptr);
   outcome.comparison = judgement.output;
   if (judgement.lse) outcome.comparison.merge(*judgement.lse);
   outcome.reference_statistics = judgement.statistics;
@@ -256,7 +333,41 @@ void compare_attention(const CompareRequest& request, const StoredFormat& output
 
 }  // namespace
 
-CaseOutcome compare_files(const CompareRequest& request) {
+namespace {
+
+// The paths left empty taken from the bundle's members of the same names, where it has them.
+CompareRequest with_bundle(CompareRequest request) {
+  if (request.bundle.empty()) return request;
+  if (!request.bundle.ends_with(".npz")) refuse(InputProblem::out_of_range, "--bundle must be an .npz file");
+  std::vector<io::NpzMember> members;
+  {
+    const io::MappedFile archive(request.bundle);
+    members = io::list_npz_members(archive.bytes(), request.bundle);
+  }
+  const auto has = [&](const std::string& name) {
+    return std::any_of(members.begin(), members.end(),
+                       [&](const io::NpzMember& m) { return m.name == name || m.name == name + ".npy"; });
+  };
+  for (auto& [field, name] : {std::pair{&request.logits, "logits"},
+                              {&request.probabilities, "probs"},
+                              {&request.q, "q"},
+                              {&request.k, "k"},
+                              {&request.v, "v"},
+                              {&request.out, "out"},
+                              {&request.lse, "lse"},
+                              {&request.sinks, "sinks"},
+                              {&request.alibi_slopes, "alibi_slopes"}}) {
+    if (field->empty() && has(name)) *field = request.bundle + ":" + name;
+  }
+  if (request.name.empty())
+    request.name = "compare:" + std::filesystem::path(request.bundle).filename().string();
+  return request;
+}
+
+}  // namespace
+
+CaseOutcome compare_files(const CompareRequest& given) {
+  const CompareRequest request = with_bundle(given);
   const bool attention = !request.q.empty();
   if (attention == !request.logits.empty()) {
     refuse(InputProblem::out_of_range, "give either --logits and --probs, or --q --k --v --out");

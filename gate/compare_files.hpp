@@ -3,10 +3,11 @@
 // with the same judge, tolerance entries and case records as the gate. `sharpcheck compare`
 // parses its options into a CompareRequest and calls compare_files; the Python module will too.
 //
-// Stored values: floating-point arrays hold values of the format; uint16/int16 arrays hold
-// 16-bit patterns (bf16, or fp16 when that is the format), uint8 arrays fp8 patterns when the
-// format is fp8; the quantized grids take int8 codes with zero point -128 ("int8") or uint8
-// codes with zero point 0 ("uint8"), each code c meaning (c - zero point) / 256.
+// Files: .npy, or a member of an .npz bundle named "bundle.npz:q" (stored or deflated). Stored values:
+// floating-point arrays hold values of the format; uint16/int16 arrays hold 16-bit patterns (bf16, or fp16
+// when that is the format), uint8 arrays fp8 patterns when the format is fp8; the quantized grids take int8
+// codes with zero point -128 ("int8") or uint8 codes with zero point 0 ("uint8"), each code c meaning (c -
+// zero point) / 256.
 #pragma once
 
 #include <string>
@@ -18,8 +19,10 @@
 namespace sharpcheck::gate {
 
 struct CompareRequest {
+  std::string bundle;                 // an .npz file whose members stand for the paths below left empty
   std::string logits, probabilities;  // softmax (or log-softmax) rows
   bool log_softmax = false;           // the outputs are log-probabilities
+  int dim = -1;                       // the softmax axis of N-D arrays (negative: from the end)
   std::string q, k, v, out, lse;      // attention
   bool lse_base2 = false;
   std::string format =

@@ -1,10 +1,5 @@
 #include "io/npy.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -16,6 +11,8 @@
 #include "core/errors.hpp"
 #include "formats/float_format.hpp"
 #include "io/atomic_file.hpp"
+#include "io/mapped_file.hpp"
+#include "io/npz.hpp"
 
 namespace sharpcheck::io {
 namespace {
@@ -247,10 +244,13 @@ NpyArray parse_npy(const std::string& bytes, const std::string& source) {
 }
 
 NpyArray read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(InputProblem::out_of_range, path + ": cannot be opened");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_npy(bytes, path);
+  const NpyFile file(path);
+  NpyArray array;
+  array.type = file.layout().type;
+  array.shape = file.layout().shape;
+  array.values.resize(file.layout().element_count());
+  file.read_elements(0, array.values);
+  return array;
 }
 
 void write_npy(const std::string& path, NpyType type, const std::vector<std::size_t>& shape,
@@ -301,59 +301,68 @@ void write_npy(const std::string& path, NpyType type, const std::vector<std::siz
   write_file_atomically(path, out.str());
 }
 
-NpyFile::NpyFile(const std::string& path) : path_(path) {
-  const int descriptor = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (descriptor < 0) fail(path, std::string("cannot be opened: ") + std::strerror(errno));
-  struct stat status {};
-  if (::fstat(descriptor, &status) != 0 || !S_ISREG(status.st_mode)) {
-    ::close(descriptor);
-    fail(path, "is not a regular file");
-  }
-  size_ = static_cast<std::size_t>(status.st_size);
-  if (size_ > 0) {
-    void* mapped = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, descriptor, 0);
-    if (mapped == MAP_FAILED) {
-      ::close(descriptor);
-      fail(path, std::string("cannot be mapped: ") + std::strerror(errno));
-    }
-    bytes_ = static_cast<const char*>(mapped);
-  }
-  ::close(descriptor);
-  try {
-    layout_ = parse_npy_header(std::string_view(bytes_ == nullptr ? "" : bytes_, size_), path);
-  } catch (...) {
-    if (bytes_ != nullptr) ::munmap(const_cast<char*>(bytes_), size_);
-    throw;
-  }
-  if (layout_.shape.size() == 1) {
-    rows_ = 1;
-    cols_ = layout_.shape[0];
-  } else if (layout_.shape.size() == 2) {
-    rows_ = layout_.shape[0];
-    cols_ = layout_.shape[1];
-  } else {
-    ::munmap(const_cast<char*>(bytes_), size_);
-    fail(path, "expected a 1-D or 2-D array, got " + std::to_string(layout_.shape.size()) + " dimensions");
-  }
+namespace {
+
+bool names_an_archive(const std::string& path) {
+  return path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
 }
 
-NpyFile::~NpyFile() {
-  if (bytes_ != nullptr) ::munmap(const_cast<char*>(bytes_), size_);
+}  // namespace
+
+NpyFile::NpyFile(const std::string& path) : path_(path) {
+  const ArrayPath where = split_array_path(path);
+  mapping_ = std::make_unique<MappedFile>(where.file);
+  std::string_view bytes = mapping_->bytes();
+  if (!where.member.empty()) {
+    const auto members = list_npz_members(bytes, where.file);
+    bytes =
+        npz_member_bytes(bytes, find_npz_member(members, where.member, where.file), inflated_, where.file);
+  } else if (names_an_archive(where.file)) {
+    fail(path, "is an .npz bundle: name one of its arrays as " + path + ":NAME");
+  }
+  bytes_ = bytes.data();
+  layout_ = parse_npy_header(bytes, path);
+  cols_ = layout_.shape.empty() ? 1 : layout_.shape.back();
+  rows_ = 1;
+  for (std::size_t axis = 0; axis + 1 < layout_.shape.size(); ++axis) rows_ *= layout_.shape[axis];
+}
+
+NpyFile::~NpyFile() = default;
+
+void NpyFile::read_elements(std::size_t first, std::span<double> out) const {
+  const char* data = bytes_ + layout_.data_start;
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = decode_npy_item(layout_, data, storage_position(layout_, first + i));
+}
+
+// The pages of elements already read are not needed again: let the kernel drop them from memory
+// (C order, read in place only).
+void NpyFile::release(std::size_t first_element, std::size_t count) const {
+  if (layout_.fortran_order || !inflated_.empty()) return;
+  const std::size_t item = item_size(layout_.type);
+  const auto offset = static_cast<std::size_t>(bytes_ - mapping_->bytes().data()) + layout_.data_start;
+  mapping_->release(offset + first_element * item, offset + (first_element + count) * item);
 }
 
 Matrix NpyFile::read_rows(std::size_t first, std::size_t count) const {
   Matrix matrix(count, cols_);
+  read_elements(first * cols_, matrix.values);
+  release(first * cols_, count * cols_);
+  return matrix;
+}
+
+Matrix NpyFile::read_lanes(std::size_t axis, std::size_t first, std::size_t count) const {
+  if (layout_.shape.empty() || axis + 1 >= layout_.shape.size()) return read_rows(first, count);
+  const std::size_t extent = layout_.shape[axis];
+  std::size_t inner = 1;
+  for (std::size_t later = axis + 1; later < layout_.shape.size(); ++later) inner *= layout_.shape[later];
+  Matrix matrix(count, extent);
   const char* data = bytes_ + layout_.data_start;
-  for (std::size_t i = 0; i < count * cols_; ++i) {
-    matrix.values[i] = decode_npy_item(layout_, data, storage_position(layout_, first * cols_ + i));
-  }
-  if (!layout_.fortran_order) {
-    // The pages of these rows are not needed again: let the kernel drop them from memory.
-    const std::size_t item = item_size(layout_.type);
-    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    const std::size_t begin = (layout_.data_start + first * cols_ * item) / page * page;
-    const std::size_t end = layout_.data_start + (first + count) * cols_ * item;
-    if (end > begin) ::madvise(const_cast<char*>(bytes_) + begin, end - begin, MADV_DONTNEED);
+  for (std::size_t r = 0; r < count; ++r) {
+    const std::size_t lane = first + r;
+    const std::size_t base = (lane / inner) * extent * inner + lane % inner;
+    for (std::size_t a = 0; a < extent; ++a)
+      matrix(r, a) = decode_npy_item(layout_, data, storage_position(layout_, base + a * inner));
   }
   return matrix;
 }

@@ -5,11 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/matrix.hpp"
+#include "io/mapped_file.hpp"
 
 namespace sharpcheck::io {
 
@@ -43,8 +46,10 @@ struct NpyLayout {
 // The storage position of the element at C-order position `c_position`.
 [[nodiscard]] std::size_t storage_position(const NpyLayout& layout, std::size_t c_position);
 
-// A .npy file mapped into memory, read a block of rows at a time: judging files larger than
-// memory costs the blocks, not copies of the files. A 1-D array is one row.
+// A .npy file (or a member of an .npz bundle, named "bundle.npz:q") mapped into memory and read
+// a block at a time: judging files larger than memory costs the blocks, not copies of the files.
+// A stored .npz member is read in place; a deflated one is inflated once into memory. Rows are
+// the lanes of the last axis (a 1-D array is one row, a 0-D array one row of one element).
 class NpyFile {
  public:
   explicit NpyFile(const std::string& path);  // InputError naming the path when unreadable or malformed
@@ -52,15 +57,23 @@ class NpyFile {
   NpyFile(const NpyFile&) = delete;
   NpyFile& operator=(const NpyFile&) = delete;
   [[nodiscard]] const NpyLayout& layout() const { return layout_; }
+  [[nodiscard]] const std::string& path() const { return path_; }
   [[nodiscard]] std::size_t rows() const { return rows_; }
   [[nodiscard]] std::size_t cols() const { return cols_; }
   // Rows [first, first + count) as doubles (uint16 as bit patterns); the pages read are released.
   [[nodiscard]] Matrix read_rows(std::size_t first, std::size_t count) const;
+  // Lanes [first, first + count) along `axis` (lane l: every index but the axis's, in C order),
+  // one per row of the result: softmax over any axis of an N-D array.
+  [[nodiscard]] Matrix read_lanes(std::size_t axis, std::size_t first, std::size_t count) const;
+  // Elements [first, first + out.size()) in C order. Safe to call from several threads.
+  void read_elements(std::size_t first, std::span<double> out) const;
 
  private:
+  void release(std::size_t first_element, std::size_t count) const;
   std::string path_;
-  const char* bytes_ = nullptr;
-  std::size_t size_ = 0;
+  std::unique_ptr<MappedFile> mapping_;  // the whole file (an .npz archive for a member)
+  std::string inflated_;                 // a deflated .npz member's bytes
+  const char* bytes_ = nullptr;          // the .npy bytes: in the mapping or in inflated_
   NpyLayout layout_;
   std::size_t rows_ = 0, cols_ = 0;
 };
@@ -68,6 +81,7 @@ class NpyFile {
 // Parses a whole .npy file held in memory. Throws InputError naming `source` and what is wrong:
 // bad magic, unsupported version, malformed header, unsupported dtype, truncated data.
 [[nodiscard]] NpyArray parse_npy(const std::string& bytes, const std::string& source);
+// A whole array from a .npy file or an .npz member ("bundle.npz:q").
 [[nodiscard]] NpyArray read_npy(const std::string& path);
 
 // Writes values (C order, `shape`) as `type`. Values must be exactly representable in the type

@@ -11,6 +11,7 @@
 #include "kernels/escape_kernels.hpp"
 #include "reference/attention.hpp"
 #include "reference/dispersion_escapes.hpp"
+#include "reference/dot_product.hpp"
 #include "reference/softmax.hpp"
 
 namespace sharpcheck::metrics {
@@ -208,18 +209,12 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
                                 std::span<const std::size_t> visible, std::span<double> magnitudes) {
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   const double theta = std::fabs(scores.theta);
-  thread_local std::vector<double> logits, roundings;
+  thread_local std::vector<double> logits, roundings, weights, sums;
   logits.clear();
   roundings.clear();
   const auto q = queries.row(query);
   for (const std::size_t j : visible) {
-    const auto k = keys.row(j);
-    double dot = 0;
-    double absolute = 0;
-    for (std::size_t t = 0; t < q.size(); ++t) {
-      dot += q[t] * k[t];
-      absolute += std::fabs(q[t] * k[t]);
-    }
+    const auto [dot, absolute] = reference::dot_and_magnitude(q.data(), keys.row(j).data(), q.size());
     const double scaled = dot * scale;
     const double capped =
         scores.softcap != 0.0 ? scores.softcap * std::tanh(scaled / scores.softcap) : scaled;
@@ -243,8 +238,9 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   const double largest = *std::max_element(logits.begin(), logits.end());
   double smallest = largest;
   double sum = 0;
+  weights.resize(logits.size());
   for (std::size_t e = 0; e < logits.size(); ++e) {
-    sum += std::exp(logits[e] - largest);
+    sum += weights[e] = std::exp(logits[e] - largest);
     if (largest - logits[e] > negligible_below) {  // its rounding matters only through its own size
       ++row_scale.negligible;
       continue;
@@ -254,12 +250,13 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     row_scale.logit_rounding = std::max(row_scale.logit_rounding, roundings[e]);
   }
   row_scale.largest_magnitude = largest - smallest;
+  sums.assign(magnitudes.size(), 0.0);  // local sums: no aliasing with the values read
   for (std::size_t a = 0; a < visible.size(); ++a) {
-    const double weight = std::exp(logits[a] - largest) / sum;
-    const auto v = values.row(visible[a]);
-    for (std::size_t c = 0; c < v.size(); ++c) magnitudes[c] += weight * std::fabs(v[c]);
+    const double weight = weights[a];
+    const double* v = values.row(visible[a]).data();
+    for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += weight * std::fabs(v[c]);
   }
-  for (double& m : magnitudes) m *= 1 + 1e-9;
+  for (std::size_t c = 0; c < sums.size(); ++c) magnitudes[c] = sums[c] / sum * (1 + 1e-9);
   return row_scale;
 }
 

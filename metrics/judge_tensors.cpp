@@ -15,13 +15,12 @@ struct HeadJudgement {
   reference::ZivStatistics statistics;
 };
 
+// One head's rows (each contiguous in every layout) from the source.
 template <typename Offset>
-Matrix gather(std::span<const double> stored, std::size_t rows, std::size_t columns,
+Matrix gather(const tensor::TensorSource& stored, std::size_t rows, std::size_t columns,
               const Offset& offset_of) {
   Matrix matrix(rows, columns);
-  for (std::size_t s = 0; s < rows; ++s) {
-    for (std::size_t t = 0; t < columns; ++t) matrix(s, t) = stored[offset_of(s) + t];
-  }
+  for (std::size_t s = 0; s < rows; ++s) stored.read(offset_of(s), matrix.row(s));
   return matrix;
 }
 
@@ -44,9 +43,9 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
 }
 
 HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& problem, std::size_t b,
-                         std::size_t h, std::span<const double> q, std::span<const double> k,
-                         std::span<const double> v, std::span<const double> out,
-                         std::span<const double> lse) {
+                         std::size_t h, const tensor::TensorSource& q, const tensor::TensorSource& k,
+                         const tensor::TensorSource& v, const tensor::TensorSource& out,
+                         const tensor::TensorSource* lse) {
   const tensor::AttentionShape& shape = problem.shape;
   const std::size_t rows = problem.query_length(b);
   const std::size_t keys = problem.key_length(b);
@@ -60,13 +59,13 @@ HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& 
   Matrix actual =
       gather(out, rows, shape.value_dim, [&](std::size_t s) { return problem.output_offset(b, h, s, 0); });
   JudgeSpec head_spec = spec;
-  head_spec.lse = !lse.empty();
+  head_spec.lse = lse != nullptr;
   const Evaluation evaluation =
       judge_attention(head_spec, queries, key_rows, value_rows, problem.head(b, h), std::move(actual));
   HeadJudgement judgement{evaluation.comparison, {}, evaluation.reference_statistics};
-  if (!lse.empty()) {
+  if (lse != nullptr) {
     std::vector<double> given(rows);
-    for (std::size_t s = 0; s < rows; ++s) given[s] = lse[problem.lse_offset(b, h, s)];
+    for (std::size_t s = 0; s < rows; ++s) lse->read(problem.lse_offset(b, h, s), {&given[s], 1});
     judgement.lse = judge_lse(head_spec, evaluation, std::move(given));
   }
   return judgement;
@@ -93,6 +92,16 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
                                         std::span<const double> q, std::span<const double> k,
                                         std::span<const double> v, std::span<const double> out,
                                         std::span<const double> lse, unsigned threads) {
+  const tensor::SpanSource lse_source(lse);
+  return judge_attention_tensors(spec, problem, tensor::SpanSource(q), tensor::SpanSource(k),
+                                 tensor::SpanSource(v), tensor::SpanSource(out),
+                                 lse.empty() ? nullptr : &lse_source, threads);
+}
+
+TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::AttentionProblem& problem,
+                                        const tensor::TensorSource& q, const tensor::TensorSource& k,
+                                        const tensor::TensorSource& v, const tensor::TensorSource& out,
+                                        const tensor::TensorSource* lse, unsigned threads) {
   problem.validate();
   const auto check = [](std::size_t got, std::size_t expected, const char* name) {
     if (got != expected) {
@@ -105,7 +114,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
   check(k.size(), problem.key_elements(), "K");
   check(v.size(), problem.value_elements(), "V");
   check(out.size(), problem.output_elements(), "the output");
-  if (!lse.empty()) check(lse.size(), problem.lse_elements(), "the log-sum-exp");
+  if (lse != nullptr) check(lse->size(), problem.lse_elements(), "the log-sum-exp");
   const std::size_t heads = problem.shape.batch * problem.shape.heads;
   std::vector<HeadJudgement> judged(heads);
   parallel_for(heads, threads, [&](std::size_t item) {
@@ -114,7 +123,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
     judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, q, k, v, out, lse);
   });
   TensorJudgement judgement;
-  if (!lse.empty()) judgement.lse = Comparison{};
+  if (lse != nullptr) judgement.lse = Comparison{};
   for (std::size_t item = 0; item < heads; ++item) {  // in order: reports do not depend on threads
     const std::size_t b = item / problem.shape.heads;
     const std::size_t h = item % problem.shape.heads;

@@ -10,6 +10,7 @@
 
 #include "metrics/evaluate.hpp"
 #include "tensor/attention_problem.hpp"
+#include "tensor/tensor_source.hpp"
 
 namespace sharpcheck::metrics {
 
@@ -38,5 +39,12 @@ struct TensorJudgement {
                                                       std::span<const double> q, std::span<const double> k,
                                                       std::span<const double> v, std::span<const double> out,
                                                       std::span<const double> lse, unsigned threads = 0);
+
+// The same, reading each head's rows from the sources as it judges it (lse may be null): memory is
+// a head's worth per thread.
+[[nodiscard]] TensorJudgement judge_attention_tensors(
+    const JudgeSpec& spec, const tensor::AttentionProblem& problem, const tensor::TensorSource& q,
+    const tensor::TensorSource& k, const tensor::TensorSource& v, const tensor::TensorSource& out,
+    const tensor::TensorSource* lse, unsigned threads = 0);
 
 }  // namespace sharpcheck::metrics

@@ -1,12 +1,13 @@
 #include "reference/double_stage.hpp"
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+
+#include "reference/dot_product.hpp"
 
 // Error bound of certified_exp (u = 2^-53, round to nearest throughout).
 //
@@ -184,35 +185,7 @@ struct AttentionRowInDouble {
 // is within 2u: a correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's one fma (u
 // |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta (2.1u
 // |z|). The sink is entry `active.size()`, exact but for the division. False when a logit is not finite or
-// its error is too large for this stage (the later stages take the row). q . k and sum_t |q_t k_t| with eight
-// partial sums each (independent chains the compiler can vectorise). Blocked summation errs by at most
-// gamma_{ceil(d/8) + 3} <= gamma_{d + 3}, the bound bound_attention_logits uses.
-struct DotAndMagnitude {
-  double dot;
-  double magnitude;
-};
-DotAndMagnitude dot_and_magnitude(const double* q, const double* k, std::size_t d) {
-  std::array<double, 8> dots{};
-  std::array<double, 8> magnitudes{};
-  std::size_t t = 0;
-  for (; t + 8 <= d; t += 8) {
-    for (std::size_t lane = 0; lane < 8; ++lane) {
-      const double product = q[t + lane] * k[t + lane];
-      dots[lane] += product;
-      magnitudes[lane] += std::fabs(product);
-    }
-  }
-  for (std::size_t lane = 0; t < d; ++t, ++lane) {
-    const double product = q[t] * k[t];
-    dots[lane] += product;
-    magnitudes[lane] += std::fabs(product);
-  }
-  const auto pairwise8 = [](std::array<double, 8>& x) {
-    return ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
-  };
-  return {pairwise8(dots), pairwise8(magnitudes)};
-}
-
+// its error is too large for this stage (the later stages take the row).
 bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
   const std::size_t dimension = source.keys.cols;
   const double dot_gamma = gamma_of(static_cast<double>(dimension) + 3);

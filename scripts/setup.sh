@@ -24,9 +24,9 @@ packages=(
   libboost-dev libmpfr-dev libgmp-dev
   librapidcheck-dev libz3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libeigen3-dev libhwy-dev libflint-arb-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libdnnl-dev ocl-icd-opencl-dev
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread python3-torch python3-numpy
   clang libclang-rt-14-dev clang-format clang-tidy
 )
 

@@ -1,0 +1,93 @@
+// The .npz reader against bundles numpy wrote (np.savez: stored members; np.savez_compressed:
+// deflated), and the same bytes damaged: every damage is refused, naming the archive and what.
+#include "io/npz.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "core/errors.hpp"
+#include "io/npy.hpp"
+
+namespace {
+
+using sharpcheck::InputError;
+using testing::HasSubstr;
+
+const std::string data = SHARPCHECK_NPY_DATA;
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string write_temporary(const std::string& name, const std::string& bytes) {
+  const auto path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    static_cast<void>(sharpcheck::io::read_npy(path));
+  } catch (const InputError& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+class NumpyBundle : public testing::TestWithParam<const char*> {};
+
+TEST_P(NumpyBundle, MembersReadAsTheArraysNumpySaved) {
+  const std::string bundle = data + "/" + GetParam();
+  const auto logits = sharpcheck::io::read_npy(bundle + ":logits");
+  EXPECT_EQ(logits.shape, (std::vector<std::size_t>{2, 3}));
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(logits.values[i], static_cast<double>(i) / 8);
+  const auto probs = sharpcheck::io::read_npy(bundle + ":probs.npy");  // the stored name works too
+  EXPECT_EQ(probs.values, (std::vector<double>{0.25, 0.5, 0.25}));
+}
+
+TEST_P(NumpyBundle, AMissingMemberIsRefusedListingTheMembers) {
+  const std::string bundle = data + "/" + GetParam();
+  EXPECT_THAT(error_of(bundle + ":q"), HasSubstr("no member 'q' (the archive holds logits.npy, probs.npy)"));
+  EXPECT_THAT(error_of(bundle), HasSubstr("is an .npz bundle: name one of its arrays"));
+}
+
+TEST_P(NumpyBundle, EveryTruncationIsRefused) {
+  const std::string bytes = read_bytes(data + "/" + GetParam());
+  for (std::size_t length = 0; length < bytes.size(); length += 7) {
+    const auto path = write_temporary("truncated.npz", bytes.substr(0, length));
+    EXPECT_THAT(error_of(path + ":logits"), HasSubstr("truncated.npz")) << "length " << length;
+  }
+}
+
+TEST_P(NumpyBundle, AFlippedByteInAMemberFailsItsCrc) {
+  std::string bytes = read_bytes(data + "/" + GetParam());
+  const auto member =
+      sharpcheck::io::find_npz_member(sharpcheck::io::list_npz_members(bytes, "b"), "logits", "b");
+  const std::size_t header = member.local_header_offset;
+  const std::size_t data_start = header + 30 + static_cast<unsigned char>(bytes[header + 26]) +
+                                 static_cast<unsigned char>(bytes[header + 28]) +
+                                 256 * static_cast<unsigned char>(bytes[header + 29]);
+  bytes[data_start + member.compressed_size - 1] ^= 0x01;
+  const auto path = write_temporary("flipped.npz", bytes);
+  EXPECT_THAT(error_of(path + ":logits"),
+              testing::AnyOf(HasSubstr("CRC-32 mismatch"), HasSubstr("corrupt deflate")));
+  EXPECT_EQ(sharpcheck::io::read_npy(path + ":probs").values.size(), 3U);  // the other member is intact
+}
+
+INSTANTIATE_TEST_SUITE_P(SavezAndSavezCompressed, NumpyBundle,
+                         testing::Values("bundle_stored.npz", "bundle_deflated.npz"));
+
+TEST(NpzPath, SplitsAtTheLastNpzColon) {
+  const auto path = sharpcheck::io::split_array_path("dir.npz:x/run.npz:q");
+  EXPECT_EQ(path.file, "dir.npz:x/run.npz");
+  EXPECT_EQ(path.member, "q");
+  EXPECT_EQ(sharpcheck::io::split_array_path("plain.npy").member, "");
+}
+
+}  // namespace
