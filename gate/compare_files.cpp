@@ -74,14 +74,9 @@ io::NpyArray read_values(const std::string& path, const StoredFormat& stored) {
   return array;
 }
 
-// Softmax lanes along one axis of an N-D array: lane l is every index but the axis's (C order).
-struct Lanes {
-  std::size_t axis = 0, extent = 1, inner = 1, count = 1;
-  [[nodiscard]] std::size_t c_index(std::size_t lane, std::size_t position) const {
-    return (lane / inner) * extent * inner + position * inner + lane % inner;
-  }
-};
+using Lanes = io::NpyLanes;
 
+// The softmax lanes along --dim (negative counts from the end, as torch's dim).
 Lanes lanes_of(const std::vector<std::size_t>& shape, int dim, const std::string& path) {
   if (shape.empty()) return {};
   const auto rank = static_cast<int>(shape.size());
@@ -89,21 +84,12 @@ Lanes lanes_of(const std::vector<std::size_t>& shape, int dim, const std::string
     refuse(InputProblem::out_of_range,
            "--dim " + std::to_string(dim) + " is outside " + path + "'s " + std::to_string(rank) + " axes");
   }
-  Lanes lanes;
-  lanes.axis = static_cast<std::size_t>(dim < 0 ? dim + rank : dim);
-  lanes.extent = shape[lanes.axis];
-  std::size_t total = 1;
-  for (std::size_t axis = 0; axis < shape.size(); ++axis) {
-    total *= shape[axis];
-    if (axis > lanes.axis) lanes.inner *= shape[axis];
-  }
-  lanes.count = lanes.extent == 0 ? 0 : total / lanes.extent;
-  return lanes;
+  return io::lanes_along(shape, static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
 }
 
 Matrix read_lanes(const io::NpyFile& file, const Lanes& lanes, std::size_t first, std::size_t count,
                   const StoredFormat& stored) {
-  Matrix matrix = file.read_lanes(lanes.axis, first, count);
+  Matrix matrix = file.read_lanes(lanes, first, count);
   for (std::size_t r = 0; r < count; ++r) {
     for (std::size_t a = 0; a < matrix.cols; ++a) {
       matrix(r, a) =
@@ -114,14 +100,12 @@ Matrix read_lanes(const io::NpyFile& file, const Lanes& lanes, std::size_t first
 }
 
 // Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).
-void require_values_of(std::span<const double> values, const StoredFormat& stored, const std::string& path,
-                       const Lanes& lanes, std::size_t lane, bool minus_infinity_allowed) {
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (minus_infinity_allowed && values[i] == -INFINITY) continue;
-    if (!is_representable(values[i], *stored.format)) {
-      refuse(InputProblem::out_of_range, path + ": element " + std::to_string(lanes.c_index(lane, i)) + " (" +
-                                             hex_float(values[i]) + ") is not a " + stored.name + " value");
-    }
+void require_value_of(double value, const StoredFormat& stored, const std::string& path, std::size_t index,
+                      bool minus_infinity_allowed = false) {
+  if (minus_infinity_allowed && value == -INFINITY) return;
+  if (!is_representable(value, *stored.format)) {
+    refuse(InputProblem::out_of_range, path + ": element " + std::to_string(index) + " (" + hex_float(value) +
+                                           ") is not a " + stored.name + " value");
   }
 }
 
@@ -164,7 +148,10 @@ void compare_rows(const CompareRequest& request, const StoredFormat& output, con
     const std::size_t count = std::min(block, lanes.count - first);
     Matrix actual = read_lanes(probabilities, lanes, first, count, output);
     for (std::size_t r = 0; r < count; ++r) {
-      require_values_of(actual.row(r), output, request.probabilities, lanes, first + r, request.log_softmax);
+      for (std::size_t a = 0; a < actual.cols; ++a) {
+        require_value_of(actual(r, a), output, request.probabilities, lanes.c_index(first + r, a),
+                         request.log_softmax);
+      }
     }
     const Matrix logit_rows = read_lanes(logits, lanes, first, count, input);
     const auto evaluation =
@@ -220,10 +207,7 @@ class DecodedFile final : public tensor::TensorSource {
     file_.read_elements(first, out);
     for (std::size_t i = 0; i < out.size(); ++i) {
       out[i] = descale_.apply(decode_stored(out[i], file_.layout().type, stored_, file_.path(), first + i));
-      if (output_ && !is_representable(out[i], *stored_.format)) {
-        refuse(InputProblem::out_of_range, file_.path() + ": element " + std::to_string(first + i) + " (" +
-                                               hex_float(out[i]) + ") is not a " + stored_.name + " value");
-      }
+      if (output_) require_value_of(out[i], stored_, file_.path(), first + i);
     }
   }
 
@@ -233,10 +217,6 @@ class DecodedFile final : public tensor::TensorSource {
   Descale descale_;
   bool output_;
 };
-
-}  // namespace
-
-namespace {
 
 // A 2-D array (one head's matrix, rows x columns) read as [1, 1, rows, columns].
 std::vector<std::size_t> as_one_head(std::vector<std::size_t> shape) {
@@ -331,10 +311,6 @@ void compare_attention(const CompareRequest& request, const StoredFormat& output
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The paths left empty taken from the bundle's members of the same names, where it has them.
 CompareRequest with_bundle(CompareRequest request) {
   if (request.bundle.empty()) return request;
@@ -346,7 +322,7 @@ CompareRequest with_bundle(CompareRequest request) {
   }
   const auto has = [&](const std::string& name) {
     return std::any_of(members.begin(), members.end(),
-                       [&](const io::NpzMember& m) { return m.name == name || m.name == name + ".npy"; });
+                       [&](const io::NpzMember& member) { return io::npz_member_is(member, name); });
   };
   for (auto& [field, name] : {std::pair{&request.logits, "logits"},
                               {&request.probabilities, "probs"},

@@ -351,18 +351,27 @@ Matrix NpyFile::read_rows(std::size_t first, std::size_t count) const {
   return matrix;
 }
 
-Matrix NpyFile::read_lanes(std::size_t axis, std::size_t first, std::size_t count) const {
-  if (layout_.shape.empty() || axis + 1 >= layout_.shape.size()) return read_rows(first, count);
-  const std::size_t extent = layout_.shape[axis];
-  std::size_t inner = 1;
-  for (std::size_t later = axis + 1; later < layout_.shape.size(); ++later) inner *= layout_.shape[later];
-  Matrix matrix(count, extent);
+NpyLanes lanes_along(const std::vector<std::size_t>& shape, std::size_t axis) {
+  NpyLanes lanes;
+  if (shape.empty()) return lanes;
+  lanes.axis = axis;
+  lanes.extent = shape[axis];
+  std::size_t total = 1;
+  for (std::size_t a = 0; a < shape.size(); ++a) {
+    total *= shape[a];
+    if (a > axis) lanes.inner *= shape[a];
+  }
+  lanes.count = lanes.extent == 0 ? 0 : total / lanes.extent;
+  return lanes;
+}
+
+Matrix NpyFile::read_lanes(const NpyLanes& lanes, std::size_t first, std::size_t count) const {
+  if (lanes.inner == 1) return read_rows(first, count);
+  Matrix matrix(count, lanes.extent);
   const char* data = bytes_ + layout_.data_start;
   for (std::size_t r = 0; r < count; ++r) {
-    const std::size_t lane = first + r;
-    const std::size_t base = (lane / inner) * extent * inner + lane % inner;
-    for (std::size_t a = 0; a < extent; ++a)
-      matrix(r, a) = decode_npy_item(layout_, data, storage_position(layout_, base + a * inner));
+    for (std::size_t a = 0; a < lanes.extent; ++a)
+      matrix(r, a) = decode_npy_item(layout_, data, storage_position(layout_, lanes.c_index(first + r, a)));
   }
   return matrix;
 }

@@ -46,6 +46,17 @@ struct NpyLayout {
 // The storage position of the element at C-order position `c_position`.
 [[nodiscard]] std::size_t storage_position(const NpyLayout& layout, std::size_t c_position);
 
+// The lanes of an array along one axis (softmax over any axis of an N-D array): lane l is every
+// index but the axis's, in C order; a 0-D array is one lane of one element.
+struct NpyLanes {
+  std::size_t axis = 0, extent = 1, inner = 1, count = 1;  // inner: the product of the later extents
+  // The C-order position of element `position` of lane `lane`.
+  [[nodiscard]] std::size_t c_index(std::size_t lane, std::size_t position) const {
+    return (lane / inner) * extent * inner + position * inner + lane % inner;
+  }
+};
+[[nodiscard]] NpyLanes lanes_along(const std::vector<std::size_t>& shape, std::size_t axis);
+
 // A .npy file (or a member of an .npz bundle, named "bundle.npz:q") mapped into memory and read
 // a block at a time: judging files larger than memory costs the blocks, not copies of the files.
 // A stored .npz member is read in place; a deflated one is inflated once into memory. Rows are
@@ -62,9 +73,8 @@ class NpyFile {
   [[nodiscard]] std::size_t cols() const { return cols_; }
   // Rows [first, first + count) as doubles (uint16 as bit patterns); the pages read are released.
   [[nodiscard]] Matrix read_rows(std::size_t first, std::size_t count) const;
-  // Lanes [first, first + count) along `axis` (lane l: every index but the axis's, in C order),
-  // one per row of the result: softmax over any axis of an N-D array.
-  [[nodiscard]] Matrix read_lanes(std::size_t axis, std::size_t first, std::size_t count) const;
+  // Lanes [first, first + count) of lanes_along(layout().shape, axis), one per row of the result.
+  [[nodiscard]] Matrix read_lanes(const NpyLanes& lanes, std::size_t first, std::size_t count) const;
   // Elements [first, first + out.size()) in C order. Safe to call from several threads.
   void read_elements(std::size_t first, std::span<double> out) const;
 

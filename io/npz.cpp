@@ -114,10 +114,14 @@ std::vector<NpzMember> list_npz_members(std::string_view archive, const std::str
   return members;
 }
 
+bool npz_member_is(const NpzMember& member, const std::string& name) {
+  return member.name == name || member.name == name + ".npy";
+}
+
 const NpzMember& find_npz_member(const std::vector<NpzMember>& members, const std::string& name,
                                  const std::string& source) {
   for (const auto& member : members) {
-    if (member.name == name || member.name == name + ".npy") return member;
+    if (npz_member_is(member, name)) return member;
   }
   std::string names;
   for (const auto& member : members) names += (names.empty() ? "" : ", ") + member.name;

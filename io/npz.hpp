@@ -24,6 +24,9 @@ struct NpzMember {
 // bytes are not a well-formed zip archive.
 [[nodiscard]] std::vector<NpzMember> list_npz_members(std::string_view archive, const std::string& source);
 
+// Whether `member` is the one called `name` (or `name`.npy, as np.savez stores it).
+[[nodiscard]] bool npz_member_is(const NpzMember& member, const std::string& name);
+
 // The member called `name` or `name`.npy; InputError listing the members when there is none.
 [[nodiscard]] const NpzMember& find_npz_member(const std::vector<NpzMember>& members, const std::string& name,
                                                const std::string& source);
