@@ -112,6 +112,7 @@ std::string rerun_command(const CompareSettings& s) {
     add(option, value);
   if (r.dim != -1) add("--dim", std::to_string(r.dim));
   flag("--log-softmax", r.log_softmax);
+  flag("--proven-only", r.strictest == metrics::Tier::proven);
   flag("--lse-base2", r.lse_base2);
   flag("--causal", s.causal);
   add("--theta", hex_float(r.theta));
@@ -132,7 +133,19 @@ void print_outcome(const gate::CaseOutcome& outcome) {
       static_cast<unsigned long long>(c.max_ulps), c.mean_ulps, c.max_bound_ratio, c.max_sum_error,
       c.false_zeros, c.non_finite);
   std::printf("worst: %s\n", c.worst.describe().c_str());
+  std::printf("statistical tier: bound ratio %.3g, bias ratio %.3g, %zu violations%s\n",
+              c.max_statistical_ratio, c.max_bias_ratio, c.statistical_violation_count,
+              outcome.passed() || c.violation_count > 0 || c.statistical_violation_count == 0
+                  ? ""
+                  : " (within the proven bound; outside the statistical tier)");
   for (const auto& failure : outcome.failures) std::printf("FAIL %s\n", failure.c_str());
+  if (outcome.inconclusive()) {
+    std::printf(
+        "inconclusive: only %zu of %zu expected values can discriminate (the rest are 0, 1 or at the "
+        "format's floor)\n",
+        c.informative, c.elements);
+    return;
+  }
   std::printf("%s\n", outcome.passed() ? "pass" : "FAIL");
 }
 
@@ -175,6 +188,9 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
   command->add_option("--probs", r.probabilities,
                       "The kernel's probabilities (or log-probabilities), same shape");
   command->add_flag("--log-softmax", r.log_softmax, "--probs holds log-probabilities (log_softmax)");
+  command->add_flag_callback(
+      "--proven-only", [&r] { r.strictest = metrics::Tier::proven; },
+      "Judge by the proven worst-case tier alone (default: fail on the proven or the statistical tier)");
   command->add_option("--q", r.q, "Attention queries: one head (m x d) or a layer (see --layout)");
   command->add_option("--k", r.k, "Attention keys (n x d, or a layer)");
   command->add_option("--v", r.v, "Attention values (n x dv, or a layer)");

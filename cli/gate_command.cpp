@@ -45,11 +45,11 @@ void print_kernel_list() {
 }
 
 void print_verdicts(const gate::SweepVerdict& verdict, const std::vector<nlohmann::json>& cases) {
-  std::printf("%-26s %-16s %6s %7s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "max ulp",
-              "bound ratio", "verdict");
+  std::printf("%-26s %-16s %6s %7s %6s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "incon.",
+              "max ulp", "bound ratio", "verdict");
   for (const auto& k : verdict.kernels) {
-    std::printf("%-26s %-16s %6zu %7zu %9llu %12.3g  %s\n", k.kernel.c_str(), k.format.c_str(), k.cases,
-                k.failed, static_cast<unsigned long long>(k.max_ulps), k.max_bound_ratio,
+    std::printf("%-26s %-16s %6zu %7zu %6zu %9llu %12.3g  %s\n", k.kernel.c_str(), k.format.c_str(), k.cases,
+                k.failed, k.inconclusive, static_cast<unsigned long long>(k.max_ulps), k.max_bound_ratio,
                 gate::verdict_name(k.verdict));
   }
   std::printf("\nworst case of each kernel (bound ratio = |error| / allowed; > 1 fails):\n");
@@ -63,7 +63,7 @@ void print_verdicts(const gate::SweepVerdict& verdict, const std::vector<nlohman
                 worst["worst"]["actual"].get<std::string>().c_str(), worst["worst"]["ulps"].dump().c_str());
     if (k.broken) continue;
     for (const auto& c : cases) {
-      if (c["kernel"] == k.kernel && c["status"] != "pass") {
+      if (c["kernel"] == k.kernel && gate::is_failure_status(c["status"].get<std::string>())) {
         std::printf("    FAIL %s: %s\n      rerun: %s\n", c["id"].get<std::string>().c_str(),
                     c["failures"][0].get<std::string>().c_str(), c["rerun"].get<std::string>().c_str());
       }
@@ -186,6 +186,10 @@ Command add_gate_command(CLI::App& app) {
   command->add_option("--baseline", s.baseline_path, "JSON baseline from an earlier run: fail on any growth");
   command->add_flag("--update-baseline", s.update_baseline, "Write this run's figures to --baseline");
   command->add_flag("--list", options->list, "List the built-in kernels and exit");
+  command->add_flag_callback(
+      "--proven-only", [&s] { s.strictest = metrics::Tier::proven; },
+      "Judge by the proven worst-case tier alone (default: a case fails on the proven or the statistical "
+      "tier)");
   command->add_option("--plugin", options->plugin_path,
                       "A kernel plugin (kernels/plugin_abi.h), run only in child processes");
   command->add_option("--plugin-timeout", options->plugin_timeout,

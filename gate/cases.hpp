@@ -48,6 +48,10 @@ struct CaseOutcome {
   std::string console;                // for a plugin: what it printed
   bool interrupted = false;           // a signal stopped the case: it has no result and is not reported
   [[nodiscard]] bool passed() const { return failures.empty(); }
+  // Passed, but the case cannot discriminate (metrics::Comparison::inconclusive): not a plain pass.
+  [[nodiscard]] bool inconclusive() const { return !crashed && passed() && comparison.inconclusive(); }
+  // "pass", "fail", "crash" or "inconclusive": what reports write and verdicts read.
+  [[nodiscard]] const char* status() const;
 };
 
 struct GateSettings {
@@ -63,6 +67,8 @@ struct GateSettings {
   std::shared_ptr<kernels::Plugin> plugin;  // --plugin: its cases join the sweep
   std::string reproducer_directory = "sharpcheck-reproducers";
   unsigned threads = 0;  // 0: every core; plugin runs use one (they fork)
+  // --proven-only judges by the proven tier alone; by default a case fails on either tier.
+  metrics::Tier strictest = metrics::Tier::statistical;
   [[nodiscard]] bool whole_sweep() const { return shard_count == 1 && only_case.empty(); }
 };
 

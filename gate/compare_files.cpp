@@ -161,7 +161,7 @@ void compare_rows(const CompareRequest& request, const StoredFormat& output, con
     outcome.comparison.merge(evaluation.comparison);
     outcome.reference_statistics.merge(evaluation.reference_statistics);
   }
-  if (!outcome.comparison.passed() && lanes.inner != 1) {
+  if (!outcome.comparison.passed(request.strictest) && lanes.inner != 1) {
     outcome.failures.push_back(
         "the worst element, lane " + std::to_string(outcome.comparison.worst.row) + " position " +
         std::to_string(outcome.comparison.worst.index) + " along --dim " + std::to_string(request.dim) +
@@ -305,9 +305,9 @@ void compare_attention(const CompareRequest& request, const StoredFormat& output
   if (judgement.lse) outcome.comparison.merge(*judgement.lse);
   outcome.reference_statistics = judgement.statistics;
   outcome.gate_case.n = problem.layout == tensor::Layout::packed ? problem.stored_keys() : problem.shape.keys;
-  if (!judgement.passed()) {
-    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
-                               " violations in " + problem.describe() + "; " + judgement.describe_worst());
+  if (!outcome.comparison.passed(request.strictest)) {
+    outcome.failures.push_back(outcome.comparison.failure_summary(request.strictest) + " in " +
+                               problem.describe() + "; " + judgement.describe_worst());
   }
 }
 
@@ -358,9 +358,9 @@ CaseOutcome compare_files(const CompareRequest& given) {
   } else {
     compare_rows(request, output, input, outcome);
   }
-  if (!outcome.comparison.passed() && outcome.failures.empty()) {
-    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
-                               " violations; worst " + outcome.comparison.worst.describe());
+  // The tier's summary first (a softmax along --dim has already said where its worst element is).
+  if (!outcome.comparison.passed(request.strictest) && !attention) {
+    outcome.failures.insert(outcome.failures.begin(), outcome.comparison.failure_summary(request.strictest));
   }
   return outcome;
 }

@@ -39,6 +39,7 @@ struct CompareRequest {
   // values times these. Q's and K's fold into the scale, V's into V; each product must be exact.
   double q_descale = 1, k_descale = 1, v_descale = 1;
   std::string name;  // the kernel's name in reports (default compare:<output file name>)
+  metrics::Tier strictest = metrics::Tier::statistical;  // --proven-only: the proven tier alone
 };
 
 // Judges the files; the outcome's comparison, failures (with the worst element's full index for

@@ -101,7 +101,7 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
       {"seed", gate_case.seed},
       {"format", outcome.format},
       {"deliberately_broken", gate_case.deliberately_broken},
-      {"status", outcome.crashed ? "crash" : (outcome.passed() ? "pass" : "fail")},
+      {"status", outcome.status()},
       {"reproducer", outcome.reproducer},
       {"failures", outcome.failures},
       {"reference",
@@ -123,6 +123,16 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
       {"argmax_disagreements", c.argmax_disagreements},
       {"false_zeros", c.false_zeros},
       {"non_finite", c.non_finite},
+      {"informative_elements", c.informative},
+      {"tiers",
+       {{"proven",
+         {{"violations", c.violation_count}, {"max_bound_ratio", finite_or_string(c.max_bound_ratio)}}},
+        {"statistical",
+         {{"violations", c.statistical_violation_count},
+          {"max_bound_ratio", finite_or_string(c.max_statistical_ratio)},
+          {"max_bias_ratio", finite_or_string(c.max_bias_ratio)},
+          {"first_violation",
+           c.statistical_violations.empty() ? "" : to_valid_utf8(c.statistical_violations.front())}}}}},
       {"worst",
        {{"row", c.worst.row},
         {"index", c.worst.index},
@@ -239,7 +249,10 @@ void write_case_xml(std::ostringstream& xml, const nlohmann::json& c, const std:
                     JudgingScope scope) {
   xml << "    <testcase classname=\"sharpcheck." << xml_escape(kernel) << "\" name=\""
       << xml_escape(c["id"].get<std::string>()) << "\" time=\"" << c["seconds"].get<double>() << "\">\n";
-  if (c["status"] != "pass") {
+  if (c["status"] == "inconclusive") {
+    xml << "      <skipped message=\"inconclusive: under 1% of the expected values can discriminate (0, 1 or "
+           "at the format's floor)\"/>\n";
+  } else if (is_failure_status(c["status"].get<std::string>())) {
     std::string message;
     for (const auto& failure : c["failures"]) message += failure.get<std::string>() + "\n";
     const std::string detail = "seed " + std::to_string(c["seed"].get<std::uint64_t>()) +
@@ -272,7 +285,9 @@ std::string junit_xml(const std::vector<nlohmann::json>& cases, JudgingScope sco
     std::size_t failures = unexpected_pass ? 1 : 0;
     std::size_t skipped = 0;
     for (const auto* c : list) {
-      if ((*c)["status"] != "pass") ++(is_expected_failure(*c, scope) ? skipped : failures);
+      const std::string status = (*c)["status"].get<std::string>();
+      if (status == "inconclusive") ++skipped;
+      if (is_failure_status(status)) ++(is_expected_failure(*c, scope) ? skipped : failures);
     }
     xml << "  <testsuite name=\"sharpcheck." << xml_escape(kernel) << "\" tests=\""
         << list.size() + (unexpected_pass ? 1 : 0) << "\" failures=\"" << failures << "\" skipped=\""

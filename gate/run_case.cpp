@@ -180,13 +180,19 @@ void run_scenario_case(const GateCase& gate_case, const GateSettings& settings, 
   outcome.comparison = judgement.output;
   if (judgement.lse) outcome.comparison.merge(*judgement.lse);
   outcome.reference_statistics = judgement.statistics;
-  if (!judgement.passed()) {
-    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
-                               " violations; " + judgement.describe_worst());
+  if (!outcome.comparison.passed(settings.strictest)) {
+    outcome.failures.push_back(outcome.comparison.failure_summary(settings.strictest) + "; " +
+                               judgement.describe_worst());
   }
 }
 
 }  // namespace
+
+const char* CaseOutcome::status() const {
+  if (crashed) return "crash";
+  if (!passed()) return "fail";
+  return inconclusive() ? "inconclusive" : "pass";
+}
 
 CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
   const auto start = std::chrono::steady_clock::now();
@@ -199,9 +205,9 @@ CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
   } else {
     run_builtin_case(gate_case, outcome);
   }
-  if (!outcome.crashed && !outcome.interrupted && !outcome.comparison.passed() && outcome.failures.empty()) {
-    outcome.failures.push_back("tolerance table: " + std::to_string(outcome.comparison.violation_count) +
-                               " violations; worst " + outcome.comparison.worst.describe());
+  if (!outcome.crashed && !outcome.interrupted && !outcome.comparison.passed(settings.strictest) &&
+      outcome.failures.empty()) {
+    outcome.failures.push_back(outcome.comparison.failure_summary(settings.strictest));
   }
   outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return outcome;

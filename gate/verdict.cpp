@@ -26,6 +26,8 @@ int SweepVerdict::exit_code() const {
   return any_failure ? 1 : 0;
 }
 
+bool is_failure_status(const std::string& status) { return status == "fail" || status == "crash"; }
+
 bool is_expected_failure(const nlohmann::json& case_record, JudgingScope scope) {
   return case_record.at("deliberately_broken").get<bool>() && !scope.explicit_kernels;
 }
@@ -63,7 +65,8 @@ SweepVerdict judge_sweep(const std::vector<nlohmann::json>& cases, JudgingScope 
     k.broken = is_expected_failure(c, scope);
     ++k.cases;
     const std::string status = c.at("status").get<std::string>();
-    if (status != "pass") ++k.failed;
+    if (is_failure_status(status)) ++k.failed;
+    if (status == "inconclusive") ++k.inconclusive;
     if (status == "crash") ++k.crashed;
     k.max_ulps = std::max(k.max_ulps, c.at("max_ulps").get<std::uint64_t>());
     const double ratio = bound_ratio_of(c);

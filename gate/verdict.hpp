@@ -34,6 +34,7 @@ struct KernelVerdict {
   std::size_t cases = 0;
   std::size_t failed = 0;
   std::size_t crashed = 0;
+  std::size_t inconclusive = 0;  // cases that could not discriminate (neither pass nor fail)
   std::uint64_t max_ulps = 0;
   double max_bound_ratio = 0;
   bool broken = false;                    // deliberately broken and judged as such
@@ -47,6 +48,9 @@ struct SweepVerdict {
   bool any_failure = false;             // a kernel failed or passed unexpectedly
   [[nodiscard]] int exit_code() const;  // 3 on any crash, else 1 on any failure, else 0
 };
+
+// A case record's status ("pass", "fail", "crash", "inconclusive") counts against its kernel.
+[[nodiscard]] bool is_failure_status(const std::string& status);
 
 // Judges case records (gate/report.hpp's to_json), which must outlive the result.
 [[nodiscard]] SweepVerdict judge_sweep(const std::vector<nlohmann::json>& cases, JudgingScope scope);

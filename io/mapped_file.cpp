@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 
 #include "core/errors.hpp"
 
@@ -15,6 +18,61 @@ namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw InputError(InputProblem::out_of_range, path + ": " + what);
+}
+
+// A mapped file that another process truncates while it is read makes the next read of a page past
+// its new end raise SIGBUS. The live mappings are kept here (lock-free, so the handler can read
+// them); a SIGBUS inside one ends the program with an input error that says what happened, and
+// any other SIGBUS is left to the default action (a crash, as before).
+struct LiveMapping {
+  std::atomic<const char*> begin{nullptr};
+  std::atomic<std::size_t> size{0};
+};
+constexpr std::size_t tracked_mappings = 64;
+LiveMapping live_mappings[tracked_mappings];
+
+void on_bus_error(int signal, siginfo_t* info, void*) {
+  const auto* address = static_cast<const char*>(info->si_addr);
+  for (const LiveMapping& mapping : live_mappings) {
+    const char* begin = mapping.begin.load();
+    if (begin != nullptr && address >= begin && address < begin + mapping.size.load()) {
+      constexpr char message[] =
+          "sharpcheck: input error: an input file shrank while it was being read (another process "
+          "truncated or rewrote it); nothing more was judged from it\n";
+      [[maybe_unused]] const auto written = ::write(STDERR_FILENO, message, sizeof message - 1);
+      ::_exit(2);  // the input-error exit code (cli/commands.hpp)
+    }
+  }
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+void track(const char* begin, std::size_t size) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_bus_error;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, nullptr);
+  });
+  for (LiveMapping& mapping : live_mappings) {
+    const char* expected = nullptr;
+    if (mapping.begin.compare_exchange_strong(expected, begin)) {
+      mapping.size.store(size);  // until this store the slot covers no bytes (size 0)
+      return;
+    }
+  }
+  // More than 64 files mapped at once: this one is read untracked (a SIGBUS in it crashes).
+}
+
+void untrack(const char* begin) {
+  for (LiveMapping& mapping : live_mappings) {
+    if (mapping.begin.load() != begin) continue;
+    mapping.size.store(0);
+    mapping.begin.store(nullptr);
+    return;
+  }
 }
 
 }  // namespace
@@ -35,12 +93,15 @@ MappedFile::MappedFile(const std::string& path) {
       fail(path, std::string("cannot be mapped: ") + std::strerror(errno));
     }
     bytes_ = static_cast<const char*>(mapped);
+    track(bytes_, size_);
   }
   ::close(descriptor);
 }
 
 MappedFile::~MappedFile() {
-  if (bytes_ != nullptr) ::munmap(const_cast<char*>(bytes_), size_);
+  if (bytes_ == nullptr) return;
+  untrack(bytes_);
+  ::munmap(const_cast<char*>(bytes_), size_);
 }
 
 void MappedFile::release(std::size_t begin, std::size_t end) const {

@@ -14,6 +14,11 @@ void add_violation(Comparison& comparison, std::string text) {
   if (comparison.violations.size() < max_described_violations)
     comparison.violations.push_back(std::move(text));
 }
+void add_statistical_violation(Comparison& comparison, std::string text) {
+  ++comparison.statistical_violation_count;
+  if (comparison.statistical_violations.size() < max_described_violations)
+    comparison.statistical_violations.push_back(std::move(text));
+}
 }  // namespace
 
 std::string ElementReport::describe() const {
@@ -30,8 +35,22 @@ std::string ElementReport::describe() const {
   return text.str();
 }
 
+std::string Comparison::failure_summary(Tier strictest) const {
+  if (violation_count > 0) {
+    return "tolerance table, proven tier: " + std::to_string(violation_count) + " violations; worst " +
+           worst.describe();
+  }
+  if (strictest == Tier::proven || statistical_violation_count == 0) return "";
+  std::ostringstream text;
+  text << "tolerance table, statistical tier (within the proven bound: ratio " << max_bound_ratio
+       << "): " << statistical_violation_count << " violations; first "
+       << statistical_violations.front().substr(std::string("statistical tier: ").size());
+  return text.str();
+}
+
 void Comparison::merge(const Comparison& other) {
   const bool take_worst = elements == 0 || other.max_bound_ratio > max_bound_ratio;
+  const bool take_worst_statistical = elements == 0 || other.max_statistical_ratio > max_statistical_ratio;
   const double total_ulps =
       mean_ulps * static_cast<double>(elements) + other.mean_ulps * static_cast<double>(other.elements);
   rows += other.rows;
@@ -51,6 +70,14 @@ void Comparison::merge(const Comparison& other) {
   for (const auto& text : other.violations) {
     if (violations.size() < max_described_violations) violations.push_back(text);
   }
+  if (take_worst_statistical) worst_statistical = other.worst_statistical;
+  max_statistical_ratio = std::max(max_statistical_ratio, other.max_statistical_ratio);
+  max_bias_ratio = std::max(max_bias_ratio, other.max_bias_ratio);
+  statistical_violation_count += other.statistical_violation_count;
+  for (const auto& text : other.statistical_violations) {
+    if (statistical_violations.size() < max_described_violations) statistical_violations.push_back(text);
+  }
+  informative += other.informative;
 }
 
 namespace {
@@ -80,6 +107,164 @@ void judge_argmax(const Matrix& expected, const Matrix& actual, std::size_t r,
   }
 }
 
+// A distribution row's sums, gathered element by element.
+struct RowSums {
+  double actual = 0;               // sum_j a_j
+  double allowed = 0;              // the proven allowance of |sum - 1|
+  double signed_error = 0;         // sum_j (a_j - e_j)
+  double magnitude = 0;            // sum_j |e_j|
+  std::vector<double> magnitudes;  // each |e_j|: equal ones round alike (judge_bias groups them)
+  double kl = 0;
+  void add(double e, double a, double allowed_error, const FloatFormat& output) {
+    actual += a;
+    allowed += allowed_error + std::fabs(e) * output.unit_roundoff();
+    signed_error += a - e;
+    magnitude += std::fabs(e);
+    magnitudes.push_back(std::fabs(e));
+    if (e > 0) kl += a > 0 ? e * std::log(e / a) : std::numeric_limits<double>::infinity();
+  }
+};
+
+void judge_row_sum(const RowSums& sums, std::size_t columns, std::size_t row_number, Comparison& result) {
+  const double sum_error = std::fabs(sums.actual - 1);
+  result.max_sum_error = std::max(result.max_sum_error, std::isnan(sum_error) ? INFINITY : sum_error);
+  const double allowed_sum = sums.allowed + static_cast<double>(columns) * 0x1p-52;
+  if (!(sum_error <= allowed_sum)) {
+    add_violation(result, "row " + std::to_string(row_number) + ": |sum - 1| = " + std::to_string(sum_error) +
+                              " exceeds " + std::to_string(allowed_sum));
+  }
+}
+
+// The bias test of the statistical tier: the signed errors of a softmax row summed. Why it is
+// bounded: a kernel's p~_j = w~_j / S~ (or w~_j fl(1 / S~)), so sum_j p~_j = (sum_j w~_j) / S~ times
+// the common rounding of a reciprocal: every exp's and every argument's error cancels, and what is
+// left is S~'s own summation error, the common factors (a reciprocal, a tile's rescaling), and each
+// element's output rounding (the kernel's and the reference's). The first two are at most the
+// entry's statistical relative allowance at z_j = 0 (its per_item, constant and spread terms) times
+// sum_j |e_j|. The roundings, bounded by c_j = (2 u + 2 u_out) |e_j|, are independent between
+// distinct values but identical between equal ones (a uniform row rounds every 1/n alike), so they
+// are summed as one variable per group g of equal |e_j|, bounded by m_g c_g: by Hoeffding's
+// inequality their sum exceeds lambda sqrt(sum_g (m_g c_g)^2) with probability at most
+// 2 exp(-lambda^2 / 2) (below 2.6e-14 at lambda = 8). The absolute floor is one-sided where the
+// exact value is below it (a probability is never negative), so it counts in full: n floor (it
+// makes the test void on grids as coarse as int8's, and costs nothing in fp32). A kernel that
+// scales every output by (1 + b) shows as b sum_j |e_j| here even where b is inside each
+// element's allowance.
+double rounding_noise(std::vector<double>& magnitudes, double per_element) {
+  std::sort(magnitudes.begin(), magnitudes.end());
+  double squares = 0;
+  for (std::size_t start = 0; start < magnitudes.size();) {
+    std::size_t end = start;
+    while (end < magnitudes.size() && magnitudes[end] == magnitudes[start]) ++end;
+    const double group = static_cast<double>(end - start) * per_element * magnitudes[start];
+    squares += group * group;
+    start = end;
+  }
+  return statistical_lambda * std::sqrt(squares);
+}
+
+void judge_bias(RowSums& sums, std::size_t columns, const Tolerance& tolerance, const RowScale& row,
+                const FloatFormat& output, std::size_t row_number, Comparison& result) {
+  const double floor = absolute_floor(tolerance, row, output);
+  const double common = allowed_error(tolerance, 1.0, 0.0, row, output, Tier::statistical) - floor;
+  const double per_element = 2 * tolerance.accumulation->unit_roundoff() + 2 * output.unit_roundoff();
+  const double allowed = (common * sums.magnitude + rounding_noise(sums.magnitudes, per_element) +
+                          static_cast<double>(columns) * floor) *
+                         (1 + 0x1p-20);
+  const double ratio = std::isnan(sums.signed_error) ? INFINITY : std::fabs(sums.signed_error) / allowed;
+  result.max_bias_ratio = std::max(result.max_bias_ratio, ratio);
+  if (!(ratio <= 1)) {
+    add_statistical_violation(result, "statistical tier: row " + std::to_string(row_number) +
+                                          ": signed errors sum to " + std::to_string(sums.signed_error) +
+                                          ", a systematic bias (allowed " + std::to_string(allowed) +
+                                          ", bias ratio " + std::to_string(ratio) + ")");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// One element under both tiers: its report (proven allowance) and its statistical bound ratio.
+struct JudgedElement {
+  ElementReport report;
+  double statistical_allowed = 0;
+  double statistical_ratio = 0;
+};
+
+double bound_ratio(double expected, double actual, double allowed) {
+  if (!std::isfinite(actual) && std::isfinite(expected)) return std::numeric_limits<double>::infinity();
+  const double error = std::fabs(actual - expected);
+  return error == 0 ? 0 : error / allowed;
+}
+
+JudgedElement judge_element(const ComparisonInput& input, const Tolerance& tolerance,
+                            const FloatFormat& output, std::size_t r, std::size_t j) {
+  const double e = (*input.expected)(r, j);
+  const double a = (*input.actual)(r, j);
+  const double magnitude = (*input.magnitudes)(r, j);
+  const double z_magnitude = (*input.z_magnitudes)(r, j);
+  const double additional = input.additional != nullptr ? (*input.additional)(r, j) : 0.0;
+  const RowScale& scale = input.scales[r];
+  JudgedElement judged;
+  const double allowed = allowed_error(tolerance, magnitude, z_magnitude, scale, output) + additional;
+  judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};
+  if (is_representable(a, output)) judged.report.ulps = ulp_distance(a, e, output);
+  // At n <= lambda^2 the tiers charge the same length: one evaluation serves both.
+  judged.statistical_allowed =
+      charged_length(static_cast<double>(scale.n), Tier::statistical) == static_cast<double>(scale.n) &&
+              tolerance.logarithm == 0
+          ? allowed
+          : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical) + additional;
+  judged.statistical_ratio = bound_ratio(e, a, judged.statistical_allowed);
+  return judged;
+}
+
+bool is_informative(double expected, const FloatFormat& output) {
+  return expected != 0 && std::fabs(expected) != 1 &&
+         std::fabs(expected) >= std::ldexp(4.0, output.min_subnormal_exponent());
+}
+
+// Folds one judged element into the comparison's figures.
+void record_element(const JudgedElement& judged, const FloatFormat& output, double relative_floor, bool first,
+                    double& total_ulps, Comparison& result) {
+  const ElementReport& element = judged.report;
+  const double error = std::fabs(element.actual - element.expected);
+  if (!std::isfinite(element.actual) && std::isfinite(element.expected)) {
+    ++result.non_finite;
+  } else {
+    result.max_absolute_error = std::max(result.max_absolute_error, error);
+    result.max_relative_error =
+        std::max(result.max_relative_error, error / std::max(std::fabs(element.expected), relative_floor));
+  }
+  if (element.ulps) {
+    result.max_ulps = std::max(result.max_ulps, *element.ulps);
+    total_ulps += static_cast<double>(*element.ulps);
+  }
+  if (element.actual == 0 && element.expected != 0) ++result.false_zeros;
+  if (is_informative(element.expected, output)) ++result.informative;
+  if (!(element.bound_ratio <= 1)) {
+    add_violation(result, element.describe());
+  } else if (!(judged.statistical_ratio <= 1)) {
+    ElementReport statistical = element;
+    statistical.allowed = judged.statistical_allowed;
+    statistical.bound_ratio = judged.statistical_ratio;
+    add_statistical_violation(result, "statistical tier: " + statistical.describe());
+  }
+  if (first || element.bound_ratio > result.max_bound_ratio ||
+      (element.bound_ratio == result.max_bound_ratio &&
+       element.ulps.value_or(0) > result.worst.ulps.value_or(0))) {
+    result.worst = element;
+    result.max_bound_ratio = element.bound_ratio;
+  }
+  if (first || judged.statistical_ratio > result.max_statistical_ratio) {
+    result.worst_statistical = element;
+    result.worst_statistical.allowed = judged.statistical_allowed;
+    result.worst_statistical.bound_ratio = judged.statistical_ratio;
+    result.max_statistical_ratio = judged.statistical_ratio;
+  }
+}
+
 }  // namespace
 
 Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output) {
@@ -90,58 +275,21 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
   result.elements = expected.rows * expected.cols;
   const double relative_floor = std::ldexp(1.0, output.min_normal_exponent);
   double total_ulps = 0;
-  bool have_worst = false;
   for (std::size_t r = 0; r < expected.rows; ++r) {
-    const std::size_t row_number = input.first_row_number + r;
-    double sum = 0;
-    double allowed_sum = 0;
-    double kl = 0;
+    RowSums sums;
     std::vector<double> allowed(expected.cols);
     for (std::size_t j = 0; j < expected.cols; ++j) {
-      const double e = expected(r, j);
-      const double a = actual(r, j);
-      allowed[j] = allowed_error(tolerance, (*input.magnitudes)(r, j), (*input.z_magnitudes)(r, j),
-                                 input.scales[r], output);
-      if (input.additional != nullptr) allowed[j] += (*input.additional)(r, j);
+      const JudgedElement judged = judge_element(input, tolerance, output, r, j);
+      allowed[j] = judged.report.allowed;
       if (input.allowed != nullptr) (*input.allowed)(r, j) = allowed[j];
-      ElementReport element{row_number, j, e, a, std::nullopt, allowed[j], 0};
-      if (is_representable(a, output)) element.ulps = ulp_distance(a, e, output);
-      const double error = std::fabs(a - e);
-      if (!std::isfinite(a) && std::isfinite(e)) {
-        ++result.non_finite;
-        element.bound_ratio = std::numeric_limits<double>::infinity();
-      } else {
-        element.bound_ratio = error == 0 ? 0 : error / allowed[j];
-        result.max_absolute_error = std::max(result.max_absolute_error, error);
-        result.max_relative_error =
-            std::max(result.max_relative_error, error / std::max(std::fabs(e), relative_floor));
-      }
-      if (element.ulps) {
-        result.max_ulps = std::max(result.max_ulps, *element.ulps);
-        total_ulps += static_cast<double>(*element.ulps);
-      }
-      if (a == 0 && e != 0) ++result.false_zeros;
-      if (!(element.bound_ratio <= 1)) add_violation(result, element.describe());
-      if (!have_worst || element.bound_ratio > result.max_bound_ratio ||
-          (element.bound_ratio == result.max_bound_ratio &&
-           element.ulps.value_or(0) > result.worst.ulps.value_or(0))) {
-        result.worst = element;
-        result.max_bound_ratio = element.bound_ratio;
-        have_worst = true;
-      }
-      sum += a;
-      allowed_sum += allowed[j] + std::fabs(e) * output.unit_roundoff();
-      if (e > 0) kl += a > 0 ? e * std::log(e / a) : std::numeric_limits<double>::infinity();
+      record_element(judged, output, relative_floor, r == 0 && j == 0, total_ulps, result);
+      sums.add(judged.report.expected, judged.report.actual, allowed[j], output);
     }
     if (!input.rows_are_distributions || expected.cols == 0) continue;
-    const double sum_error = std::fabs(sum - 1);
-    result.max_sum_error = std::max(result.max_sum_error, std::isnan(sum_error) ? INFINITY : sum_error);
-    allowed_sum += static_cast<double>(expected.cols) * 0x1p-52;
-    if (!(sum_error <= allowed_sum)) {
-      add_violation(result, "row " + std::to_string(row_number) + ": |sum - 1| = " +
-                                std::to_string(sum_error) + " exceeds " + std::to_string(allowed_sum));
-    }
-    result.max_kl_divergence = std::max(result.max_kl_divergence, kl);
+    const std::size_t row_number = input.first_row_number + r;
+    judge_row_sum(sums, expected.cols, row_number, result);
+    judge_bias(sums, expected.cols, tolerance, input.scales[r], output, row_number, result);
+    result.max_kl_divergence = std::max(result.max_kl_divergence, sums.kl);
     judge_argmax(expected, actual, r, allowed, row_number, result);
   }
   result.mean_ulps = result.elements == 0 ? 0 : total_ulps / static_cast<double>(result.elements);

@@ -43,7 +43,28 @@ struct Comparison {
   std::size_t violation_count = 0;
   std::vector<std::string> violations;  // the first few, described
 
-  [[nodiscard]] bool passed() const { return violation_count == 0; }
+  // The statistical tier (metrics/tolerance_table.hpp): each element against its statistical
+  // allowance and, for distributions, each row's signed error sum sum_j (actual_j - expected_j)
+  // against its bias allowance (derivation in comparison.cpp).
+  std::size_t statistical_violation_count = 0;
+  std::vector<std::string> statistical_violations;  // the first few, described
+  double max_statistical_ratio = 0;
+  ElementReport worst_statistical;  // the element with the largest statistical bound ratio
+  double max_bias_ratio = 0;        // the worst row's |signed error sum| over its allowance
+
+  // Elements whose expected value can tell a right output from a wrong one: not 0, not +-1, and
+  // above the smallest few subnormals of the output format (where the absolute floor decides).
+  std::size_t informative = 0;
+
+  // Passes the proven tier, and the statistical one unless only the proven tier is asked for.
+  [[nodiscard]] bool passed(Tier strictest = Tier::statistical) const {
+    return violation_count == 0 && (strictest == Tier::proven || statistical_violation_count == 0);
+  }
+  // A case that cannot discriminate (oneDNN benchdnn's MISTRUSTED): under 1% of its elements are
+  // informative. It is reported as inconclusive, never as a plain pass.
+  [[nodiscard]] bool inconclusive() const { return informative * 100 < elements || elements == 0; }
+  // One line for a report: which tier failed, how often, and the first element or row that did.
+  [[nodiscard]] std::string failure_summary(Tier strictest = Tier::statistical) const;
   // Folds another comparison (other rows of the same kernel) into this one.
   void merge(const Comparison& other);
 };

@@ -36,11 +36,28 @@ inline constexpr double negligible_contribution = 0x1p-190;
 
 using kernels::Tolerance;
 
+// The two tiers a verdict is judged under (derivations in tolerance_table.cpp). The proven tier is
+// a worst-case rounding-error bound: an element outside it is wrong whatever the rounding errors
+// were. The statistical tier replaces the length n of each accumulation by
+// min(n, statistical_lambda sqrt(n)) (Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019): a
+// kernel outside it is, under the model of independent mean-zero rounding errors, wrong except
+// with the probability stated in docs/verdicts.md; it sees systematic errors that the worst case,
+// growing as n u, lets through at large n.
+enum class Tier { proven, statistical };
+inline constexpr double statistical_lambda = 8;
+
 // Largest accepted |actual - expected| for one element of the given magnitude under `tolerance`.
 // Includes the output rounding (the kernel's and the reference's, 2 u_out relative) and an
 // absolute floor of one output subnormal plus four accumulation subnormals.
 [[nodiscard]] double allowed_error(const Tolerance& tolerance, double magnitude, double z_magnitude,
-                                   const RowScale& row, const FloatFormat& output);
+                                   const RowScale& row, const FloatFormat& output, Tier tier = Tier::proven);
+
+// The accumulation length a tier charges for n terms: n (proven) or min(n, lambda sqrt(n)).
+[[nodiscard]] double charged_length(double n, Tier tier);
+
+// The absolute floor of allowed_error alone (what an element of magnitude 0 is allowed).
+[[nodiscard]] double absolute_floor(const Tolerance& tolerance, const RowScale& row,
+                                    const FloatFormat& output);
 
 // A named entry that belongs to no built-in kernel: what a plugin or a file of outputs is held to.
 struct ContractEntry {

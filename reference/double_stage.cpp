@@ -5,9 +5,11 @@
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "reference/dot_product.hpp"
+#include "reference/double_stage_simd.hpp"
 
 // Error bound of certified_exp (u = 2^-53, round to nearest throughout).
 //
@@ -58,9 +60,11 @@ double pairwise_sum(std::vector<double>& values) {
   return values[0];
 }
 
+bool is_fp32(const FloatFormat& target) { return &target == &fp32 || target.name == fp32.name; }
+
 // The value of the format every point of [low, high] rounds to, if there is one.
 std::optional<double> round_if_decided(double low, double high, const FloatFormat& target) {
-  if (&target == &fp32 || target.name == fp32.name) {
+  if (is_fp32(target)) {
     // Hardware conversion rounds to nearest even, subnormals included: exactly fp32's rounding.
     const float rounded = static_cast<float>(low);
     if (rounded != static_cast<float>(high)) return std::nullopt;
@@ -83,6 +87,24 @@ std::optional<double> decide_coefficient(double exponential, double sum, double 
   // The ends in double err by u each; widen by 4u more to stay outside the true interval.
   return round_if_decided(coefficient * (1 - error - 4 * unit_roundoff),
                           coefficient * (1 + error + 4 * unit_roundoff), target);
+}
+
+// Softmax coefficients for a target other than fp32: the vectorised intervals, each rounded here.
+// values[a] is the rounded coefficient, or NaN where undecided; returns how many were decided.
+std::size_t decide_coefficients(std::span<const double> weights, std::span<const double> magnitudes,
+                                double sum, double shared, const FloatFormat& target,
+                                std::span<double> values) {
+  thread_local std::vector<double> low, high;
+  low.resize(weights.size());
+  high.resize(weights.size());
+  bracket_coefficients(weights, magnitudes, sum, shared, low, high);
+  std::size_t decided = 0;
+  for (std::size_t a = 0; a < weights.size(); ++a) {
+    const auto rounded = round_if_decided(low[a], high[a], target);
+    values[a] = rounded ? *rounded : std::numeric_limits<double>::quiet_NaN();
+    decided += rounded ? 1 : 0;
+  }
+  return decided;
 }
 
 }  // namespace
@@ -117,48 +139,40 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
                                      std::vector<bool>& decided) {
   if (target.precision() > 24 || std::fegetround() != FE_TONEAREST) return 0;
   const std::size_t count = row.active.size();
-  thread_local std::vector<double> weights;
-  thread_local std::vector<double> magnitudes;
-  thread_local std::vector<double> partial_sums;
+  const bool contiguous = count == logits.size();  // no entry masked: active is 0, 1, ..., n - 1
+  thread_local std::vector<double> gathered, weights, magnitudes, values, partial_sums;
+  if (!contiguous) {
+    gathered.resize(count);
+    for (std::size_t a = 0; a < count; ++a) gathered[a] = logits[row.active[a]];
+  }
   weights.resize(count);
   magnitudes.resize(count);
-  double largest_magnitude = 0;
-  std::size_t tiny = 0;
-  for (std::size_t a = 0; a < count; ++a) {
-    double z = logits[row.active[a]] - row.shift;
-    // A difference of two finite logits can overflow (logits near +-DBL_MAX): its true value is
-    // finite and z = d / theta may be anything, so this stage's bound does not hold. Stand aside;
-    // the ball and MPFR stages compute the difference exactly. (z = d / theta overflowing is fine:
-    // the true z is below -DBL_MAX and its weight is far below 2^-1008.)
-    if (!std::isfinite(z)) return 0;
-    if (theta != 1.0) z /= theta;
-    // z <= 0 up to rounding (the shift maximises e / theta); -0.0 and tiny positive are fine.
-    const double magnitude = std::fabs(z);
-    magnitudes[a] = magnitude;
-    if (z < -700) {
-      weights[a] = 0;
-      ++tiny;
-      continue;
-    }
-    largest_magnitude = std::max(largest_magnitude, magnitude);
-    weights[a] = certified_exp(std::min(z, 0.0));
-  }
+  values.resize(count);
+  // A difference of two finite logits can overflow (logits near +-DBL_MAX): its true value is
+  // finite and z = d / theta may be anything, so this stage's bound does not hold. Stand aside;
+  // the ball and MPFR stages compute the difference exactly. (z = d / theta overflowing is fine:
+  // the true z is below -DBL_MAX and its weight is far below 2^-1008.)
+  const ShiftedExponentials found = exponentiate_shifted(
+      contiguous ? logits : std::span<const double>(gathered), row.shift, theta, weights, magnitudes);
+  if (!found.finite) return 0;
   partial_sums.assign(weights.begin(), weights.end());
   const double sum = pairwise_sum(partial_sums);
   const double depth = std::ceil(std::log2(static_cast<double>(count)));
   const double summation = depth * unit_roundoff / (1 - depth * unit_roundoff);
-  const double shared = certified_exp_error + 2.01 * unit_roundoff * largest_magnitude + summation +
-                        unit_roundoff + static_cast<double>(tiny) * 0x1p-1008;
-  std::size_t decided_count = 0;
+  const double shared = certified_exp_error + 2.01 * unit_roundoff * found.largest_magnitude + summation +
+                        unit_roundoff + static_cast<double>(found.tiny) * 0x1p-1008;
+  const std::size_t decided_count =
+      is_fp32(target) ? decide_coefficients_in_fp32(weights, magnitudes, sum, shared, values)
+                      : decide_coefficients(weights, magnitudes, sum, shared, target, values);
+  if (contiguous && decided_count == count) {  // the common case: every coefficient, in place
+    std::copy(values.begin(), values.end(), result.begin());
+    decided.assign(count, true);
+    return count;
+  }
   for (std::size_t a = 0; a < count; ++a) {
-    if (decided[a]) continue;
-    const double error =
-        (certified_exp_error + 2.01 * unit_roundoff * magnitudes[a] + shared) * (1 + 0x1p-20);
-    const auto rounded = decide_coefficient(weights[a], sum, error, target);
-    if (!rounded) continue;
-    result[row.active[a]] = *rounded;
+    if (std::isnan(values[a])) continue;
+    result[row.active[a]] = values[a];
     decided[a] = true;
-    ++decided_count;
   }
   return decided_count;
 }

@@ -21,9 +21,11 @@ namespace sharpcheck::reference {
 [[nodiscard]] double certified_exp(double x);
 inline constexpr double certified_exp_error = 0x1p-47;
 
-// Decides what it can of the row's softmax coefficients in double. Writes result[row.active[a]]
-// and sets decided[a] for each decided coefficient; returns how many. Decides nothing unless the
-// target has at most 24 bits of precision and the rounding mode is to nearest (the bound assumes it).
+// Decides what it can of the row's softmax coefficients in double, the row's first stage (decided is
+// all false on entry). Writes result[row.active[a]] and sets decided[a] for each decided coefficient;
+// returns how many. Decides nothing unless the target has at most 24 bits of precision and the
+// rounding mode is to nearest (the bound assumes it). The loops over the row run in SIMD
+// (reference/double_stage_simd.hpp), lane for lane the formulas proved in double_stage.cpp.
 std::size_t decide_softmax_in_double(std::span<const double> logits, const PreparedRow& row, double theta,
                                      const FloatFormat& target, std::span<double> result,
                                      std::vector<bool>& decided);

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "core/errors.hpp"
+#include "io/mapped_file.hpp"
 #include "io/npy.hpp"
 
 namespace {
@@ -25,8 +27,11 @@ std::string read_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// Each test process writes its own files: ctest -j runs the parameterised cases side by side, and
+// one case rewriting a file another has memory-mapped killed that one with SIGBUS.
 std::string write_temporary(const std::string& name, const std::string& bytes) {
-  const auto path = (std::filesystem::temp_directory_path() / name).string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / (std::to_string(::getpid()) + "-" + name)).string();
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
@@ -91,3 +96,19 @@ TEST(NpzPath, SplitsAtTheLastNpzColon) {
 }
 
 }  // namespace
+
+// A file truncated under a live mapping: reading past its new end is an input error that says so
+// (exit 2), not a crash with SIGBUS.
+TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsAnInputErrorNotABusError) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto path = write_temporary("shrinking.bin", std::string(4 * page, 'x'));
+  EXPECT_EXIT(
+      {
+        const sharpcheck::io::MappedFile file(path);
+        std::filesystem::resize_file(path, 0);
+        volatile char last = file.bytes()[3 * page];
+        static_cast<void>(last);
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(2), "an input file shrank while it was being read");
+}
