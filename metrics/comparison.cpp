@@ -43,8 +43,7 @@ std::string Comparison::failure_summary(Tier strictest) const {
   if (strictest == Tier::proven || statistical_violation_count == 0) return "";
   std::ostringstream text;
   text << "tolerance table, statistical tier (within the proven bound: ratio " << max_bound_ratio
-       << "): " << statistical_violation_count << " violations; first "
-       << statistical_violations.front().substr(std::string("statistical tier: ").size());
+       << "): " << statistical_violation_count << " violations; first " << statistical_violations.front();
   return text.str();
 }
 
@@ -174,16 +173,12 @@ void judge_bias(RowSums& sums, std::size_t columns, const Tolerance& tolerance, 
   const double ratio = std::isnan(sums.signed_error) ? INFINITY : std::fabs(sums.signed_error) / allowed;
   result.max_bias_ratio = std::max(result.max_bias_ratio, ratio);
   if (!(ratio <= 1)) {
-    add_statistical_violation(result, "statistical tier: row " + std::to_string(row_number) +
-                                          ": signed errors sum to " + std::to_string(sums.signed_error) +
+    add_statistical_violation(result, "row " + std::to_string(row_number) + ": signed errors sum to " +
+                                          std::to_string(sums.signed_error) +
                                           ", a systematic bias (allowed " + std::to_string(allowed) +
                                           ", bias ratio " + std::to_string(ratio) + ")");
   }
 }
-
-}  // namespace
-
-namespace {
 
 // One element under both tiers: its report (proven allowance) and its statistical bound ratio.
 struct JudgedElement {
@@ -249,7 +244,7 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
     ElementReport statistical = element;
     statistical.allowed = judged.statistical_allowed;
     statistical.bound_ratio = judged.statistical_ratio;
-    add_statistical_violation(result, "statistical tier: " + statistical.describe());
+    add_statistical_violation(result, statistical.describe());
   }
   if (first || element.bound_ratio > result.max_bound_ratio ||
       (element.bound_ratio == result.max_bound_ratio &&
@@ -277,13 +272,15 @@ Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, con
   double total_ulps = 0;
   for (std::size_t r = 0; r < expected.rows; ++r) {
     RowSums sums;
+    if (input.rows_are_distributions) sums.magnitudes.reserve(expected.cols);
     std::vector<double> allowed(expected.cols);
     for (std::size_t j = 0; j < expected.cols; ++j) {
       const JudgedElement judged = judge_element(input, tolerance, output, r, j);
       allowed[j] = judged.report.allowed;
       if (input.allowed != nullptr) (*input.allowed)(r, j) = allowed[j];
       record_element(judged, output, relative_floor, r == 0 && j == 0, total_ulps, result);
-      sums.add(judged.report.expected, judged.report.actual, allowed[j], output);
+      if (input.rows_are_distributions)
+        sums.add(judged.report.expected, judged.report.actual, allowed[j], output);
     }
     if (!input.rows_are_distributions || expected.cols == 0) continue;
     const std::size_t row_number = input.first_row_number + r;

@@ -47,7 +47,7 @@ struct Comparison {
   // allowance and, for distributions, each row's signed error sum sum_j (actual_j - expected_j)
   // against its bias allowance (derivation in comparison.cpp).
   std::size_t statistical_violation_count = 0;
-  std::vector<std::string> statistical_violations;  // the first few, described
+  std::vector<std::string> statistical_violations;  // the first few, described (element or row)
   double max_statistical_ratio = 0;
   ElementReport worst_statistical;  // the element with the largest statistical bound ratio
   double max_bias_ratio = 0;        // the worst row's |signed error sum| over its allowance

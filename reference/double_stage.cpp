@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 
+#include "reference/certified_exp_constants.hpp"
 #include "reference/dot_product.hpp"
 #include "reference/double_stage_simd.hpp"
 
@@ -110,27 +111,11 @@ std::size_t decide_coefficients(std::span<const double> weights, std::span<const
 }  // namespace
 
 double certified_exp(double x) {
-  constexpr double inverse_ln2 = 0x1.71547652b82fep0;
-  constexpr double ln2_high = 0x1.62e42fefp-1;  // 33 significant bits: k * ln2_high is exact for |k| < 2^20
-  constexpr double ln2_low = 0x1.473de6af278edp-34;  // ln 2 - ln2_high, to within 2^-89
-  constexpr double c[] = {1.0,
-                          1.0,
-                          1.0 / 2,
-                          1.0 / 6,
-                          1.0 / 24,
-                          1.0 / 120,
-                          1.0 / 720,
-                          1.0 / 5040,
-                          1.0 / 40320,
-                          1.0 / 362880,
-                          1.0 / 3628800,
-                          1.0 / 39916800,
-                          1.0 / 479001600,
-                          1.0 / 6227020800};
-  const double k = std::nearbyint(x * inverse_ln2);
-  const double r = (x - k * ln2_high) - k * ln2_low;
-  double p = c[13];
-  for (int i = 12; i >= 0; --i) p = p * r + c[i];
+  namespace constants = certified_exp_constants;
+  const double k = std::nearbyint(x * constants::inverse_ln2);
+  const double r = (x - k * constants::ln2_high) - k * constants::ln2_low;
+  double p = constants::taylor[constants::degree];
+  for (int i = constants::degree - 1; i >= 0; --i) p = p * r + constants::taylor[i];
   return p * power_of_two(static_cast<int>(k));
 }
 

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "reference/certified_exp_constants.hpp"
+#include "reference/double_stage.hpp"
 #include "reference/double_stage_simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -23,7 +25,6 @@ using DoubleTag = hn::ScalableTag<double>;
 using DoubleVector = hn::Vec<DoubleTag>;
 constexpr std::size_t max_lanes = HWY_MAX_BYTES / sizeof(double);
 constexpr double unit_roundoff = 0x1p-53;
-constexpr double exp_error = 0x1p-47;  // certified_exp_error (double_stage.hpp)
 
 // certified_exp, lane by lane. The scalar k = nearbyint(fl(x / ln 2)) is computed here by adding and
 // subtracting 1.5 * 2^52: for |y| < 2^51 the sum lies where doubles are the integers, so it rounds y
@@ -33,26 +34,14 @@ constexpr double exp_error = 0x1p-47;  // certified_exp_error (double_stage.hpp)
 HWY_INLINE DoubleVector CertifiedExp(DoubleTag d, DoubleVector x) {
   const hn::RebindToSigned<DoubleTag> integers;
   const DoubleVector magic = hn::Set(d, 0x1.8p52);
-  const DoubleVector biased = hn::Add(hn::Mul(x, hn::Set(d, 0x1.71547652b82fep0)), magic);
+  namespace constants = certified_exp_constants;
+  const DoubleVector biased = hn::Add(hn::Mul(x, hn::Set(d, constants::inverse_ln2)), magic);
   const DoubleVector k = hn::Sub(biased, magic);
-  const DoubleVector r = hn::Sub(hn::Sub(x, hn::Mul(k, hn::Set(d, 0x1.62e42fefp-1))),
-                                 hn::Mul(k, hn::Set(d, 0x1.473de6af278edp-34)));
-  constexpr double c[] = {1.0,
-                          1.0,
-                          1.0 / 2,
-                          1.0 / 6,
-                          1.0 / 24,
-                          1.0 / 120,
-                          1.0 / 720,
-                          1.0 / 5040,
-                          1.0 / 40320,
-                          1.0 / 362880,
-                          1.0 / 3628800,
-                          1.0 / 39916800,
-                          1.0 / 479001600,
-                          1.0 / 6227020800};
-  DoubleVector p = hn::Set(d, c[13]);
-  for (int i = 12; i >= 0; --i) p = hn::Add(hn::Mul(p, r), hn::Set(d, c[i]));
+  const DoubleVector r = hn::Sub(hn::Sub(x, hn::Mul(k, hn::Set(d, constants::ln2_high))),
+                                 hn::Mul(k, hn::Set(d, constants::ln2_low)));
+  DoubleVector p = hn::Set(d, constants::taylor[constants::degree]);
+  for (int i = constants::degree - 1; i >= 0; --i)
+    p = hn::Add(hn::Mul(p, r), hn::Set(d, constants::taylor[i]));
   const auto exponent = hn::ShiftLeft<52>(hn::Add(
       hn::BitCast(integers, biased), hn::Set(integers, std::int64_t{1023} - (std::int64_t{1} << 51))));
   return hn::Mul(p, hn::BitCast(d, exponent));
@@ -128,7 +117,8 @@ HWY_INLINE Bracket BracketOf(DoubleVector weight, DoubleVector magnitude, Double
                              DoubleVector shared) {
   const DoubleTag d;
   const DoubleVector error = hn::Mul(
-      hn::Add(hn::Add(hn::Set(d, exp_error), hn::Mul(hn::Set(d, 2.01 * unit_roundoff), magnitude)), shared),
+      hn::Add(hn::Add(hn::Set(d, certified_exp_error), hn::Mul(hn::Set(d, 2.01 * unit_roundoff), magnitude)),
+              shared),
       hn::Set(d, 1 + 0x1p-20));
   const DoubleVector coefficient = hn::Div(weight, sum);
   const DoubleVector widening = hn::Add(error, hn::Set(d, 4 * unit_roundoff));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/random.hpp"
+#include "reference/certified_exp_constants.hpp"
 #include "reference/double_stage.hpp"
 #include "reference/softmax.hpp"
 
@@ -62,14 +63,11 @@ std::size_t differing_bits(const std::vector<double>& x, const std::vector<doubl
 
 // certified_exp with Horner's rule fused (what -ffp-contract=fast would make of it on an FMA target).
 double fused_certified_exp(double x) {
-  const double k = std::nearbyint(x * 0x1.71547652b82fep0);
-  const double r = std::fma(-k, 0x1.473de6af278edp-34, std::fma(-k, 0x1.62e42fefp-1, x));
-  double p = 1.0 / 6227020800;
-  double factorial = 6227020800;
-  for (int i = 12; i >= 0; --i) {
-    factorial /= i + 1;
-    p = std::fma(p, r, 1.0 / factorial);
-  }
+  namespace constants = reference::certified_exp_constants;
+  const double k = std::nearbyint(x * constants::inverse_ln2);
+  const double r = std::fma(-k, constants::ln2_low, std::fma(-k, constants::ln2_high, x));
+  double p = constants::taylor[constants::degree];
+  for (int i = constants::degree - 1; i >= 0; --i) p = std::fma(p, r, constants::taylor[i]);
   return std::ldexp(p, static_cast<int>(k));
 }
 
