@@ -47,6 +47,10 @@ struct CaseOutcome {
   std::string reproducer;             // for a crash: the .npy file holding its input
   std::string console;                // for a plugin: what it printed
   bool interrupted = false;           // a signal stopped the case: it has no result and is not reported
+  // Judged arrays (gate/judge_arrays.hpp): the worst element's full index in the array holding
+  // it ("out" or "lse" for attention, the outputs' name for softmax); empty for generated cases.
+  std::string worst_array;
+  std::vector<std::size_t> worst_index;
   [[nodiscard]] bool passed() const { return failures.empty(); }
   // Passed, but the case cannot discriminate (metrics::Comparison::inconclusive): not a plain pass.
   [[nodiscard]] bool inconclusive() const { return !crashed && passed() && comparison.inconclusive(); }

@@ -145,6 +145,10 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
                                                    : "--plugin " + to_valid_utf8(gate_case.plugin_path)) +
                     " --case " + gate_case.id() + " --seed " + std::to_string(gate_case.base_seed)}};
   if (!outcome.console.empty()) record["console"] = to_valid_utf8(outcome.console);
+  if (!outcome.worst_index.empty()) {
+    record["worst"]["array"] = outcome.worst_array;
+    record["worst"]["full_index"] = outcome.worst_index;
+  }
   return record;
 }
 

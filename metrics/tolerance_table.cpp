@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/errors.hpp"
 #include "kernels/registry.hpp"
 
 namespace sharpcheck::metrics {
@@ -97,7 +98,9 @@ const Tolerance& tolerance_for(std::string_view name) {
   for (const ContractEntry& entry : contracts) {
     if (entry.name == name) return entry.tolerance;
   }
-  throw std::out_of_range("no tolerance entry for '" + std::string(name) + "'");
+  throw InputError(InputProblem::out_of_range,
+                   "no tolerance entry named '" + std::string(name) +
+                       "' (the entries are plugin_softmax and the kernels' names that `sharpcheck gate --list` shows)");
 }
 
 }  // namespace sharpcheck::metrics

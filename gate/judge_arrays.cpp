@@ -1,0 +1,338 @@
+#include "gate/judge_arrays.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "core/errors.hpp"
+#include "core/parallel.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/evaluate.hpp"
+#include "metrics/judge_tensors.hpp"
+
+namespace sharpcheck::gate {
+namespace {
+
+[[noreturn]] void refuse(InputProblem problem, const std::string& message) {
+  throw InputError(problem, "judge: " + message);
+}
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t axis = 0; axis < shape.size(); ++axis)
+    text += (axis ? ", " : "") + std::to_string(shape[axis]);
+  return text + "]";
+}
+
+std::string kernel_name(const JudgeOptions& options, const Array& output) {
+  if (!options.name.empty()) return options.name;
+  const std::string& name = output.name();
+  const auto slash = name.find_last_of('/');
+  return "compare:" + (slash == std::string::npos ? name : name.substr(slash + 1));
+}
+
+// Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).
+void require_value_of(double value, const StoredFormat& stored, const std::string& name, std::size_t index,
+                      bool minus_infinity_allowed = false) {
+  if (minus_infinity_allowed && value == -INFINITY) return;
+  if (!is_representable(value, *stored.format)) {
+    refuse(InputProblem::out_of_range, name + ": element " + std::to_string(index) + " (" + hex_float(value) +
+                                           ") is not a " + stored.name + " value");
+  }
+}
+
+// The softmax lanes along options.dim (negative counts from the end, as torch's dim).
+io::NpyLanes lanes_of(const Array& logits, int dim) {
+  const auto& shape = logits.shape();
+  if (shape.empty()) return {};
+  const auto rank = static_cast<int>(shape.size());
+  if (dim < -rank || dim >= rank) {
+    refuse(InputProblem::out_of_range, "dim " + std::to_string(dim) + " is outside " + logits.name() + "'s " +
+                                           std::to_string(rank) + " axes");
+  }
+  return io::lanes_along(shape, static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
+}
+
+struct RowBlock {
+  std::size_t first = 0, count = 0;
+  metrics::Comparison comparison;
+  reference::ZivStatistics statistics;
+};
+
+// One block of lanes judged: outputs checked to be values of the format, the reference computed.
+void judge_block(const JudgeOptions& options, const metrics::JudgeSpec& spec, const StoredFormat& output,
+                 const Array& logits, const Array& outputs, const io::NpyLanes& lanes, RowBlock& block) {
+  Matrix actual = outputs.read_lanes(lanes, block.first, block.count);
+  for (std::size_t r = 0; r < block.count; ++r) {
+    for (std::size_t a = 0; a < actual.cols; ++a) {
+      require_value_of(actual(r, a), output, outputs.name(), lanes.c_index(block.first + r, a),
+                       options.log_softmax);
+    }
+  }
+  const Matrix logit_rows = logits.read_lanes(lanes, block.first, block.count);
+  const auto evaluation =
+      options.log_softmax
+          ? metrics::judge_log_softmax(spec, logit_rows, options.theta, std::move(actual), block.first)
+          : metrics::judge_softmax(spec, logit_rows, options.theta, std::move(actual), block.first);
+  block.comparison = evaluation.comparison;
+  block.statistics = evaluation.reference_statistics;
+}
+
+// Blocks of about 4 M elements at most (memory stays at the blocks' size whatever the arrays'
+// size), and at least four per thread where the rows allow, so every core has work.
+std::vector<RowBlock> plan_blocks(const io::NpyLanes& lanes, unsigned threads) {
+  const std::size_t by_memory = std::max<std::size_t>(1, (std::size_t{1} << 22) / lanes.extent);
+  const std::size_t by_threads = std::max<std::size_t>(1, lanes.count / (4 * std::size_t{thread_count(threads)}));
+  const std::size_t size = std::min(by_memory, by_threads);
+  std::vector<RowBlock> blocks;
+  for (std::size_t first = 0; first < lanes.count; first += size)
+    blocks.push_back({first, std::min(size, lanes.count - first), {}, {}});
+  return blocks;
+}
+
+// The multi-index of C-order position `flat` in an array of this shape.
+std::vector<std::size_t> unravel(std::size_t flat, const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> index(shape.size());
+  for (std::size_t axis = shape.size(); axis-- > 0;) {
+    index[axis] = flat % shape[axis];
+    flat /= shape[axis];
+  }
+  return index;
+}
+
+// Folds tensor judgement (output and LSE) into the case and names the worst element on failure.
+void record_attention(const JudgeOptions& options, const AttentionArrays& arrays,
+                      const tensor::AttentionProblem& problem, const metrics::TensorJudgement& judgement,
+                      CaseOutcome& outcome) {
+  outcome.comparison = judgement.output;
+  if (judgement.lse) outcome.comparison.merge(*judgement.lse);
+  outcome.reference_statistics = judgement.statistics;
+  if (judgement.lse && judgement.lse->max_bound_ratio > judgement.output.max_bound_ratio) {
+    const auto& w = judgement.worst_lse;
+    outcome.worst_array = "lse";
+    outcome.worst_index = unravel(problem.lse_offset(w.batch, w.head, w.position), arrays.lse->shape());
+  } else {
+    const auto& w = judgement.worst_output;
+    outcome.worst_array = "out";
+    outcome.worst_index =
+        unravel(problem.output_offset(w.batch, w.head, w.position, w.column), arrays.out->shape());
+  }
+  outcome.gate_case.n = problem.layout == tensor::Layout::packed ? problem.stored_keys() : problem.shape.keys;
+  if (!outcome.comparison.passed(options.strictest)) {
+    outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest) + " in " +
+                               problem.describe() + "; " + judgement.describe_worst());
+  }
+}
+
+// A 2-D array (one head's matrix, rows x columns) read as [1, 1, rows, columns].
+std::vector<std::size_t> as_one_head(std::vector<std::size_t> shape) {
+  if (shape.size() == 1) return {1, 1, 1, shape[0]};
+  if (shape.size() == 2) return {1, 1, shape[0], shape[1]};
+  return shape;
+}
+
+void fill_packed_shape(const JudgeOptions& options, const std::vector<std::size_t>& q,
+                       const std::vector<std::size_t>& k, const std::vector<std::size_t>& v,
+                       tensor::AttentionProblem& problem) {
+  problem.cu_seqlens_q = options.cu_seqlens_q;
+  problem.cu_seqlens_k = options.cu_seqlens_k;
+  if (problem.cu_seqlens_q.size() < 2 || problem.cu_seqlens_k.size() < 2)
+    refuse(InputProblem::out_of_range, "the packed layout needs cu_seqlens_q and cu_seqlens_k");
+  problem.shape = {problem.cu_seqlens_q.size() - 1, q[1], k[1], 0, 0, q[2], v[2]};
+  if (q[0] != problem.cu_seqlens_q.back() || k[0] != problem.cu_seqlens_k.back()) {
+    refuse(InputProblem::shape_mismatch,
+           "the cumulative lengths end at " + std::to_string(problem.cu_seqlens_q.back()) + " and " +
+               std::to_string(problem.cu_seqlens_k.back()) + ", the tensors hold " + std::to_string(q[0]) +
+               " and " + std::to_string(k[0]) + " tokens");
+  }
+}
+
+// The outputs as the judge reads them, each checked to be a value of the format.
+class CheckedOutput final : public tensor::TensorSource {
+ public:
+  CheckedOutput(const Array& array, const StoredFormat& stored) : array_(array), stored_(stored) {}
+  [[nodiscard]] std::size_t size() const override { return array_.size(); }
+  void read(std::size_t first, std::span<double> out) const override {
+    array_.read(first, out);
+    for (std::size_t i = 0; i < out.size(); ++i) require_value_of(out[i], stored_, array_.name(), first + i);
+  }
+
+ private:
+  const Array& array_;
+  const StoredFormat& stored_;
+};
+
+void require_elements(const Array& array) {
+  if (array.size() == 0) {
+    refuse(InputProblem::empty_input, array.name() + " holds no element (shape " + shape_text(array.shape()) + ")");
+  }
+}
+
+}  // namespace
+
+StoredFormat stored_format(const std::string& name) {
+  if (name == "int8") return {&q8_probabilities, -128, name};
+  if (name == "uint8") return {&q8_probabilities, 0, name};
+  const auto lookup = find_float_format(name);
+  if (!lookup) {
+    refuse(InputProblem::unsupported_format,
+           "the format must be fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8 or uint8, got '" + name + "'");
+  }
+  return {*lookup, std::nullopt, name};
+}
+
+double decode_stored(double raw, io::NpyType type, const StoredFormat& stored, const std::string& array,
+                     std::size_t index) {
+  const auto where = [&] { return array + ": element " + std::to_string(index); };
+  switch (type) {
+    case io::NpyType::uint16:
+    case io::NpyType::int16:
+      return decode(static_cast<std::uint64_t>(raw), *stored.format == fp16 ? fp16 : bf16);
+    case io::NpyType::uint8:
+    case io::NpyType::int8:
+      if (stored.zero_point) {
+        if ((type == io::NpyType::int8) != (*stored.zero_point == -128)) {
+          refuse(InputProblem::unsupported_format, where() + ": " + stored.name + " codes must be " +
+                                                       (*stored.zero_point == -128 ? "int8" : "uint8"));
+        }
+        return (raw - *stored.zero_point) / 256.0;
+      }
+      if (type == io::NpyType::uint8 && stored.format->total_bits() == 8) {
+        return decode(static_cast<std::uint64_t>(raw), *stored.format);  // fp8 bit patterns
+      }
+      if (type == io::NpyType::uint8)
+        refuse(InputProblem::unsupported_format, where() + ": uint8 data is read as fp8 bits or uint8 codes only");
+      return raw;
+    default:
+      return raw;
+  }
+}
+
+Matrix Array::read_lanes(const io::NpyLanes& lanes, std::size_t first, std::size_t count) const {
+  Matrix matrix(count, lanes.extent);
+  if (lanes.inner == 1) {  // lanes are contiguous rows
+    read(first * lanes.extent, matrix.values);
+    return matrix;
+  }
+  for (std::size_t r = 0; r < count; ++r) {
+    for (std::size_t a = 0; a < lanes.extent; ++a) {
+      double value = 0;
+      read(lanes.c_index(first + r, a), std::span(&value, 1));
+      matrix(r, a) = value;
+    }
+  }
+  return matrix;
+}
+
+// The problem the arrays' shapes describe: [B, H, S, D] (bhsd) or [B, S, H, D] (bshd), or
+// [T, H, D] (packed, with cumulative lengths); KV heads from K's shape.
+tensor::AttentionProblem attention_problem_of(const JudgeOptions& options, const AttentionArrays& arrays) {
+  if (!arrays.q || !arrays.k || !arrays.v) refuse(InputProblem::out_of_range, "attention needs q, k and v");
+  for (const Array* array : {arrays.q, arrays.k, arrays.v}) require_elements(*array);
+  const bool one_head = arrays.q->shape().size() <= 2;
+  const auto shape_of = [&](const Array& array) {
+    return one_head ? as_one_head(array.shape()) : array.shape();
+  };
+  const auto q = shape_of(*arrays.q), k = shape_of(*arrays.k), v = shape_of(*arrays.v);
+  tensor::AttentionProblem problem;
+  problem.layout = tensor::parse_layout(options.layout);
+  const std::size_t dims = problem.layout == tensor::Layout::packed ? 3 : 4;
+  for (const auto* shape : {&q, &k, &v}) {
+    if (shape->size() != dims) {
+      refuse(InputProblem::shape_mismatch, "layout " + options.layout + " needs " + std::to_string(dims) +
+                                               "-D q, k and v (or 2-D matrices of one head), got " +
+                                               std::to_string(shape->size()) + "-D");
+    }
+  }
+  if (problem.layout == tensor::Layout::packed) {
+    fill_packed_shape(options, q, k, v, problem);
+  } else {
+    const bool bshd = problem.layout == tensor::Layout::bshd;
+    auto& shape = problem.shape;
+    shape = {q[0], q[bshd ? 2 : 1], k[bshd ? 2 : 1], q[bshd ? 1 : 2], k[bshd ? 1 : 2], q[3], v[3]};
+    if (k[0] != shape.batch || v[0] != shape.batch || k[3] != shape.head_dim ||
+        v[bshd ? 1 : 2] != shape.keys || v[bshd ? 2 : 1] != shape.kv_heads) {
+      refuse(InputProblem::shape_mismatch, "q " + shape_text(q) + ", k " + shape_text(k) + " and v " +
+                                               shape_text(v) + " disagree on batch, keys, KV heads or head dim");
+    }
+    problem.query_lengths = options.query_lengths;
+    problem.key_lengths = options.key_lengths;
+  }
+  problem.scores = options.scores;
+  problem.scores.theta = options.theta;
+  problem.sinks = arrays.sinks;
+  problem.alibi_slopes = arrays.alibi_slopes;
+  problem.keep = arrays.keep;
+  problem.keep_extent = arrays.keep_extent;
+  problem.bias = arrays.bias;
+  problem.bias_extent = arrays.bias_extent;
+  return problem;
+}
+
+CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logits, const Array& outputs) {
+  const StoredFormat output = stored_format(options.format);
+  CaseOutcome outcome;
+  outcome.format = output.name;
+  outcome.gate_case.input = "arrays";
+  outcome.gate_case.kernel = kernel_name(options, outputs);
+  require_elements(logits);
+  if (logits.shape() != outputs.shape()) {
+    refuse(InputProblem::shape_mismatch, outputs.name() + " does not match " + logits.name() + ": " +
+                                             shape_text(logits.shape()) + " against " + shape_text(outputs.shape()));
+  }
+  const io::NpyLanes lanes = lanes_of(logits, options.dim);
+  const std::string default_entry = output.zero_point ? output.name : "plugin_softmax";
+  const auto& tolerance =
+      metrics::tolerance_for(options.tolerance_entry.empty() ? default_entry : options.tolerance_entry);
+  const metrics::JudgeSpec spec{kernels::Operation::softmax, output.format, &tolerance};
+  std::vector<RowBlock> blocks = plan_blocks(lanes, options.threads);
+  parallel_for(blocks.size(), options.threads, [&](std::size_t b) {
+    judge_block(options, spec, output, logits, outputs, lanes, blocks[b]);
+  });
+  for (const auto& block : blocks) {  // in order: the same report whatever the threads
+    outcome.comparison.merge(block.comparison);
+    outcome.reference_statistics.merge(block.statistics);
+  }
+  outcome.gate_case.n = lanes.extent;
+  const auto& worst = outcome.comparison.worst;
+  outcome.worst_array = outputs.name();
+  outcome.worst_index = unravel(lanes.c_index(worst.row, worst.index), outputs.shape());
+  if (!outcome.comparison.passed(options.strictest)) {
+    outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest));
+    if (lanes.inner != 1) {
+      outcome.failures.push_back("the worst element, lane " + std::to_string(worst.row) + " position " +
+                                 std::to_string(worst.index) + " along dim " + std::to_string(options.dim) +
+                                 ", is element " + std::to_string(lanes.c_index(worst.row, worst.index)) +
+                                 " of the arrays in C order");
+    }
+  }
+  return outcome;
+}
+
+CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionArrays& arrays) {
+  if (!arrays.q || !arrays.k || !arrays.v || !arrays.out)
+    refuse(InputProblem::out_of_range, "attention needs q, k, v and out");
+  const StoredFormat output = stored_format(options.format);
+  CaseOutcome outcome;
+  outcome.format = output.name;
+  outcome.gate_case.input = "arrays";
+  outcome.gate_case.kernel = kernel_name(options, *arrays.out);
+  for (const Array* array : {arrays.q, arrays.k, arrays.v, arrays.out}) require_elements(*array);
+  const tensor::AttentionProblem problem = attention_problem_of(options, arrays);
+  if (arrays.out->size() != problem.output_elements()) {
+    refuse(InputProblem::shape_mismatch, arrays.out->name() + " holds " + std::to_string(arrays.out->size()) +
+                                             " elements, the problem (" + problem.describe() + ") has " +
+                                             std::to_string(problem.output_elements()));
+  }
+  const auto& tolerance =
+      metrics::tolerance_for(options.tolerance_entry.empty() ? "attention_flash" : options.tolerance_entry);
+  metrics::JudgeSpec spec{kernels::Operation::attention, output.format, &tolerance};
+  spec.lse_base2 = options.lse_base2;
+  const CheckedOutput out(*arrays.out, output);
+  const auto judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v, out,
+                                                          arrays.lse, options.threads);
+  record_attention(options, arrays, problem, judgement, outcome);
+  return outcome;
+}
+
+}  // namespace sharpcheck::gate

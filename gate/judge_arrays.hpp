@@ -1,0 +1,103 @@
+// Judging arrays that hold outputs computed elsewhere (a GPU kernel, PyTorch, JAX): softmax or
+// log-softmax lanes of N-D arrays, and attention from one head's matrices to a whole layer's 4-D
+// tensors. The one path shared by `compare` (arrays read from .npy/.npz files, gate/compare_files)
+// and the Python module (arrays handed over in memory, python/): same judge, tolerance entries,
+// case records and messages.
+//
+// How stored numbers become values (the same for files and Python buffers): floating-point
+// arrays hold values of the format; uint16/int16 arrays hold 16-bit patterns (bf16, or fp16 when
+// that is the format); uint8 arrays hold fp8 patterns when the format is fp8; the quantized grids
+// take int8 codes with zero point -128 ("int8") or uint8 codes with zero point 0 ("uint8"), each
+// code c meaning (c - zero point) / 256.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "gate/cases.hpp"
+#include "io/npy.hpp"
+#include "tensor/attention_problem.hpp"
+#include "tensor/tensor_source.hpp"
+
+namespace sharpcheck::gate {
+
+// A format name as users give it ("fp32", "bf16", "int8", ...): the format its values belong to,
+// and the zero point of the quantized grids.
+struct StoredFormat {
+  const FloatFormat* format = &fp32;
+  std::optional<int> zero_point;
+  std::string name;
+};
+// InputError naming the accepted names for any other.
+[[nodiscard]] StoredFormat stored_format(const std::string& name);
+
+// The value a stored number stands for (see the header), `raw` being the number as its type reads
+// (a bit pattern as an integer). InputError naming the array and the element's index for codes of
+// the wrong signedness.
+[[nodiscard]] double decode_stored(double raw, io::NpyType type, const StoredFormat& stored,
+                                   const std::string& array, std::size_t index);
+
+// An N-D array of values in C order, decoded by whoever reads it. `name` says what it is in
+// messages (a path, an option, a Python parameter).
+class Array : public tensor::TensorSource {
+ public:
+  [[nodiscard]] virtual const std::vector<std::size_t>& shape() const = 0;
+  [[nodiscard]] virtual const std::string& name() const = 0;
+  // Lanes [first, first + count) of `lanes`, one per row of the result.
+  [[nodiscard]] virtual Matrix read_lanes(const io::NpyLanes& lanes, std::size_t first, std::size_t count) const;
+};
+
+// How to judge: everything `compare` and the Python asserts say besides the arrays.
+struct JudgeOptions {
+  bool log_softmax = false;     // the outputs are log-probabilities
+  int dim = -1;                 // the softmax axis (negative: from the end, as torch's dim)
+  std::string format = "fp32";  // the outputs' format (fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
+  std::string tolerance_entry;  // default: plugin_softmax (softmax), the grid's name, or attention_flash
+  double theta = 1.0;
+  // Attention: the layout and scores; shapes, heads and KV heads come from the arrays.
+  std::string layout = "bhsd";
+  tensor::HeadScores scores;
+  std::vector<std::size_t> query_lengths, key_lengths, cu_seqlens_q, cu_seqlens_k;
+  bool lse_base2 = false;
+  std::string name;  // the kernel's name in reports (default: "compare:" + the output's name)
+  metrics::Tier strictest = metrics::Tier::statistical;  // Tier::proven: the proven tier alone
+  unsigned threads = 0;                                  // 0: every core
+};
+
+// Attention's arrays: q, k, v and out in the layout (2-D arrays are one head's matrices), the
+// log-sum-exp if judged, per-head values, and an explicit mask or additive bias with their
+// [B|1, H|1, seq_q, seq_k] extents (spans the caller keeps alive).
+struct AttentionArrays {
+  const Array* q = nullptr;
+  const Array* k = nullptr;
+  const Array* v = nullptr;
+  const Array* out = nullptr;
+  const Array* lse = nullptr;
+  std::vector<double> sinks, alibi_slopes;
+  std::span<const std::uint8_t> keep;
+  tensor::Broadcast keep_extent;
+  std::span<const double> bias;
+  tensor::Broadcast bias_extent;
+};
+
+// The attention problem the arrays' shapes and the options describe (q, k and v must be set; out
+// and lse are not read). InputError for shapes that disagree or do not fit the layout.
+[[nodiscard]] tensor::AttentionProblem attention_problem_of(const JudgeOptions& options,
+                                                            const AttentionArrays& arrays);
+
+// Judges outputs against the correctly rounded softmax (or log-softmax) of the logits along
+// options.dim, blocks of lanes in parallel. The outcome's comparison, failures (naming the worst
+// element's C-order index) and case fields are filled as for a gate case. InputError naming the
+// array and element for empty arrays, mismatched shapes and outputs that are not values of the format.
+[[nodiscard]] CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logits,
+                                               const Array& outputs);
+
+// Judges attention outputs (and the log-sum-exp) head by head; the same errors, and shapes that
+// disagree on batch, keys, KV heads or head dim.
+[[nodiscard]] CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionArrays& arrays);
+
+}  // namespace sharpcheck::gate

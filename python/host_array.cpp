@@ -1,0 +1,180 @@
+#include "python/host_array.hpp"
+
+#include <dlpack/dlpack.h>
+
+#include <cstring>
+
+#include "core/errors.hpp"
+
+namespace sharpcheck::python {
+namespace py = pybind11;
+namespace {
+
+[[noreturn]] void refuse_type(const std::string& name, const std::string& what) {
+  throw InputError(InputProblem::unsupported_format, name + ": " + what);
+}
+[[noreturn]] void refuse_value(const std::string& name, const std::string& what) {
+  throw InputError(InputProblem::out_of_range, name + ": " + what);
+}
+
+std::size_t item_size(ElementType type) {
+  switch (type) {
+    case ElementType::float64: return 8;
+    case ElementType::float32: return 4;
+    case ElementType::float16:
+    case ElementType::bfloat16:
+    case ElementType::int16:
+    case ElementType::uint16: return 2;
+    default: return 1;
+  }
+}
+
+// A buffer-protocol format string ('<f', '=e', 'B', ...) as an element type; big-endian refused.
+ElementType buffer_type(std::string format, std::size_t itemsize, const std::string& name) {
+  if (!format.empty() && (format[0] == '<' || format[0] == '=' || format[0] == '@')) format.erase(0, 1);
+  if (!format.empty() && (format[0] == '>' || format[0] == '!') && itemsize > 1)
+    refuse_type(name, "big-endian arrays are not read; convert with .astype('<f4') or similar");
+  if (!format.empty() && (format[0] == '>' || format[0] == '!')) format.erase(0, 1);
+  static const std::pair<const char*, ElementType> known[] = {
+      {"d", ElementType::float64}, {"f", ElementType::float32}, {"e", ElementType::float16},
+      {"b", ElementType::int8},    {"B", ElementType::uint8},   {"h", ElementType::int16},
+      {"H", ElementType::uint16},  {"?", ElementType::boolean}};
+  for (const auto& [code, type] : known) {
+    if (format == code && itemsize == item_size(type)) return type;
+  }
+  refuse_type(name, "unsupported dtype (buffer format '" + format +
+                        "'); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
+}
+
+ElementType dlpack_type(const DLDataType& dtype, const std::string& name) {
+  if (dtype.lanes != 1) refuse_type(name, "vector (multi-lane) DLPack dtypes are not read");
+  const auto bits = dtype.bits;
+  if (dtype.code == kDLFloat && bits == 64) return ElementType::float64;
+  if (dtype.code == kDLFloat && bits == 32) return ElementType::float32;
+  if (dtype.code == kDLFloat && bits == 16) return ElementType::float16;
+  if (dtype.code == kDLBfloat && bits == 16) return ElementType::bfloat16;
+  if (dtype.code == kDLInt && bits == 8) return ElementType::int8;
+  if (dtype.code == kDLInt && bits == 16) return ElementType::int16;
+  if (dtype.code == kDLUInt && bits == 8) return ElementType::uint8;
+  if (dtype.code == kDLUInt && bits == 16) return ElementType::uint16;
+  if (dtype.code == 6 && bits == 8) return ElementType::boolean;  // kDLBool (DLPack 0.8 and later)
+  refuse_type(name, "unsupported dtype (DLPack code " + std::to_string(dtype.code) + ", " + std::to_string(bits) +
+                        " bits); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
+}
+
+std::uint16_t bits16(const unsigned char* at) {
+  std::uint16_t bits = 0;
+  std::memcpy(&bits, at, sizeof bits);
+  return bits;
+}
+
+}  // namespace
+
+HostArray::HostArray(const py::object& object, std::string name, gate::StoredFormat stored)
+    : name_(std::move(name)), stored_(std::move(stored)) {
+  if (PyObject_CheckBuffer(object.ptr())) {
+    take_buffer(object);
+  } else if (py::hasattr(object, "__dlpack__")) {
+    take_dlpack(object);
+  } else {
+    refuse_type(name_, std::string("expected an array (buffer protocol or DLPack), got ") +
+                           py::str(py::type::of(object).attr("__name__")).cast<std::string>());
+  }
+}
+
+void HostArray::take_buffer(const py::object& object) {
+  auto view_holder = std::make_unique<Py_buffer>();
+  if (PyObject_GetBuffer(object.ptr(), view_holder.get(), PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+  const Py_buffer& view = *view_holder;
+  exported_ = std::shared_ptr<void>(view_holder.release(), [](void* held) {
+    auto* buffer = static_cast<Py_buffer*>(held);
+    PyBuffer_Release(buffer);
+    delete buffer;
+  });
+  type_ = buffer_type(view.format ? view.format : "B", static_cast<std::size_t>(view.itemsize), name_);
+  std::vector<std::int64_t> strides;
+  for (int axis = 0; axis < view.ndim; ++axis) {
+    shape_.push_back(static_cast<std::size_t>(view.shape[axis]));
+    if (view.strides[axis] % view.itemsize != 0) refuse_value(name_, "strides are not whole elements");
+    strides.push_back(view.strides[axis] / view.itemsize);
+  }
+  data_ = static_cast<const unsigned char*>(view.buf);
+  check_contiguous(strides);
+}
+
+void HostArray::take_dlpack(const py::object& object) {
+  py::object capsule = object.attr("__dlpack__")();
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (managed == nullptr) throw py::error_already_set();
+  PyCapsule_SetName(capsule.ptr(), "used_dltensor");  // ours now: deleted with the array
+  exported_ = std::shared_ptr<void>(managed, [](void* held) {
+    auto* tensor = static_cast<DLManagedTensor*>(held);
+    if (tensor->deleter != nullptr) tensor->deleter(tensor);
+  });
+  const DLTensor& tensor = managed->dl_tensor;
+  if (tensor.device.device_type != kDLCPU && tensor.device.device_type != kDLCUDAHost)
+    refuse_type(name_, "the tensor is not in host memory (DLPack device " +
+                           std::to_string(tensor.device.device_type) + "); copy it to the CPU first");
+  type_ = dlpack_type(tensor.dtype, name_);
+  std::vector<std::int64_t> strides;
+  std::int64_t compact = 1;
+  for (int axis = tensor.ndim; axis-- > 0;) {
+    strides.insert(strides.begin(), tensor.strides ? tensor.strides[axis] : compact);
+    compact *= tensor.shape[axis];
+  }
+  for (int axis = 0; axis < tensor.ndim; ++axis) shape_.push_back(static_cast<std::size_t>(tensor.shape[axis]));
+  data_ = static_cast<const unsigned char*>(tensor.data) + tensor.byte_offset;
+  check_contiguous(strides);
+}
+
+void HostArray::check_contiguous(const std::vector<std::int64_t>& strides_in_items) {
+  std::int64_t expected = 1;
+  for (std::size_t axis = shape_.size(); axis-- > 0;) {
+    if (shape_[axis] != 1 && strides_in_items[axis] != expected) {
+      refuse_value(name_, "the array is not C-contiguous (axis " + std::to_string(axis) + " has stride " +
+                              std::to_string(strides_in_items[axis]) + " elements, expected " +
+                              std::to_string(expected) + "); pass a contiguous copy (.contiguous() or "
+                              "numpy.ascontiguousarray)");
+    }
+    expected *= static_cast<std::int64_t>(shape_[axis]);
+  }
+  count_ = 1;
+  for (const std::size_t extent : shape_) count_ *= extent;
+}
+
+double HostArray::element(std::size_t index) const {
+  const unsigned char* at = data_ + index * item_size(type_);
+  switch (type_) {
+    case ElementType::float64: {
+      double value = 0;
+      std::memcpy(&value, at, sizeof value);
+      return value;
+    }
+    case ElementType::float32: {
+      float value = 0;
+      std::memcpy(&value, at, sizeof value);
+      return value;
+    }
+    case ElementType::float16: return decode(bits16(at), fp16);
+    case ElementType::bfloat16: return decode(bits16(at), bf16);
+    case ElementType::int16: return gate::decode_stored(bits16(at), io::NpyType::int16, stored_, name_, index);
+    case ElementType::uint16: return gate::decode_stored(bits16(at), io::NpyType::uint16, stored_, name_, index);
+    case ElementType::int8:
+      return gate::decode_stored(static_cast<signed char>(*at), io::NpyType::int8, stored_, name_, index);
+    case ElementType::uint8: return gate::decode_stored(*at, io::NpyType::uint8, stored_, name_, index);
+    case ElementType::boolean: return *at != 0 ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+void HostArray::read(std::size_t first, std::span<double> out) const {
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = element(first + i);
+}
+
+std::vector<double> HostArray::values() const {
+  std::vector<double> all(count_);
+  read(0, all);
+  return all;
+}
+
+}  // namespace sharpcheck::python

@@ -1,0 +1,201 @@
+// sharpcheck's Python extension (_sharpcheck): the correctly rounded references and the judge of
+// gate/judge_arrays.hpp, called on arrays handed over in memory. A thin floor: options from
+// keyword dictionaries, arrays through python/host_array.hpp, the GIL released while the
+// reference runs on every core; messages and reports are shaped in python/sharpcheck/.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/parallel.hpp"
+#include "gate/judge_arrays.hpp"
+#include "gate/report.hpp"
+#include "gate/verdict.hpp"
+#include "io/atomic_file.hpp"
+#include "python/host_array.hpp"
+#include "python/options.hpp"
+#include "reference/attention.hpp"
+#include "reference/softmax.hpp"
+
+namespace sharpcheck::python {
+namespace py = pybind11;
+namespace {
+
+py::array_t<double> to_numpy(const std::vector<double>& values, const std::vector<std::size_t>& shape) {
+  std::vector<py::ssize_t> extents(shape.begin(), shape.end());
+  py::array_t<double> array(extents);
+  std::copy(values.begin(), values.end(), array.mutable_data());
+  return array;
+}
+
+// One lane's reference for a row operation, written at the lane's positions in `out`.
+void reference_lane(const std::string& operation, const HostArray& logits, const io::NpyLanes& lanes,
+                    std::size_t lane, const FloatFormat& target, const reference::RowOptions& row_options,
+                    std::vector<double>& out) {
+  const Matrix row = logits.read_lanes(lanes, lane, 1);
+  try {
+    if (operation == "logsumexp") {
+      out[lane] = reference::logsumexp(row.values, target, row_options);
+    } else if (operation == "entropy") {
+      out[lane] = reference::entropy(row.values, target, row_options);
+    } else {
+      const auto values = operation == "softmax" ? reference::softmax(row.values, target, row_options)
+                                                 : reference::log_softmax(row.values, target, row_options);
+      for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
+    }
+  } catch (const InputError& error) {
+    throw InputError(error.problem(), logits.name() + ", lane " + std::to_string(lane) + " (starting at element " +
+                                          std::to_string(lanes.c_index(lane, 0)) + "): " + error.what());
+  }
+}
+
+// softmax / log_softmax (same shape) or logsumexp / entropy (the axis removed) along `dim`.
+py::array_t<double> reference_rows(const std::string& operation, const py::object& x, const py::dict& given) {
+  if (operation != "softmax" && operation != "log_softmax" && operation != "logsumexp" && operation != "entropy")
+    throw InputError(InputProblem::out_of_range, "unknown row operation '" + operation + "'");
+  const Options options(given);
+  const FloatFormat& target = *gate::stored_format(options.text("format", "fp32")).format;
+  const HostArray logits(x, options.text("name", "logits"), options.input_format());
+  if (logits.size() == 0) throw InputError(InputProblem::empty_input, logits.name() + " holds no element");
+  const io::NpyLanes lanes = options.lanes(logits);
+  reference::RowOptions row_options;
+  row_options.theta = options.real("theta", 1.0);
+  row_options.fully_masked_gives_zeros = options.flag("fully_masked_gives_zeros", false);
+  const unsigned threads = options.count("threads", 0);
+  options.require_all_used();
+  const bool reduces = operation == "logsumexp" || operation == "entropy";
+  std::vector<double> out(reduces ? lanes.count : logits.size());
+  {
+    const py::gil_scoped_release release;
+    parallel_for(lanes.count, threads, [&](std::size_t lane) {
+      reference_lane(operation, logits, lanes, lane, target, row_options, out);
+    });
+  }
+  std::vector<std::size_t> shape = logits.shape();
+  if (reduces && !shape.empty()) shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(lanes.axis));
+  return to_numpy(out, shape);
+}
+
+// Attention's output (q's layout with the value dimension) and, when asked, its log-sum-exp.
+py::tuple reference_attention(const py::object& q, const py::object& k, const py::object& v, const py::dict& given) {
+  const Options options(given);
+  const FloatFormat& target = *gate::stored_format(options.text("format", "fp32")).format;
+  const gate::StoredFormat input = options.input_format();
+  const HostArray queries(q, "q", input), keys(k, "k", input), values(v, "v", input);
+  AttentionExtras extras = options.attention_extras();
+  const gate::JudgeOptions judge = options.judge_options();
+  reference::AttentionTensorOptions reference_options;
+  reference_options.return_lse = options.flag("return_lse", false);
+  reference_options.lse_base2 = judge.lse_base2;
+  reference_options.threads = judge.threads;
+  reference_options.lse_format = &fp32;  // as kernels store it (and as the judge reads it)
+  options.require_all_used();
+  const tensor::AttentionProblem problem =
+      gate::attention_problem_of(judge, extras.arrays(&queries, &keys, &values, nullptr, nullptr));
+  reference::AttentionTensorResult result;
+  {
+    const py::gil_scoped_release release;
+    problem.validate();
+    result = reference::attention(problem, queries.values(), keys.values(), values.values(), target,
+                                  reference_options);
+  }
+  std::vector<std::size_t> out_shape = queries.shape();
+  out_shape.back() = problem.shape.value_dim;
+  py::object lse = py::none();
+  if (reference_options.return_lse) lse = to_numpy(result.lse, lse_shape(problem, queries.shape()));
+  return py::make_tuple(to_numpy(result.output, out_shape), lse);
+}
+
+// The case record (gate/report.hpp's JSON) of softmax or log-softmax outputs against the logits.
+std::string judge_softmax(const py::object& actual, const py::object& logits, const py::dict& given) {
+  const Options options(given);
+  const gate::JudgeOptions judge = options.judge_options();
+  const HostArray outputs(actual, options.text("actual_name", "actual"), gate::stored_format(judge.format));
+  const HostArray inputs(logits, "logits", options.input_format());
+  options.require_all_used();
+  gate::CaseOutcome outcome;
+  {
+    const py::gil_scoped_release release;
+    outcome = gate::judge_softmax_arrays(judge, inputs, outputs);
+  }
+  return gate::to_json(outcome).dump();
+}
+
+// The case record of attention outputs (and a log-sum-exp, if given) against q, k and v.
+std::string judge_attention(const py::object& out, const py::object& q, const py::object& k, const py::object& v,
+                            const py::object& lse, const py::dict& given) {
+  const Options options(given);
+  const gate::JudgeOptions judge = options.judge_options();
+  const gate::StoredFormat input = options.input_format();
+  const HostArray queries(q, "q", input), keys(k, "k", input), values(v, "v", input);
+  const HostArray outputs(out, "out", gate::stored_format(judge.format));
+  std::optional<HostArray> lse_array;
+  if (!lse.is_none()) lse_array.emplace(lse, "lse", gate::stored_format("fp32"));
+  AttentionExtras extras = options.attention_extras();
+  options.require_all_used();
+  gate::CaseOutcome outcome;
+  {
+    const py::gil_scoped_release release;
+    outcome = gate::judge_attention_arrays(
+        judge, extras.arrays(&queries, &keys, &values, &outputs, lse_array ? &*lse_array : nullptr));
+  }
+  return gate::to_json(outcome).dump();
+}
+
+// The case records of a run (a JSON list) as the gate's whole report, its JUnit XML and its exit
+// code: the checks made through the asserts are named kernels, judged plainly.
+std::vector<nlohmann::json> records_of(const std::string& cases) {
+  const auto parsed = nlohmann::json::parse(cases);
+  return {parsed.begin(), parsed.end()};
+}
+std::string report_json(const std::string& cases) {
+  return gate::report_json({.explicit_kernels = true}, records_of(cases)).dump(2);
+}
+std::string junit_xml(const std::string& cases) {
+  return gate::junit_xml(records_of(cases), {.explicit_kernels = true, .whole_sweep = true});
+}
+int exit_code(const std::string& cases) {
+  const auto records = records_of(cases);
+  return gate::judge_sweep(records, {.explicit_kernels = true, .whole_sweep = true}).exit_code();
+}
+void write_report(const std::string& path, const std::string& text) { io::write_file_atomically(path, text); }
+
+// InputError becomes TypeError (a dtype or format) or ValueError (anything else about the values
+// or shapes), IoError OSError; UndecidedRounding is the module's own exception.
+void translate_errors(py::module_& module) {
+  py::register_exception<UndecidedRounding>(module, "UndecidedRounding", PyExc_ArithmeticError);
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const InputError& e) {
+      PyErr_SetString(e.problem() == InputProblem::unsupported_format ? PyExc_TypeError : PyExc_ValueError,
+                      e.what());
+    } catch (const IoError& e) {
+      PyErr_SetString(PyExc_OSError, e.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace sharpcheck::python
+
+PYBIND11_MODULE(_sharpcheck, module) {
+  using namespace sharpcheck::python;
+  namespace py = pybind11;
+  module.doc() = "sharpcheck's C++ core: correctly rounded references and the judge (use the sharpcheck package)";
+  translate_errors(module);
+  module.def("reference_rows", &reference_rows, py::arg("operation"), py::arg("x"), py::arg("options"));
+  module.def("reference_attention", &reference_attention, py::arg("q"), py::arg("k"), py::arg("v"),
+             py::arg("options"));
+  module.def("judge_softmax", &judge_softmax, py::arg("actual"), py::arg("logits"), py::arg("options"));
+  module.def("judge_attention", &judge_attention, py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"),
+             py::arg("lse"), py::arg("options"));
+  module.def("report_json", &report_json, py::arg("cases"));
+  module.def("junit_xml", &junit_xml, py::arg("cases"));
+  module.def("exit_code", &exit_code, py::arg("cases"));
+  module.def("write_report", &write_report, py::arg("path"), py::arg("text"));
+}

@@ -1,0 +1,204 @@
+#include "python/options.hpp"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+
+#include "core/errors.hpp"
+
+namespace sharpcheck::python {
+namespace py = pybind11;
+namespace {
+
+[[noreturn]] void refuse(const std::string& key, const std::string& what) {
+  throw InputError(InputProblem::out_of_range, key + ": " + what);
+}
+
+// A mask or bias array's [B|1, H|1, seq_q, seq_k] extents as broadcast flags (a 2-D array is [1, 1, ...]).
+tensor::Broadcast broadcast_of(const py::array& array, const std::string& key) {
+  if (array.ndim() == 2) return {};
+  if (array.ndim() != 4) refuse(key, "must be 2-D [seq_q, seq_k] or 4-D [batch|1, heads|1, seq_q, seq_k]");
+  return {array.shape(0) != 1, array.shape(1) != 1};
+}
+
+}  // namespace
+
+gate::AttentionArrays AttentionExtras::arrays(const gate::Array* q, const gate::Array* k, const gate::Array* v,
+                                              const gate::Array* out, const gate::Array* lse) const {
+  gate::AttentionArrays arrays;
+  arrays.q = q;
+  arrays.k = k;
+  arrays.v = v;
+  arrays.out = out;
+  arrays.lse = lse;
+  arrays.sinks = sinks;
+  arrays.alibi_slopes = alibi_slopes;
+  arrays.keep = keep;
+  arrays.keep_extent = keep_extent;
+  arrays.bias = bias;
+  arrays.bias_extent = bias_extent;
+  return arrays;
+}
+
+Options::Options(const py::dict& given) : given_(given) {}
+
+py::object Options::get(const char* key) const {
+  used_.insert(key);
+  if (!given_.contains(key)) return py::none();
+  return given_[key];
+}
+
+std::string Options::text(const char* key, const std::string& otherwise) const {
+  const py::object value = get(key);
+  if (value.is_none()) return otherwise;
+  if (!py::isinstance<py::str>(value)) refuse(key, "must be a string");
+  return value.cast<std::string>();
+}
+
+double Options::real(const char* key, double otherwise) const {
+  const py::object value = get(key);
+  if (value.is_none()) return otherwise;
+  if (py::isinstance<py::bool_>(value)) refuse(key, "must be a number, not a bool");
+  const double number = py::float_(value).cast<double>();
+  if (std::isnan(number) || std::isinf(number)) refuse(key, "must be finite, got " + std::to_string(number));
+  return number;
+}
+
+bool Options::flag(const char* key, bool otherwise) const {
+  const py::object value = get(key);
+  return value.is_none() ? otherwise : py::bool_(value).cast<bool>();
+}
+
+long long Options::integer(const char* key, long long otherwise) const {
+  const py::object value = get(key);
+  if (value.is_none()) return otherwise;
+  if (!py::isinstance<py::int_>(value)) refuse(key, "must be an integer");
+  return value.cast<long long>();
+}
+
+unsigned Options::count(const char* key, unsigned otherwise) const {
+  const long long number = integer(key, otherwise);
+  if (number < 0 || number > 1'000'000) refuse(key, "must be a count from 0, got " + std::to_string(number));
+  return static_cast<unsigned>(number);
+}
+
+std::vector<std::size_t> Options::counts(const char* key) const {
+  const py::object value = get(key);
+  std::vector<std::size_t> result;
+  if (value.is_none()) return result;
+  for (const py::handle item : value) {
+    const long long number = item.cast<long long>();
+    if (number < 0) refuse(key, "holds a negative length " + std::to_string(number));
+    result.push_back(static_cast<std::size_t>(number));
+  }
+  return result;
+}
+
+std::vector<double> Options::reals(const char* key) const {
+  const py::object value = get(key);
+  std::vector<double> result;
+  if (value.is_none()) return result;
+  for (const py::handle item : value) result.push_back(item.cast<double>());
+  return result;
+}
+
+gate::StoredFormat Options::input_format() const {
+  const std::string input = text("input_format", "");
+  return gate::stored_format(input.empty() ? text("format", "fp32") : input);
+}
+
+io::NpyLanes Options::lanes(const gate::Array& array) const {
+  const long long dim = integer("dim", -1);
+  const auto rank = static_cast<long long>(array.shape().size());
+  if (rank == 0) return {};
+  if (dim < -rank || dim >= rank) {
+    refuse("dim", std::to_string(dim) + " is outside " + array.name() + "'s " + std::to_string(rank) + " axes");
+  }
+  return io::lanes_along(array.shape(), static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
+}
+
+tensor::HeadScores Options::scores() const {
+  tensor::HeadScores scores;
+  if (!get("scale").is_none()) scores.scale = real("scale", 1.0);
+  scores.softcap = real("softcap", 0.0);
+  scores.causal = flag("causal", false);
+  const std::string align = text("align", "top-left");
+  if (align != "top-left" && align != "bottom-right") refuse("align", "must be 'top-left' or 'bottom-right'");
+  if (align == "bottom-right") scores.alignment = tensor::DiagonalAlignment::bottom_right;
+  const py::object window = get("window");
+  if (!window.is_none()) {
+    const auto sides = window.cast<std::vector<py::object>>();
+    if (sides.size() != 2) refuse("window", "takes (left, right), None or -1 for unbounded");
+    const auto side = [](const py::object& value) -> std::optional<std::size_t> {
+      if (value.is_none() || value.cast<long long>() < 0) return std::nullopt;
+      return value.cast<std::size_t>();
+    };
+    scores.window_left = side(sides[0]);
+    scores.window_right = side(sides[1]);
+  }
+  const std::string fully_masked = text("fully_masked", "zeros");
+  if (fully_masked != "zeros" && fully_masked != "error") refuse("fully_masked", "must be 'zeros' or 'error'");
+  scores.fully_masked =
+      fully_masked == "zeros" ? tensor::FullyMaskedRows::zeros : tensor::FullyMaskedRows::error;
+  return scores;
+}
+
+gate::JudgeOptions Options::judge_options() const {
+  gate::JudgeOptions options;
+  options.log_softmax = flag("log_softmax", false);
+  options.dim = static_cast<int>(integer("dim", -1));
+  options.format = text("format", "fp32");
+  options.tolerance_entry = text("tolerance", "");
+  options.theta = real("theta", 1.0);
+  options.layout = text("layout", "bhsd");
+  options.scores = scores();
+  options.query_lengths = counts("query_lengths");
+  options.key_lengths = counts("key_lengths");
+  options.cu_seqlens_q = counts("cu_seqlens_q");
+  options.cu_seqlens_k = counts("cu_seqlens_k");
+  options.lse_base2 = flag("lse_base2", false);
+  options.name = text("name", "");
+  options.strictest = flag("proven_only", false) ? metrics::Tier::proven : metrics::Tier::statistical;
+  options.threads = count("threads", 0);
+  return options;
+}
+
+AttentionExtras Options::attention_extras() const {
+  AttentionExtras extras;
+  extras.sinks = reals("sinks");
+  extras.alibi_slopes = reals("alibi_slopes");
+  const py::object keep = get("mask");
+  if (!keep.is_none()) {
+    const auto array = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(keep);
+    if (!array) refuse("mask", "must be an array of booleans (True keeps the key)");
+    extras.keep.assign(array.data(), array.data() + array.size());
+    extras.keep_extent = broadcast_of(array, "mask");
+  }
+  const py::object bias = get("bias");
+  if (!bias.is_none()) {
+    const auto array = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(bias);
+    if (!array) refuse("bias", "must be an array of numbers (added to the scores)");
+    extras.bias.assign(array.data(), array.data() + array.size());
+    extras.bias_extent = broadcast_of(array, "bias");
+  }
+  return extras;
+}
+
+void Options::require_all_used() const {
+  std::string unused;
+  for (const auto& [key, value] : given_) {
+    const auto name = py::str(key).cast<std::string>();
+    if (!used_.contains(name)) unused += (unused.empty() ? "" : ", ") + name;
+  }
+  if (!unused.empty()) throw InputError(InputProblem::out_of_range, "unexpected options: " + unused);
+}
+
+std::vector<std::size_t> lse_shape(const tensor::AttentionProblem& problem,
+                                   const std::vector<std::size_t>& query_shape) {
+  if (query_shape.size() <= 2) return {problem.shape.queries};
+  if (problem.layout == tensor::Layout::packed) return {problem.shape.heads, problem.stored_queries()};
+  return {problem.shape.batch, problem.shape.heads, problem.shape.queries};
+}
+
+}  // namespace sharpcheck::python

@@ -1,0 +1,31 @@
+"""sharpcheck from Python: softmax and attention outputs (NumPy, PyTorch, JAX, anything with DLPack
+or the buffer protocol) judged against the correctly rounded reference.
+
+    import sharpcheck
+    y = torch.softmax(x, dim=-1)
+    sharpcheck.assert_softmax_close(y, x)          # AssertionError naming the worst element
+
+References (every value the exact result rounded once to the format): softmax, log_softmax,
+logsumexp, entropy, attention. Asserts: assert_softmax_close, assert_log_softmax_close,
+assert_attention_close, each returning a Report. pytest: `-p sharpcheck.pytest_plugin
+--sharpcheck-report FILE` writes every check of a run as the gate's JSON report.
+"""
+
+from ._sharpcheck import UndecidedRounding
+from ._arrays import FORMATS
+from ._references import attention, entropy, log_softmax, logsumexp, softmax
+from ._asserts import Report, assert_attention_close, assert_log_softmax_close, assert_softmax_close
+
+__all__ = [
+    "FORMATS",
+    "Report",
+    "UndecidedRounding",
+    "assert_attention_close",
+    "assert_log_softmax_close",
+    "assert_softmax_close",
+    "attention",
+    "entropy",
+    "log_softmax",
+    "logsumexp",
+    "softmax",
+]

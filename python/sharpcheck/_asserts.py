@@ -1,0 +1,174 @@
+"""assert_*_close: outputs judged against the correctly rounded reference by the gate's own judge
+(gate/judge_arrays.hpp), failing with an AssertionError in torch.testing.assert_close's shape plus
+sharpcheck's lines, and returning a Report on success. Every call is recorded for the pytest
+plugin (sharpcheck.pytest_plugin)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import _sharpcheck
+from ._arrays import check_format, format_of, host
+from ._references import attention_options
+
+# Every check made in this process, in order: (test id or caller, case record). The pytest
+# plugin reads and clears it; nothing else does.
+RECORDED: List[Dict[str, Any]] = []
+# The running test's id, set by the pytest plugin (None outside pytest).
+current_test: Optional[str] = None
+
+
+def _number(value: Any) -> float:
+    return float(value)  # the report writes non-finite figures as "inf" or "nan", which float() reads
+
+
+class Report:
+    """What a check found: the gate's case record (to_json()) with its figures as attributes."""
+
+    def __init__(self, record: Dict[str, Any], notes: List[str]):
+        self.record = record
+        self.notes = list(notes)
+        tiers = record["tiers"]
+        self.status: str = record["status"]  # "pass", "fail" or "inconclusive"
+        self.passed: bool = self.status != "fail"
+        self.inconclusive: bool = self.status == "inconclusive"
+        self.format: str = record["format"]
+        self.elements: int = record["elements"]
+        self.max_ulp: int = record["max_ulps"]
+        self.mean_ulp: float = record["mean_ulps"]
+        self.bound_ratio: float = _number(tiers["proven"]["max_bound_ratio"])
+        self.statistical_ratio: float = _number(tiers["statistical"]["max_bound_ratio"])
+        self.bias_ratio: float = _number(tiers["statistical"]["max_bias_ratio"])
+        # Elements outside the proven bound, and those (elements, or rows by their bias) within it
+        # but outside the statistical tier; mismatched counts both.
+        self.proven_mismatched: int = tiers["proven"]["violations"]
+        self.statistical_mismatched: int = tiers["statistical"]["violations"]
+        self.mismatched: int = self.proven_mismatched + self.statistical_mismatched
+        self.max_abs_error: float = _number(record["max_absolute_error"])
+        self.max_rel_error: float = _number(record["max_relative_error"])
+        worst = record["worst"]
+        self.worst_array: str = worst.get("array", "")
+        self.worst_index: Tuple[int, ...] = tuple(worst.get("full_index", []))
+        self.failures: List[str] = record["failures"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.record, indent=2)
+
+    def __repr__(self) -> str:
+        return (f"Report(status={self.status!r}, format={self.format!r}, elements={self.elements}, "
+                f"max_ulp={self.max_ulp}, bound_ratio={self.bound_ratio:.3g}, "
+                f"statistical_ratio={self.statistical_ratio:.3g})")
+
+    def message(self, what: str, tolerance: str) -> str:
+        """assert_close's lines (count, greatest differences, where), then sharpcheck's."""
+        worst = self.record["worst"]
+        where = f"{self.worst_array} at index {self.worst_index}" if self.worst_index else f"row {worst['row']}"
+        share = 100.0 * self.mismatched / self.elements if self.elements else 0.0
+        ulps = "no ulp distance (NaN)" if worst["ulps"] is None else f"{worst['ulps']} ulp"
+        lines = [
+            f"{what} are not close to the correctly rounded reference!",
+            "",
+            f"Mismatched elements: {self.mismatched} / {self.elements} ({share:.1f}%): {self.proven_mismatched} "
+            f"outside the proven bound, {self.statistical_mismatched} within it but outside the statistical tier",
+            f"Greatest absolute difference: {self.max_abs_error:.6g}",
+            f"Greatest relative difference: {self.max_rel_error:.6g}",
+            f"Worst element: {where}: expected {worst['expected']}, got {worst['actual']} ({ulps}, "
+            f"allowed |error| {worst['allowed']:.6g})",
+            f"Max ulp: {self.max_ulp}, mean ulp {self.mean_ulp:.3g}",
+            f"Bound ratio: proven tier {self.bound_ratio:.4g}, statistical tier {self.statistical_ratio:.4g}, "
+            f"bias {self.bias_ratio:.4g} (each fails above 1)",
+            f"Format {self.format}, precision model (tolerance entry) {tolerance}",
+        ]
+        lines += [f"sharpcheck: {failure}" for failure in self.failures]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+_PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_name() -> str:
+    """The running test (under the plugin), else the function that called the assert."""
+    if current_test is not None:
+        return current_test
+    frame = inspect.currentframe()
+    while frame is not None:
+        if os.path.dirname(os.path.abspath(frame.f_code.co_filename)) != _PACKAGE_DIRECTORY:
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return "python"
+
+
+def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], what: str, tolerance: str,
+            notes: List[str], msg: Optional[str]) -> Report:
+    options.setdefault("name", _caller_name())
+    record = json.loads(judge(options))
+    record["rerun"] = f"pytest {current_test}" if current_test else ""
+    record["tolerance_entry"] = tolerance
+    if notes:
+        record["notes"] = notes
+    RECORDED.append({"test": current_test or options["name"], "record": record})
+    report = Report(record, notes)
+    if not report.passed:
+        text = report.message(what, tolerance)
+        raise AssertionError(f"{msg}\n\n{text}" if msg else text)
+    return report
+
+
+def assert_softmax_close(actual: Any, logits: Any, *, dim: int = -1, theta: float = 1.0,
+                         format: Optional[str] = None, input_format: Optional[str] = None,
+                         tolerance: Optional[str] = None, proven_only: bool = False, log_softmax: bool = False,
+                         name: Optional[str] = None, msg: Optional[str] = None, threads: int = 0) -> Report:
+    """actual ~ softmax(logits / theta) along dim, judged against the correctly rounded reference
+    under a tolerance entry (default plugin_softmax: any sound fp32-accumulating kernel). format
+    defaults to actual's dtype; integer arrays are bit patterns of format (bf16 as int16, fp8 as
+    uint8) or quantized codes (format "int8"/"uint8")."""
+    notes: List[str] = []
+    fmt = check_format(format or format_of(actual, "actual"))
+    out, x = host(actual, "actual", notes), host(logits, "logits", notes)
+    entry = tolerance or (fmt if fmt in ("int8", "uint8") else "plugin_softmax")
+    options = {"format": fmt, "dim": dim, "theta": theta, "tolerance": entry, "proven_only": proven_only,
+               "log_softmax": log_softmax, "threads": threads, "input_format": input_format, "name": name}
+    options = {key: value for key, value in options.items() if value is not None}
+    what = "Log-softmax outputs" if log_softmax else "Softmax outputs"
+    return _judged(lambda o: _sharpcheck.judge_softmax(out, x, o), options, what, entry, notes, msg)
+
+
+def assert_log_softmax_close(actual: Any, logits: Any, **kwargs: Any) -> Report:
+    """actual ~ log_softmax(logits / theta) along dim; the keywords of assert_softmax_close."""
+    return assert_softmax_close(actual, logits, log_softmax=True, **kwargs)
+
+
+def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None, causal: bool = False,
+                           align: str = "top-left", scale: Optional[float] = None,
+                           window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, sinks: Any = None,
+                           alibi_slopes: Any = None, attn_mask: Any = None, layout: str = "bhsd",
+                           query_lengths: Any = None, key_lengths: Any = None, cu_seqlens_q: Any = None,
+                           cu_seqlens_k: Any = None, lse_base2: bool = False, theta: float = 1.0,
+                           fully_masked: str = "zeros", format: Optional[str] = None,
+                           input_format: Optional[str] = None, tolerance: Optional[str] = None,
+                           proven_only: bool = False, name: Optional[str] = None, msg: Optional[str] = None,
+                           threads: int = 0) -> Report:
+    """out (and lse, if given: fp32, natural log or base 2) ~ attention of q, k, v, judged head by
+    head against the correctly rounded reference under a tolerance entry (default attention_flash).
+    Layouts bhsd (SDPA), bshd (flash_attn_func), packed (varlen, with cu_seqlens) or 2-D matrices of
+    one head; GQA/MQA from k's head count; causal top-left (SDPA's is_causal) or bottom-right
+    (FlashAttention); attn_mask as SDPA takes it (bool keeps, float adds)."""
+    notes: List[str] = []
+    fmt = check_format(format or format_of(out, "out"))
+    arrays = [host(a, n, notes) for a, n in ((out, "out"), (q, "q"), (k, "k"), (v, "v"))]
+    lse_array = None if lse is None else host(lse, "lse", notes)
+    options = attention_options(causal=causal, align=align, scale=scale, window=window, softcap=softcap,
+                                sinks=sinks, alibi_slopes=alibi_slopes, attn_mask=attn_mask, layout=layout,
+                                query_lengths=query_lengths, key_lengths=key_lengths, cu_seqlens_q=cu_seqlens_q,
+                                cu_seqlens_k=cu_seqlens_k, lse_base2=lse_base2, theta=theta,
+                                fully_masked=fully_masked, threads=threads, notes=notes)
+    entry = tolerance or "attention_flash"
+    extra = {"format": fmt, "tolerance": entry, "proven_only": proven_only, "input_format": input_format,
+             "name": name}
+    options.update({key: value for key, value in extra.items() if value is not None})
+    judge = lambda o: _sharpcheck.judge_attention(*arrays, lse_array, o)  # noqa: E731
+    return _judged(judge, options, "Attention outputs", entry, notes, msg)

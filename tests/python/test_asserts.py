@@ -1,0 +1,203 @@
+"""The asserts: each passes on the correctly rounded output and fails, with the documented
+message, on a 2-ulp edit in bf16, on a bf16-accumulating softmax and on a wrong causal alignment;
+DLPack and buffer-protocol inputs agree; bad input raises ValueError/TypeError naming what and
+where."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import sharpcheck
+
+torch.manual_seed(0)
+
+
+def two_ulps_up(tensor, index):
+    edited = tensor.clone()
+    bits = edited.view(torch.int16)
+    bits[index] += 2  # a positive bf16 value two ulps up
+    return edited
+
+
+def bf16_accumulating_softmax(x):
+    """exp in fp32, the running sum kept in bf16 (the denominator stall), the quotient rounded."""
+    e = torch.exp(x.float() - x.float().max(dim=-1, keepdim=True).values)
+    total = torch.zeros(x.shape[:-1], dtype=torch.bfloat16)
+    for j in range(x.shape[-1]):
+        total = (total.float() + e[..., j].bfloat16().float()).bfloat16()
+    return (e / total.float().unsqueeze(-1)).bfloat16()
+
+
+MESSAGE_LINES = [r"are not close to the correctly rounded reference!", r"Mismatched elements: \d+ / \d+ \(",
+                 r"Greatest absolute difference: ", r"Greatest relative difference: ",
+                 r"Worst element: \w+ at index \([0-9, ]+\): expected -?0x[0-9a-f.]+p[-+]\d+, got ",
+                 r"Bound ratio: proven tier [0-9.e+-]+, statistical tier ",
+                 r"Format \w+, precision model \(tolerance entry\) \w+"]
+
+
+def assert_documented_message(error, index=None):
+    text = str(error.value)
+    for line in MESSAGE_LINES:
+        assert re.search(line, text), f"missing {line!r} in:\n{text}"
+    if index is not None:
+        assert f"at index {tuple(index)}" in text, text
+
+
+def test_softmax_passes_exact_bf16_and_fails_a_two_ulp_edit_naming_its_index():
+    x = torch.randn(8, 512).bfloat16()
+    exact = sharpcheck.softmax(x)
+    report = sharpcheck.assert_softmax_close(exact, x)
+    assert report.max_ulp == 0 and report.bound_ratio == 0 and report.passed
+    edited = two_ulps_up(exact, (5, 300))
+    with pytest.raises(AssertionError) as error:
+        sharpcheck.assert_softmax_close(edited, x)
+    assert_documented_message(error, (5, 300))
+    assert "2 ulp" in str(error.value)
+
+
+def test_softmax_passes_torchs_own_softmax_and_fails_a_bf16_accumulating_one():
+    x = torch.randn(4, 2048)
+    assert sharpcheck.assert_softmax_close(torch.softmax(x, -1), x).passed
+    xb = x.bfloat16()
+    assert sharpcheck.assert_softmax_close(torch.softmax(xb.float(), -1).bfloat16(), xb).passed
+    with pytest.raises(AssertionError) as error:
+        sharpcheck.assert_softmax_close(bf16_accumulating_softmax(xb), xb)
+    assert_documented_message(error)
+
+
+def test_log_softmax_passes_torch_and_fails_a_two_ulp_edit():
+    x = torch.randn(6, 300)
+    y = torch.log_softmax(x, -1)
+    assert sharpcheck.assert_log_softmax_close(y, x).passed
+    exact = sharpcheck.log_softmax(x.bfloat16())
+    bits = exact.clone()
+    bits.view(torch.int16)[2, 7] += 2
+    with pytest.raises(AssertionError) as error:
+        sharpcheck.assert_log_softmax_close(bits, x.bfloat16())
+    assert_documented_message(error, (2, 7))
+
+
+def sdpa_math(q, k, v, causal_offset=None):
+    """Attention as users write it: matmul + softmax, causal by an explicit mask, GQA by repeat_interleave."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if causal_offset is not None:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(diagonal=causal_offset)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(scores, -1) @ v.float()).to(q.dtype), torch.logsumexp(scores, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_passes_and_fails_on_a_wrong_causal_alignment(dtype):
+    q = torch.randn(2, 4, 24, 32).to(dtype)
+    k, v = torch.randn(2, 2, 40, 32).to(dtype), torch.randn(2, 2, 40, 32).to(dtype)
+    out, lse = sdpa_math(q, k, v, causal_offset=40 - 24)  # bottom-right, as FlashAttention aligns
+    report = sharpcheck.assert_attention_close(out, q, k, v, lse=lse, causal=True, align="bottom-right")
+    assert report.passed and report.bound_ratio < 1
+    with pytest.raises(AssertionError) as error:
+        sharpcheck.assert_attention_close(out, q, k, v, causal=True, align="top-left")
+    assert_documented_message(error)
+    assert "causal top-left" in str(error.value)
+
+
+def test_attention_exact_output_passes_and_a_two_ulp_bf16_edit_fails_at_its_full_index():
+    q, k, v = (torch.randn(1, 2, 16, 8).bfloat16() for _ in range(3))
+    exact = sharpcheck.attention(q, k, v, causal=True)
+    assert sharpcheck.assert_attention_close(exact, q, k, v, causal=True).max_ulp == 0
+    edited = exact.clone()
+    # The largest output: there 2 ulp are largest against the row's magnitude sum_j p_j |v_j|.
+    flat = int(exact.float().abs().argmax())
+    index = tuple(int(i) for i in torch.tensor(divmod_all(flat, exact.shape)))
+    bits = edited.view(torch.int16)
+    bits[index] += 2 if float(edited[index]) > 0 else -2
+    with pytest.raises(AssertionError) as error:
+        sharpcheck.assert_attention_close(edited, q, k, v, causal=True)
+    assert_documented_message(error, index)
+
+
+def divmod_all(flat, shape):
+    index = []
+    for extent in reversed(shape):
+        flat, position = divmod(flat, extent)
+        index.insert(0, position)
+    return index
+
+
+class DLPackOnly:
+    """What a JAX or CuPy array looks like to sharpcheck: __dlpack__ and nothing else."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_dlpack_and_buffer_protocol_inputs_agree():
+    x = torch.randn(5, 77)
+    y = torch.softmax(x, -1)
+    through_dlpack = sharpcheck.assert_softmax_close(y, x).record
+    through_buffer = sharpcheck.assert_softmax_close(y.numpy(), x.numpy()).record
+    numpy_through_dlpack = sharpcheck.assert_softmax_close(DLPackOnly(y.numpy()), DLPackOnly(x.numpy()),
+                                                           format="fp32").record
+    memoryviews = sharpcheck.assert_softmax_close(memoryview(y.numpy()), memoryview(x.numpy()), format="fp32").record
+    for other in (through_buffer, numpy_through_dlpack, memoryviews):
+        for key in ("max_ulps", "max_bound_ratio", "tiers", "elements", "worst"):
+            assert other[key] == through_dlpack[key], key
+    reference = sharpcheck.softmax(DLPackOnly(x.numpy()), format="fp32")
+    assert np.array_equal(reference, sharpcheck.softmax(x).numpy())
+    # bf16 through DLPack equals bf16 bit patterns through the buffer protocol (int16, as torch saves them).
+    xb = x.bfloat16()
+    yb = sharpcheck.softmax(xb)
+    a = sharpcheck.assert_softmax_close(yb, xb).record
+    b = sharpcheck.assert_softmax_close(yb.view(torch.int16).numpy(), xb.view(torch.int16).numpy(),
+                                        format="bf16").record
+    assert a["tiers"] == b["tiers"] and a["elements"] == b["elements"]
+
+
+@pytest.mark.parametrize("call,kind,words", [
+    (lambda: sharpcheck.softmax(torch.tensor([1.0, float("nan"), 2.0])), ValueError, "logit 1 is NaN"),
+    (lambda: sharpcheck.softmax(torch.tensor([[1.0, 2.0], [float("inf"), 0.0]])), ValueError, "lane 1"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(4), torch.ones(4, dtype=torch.int64)), TypeError, "logits"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(4, dtype=torch.int32), torch.ones(4)), TypeError, "actual"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(3) / 3, torch.ones(4)), ValueError, "does not match"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(3, 4).t(), torch.ones(4, 3)), ValueError, "not C-contiguous"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(0), torch.ones(0)), ValueError, "holds no element"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(2) / 2, torch.ones(2), theta=0.0), ValueError, "theta"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(2) / 2, torch.ones(2), dim=3), ValueError, "dim"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(2) / 2, torch.ones(2), format="fp7"), ValueError, "fp7"),
+    (lambda: sharpcheck.assert_softmax_close(torch.ones(2) / 2, torch.ones(2), tolerance="nope"), ValueError, "nope"),
+    (lambda: sharpcheck.assert_softmax_close(np.array([0.1, 0.9]), "text"), TypeError, "logits"),
+    (lambda: sharpcheck.assert_attention_close(torch.ones(1, 1, 4, 8), torch.ones(1, 1, 4, 8),
+                                               torch.ones(1, 1, 5, 8), torch.ones(1, 1, 4, 8)), ValueError, "disagree"),
+    (lambda: sharpcheck.assert_attention_close(torch.ones(1, 3, 4, 8), torch.ones(1, 3, 4, 8),
+                                               torch.ones(1, 2, 4, 8), torch.ones(1, 2, 4, 8)), ValueError, "heads"),
+    (lambda: sharpcheck.attention(torch.ones(4, 8), torch.ones(4, 8), torch.ones(4, 8), window=(1, 2, 3)),
+     ValueError, "window"),
+])
+def test_bad_input_raises_naming_what_and_where(call, kind, words):
+    with pytest.raises(kind) as error:
+        call()
+    assert words in str(error.value), str(error.value)
+
+
+def test_a_report_carries_the_figures_and_the_gates_record():
+    x = torch.randn(3, 100)
+    report = sharpcheck.assert_softmax_close(torch.softmax(x, -1), x, name="torch_softmax")
+    record = json.loads(report.to_json())
+    assert record["kernel"] == "torch_softmax" and record["status"] == "pass"
+    assert report.max_ulp == record["max_ulps"] and report.elements == 300
+    assert 0 < report.bound_ratio < 1 and report.statistical_ratio >= report.bound_ratio
+
+
+def test_a_one_hot_output_is_inconclusive_not_a_plain_pass():
+    x = torch.tensor([[0.0, -200.0, -300.0]] * 4)
+    report = sharpcheck.assert_softmax_close(sharpcheck.softmax(x), x)
+    assert report.inconclusive and report.status == "inconclusive"

@@ -1,0 +1,61 @@
+"""The pytest plugin: a run's checks land in one gate-style JSON report and JUnit XML, failing
+checks among them, and the terminal summary lists the worst; without the plugin nothing is written."""
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+
+TESTS = '''
+import torch, sharpcheck
+
+def test_passes():
+    x = torch.randn(4, 256)
+    sharpcheck.assert_softmax_close(torch.softmax(x, -1), x)
+
+def test_fails():
+    x = torch.randn(4, 256)
+    sharpcheck.assert_softmax_close(torch.softmax(x, -1) * 1.01, x)
+
+def test_attention():
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    sharpcheck.assert_attention_close(sharpcheck.attention(q, k, v), q, k, v)
+'''
+
+
+def run_pytest(tmp_path, *options):
+    (tmp_path / "test_user.py").write_text(TESTS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path), *options],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
+def test_the_plugin_writes_every_check_as_the_gates_report_and_junit(tmp_path):
+    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
+    result = run_pytest(tmp_path, "-p", "sharpcheck.pytest_plugin", f"--sharpcheck-report={report}",
+                        f"--sharpcheck-junit={junit}")
+    assert result.returncode == 1, result.stdout + result.stderr  # test_fails fails
+    cases = json.loads(report.read_text())["cases"]
+    assert [c["status"] for c in cases] == ["pass", "fail", "pass"]
+    assert cases[1]["kernel"].endswith("test_user.py::test_fails")
+    assert cases[1]["rerun"].startswith("pytest ") and cases[1]["worst"]["full_index"]
+    assert "tolerance table" in cases[1]["failures"][0]
+    suites = ElementTree.parse(junit).getroot()
+    assert sum(int(s.get("failures")) for s in suites.iter("testsuite")) == 1
+    assert "3 checks against the correctly rounded reference: 1 failed" in result.stdout
+    assert "test_user.py::test_fails" in result.stdout.split("sharpcheck")[-1]
+
+
+def test_without_the_plugin_no_report_is_written(tmp_path):
+    result = run_pytest(tmp_path)
+    assert result.returncode == 1
+    assert "checks against the correctly rounded reference" not in result.stdout
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_an_unwritable_report_path_is_an_error_naming_it(tmp_path):
+    result = run_pytest(tmp_path, "-p", "sharpcheck.pytest_plugin",
+                        "--sharpcheck-report=/nonexistent-directory/report.json")
+    assert result.returncode != 0
+    assert "/nonexistent-directory/report.json" in result.stdout + result.stderr

@@ -1,0 +1,112 @@
+"""The Python references: bit for bit the C++ reference (through the `sharpcheck softmax` program,
+a separate path), and correctly rounded against mpmath, an independent computation."""
+
+import os
+import subprocess
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+import sharpcheck
+
+PROGRAM = os.environ.get("SHARPCHECK_PROGRAM", "build/sharpcheck")
+FORMATS = ["fp64", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"]
+
+
+def program_table(logits, theta):
+    """{format: (logsumexp text, softmax hex values)} as `sharpcheck softmax` prints them."""
+    text = subprocess.run([PROGRAM, "softmax", "--logits", ",".join(float(x).hex() for x in logits),
+                           "--theta", float(theta).hex()], check=True, capture_output=True, text=True).stdout
+    table = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] in FORMATS:
+            table[fields[0]] = [float.fromhex(h) for h in fields[3:]]
+    return table
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_softmax_equals_the_programs_reference_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, size=int(rng.integers(1, 40)))
+    theta = [1.0, 0.7, -2.5, 1e-3, 40.0, 0.3][seed]
+    table = program_table(logits, theta)
+    for fmt in FORMATS:
+        ours = np.asarray(sharpcheck.softmax(logits, theta=theta, format=fmt), dtype=np.float64)
+        assert ours.tolist() == table[fmt], fmt
+
+
+def rounded(value, precision, min_exponent):
+    """mpmath value rounded to nearest-even with `precision` bits (subnormals below 2^min_exponent)."""
+    with mpmath.workprec(precision):
+        if value != 0 and mpmath.floor(mpmath.log(abs(value), 2)) < min_exponent:
+            quantum = mpmath.mpf(2) ** (min_exponent - precision + 1)
+            with mpmath.workprec(400):
+                return float(mpmath.nint(value / quantum) * quantum)
+        return float(+value)
+
+
+def mp_softmax(logits, theta):
+    with mpmath.workdps(120):
+        z = [mpmath.mpf(float(x)) / mpmath.mpf(float(theta)) for x in logits]
+        top = max(z)
+        e = [mpmath.exp(x - top) for x in z]
+        total = mpmath.fsum(e)
+        return [x / total for x in e], top + mpmath.log(total)
+
+
+@pytest.mark.parametrize("fmt,precision,min_exponent", [("fp32", 24, -126), ("bf16", 8, -126), ("fp16", 11, -14)])
+def test_softmax_and_log_softmax_are_correctly_rounded_against_mpmath(fmt, precision, min_exponent):
+    rng = np.random.default_rng(7)
+    logits = np.concatenate([rng.normal(0, 4, 200), [-30.0, 25.0, 25.0]]).astype(np.float32)
+    probabilities, log_total = mp_softmax(logits, 1.0)
+    ours = np.asarray(sharpcheck.softmax(logits, format=fmt), dtype=np.float64)
+    assert ours.tolist() == [rounded(p, precision, min_exponent) for p in probabilities]
+    with mpmath.workdps(120):
+        expected_log = [rounded(mpmath.mpf(float(x)) - log_total, precision, min_exponent) for x in logits]
+    ours_log = np.asarray(sharpcheck.log_softmax(logits, format=fmt), dtype=np.float64)
+    assert ours_log.tolist() == expected_log
+
+
+def test_logsumexp_reduces_the_axis_and_matches_mpmath():
+    logits = np.random.default_rng(3).normal(0, 2, (3, 5, 7))
+    ours = sharpcheck.logsumexp(logits, dim=1, format="fp64")
+    assert ours.shape == (3, 7)
+    for i in range(3):
+        for j in range(7):
+            _, total = mp_softmax(logits[i, :, j], 1.0)
+            assert ours[i, j] == rounded(total, 53, -1022)
+
+
+def test_softmax_along_any_dim_equals_the_last_dim_of_the_transposed_array():
+    x = torch.randn(4, 6, 5, dtype=torch.float64)
+    along_1 = sharpcheck.softmax(x, dim=1, format="fp32")
+    along_last = sharpcheck.softmax(x.transpose(1, 2).contiguous(), dim=-1, format="fp32")
+    assert torch.equal(along_1, along_last.transpose(1, 2))
+
+
+def test_results_come_back_in_the_callers_kind_and_format():
+    x = torch.randn(2, 9)
+    assert sharpcheck.softmax(x.bfloat16()).dtype == torch.bfloat16
+    assert sharpcheck.softmax(x, format="fp16").dtype == torch.float16
+    assert sharpcheck.softmax(x.numpy(), format="fp16").dtype == np.float16
+    assert isinstance(sharpcheck.softmax(x.numpy()), np.ndarray)
+
+
+def test_attention_reference_equals_mpmath_on_one_head():
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.normal(0, 1, shape).astype(np.float32) for shape in [(5, 8), (7, 8), (7, 3)])
+    ours = sharpcheck.attention(q, k, v, causal=True, format="fp32")
+    with mpmath.workdps(120):
+        scale = 1 / mpmath.sqrt(8)
+        for i in range(5):
+            logits = [mpmath.fsum(mpmath.mpf(float(q[i, t])) * mpmath.mpf(float(k[j, t])) for t in range(8)) * scale
+                      for j in range(i + 1)]
+            top = max(logits)
+            weights = [mpmath.exp(x - top) for x in logits]
+            total = mpmath.fsum(weights)
+            for c in range(3):
+                value = mpmath.fsum(w * mpmath.mpf(float(v[j, c])) for j, w in enumerate(weights)) / total
+                assert float(ours[i, c]) == rounded(value, 24, -126), (i, c)
