@@ -60,18 +60,19 @@ class DecodedFile final : public Array {
     file_.read_elements(first, out);
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = value(out[i], first + i);
   }
-  [[nodiscard]] Matrix read_lanes(const io::NpyLanes& lanes, std::size_t first, std::size_t count) const override {
+  [[nodiscard]] Matrix read_lanes(const io::NpyLanes& lanes, std::size_t first,
+                                  std::size_t count) const override {
     Matrix matrix = file_.read_lanes(lanes, first, count);
     for (std::size_t r = 0; r < count; ++r) {
-      for (std::size_t a = 0; a < matrix.cols; ++a) matrix(r, a) = value(matrix(r, a), lanes.c_index(first + r, a));
+      for (std::size_t a = 0; a < matrix.cols; ++a)
+        matrix(r, a) = value(matrix(r, a), lanes.c_index(first + r, a));
     }
     return matrix;
   }
 
  private:
   [[nodiscard]] double value(double raw, std::size_t index) const {
-    return descale_.apply(
-        decode_stored(raw, file_.layout().type, stored_, file_.path(), index));
+    return descale_.apply(decode_stored(raw, file_.layout().type, stored_, file_.path(), index));
   }
   io::NpyFile file_;
   StoredFormat stored_;
@@ -82,11 +83,13 @@ class DecodedFile final : public Array {
 // The name reports give the kernel: the user's, else compare:<output file name>.
 JudgeOptions options_of(const CompareRequest& request, const std::string& output_path) {
   JudgeOptions options = request;
-  if (options.name.empty()) options.name = "compare:" + std::filesystem::path(output_path).filename().string();
+  if (options.name.empty())
+    options.name = "compare:" + std::filesystem::path(output_path).filename().string();
   return options;
 }
 
-CaseOutcome compare_rows(const CompareRequest& request, const StoredFormat& output, const StoredFormat& input) {
+CaseOutcome compare_rows(const CompareRequest& request, const StoredFormat& output,
+                         const StoredFormat& input) {
   if (request.probabilities.empty()) refuse(InputProblem::out_of_range, "--probs is required");
   const DecodedFile logits("--logits", request.logits, input);
   const DecodedFile probabilities("--probs", request.probabilities, output);
@@ -155,7 +158,8 @@ CaseOutcome compare_files(const CompareRequest& given) {
   }
   const StoredFormat output = stored_format(request.format);
   const StoredFormat input = request.input_format.empty() ? output : stored_format(request.input_format);
-  CaseOutcome outcome = attention ? compare_attention(request, output, input) : compare_rows(request, output, input);
+  CaseOutcome outcome =
+      attention ? compare_attention(request, output, input) : compare_rows(request, output, input);
   outcome.gate_case.input = "npy";
   return outcome;
 }

@@ -82,7 +82,8 @@ void judge_block(const JudgeOptions& options, const metrics::JudgeSpec& spec, co
 // size), and at least four per thread where the rows allow, so every core has work.
 std::vector<RowBlock> plan_blocks(const io::NpyLanes& lanes, unsigned threads) {
   const std::size_t by_memory = std::max<std::size_t>(1, (std::size_t{1} << 22) / lanes.extent);
-  const std::size_t by_threads = std::max<std::size_t>(1, lanes.count / (4 * std::size_t{thread_count(threads)}));
+  const std::size_t by_threads =
+      std::max<std::size_t>(1, lanes.count / (4 * std::size_t{thread_count(threads)}));
   const std::size_t size = std::min(by_memory, by_threads);
   std::vector<RowBlock> blocks;
   for (std::size_t first = 0; first < lanes.count; first += size)
@@ -164,7 +165,8 @@ class CheckedOutput final : public tensor::TensorSource {
 
 void require_elements(const Array& array) {
   if (array.size() == 0) {
-    refuse(InputProblem::empty_input, array.name() + " holds no element (shape " + shape_text(array.shape()) + ")");
+    refuse(InputProblem::empty_input,
+           array.name() + " holds no element (shape " + shape_text(array.shape()) + ")");
   }
 }
 
@@ -175,8 +177,9 @@ StoredFormat stored_format(const std::string& name) {
   if (name == "uint8") return {&q8_probabilities, 0, name};
   const auto lookup = find_float_format(name);
   if (!lookup) {
-    refuse(InputProblem::unsupported_format,
-           "the format must be fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8 or uint8, got '" + name + "'");
+    refuse(
+        InputProblem::unsupported_format,
+        "the format must be fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8 or uint8, got '" + name + "'");
   }
   return {*lookup, std::nullopt, name};
 }
@@ -201,7 +204,8 @@ double decode_stored(double raw, io::NpyType type, const StoredFormat& stored, c
         return decode(static_cast<std::uint64_t>(raw), *stored.format);  // fp8 bit patterns
       }
       if (type == io::NpyType::uint8)
-        refuse(InputProblem::unsupported_format, where() + ": uint8 data is read as fp8 bits or uint8 codes only");
+        refuse(InputProblem::unsupported_format,
+               where() + ": uint8 data is read as fp8 bits or uint8 codes only");
       return raw;
     default:
       return raw;
@@ -253,7 +257,8 @@ tensor::AttentionProblem attention_problem_of(const JudgeOptions& options, const
     if (k[0] != shape.batch || v[0] != shape.batch || k[3] != shape.head_dim ||
         v[bshd ? 1 : 2] != shape.keys || v[bshd ? 2 : 1] != shape.kv_heads) {
       refuse(InputProblem::shape_mismatch, "q " + shape_text(q) + ", k " + shape_text(k) + " and v " +
-                                               shape_text(v) + " disagree on batch, keys, KV heads or head dim");
+                                               shape_text(v) +
+                                               " disagree on batch, keys, KV heads or head dim");
     }
     problem.query_lengths = options.query_lengths;
     problem.key_lengths = options.key_lengths;
@@ -278,7 +283,8 @@ CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logit
   require_elements(logits);
   if (logits.shape() != outputs.shape()) {
     refuse(InputProblem::shape_mismatch, outputs.name() + " does not match " + logits.name() + ": " +
-                                             shape_text(logits.shape()) + " against " + shape_text(outputs.shape()));
+                                             shape_text(logits.shape()) + " against " +
+                                             shape_text(outputs.shape()));
   }
   const io::NpyLanes lanes = lanes_of(logits, options.dim);
   const std::string default_entry = output.zero_point ? output.name : "plugin_softmax";
@@ -286,9 +292,8 @@ CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logit
       metrics::tolerance_for(options.tolerance_entry.empty() ? default_entry : options.tolerance_entry);
   const metrics::JudgeSpec spec{kernels::Operation::softmax, output.format, &tolerance};
   std::vector<RowBlock> blocks = plan_blocks(lanes, options.threads);
-  parallel_for(blocks.size(), options.threads, [&](std::size_t b) {
-    judge_block(options, spec, output, logits, outputs, lanes, blocks[b]);
-  });
+  parallel_for(blocks.size(), options.threads,
+               [&](std::size_t b) { judge_block(options, spec, output, logits, outputs, lanes, blocks[b]); });
   for (const auto& block : blocks) {  // in order: the same report whatever the threads
     outcome.comparison.merge(block.comparison);
     outcome.reference_statistics.merge(block.statistics);

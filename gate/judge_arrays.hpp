@@ -48,14 +48,16 @@ class Array : public tensor::TensorSource {
   [[nodiscard]] virtual const std::vector<std::size_t>& shape() const = 0;
   [[nodiscard]] virtual const std::string& name() const = 0;
   // Lanes [first, first + count) of `lanes`, one per row of the result.
-  [[nodiscard]] virtual Matrix read_lanes(const io::NpyLanes& lanes, std::size_t first, std::size_t count) const;
+  [[nodiscard]] virtual Matrix read_lanes(const io::NpyLanes& lanes, std::size_t first,
+                                          std::size_t count) const;
 };
 
 // How to judge: everything `compare` and the Python asserts say besides the arrays.
 struct JudgeOptions {
-  bool log_softmax = false;     // the outputs are log-probabilities
-  int dim = -1;                 // the softmax axis (negative: from the end, as torch's dim)
-  std::string format = "fp32";  // the outputs' format (fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
+  bool log_softmax = false;  // the outputs are log-probabilities
+  int dim = -1;              // the softmax axis (negative: from the end, as torch's dim)
+  std::string format =
+      "fp32";  // the outputs' format (fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
   std::string tolerance_entry;  // default: plugin_softmax (softmax), the grid's name, or attention_flash
   double theta = 1.0;
   // Attention: the layout and scores; shapes, heads and KV heads come from the arrays.

@@ -98,9 +98,10 @@ const Tolerance& tolerance_for(std::string_view name) {
   for (const ContractEntry& entry : contracts) {
     if (entry.name == name) return entry.tolerance;
   }
-  throw InputError(InputProblem::out_of_range,
-                   "no tolerance entry named '" + std::string(name) +
-                       "' (the entries are plugin_softmax and the kernels' names that `sharpcheck gate --list` shows)");
+  throw InputError(
+      InputProblem::out_of_range,
+      "no tolerance entry named '" + std::string(name) +
+          "' (the entries are plugin_softmax and the kernels' names that `sharpcheck gate --list` shows)");
 }
 
 }  // namespace sharpcheck::metrics

@@ -19,13 +19,17 @@ namespace {
 
 std::size_t item_size(ElementType type) {
   switch (type) {
-    case ElementType::float64: return 8;
-    case ElementType::float32: return 4;
+    case ElementType::float64:
+      return 8;
+    case ElementType::float32:
+      return 4;
     case ElementType::float16:
     case ElementType::bfloat16:
     case ElementType::int16:
-    case ElementType::uint16: return 2;
-    default: return 1;
+    case ElementType::uint16:
+      return 2;
+    default:
+      return 1;
   }
 }
 
@@ -42,8 +46,9 @@ ElementType buffer_type(std::string format, std::size_t itemsize, const std::str
   for (const auto& [code, type] : known) {
     if (format == code && itemsize == item_size(type)) return type;
   }
-  refuse_type(name, "unsupported dtype (buffer format '" + format +
-                        "'); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
+  refuse_type(name,
+              "unsupported dtype (buffer format '" + format +
+                  "'); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
 }
 
 ElementType dlpack_type(const DLDataType& dtype, const std::string& name) {
@@ -58,8 +63,9 @@ ElementType dlpack_type(const DLDataType& dtype, const std::string& name) {
   if (dtype.code == kDLUInt && bits == 8) return ElementType::uint8;
   if (dtype.code == kDLUInt && bits == 16) return ElementType::uint16;
   if (dtype.code == 6 && bits == 8) return ElementType::boolean;  // kDLBool (DLPack 0.8 and later)
-  refuse_type(name, "unsupported dtype (DLPack code " + std::to_string(dtype.code) + ", " + std::to_string(bits) +
-                        " bits); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
+  refuse_type(name,
+              "unsupported dtype (DLPack code " + std::to_string(dtype.code) + ", " + std::to_string(bits) +
+                  " bits); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
 }
 
 std::uint16_t bits16(const unsigned char* at) {
@@ -84,7 +90,8 @@ HostArray::HostArray(const py::object& object, std::string name, gate::StoredFor
 
 void HostArray::take_buffer(const py::object& object) {
   auto view_holder = std::make_unique<Py_buffer>();
-  if (PyObject_GetBuffer(object.ptr(), view_holder.get(), PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+  if (PyObject_GetBuffer(object.ptr(), view_holder.get(), PyBUF_RECORDS_RO) != 0)
+    throw py::error_already_set();
   const Py_buffer& view = *view_holder;
   exported_ = std::shared_ptr<void>(view_holder.release(), [](void* held) {
     auto* buffer = static_cast<Py_buffer*>(held);
@@ -122,7 +129,8 @@ void HostArray::take_dlpack(const py::object& object) {
     strides.insert(strides.begin(), tensor.strides ? tensor.strides[axis] : compact);
     compact *= tensor.shape[axis];
   }
-  for (int axis = 0; axis < tensor.ndim; ++axis) shape_.push_back(static_cast<std::size_t>(tensor.shape[axis]));
+  for (int axis = 0; axis < tensor.ndim; ++axis)
+    shape_.push_back(static_cast<std::size_t>(tensor.shape[axis]));
   data_ = static_cast<const unsigned char*>(tensor.data) + tensor.byte_offset;
   check_contiguous(strides);
 }
@@ -133,7 +141,8 @@ void HostArray::check_contiguous(const std::vector<std::int64_t>& strides_in_ite
     if (shape_[axis] != 1 && strides_in_items[axis] != expected) {
       refuse_value(name_, "the array is not C-contiguous (axis " + std::to_string(axis) + " has stride " +
                               std::to_string(strides_in_items[axis]) + " elements, expected " +
-                              std::to_string(expected) + "); pass a contiguous copy (.contiguous() or "
+                              std::to_string(expected) +
+                              "); pass a contiguous copy (.contiguous() or "
                               "numpy.ascontiguousarray)");
     }
     expected *= static_cast<std::int64_t>(shape_[axis]);
@@ -155,14 +164,20 @@ double HostArray::element(std::size_t index) const {
       std::memcpy(&value, at, sizeof value);
       return value;
     }
-    case ElementType::float16: return decode(bits16(at), fp16);
-    case ElementType::bfloat16: return decode(bits16(at), bf16);
-    case ElementType::int16: return gate::decode_stored(bits16(at), io::NpyType::int16, stored_, name_, index);
-    case ElementType::uint16: return gate::decode_stored(bits16(at), io::NpyType::uint16, stored_, name_, index);
+    case ElementType::float16:
+      return decode(bits16(at), fp16);
+    case ElementType::bfloat16:
+      return decode(bits16(at), bf16);
+    case ElementType::int16:
+      return gate::decode_stored(bits16(at), io::NpyType::int16, stored_, name_, index);
+    case ElementType::uint16:
+      return gate::decode_stored(bits16(at), io::NpyType::uint16, stored_, name_, index);
     case ElementType::int8:
       return gate::decode_stored(static_cast<signed char>(*at), io::NpyType::int8, stored_, name_, index);
-    case ElementType::uint8: return gate::decode_stored(*at, io::NpyType::uint8, stored_, name_, index);
-    case ElementType::boolean: return *at != 0 ? 1.0 : 0.0;
+    case ElementType::uint8:
+      return gate::decode_stored(*at, io::NpyType::uint8, stored_, name_, index);
+    case ElementType::boolean:
+      return *at != 0 ? 1.0 : 0.0;
   }
   return 0;
 }

@@ -48,14 +48,16 @@ void reference_lane(const std::string& operation, const HostArray& logits, const
       for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
     }
   } catch (const InputError& error) {
-    throw InputError(error.problem(), logits.name() + ", lane " + std::to_string(lane) + " (starting at element " +
-                                          std::to_string(lanes.c_index(lane, 0)) + "): " + error.what());
+    throw InputError(error.problem(), logits.name() + ", lane " + std::to_string(lane) +
+                                          " (starting at element " + std::to_string(lanes.c_index(lane, 0)) +
+                                          "): " + error.what());
   }
 }
 
 // softmax / log_softmax (same shape) or logsumexp / entropy (the axis removed) along `dim`.
 py::array_t<double> reference_rows(const std::string& operation, const py::object& x, const py::dict& given) {
-  if (operation != "softmax" && operation != "log_softmax" && operation != "logsumexp" && operation != "entropy")
+  if (operation != "softmax" && operation != "log_softmax" && operation != "logsumexp" &&
+      operation != "entropy")
     throw InputError(InputProblem::out_of_range, "unknown row operation '" + operation + "'");
   const Options options(given);
   const FloatFormat& target = *gate::stored_format(options.text("format", "fp32")).format;
@@ -81,7 +83,8 @@ py::array_t<double> reference_rows(const std::string& operation, const py::objec
 }
 
 // Attention's output (q's layout with the value dimension) and, when asked, its log-sum-exp.
-py::tuple reference_attention(const py::object& q, const py::object& k, const py::object& v, const py::dict& given) {
+py::tuple reference_attention(const py::object& q, const py::object& k, const py::object& v,
+                              const py::dict& given) {
   const Options options(given);
   const FloatFormat& target = *gate::stored_format(options.text("format", "fp32")).format;
   const gate::StoredFormat input = options.input_format();
@@ -126,8 +129,8 @@ std::string judge_softmax(const py::object& actual, const py::object& logits, co
 }
 
 // The case record of attention outputs (and a log-sum-exp, if given) against q, k and v.
-std::string judge_attention(const py::object& out, const py::object& q, const py::object& k, const py::object& v,
-                            const py::object& lse, const py::dict& given) {
+std::string judge_attention(const py::object& out, const py::object& q, const py::object& k,
+                            const py::object& v, const py::object& lse, const py::dict& given) {
   const Options options(given);
   const gate::JudgeOptions judge = options.judge_options();
   const gate::StoredFormat input = options.input_format();
@@ -186,7 +189,8 @@ void translate_errors(py::module_& module) {
 PYBIND11_MODULE(_sharpcheck, module) {
   using namespace sharpcheck::python;
   namespace py = pybind11;
-  module.doc() = "sharpcheck's C++ core: correctly rounded references and the judge (use the sharpcheck package)";
+  module.doc() =
+      "sharpcheck's C++ core: correctly rounded references and the judge (use the sharpcheck package)";
   translate_errors(module);
   module.def("reference_rows", &reference_rows, py::arg("operation"), py::arg("x"), py::arg("options"));
   module.def("reference_attention", &reference_attention, py::arg("q"), py::arg("k"), py::arg("v"),

@@ -24,8 +24,9 @@ tensor::Broadcast broadcast_of(const py::array& array, const std::string& key) {
 
 }  // namespace
 
-gate::AttentionArrays AttentionExtras::arrays(const gate::Array* q, const gate::Array* k, const gate::Array* v,
-                                              const gate::Array* out, const gate::Array* lse) const {
+gate::AttentionArrays AttentionExtras::arrays(const gate::Array* q, const gate::Array* k,
+                                              const gate::Array* v, const gate::Array* out,
+                                              const gate::Array* lse) const {
   gate::AttentionArrays arrays;
   arrays.q = q;
   arrays.k = k;
@@ -113,7 +114,8 @@ io::NpyLanes Options::lanes(const gate::Array& array) const {
   const auto rank = static_cast<long long>(array.shape().size());
   if (rank == 0) return {};
   if (dim < -rank || dim >= rank) {
-    refuse("dim", std::to_string(dim) + " is outside " + array.name() + "'s " + std::to_string(rank) + " axes");
+    refuse("dim",
+           std::to_string(dim) + " is outside " + array.name() + "'s " + std::to_string(rank) + " axes");
   }
   return io::lanes_along(array.shape(), static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
 }
@@ -138,7 +140,8 @@ tensor::HeadScores Options::scores() const {
     scores.window_right = side(sides[1]);
   }
   const std::string fully_masked = text("fully_masked", "zeros");
-  if (fully_masked != "zeros" && fully_masked != "error") refuse("fully_masked", "must be 'zeros' or 'error'");
+  if (fully_masked != "zeros" && fully_masked != "error")
+    refuse("fully_masked", "must be 'zeros' or 'error'");
   scores.fully_masked =
       fully_masked == "zeros" ? tensor::FullyMaskedRows::zeros : tensor::FullyMaskedRows::error;
   return scores;

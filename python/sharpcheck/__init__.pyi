@@ -1,0 +1,69 @@
+# Type stubs for editors and type checkers: the public API of the sharpcheck package.
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+ArrayLike = Any  # NumPy arrays, torch tensors, JAX/CuPy arrays (DLPack), buffers, lists
+FORMATS: Tuple[str, ...]
+
+class UndecidedRounding(ArithmeticError): ...
+
+class Report:
+    record: Dict[str, Any]
+    notes: List[str]
+    status: str
+    passed: bool
+    inconclusive: bool
+    format: str
+    elements: int
+    max_ulp: int
+    mean_ulp: float
+    bound_ratio: float
+    statistical_ratio: float
+    bias_ratio: float
+    proven_mismatched: int
+    statistical_mismatched: int
+    mismatched: int
+    max_abs_error: float
+    max_rel_error: float
+    worst_array: str
+    worst_index: Tuple[int, ...]
+    failures: List[str]
+    def to_json(self) -> str: ...
+    def message(self, what: str, tolerance: str) -> str: ...
+
+def softmax(logits: ArrayLike, dim: int = ..., *, theta: float = ..., format: Optional[str] = ...,
+            fully_masked_gives_zeros: bool = ..., threads: int = ...) -> Any: ...
+def log_softmax(logits: ArrayLike, dim: int = ..., *, theta: float = ..., format: Optional[str] = ...,
+                fully_masked_gives_zeros: bool = ..., threads: int = ...) -> Any: ...
+def logsumexp(logits: ArrayLike, dim: int = ..., *, theta: float = ..., format: Optional[str] = ...,
+              fully_masked_gives_zeros: bool = ..., threads: int = ...) -> Any: ...
+def entropy(logits: ArrayLike, dim: int = ..., *, theta: float = ..., format: Optional[str] = ...,
+            fully_masked_gives_zeros: bool = ..., threads: int = ...) -> Any: ...
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = ..., align: str = ...,
+              scale: Optional[float] = ..., window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
+              softcap: float = ..., sinks: Optional[Sequence[float]] = ...,
+              alibi_slopes: Optional[Sequence[float]] = ..., attn_mask: Optional[ArrayLike] = ...,
+              layout: str = ..., query_lengths: Optional[Sequence[int]] = ...,
+              key_lengths: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[Sequence[int]] = ...,
+              cu_seqlens_k: Optional[Sequence[int]] = ..., return_lse: bool = ..., lse_base2: bool = ...,
+              theta: float = ..., fully_masked: str = ..., format: Optional[str] = ...,
+              threads: int = ...) -> Any: ...
+def assert_softmax_close(actual: ArrayLike, logits: ArrayLike, *, dim: int = ..., theta: float = ...,
+                         format: Optional[str] = ..., input_format: Optional[str] = ...,
+                         tolerance: Optional[str] = ..., proven_only: bool = ..., log_softmax: bool = ...,
+                         name: Optional[str] = ..., msg: Optional[str] = ..., threads: int = ...) -> Report: ...
+def assert_log_softmax_close(actual: ArrayLike, logits: ArrayLike, *, dim: int = ..., theta: float = ...,
+                             format: Optional[str] = ..., input_format: Optional[str] = ...,
+                             tolerance: Optional[str] = ..., proven_only: bool = ..., name: Optional[str] = ...,
+                             msg: Optional[str] = ..., threads: int = ...) -> Report: ...
+def assert_attention_close(out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
+                           lse: Optional[ArrayLike] = ..., causal: bool = ..., align: str = ...,
+                           scale: Optional[float] = ...,
+                           window: Optional[Tuple[Optional[int], Optional[int]]] = ..., softcap: float = ...,
+                           sinks: Optional[Sequence[float]] = ..., alibi_slopes: Optional[Sequence[float]] = ...,
+                           attn_mask: Optional[ArrayLike] = ..., layout: str = ...,
+                           query_lengths: Optional[Sequence[int]] = ..., key_lengths: Optional[Sequence[int]] = ...,
+                           cu_seqlens_q: Optional[Sequence[int]] = ..., cu_seqlens_k: Optional[Sequence[int]] = ...,
+                           lse_base2: bool = ..., theta: float = ..., fully_masked: str = ...,
+                           format: Optional[str] = ..., input_format: Optional[str] = ...,
+                           tolerance: Optional[str] = ..., proven_only: bool = ..., name: Optional[str] = ...,
+                           msg: Optional[str] = ..., threads: int = ...) -> Report: ...
