@@ -201,3 +201,29 @@ def test_a_one_hot_output_is_inconclusive_not_a_plain_pass():
     x = torch.tensor([[0.0, -200.0, -300.0]] * 4)
     report = sharpcheck.assert_softmax_close(sharpcheck.softmax(x), x)
     assert report.inconclusive and report.status == "inconclusive"
+
+
+class OnAnotherDevice:
+    """A CuPy-like array on device 2 (CUDA): sharpcheck copies it to the host once and says so."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("device memory must not be read in place")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def get(self):
+        return self.array
+
+
+def test_a_device_array_is_copied_to_the_host_and_the_report_says_so():
+    x = np.random.default_rng(5).normal(0, 1, (3, 50)).astype(np.float32)
+    y = sharpcheck.softmax(x)
+    report = sharpcheck.assert_softmax_close(OnAnotherDevice(y), OnAnotherDevice(x), format="fp32")
+    assert report.passed
+    assert report.notes == ["actual was copied from DLPack device 2 to the host",
+                            "logits was copied from DLPack device 2 to the host"]
+    assert json.loads(report.to_json())["notes"] == report.notes
