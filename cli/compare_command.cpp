@@ -201,7 +201,10 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
                       "The outputs' format: fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8");
   command->add_option("--input-format", r.input_format,
                       "How bit patterns in the inputs are read (default --format)");
-  command->add_option("--tolerance-of", r.tolerance_entry, "Judge by this kernel's tolerance entry");
+  command->add_option(
+      "--tolerance-of", r.tolerance_entry,
+      "Judge by this tolerance entry: a kernel's name, plugin_softmax, or an attention precision "
+      "model (attention_fp32, attention_p_rounded, attention_math_lowp)");
   command->add_option("--name", r.name,
                       "The kernel's name in reports, budgets and baselines (default compare:<file name>)");
   add_real_option(command, "--theta", r.theta, "Temperature");

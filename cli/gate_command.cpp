@@ -190,6 +190,10 @@ Command add_gate_command(CLI::App& app) {
       "--proven-only", [&s] { s.strictest = metrics::Tier::proven; },
       "Judge by the proven worst-case tier alone (default: a case fails on the proven or the statistical "
       "tier)");
+  command->add_option("--tolerance-of", s.plugin_attention_model,
+                      "The precision model a plugin's attention is judged by: attention_fp32 (default, as "
+                      "attention_flash), attention_p_rounded (FlashAttention 2/3: P in the output format), "
+                      "attention_math_lowp (PyTorch's math path: scores and P in the output format)");
   command->add_option("--plugin", options->plugin_path,
                       "A kernel plugin (kernels/plugin_abi.h), run only in child processes");
   command->add_option("--plugin-timeout", options->plugin_timeout,

@@ -73,6 +73,8 @@ struct GateSettings {
   unsigned threads = 0;  // 0: every core; plugin runs use one (they fork)
   // --proven-only judges by the proven tier alone; by default a case fails on either tier.
   metrics::Tier strictest = metrics::Tier::statistical;
+  // The precision model a plugin's attention is judged by (--tolerance-of; metrics/tolerance_table.hpp).
+  std::string plugin_attention_model = "attention_flash";
   [[nodiscard]] bool whole_sweep() const { return shard_count == 1 && only_case.empty(); }
 };
 

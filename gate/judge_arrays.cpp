@@ -314,6 +314,37 @@ CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logit
   return outcome;
 }
 
+namespace {
+
+// For a failing attention judgement: the first precision model looser than the one judged by under
+// which the same outputs pass (each model is looser than the one before it), said in a line.
+// Costs one more judgement per model tried, and only on failure.
+std::string precision_model_line(const JudgeOptions& options, const metrics::JudgeSpec& judged,
+                                 const tensor::AttentionProblem& problem, const AttentionArrays& arrays,
+                                 const tensor::TensorSource& out, const std::string& entry) {
+  const auto& models = metrics::attention_precision_models;
+  auto first =
+      std::find(std::begin(models), std::end(models), entry == "attention_flash" ? "attention_fp32" : entry);
+  first = first == std::end(models) ? std::begin(models) : first + 1;
+  std::string tried;
+  for (auto model = first; model != std::end(models); ++model) {
+    metrics::JudgeSpec spec = judged;
+    spec.tolerance = &metrics::tolerance_for(*model);
+    const auto judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v,
+                                                            out, arrays.lse, options.threads);
+    if (judgement.output.passed(options.strictest) &&
+        (!judgement.lse || judgement.lse->passed(options.strictest))) {
+      return "the outputs pass under the looser precision model " + std::string(*model) + " (" +
+             std::string(spec.tolerance->reason) + ")";
+    }
+    tried += (tried.empty() ? "" : ", ") + std::string(*model);
+  }
+  return tried.empty() ? "no precision model is looser than " + entry
+                       : "the outputs pass under no looser precision model (tried " + tried + ")";
+}
+
+}  // namespace
+
 CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionArrays& arrays) {
   if (!arrays.q || !arrays.k || !arrays.v || !arrays.out)
     refuse(InputProblem::out_of_range, "attention needs q, k, v and out");
@@ -329,14 +360,16 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
                                              " elements, the problem (" + problem.describe() + ") has " +
                                              std::to_string(problem.output_elements()));
   }
-  const auto& tolerance =
-      metrics::tolerance_for(options.tolerance_entry.empty() ? "attention_flash" : options.tolerance_entry);
+  const std::string entry = options.tolerance_entry.empty() ? "attention_flash" : options.tolerance_entry;
+  const auto& tolerance = metrics::tolerance_for(entry);
   metrics::JudgeSpec spec{kernels::Operation::attention, output.format, &tolerance};
   spec.lse_base2 = options.lse_base2;
   const CheckedOutput out(*arrays.out, output);
   const auto judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v, out,
                                                           arrays.lse, options.threads);
   record_attention(options, arrays, problem, judgement, outcome);
+  if (!outcome.passed())
+    outcome.failures.push_back(precision_model_line(options, spec, problem, arrays, out, entry));
   return outcome;
 }
 

@@ -8,6 +8,7 @@
 #include "inputs/rows.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
+#include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -182,6 +183,7 @@ std::string GateCase::id() const {
 
 std::vector<GateCase> plan_cases(const GateSettings& settings) {
   check_kernel_names(settings);
+  (void)metrics::tolerance_for(settings.plugin_attention_model);  // an unknown model is an input error now
   std::vector<GateCase> cases = all_cases(settings, sweep_sizes(settings));
   std::vector<GateCase> selected;
   for (std::size_t index = 0; index < cases.size(); ++index) {

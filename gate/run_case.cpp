@@ -101,8 +101,8 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
     scores.theta = gate_case.attention_theta;
     scores.causal = gate_case.causal;
     const auto evaluation = metrics::judge_attention(
-        {kernels::Operation::attention, &format, &metrics::tolerance_for("attention_flash")}, q, k, v, scores,
-        run.out);
+        {kernels::Operation::attention, &format, &metrics::tolerance_for(settings.plugin_attention_model)}, q,
+        k, v, scores, run.out);
     outcome.comparison = evaluation.comparison;
     outcome.reference_statistics = evaluation.reference_statistics;
     return;
@@ -173,7 +173,7 @@ void run_scenario_case(const GateCase& gate_case, const GateSettings& settings, 
     lse = std::move(outputs.lse);
   }
   const metrics::Tolerance& tolerance =
-      kernel != nullptr ? kernel->tolerance : metrics::tolerance_for("attention_flash");
+      kernel != nullptr ? kernel->tolerance : metrics::tolerance_for(settings.plugin_attention_model);
   const metrics::JudgeSpec spec{kernels::Operation::attention, &format, &tolerance};
   const auto judgement =
       metrics::judge_attention_tensors(spec, problem, inputs.q, inputs.k, inputs.v, out, lse);

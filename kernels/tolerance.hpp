@@ -15,8 +15,12 @@ namespace sharpcheck::kernels {
 //   argument |z_j| + spread max|z| + unshifted |m/theta| + per_item n + constant
 //   + beta_sensitivity n (2 + ln n + max|z|) (|z_j| + max|z|) + dot_product logit_rounding
 //   + log_length ln n + logarithm (n + 1) |ln magnitude|
+// plus, in units of the output format's u_out (attention's precision models, where scores or
+// probabilities are rounded to the output's format inside the computation):
+//   scores_in_output 2 max_j |s_j / theta| + probabilities_in_output
 // relative to the element's magnitude (|expected| for softmax, sum_j p_j |v_j| for attention),
-// taken as exp(units u) - 1 so that the large exponent errors of stick-breaking stay bounds.
+// taken as exp(units u + output units u_out) - 1 so that the large exponent errors of
+// stick-breaking stay bounds.
 struct Tolerance {
   // The accumulation format the bound assumes: the kernel's contract, which a broken kernel
   // (bf16acc, whose running sum is bf16) fails to honour.
@@ -32,6 +36,10 @@ struct Tolerance {
   std::string_view reason;  // one line: why these coefficients
   double log_length = 0;    // sigmoid attention's bias -ln n, rounded
   double logarithm = 0;     // stick-breaking: an exponent of size |ln A_j| summed over up to n terms
+  // Attention precision models (metrics/tolerance_table.cpp): how many times each scaled score s_j
+  // is rounded to the output's format before the softmax, and each probability before P V.
+  double scores_in_output = 0;
+  double probabilities_in_output = 0;
 };
 
 }  // namespace sharpcheck::kernels

@@ -201,8 +201,10 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
   const double z_magnitude = (*input.z_magnitudes)(r, j);
   const double additional = input.additional != nullptr ? (*input.additional)(r, j) : 0.0;
   const RowScale& scale = input.scales[r];
+  const double rounded = input.output_rounding_of_expected ? std::fabs(e) : -1;
   JudgedElement judged;
-  const double allowed = allowed_error(tolerance, magnitude, z_magnitude, scale, output) + additional;
+  const double allowed =
+      allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + additional;
   judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};
   if (is_representable(a, output)) judged.report.ulps = ulp_distance(a, e, output);
   // At n <= lambda^2 the tiers charge the same length: one evaluation serves both.
@@ -210,7 +212,8 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
       charged_length(static_cast<double>(scale.n), Tier::statistical) == static_cast<double>(scale.n) &&
               tolerance.logarithm == 0
           ? allowed
-          : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical) + additional;
+          : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical, rounded) +
+                additional;
   judged.statistical_ratio = bound_ratio(e, a, judged.statistical_allowed);
   return judged;
 }

@@ -83,6 +83,9 @@ struct ComparisonInput {
   // Optional: an absolute allowance added to each element's (a log's own rounding, which scales
   // with the log's size rather than with the bound's magnitude).
   const Matrix* additional = nullptr;
+  // Attention: the output rounding is charged relative to |expected|, not to the magnitude
+  // (allowed_error's rounded_value; derivation in tolerance_table.cpp).
+  bool output_rounding_of_expected = false;
 };
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,

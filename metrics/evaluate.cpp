@@ -248,6 +248,7 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     ++row_scale.n;
     smallest = std::min(smallest, logits[e]);
     row_scale.logit_rounding = std::max(row_scale.logit_rounding, roundings[e]);
+    row_scale.largest_score = std::max(row_scale.largest_score, std::fabs(logits[e]));
   }
   row_scale.largest_magnitude = largest - smallest;
   sums.assign(magnitudes.size(), 0.0);  // local sums: no aliasing with the values read
@@ -281,6 +282,7 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   evaluation.allowed = Matrix(queries.rows, values.cols);
   ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, false, 0,
                         &evaluation.allowed};
+  input.output_rounding_of_expected = true;
   tensor::HeadScores head = options.scores;
   if (head.queries == 0) head.queries = queries.rows;
   if (head.keys == 0) head.keys = keys.rows;

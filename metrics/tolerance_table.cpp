@@ -14,6 +14,57 @@ namespace {
 // A plugin's softmax is judged by the contract of any shifted fp32-accumulating softmax (the
 // derivation is online2's in kernels/registry.cpp); the online normaliser's entry covers the
 // three-pass one, so it is the one used.
+//
+// Attention precision models: which computation a kernel port claims to do, each a named entry
+// (`compare --tolerance-of`, Python's tolerance=). They differ in what is rounded to the output's
+// format (bf16 or fp16; for fp32 outputs the three coincide up to a few u) inside the computation:
+//
+// attention_fp32: scores S and probabilities P kept in fp32, only the output rounded (FlashAttention
+//   with fp32 P, PyTorch's math path on fp32 tensors): attention_flash's entry (kernels/registry.cpp).
+//
+// attention_p_rounded: FlashAttention 2/3 round P to the output's format before the P V matmul,
+//   while the normaliser l = sum_j p~_j is summed from the fp32 p~_j. With p^_j = p~_j (1 + d_j),
+//   |d_j| <= u_out: sum_j p^_j v_j = sum_j p~_j v_j + sum_j d_j p~_j v_j, and the added term is at
+//   most u_out sum_j p~_j |v_j|, i.e. u_out relative to the element's magnitude. A kernel that sums
+//   l from the rounded p^_j instead moves l by at most u_out relative, one u_out more; so
+//   probabilities_in_output = 2 covers both, on top of attention_fp32's entry.
+//
+// attention_math_lowp: PyTorch's math path on bf16/fp16 tensors (q @ k^T rounded to the format,
+//   divided by sqrt(d) and rounded again, softmax computed in fp32 from those scores and rounded,
+//   P @ V accumulated in fp32 and rounded): each score s_j carries two roundings,
+//   |s^_j - s_j| <= (2 u_out + u_out^2) |s_j|, so every z_j moves by at most
+//   eps = 2.0001 u_out max_j |s_j / theta| (RowScale::largest_score). A softmax weight
+//   p_j = exp(z_j) / sum_i exp(z_i) moves relatively by at most exp(2 eps) - 1 (numerator and
+//   denominator each by exp(eps)), so the output moves by that times sum_j p_j |v_j|:
+//   scores_in_output = 2 (two roundings; allowed_error multiplies by 2 for numerator and
+//   denominator, and the exp form absorbs the u_out^2). P is rounded once before P V:
+//   probabilities_in_output = 2 as above. The fp32 parts (dot products, the fp32 softmax, the
+//   P V accumulation) keep attention_fp32's coefficients. Note the score term is relative to the
+//   scores' size, not their spread: bf16 scores of size 100 are off by up to 0.4 in the logit,
+//   which no kernel computing that way can avoid.
+//
+// Each model is looser than the one before it; a failing attention report names the first looser
+// model under which the output would pass (gate/judge_arrays.cpp).
+constexpr kernels::Tolerance attention_fp32_entry{
+    .accumulation = &fp32,
+    .argument = 3,
+    .spread = 9,
+    .per_item = 4,
+    .constant = 18,
+    .dot_product = 2,
+    .basis = "analysis: as attention_flash (fp32 S and P, the output rounded once)",
+    .reason = "FlashAttention with fp32 P, or PyTorch's math path on fp32 tensors"};
+
+constexpr kernels::Tolerance with_output_roundings(kernels::Tolerance entry, double scores,
+                                                   double probabilities, std::string_view basis,
+                                                   std::string_view reason) {
+  entry.scores_in_output = scores;
+  entry.probabilities_in_output = probabilities;
+  entry.basis = basis;
+  entry.reason = reason;
+  return entry;
+}
+
 constexpr ContractEntry contracts[] = {
     {"plugin_softmax",
      {.accumulation = &fp32,
@@ -23,6 +74,15 @@ constexpr ContractEntry contracts[] = {
       .constant = 12,
       .basis = "analysis: as online2 (covers safe3 and blocked)",
       .reason = "an unknown kernel is held to what any correct fp32-accumulating softmax achieves"}},
+    {"attention_fp32", attention_fp32_entry},
+    {"attention_p_rounded",
+     with_output_roundings(attention_fp32_entry, 0, 2,
+                           "analysis: attention_fp32 plus P rounded to the output format",
+                           "FlashAttention 2/3: P cast to bf16/fp16 before the P V matmul")},
+    {"attention_math_lowp",
+     with_output_roundings(attention_fp32_entry, 2, 2,
+                           "analysis: attention_p_rounded plus scores rounded twice to the output format",
+                           "PyTorch's math path on bf16/fp16 tensors: scores and P in the tensors' format")},
 };
 
 }  // namespace
@@ -68,8 +128,16 @@ double absolute_floor(const Tolerance& t, const RowScale& row, const FloatFormat
          (row.negligible > 0 ? negligible_contribution : 0.0);
 }
 
+// The output rounding relative to the value itself (attention). An attention element is judged
+// relative to M = sum_j p_j |v_j|, of which the output o may be a tiny part (values cancel). The
+// computation before the final rounding errs by E = (exp(units u + output units u_out) - 1) M; the
+// kernel then rounds its o^ (|o^ - o| <= E) and the reference rounds o, so
+// |RN(o^) - RN(o)| <= E + u_out |o^| + u_out |o| <= E (1 + u_out) + 2 u_out |o|, and
+// |o| <= |RN(o)| (1 + u_out) = |expected| (1 + u_out). Charging 2 u_out M instead (as for softmax,
+// where M = |expected|) would let a rounding of P to the output's format (u_out M, the
+// attention_p_rounded model) pass as an fp32-P kernel's error.
 double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, const RowScale& row,
-                     const FloatFormat& output, Tier tier) {
+                     const FloatFormat& output, Tier tier, double rounded_value) {
   const double u = t.accumulation->unit_roundoff();
   const double u_out = output.unit_roundoff();
   const auto n = static_cast<double>(row.n);
@@ -81,13 +149,16 @@ double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, c
       t.dot_product * row.logit_rounding + t.log_length * std::log(std::max(n, 1.0)) +
       (magnitude != 0 ? t.logarithm * charged_length(n + 1, tier) * std::fabs(std::log(std::fabs(magnitude)))
                       : 0.0);
+  const double output_units = t.scores_in_output * 2 * row.largest_score + t.probabilities_in_output;
   const double negligible = static_cast<double>(row.negligible) * negligible_contribution;
-  const double relative = std::expm1(units * u) + 2 * u_out + negligible;
+  const double computed = std::expm1(units * u + output_units * u_out) + negligible;
   // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors. An
   // element of magnitude 0 has no relative allowance (only the floor), also where `relative` is
   // infinite (a temperature so small that exp(units u) overflows), which gave NaN before.
+  const double relative = rounded_value < 0 ? computed + 2 * u_out : computed;
   const double relative_part = magnitude != 0 ? relative * (1 + 4 * u_out) * std::fabs(magnitude) : 0.0;
-  return (relative_part + absolute_floor(t, row, output)) * (1 + 0x1p-40);
+  const double rounding_part = rounded_value < 0 ? 0.0 : 2 * u_out * (1 + 4 * u_out) * rounded_value;
+  return (relative_part + rounding_part + absolute_floor(t, row, output)) * (1 + 0x1p-40);
 }
 
 std::span<const ContractEntry> contract_entries() { return contracts; }

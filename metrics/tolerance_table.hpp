@@ -23,6 +23,9 @@ struct RowScale {
   // Attention only: d * max_j sum_t |q_t k_jt| * |scale / theta|, which bounds in units of u the
   // rounding error of a logit formed as an fp32 dot product of length d.
   double logit_rounding = 0;
+  // Attention only: max_j |s_j / theta| over the entries seen, s_j the scaled score (after any
+  // soft-cap and bias): what a rounding of the scores to the output's format is relative to.
+  double largest_score = 0;
   // Shifted softmax only: entries with z_j < -negligible_below (an additive mask such as -1e4,
   // -1e9 or finfo.min, or a logit far below the rest). They are left out of n and of
   // largest_magnitude and counted here; see the derivation in tolerance_table.cpp.
@@ -47,10 +50,12 @@ enum class Tier { proven, statistical };
 inline constexpr double statistical_lambda = 8;
 
 // Largest accepted |actual - expected| for one element of the given magnitude under `tolerance`.
-// Includes the output rounding (the kernel's and the reference's, 2 u_out relative) and an
+// Includes the output rounding (the kernel's and the reference's, 2 u_out relative to the
+// magnitude, or to `rounded_value` = |expected| when given: see tolerance_table.cpp) and an
 // absolute floor of one output subnormal plus four accumulation subnormals.
 [[nodiscard]] double allowed_error(const Tolerance& tolerance, double magnitude, double z_magnitude,
-                                   const RowScale& row, const FloatFormat& output, Tier tier = Tier::proven);
+                                   const RowScale& row, const FloatFormat& output, Tier tier = Tier::proven,
+                                   double rounded_value = -1);
 
 // The accumulation length a tier charges for n terms: n (proven) or min(n, lambda sqrt(n)).
 [[nodiscard]] double charged_length(double n, Tier tier);
@@ -65,6 +70,11 @@ struct ContractEntry {
   Tolerance tolerance;
 };
 [[nodiscard]] std::span<const ContractEntry> contract_entries();
+
+// The attention precision models, each looser than the one before (derivations in
+// tolerance_table.cpp): attention_fp32, attention_p_rounded, attention_math_lowp.
+inline constexpr std::string_view attention_precision_models[] = {"attention_fp32", "attention_p_rounded",
+                                                                  "attention_math_lowp"};
 
 // The entry of a built-in kernel (its registry row's) or a contract entry, by name; throws
 // std::out_of_range naming it if there is none.

@@ -1,0 +1,77 @@
+"""Attention precision models (issue 15): each model passes the kernel that computes that way and
+fails one that rounds more, and a failing report names the looser model the output fits."""
+
+import pytest
+import torch
+
+import sharpcheck
+
+
+def problem(scale, keys=256, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = (scale * torch.randn(1, 4, 64, 64, generator=generator)).bfloat16()
+    k = (scale * torch.randn(1, 4, keys, 64, generator=generator)).bfloat16()
+    v = torch.randn(1, 4, keys, 64, generator=generator).bfloat16()
+    return q, k, v
+
+
+def fp32_scores_and_p(q, k, v):
+    p = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 8, -1)
+    return (p @ v.float()).bfloat16()
+
+
+def p_rounded(q, k, v):
+    """FlashAttention 2/3: fp32 scores and softmax, P cast to bf16 before P V (fp32 accumulation)."""
+    p = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 8, -1)
+    return (p.bfloat16().float() @ v.float()).bfloat16()
+
+
+def math_lowp(q, k, v):
+    """PyTorch's math path on bf16 tensors: scores, P and the output in bf16."""
+    return torch.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
+
+
+def round_to_bits(x, bits):
+    """x rounded to nearest-even with `bits` significant bits (fp8 e4m3 has 4), in float32."""
+    mantissa, exponent = torch.frexp(x.float())
+    return torch.ldexp(torch.round(mantissa * 2**bits) / 2**bits, exponent.float())
+
+
+def scores_in_fp8(q, k, v):
+    """The math path with the scores rounded to fp8 e4m3's precision (rounds more than any model)."""
+    scores = round_to_bits(q.float() @ k.float().transpose(-1, -2) / 8, 4)
+    return (torch.softmax(scores, -1).bfloat16().float() @ v.float()).bfloat16()
+
+
+def judge(kernel, model, inputs):
+    return sharpcheck.assert_attention_close(kernel(*inputs), *inputs, tolerance=model)
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_fp32_model_passes_fp32_p_and_fails_p_rounded_to_bf16(scale):
+    inputs = problem(scale)
+    assert judge(fp32_scores_and_p, "attention_fp32", inputs).bound_ratio < 1
+    assert judge(fp32_scores_and_p, "attention_flash", inputs).passed  # the default entry is this model
+    with pytest.raises(AssertionError, match="pass under the looser precision model attention_p_rounded"):
+        judge(p_rounded, "attention_fp32", inputs)
+
+
+def test_p_rounded_model_passes_flashattentions_p_and_fails_bf16_scores():
+    inputs = problem(3.0)
+    assert judge(p_rounded, "attention_p_rounded", inputs).bound_ratio < 1
+    with pytest.raises(AssertionError, match="pass under the looser precision model attention_math_lowp"):
+        judge(math_lowp, "attention_p_rounded", inputs)
+
+
+def test_math_lowp_model_passes_pytorchs_bf16_math_path_and_fails_fp8_scores():
+    inputs = problem(3.0)  # scores of size ~10: their rounding is what the model is about
+    assert judge(math_lowp, "attention_math_lowp", inputs).bound_ratio < 1
+    with pytest.raises(AssertionError, match="no precision model is looser than attention_math_lowp"):
+        judge(scores_in_fp8, "attention_math_lowp", inputs)
+
+
+def test_a_failing_report_under_the_default_names_no_model_when_none_fits():
+    inputs = problem(3.0)
+    with pytest.raises(AssertionError, match=r"pass under no looser precision model \(tried attention_p_rounded, "
+                                             r"attention_math_lowp\)"):
+        judge(scores_in_fp8, None, inputs)
