@@ -169,10 +169,11 @@ const Tolerance& tolerance_for(std::string_view name) {
   for (const ContractEntry& entry : contracts) {
     if (entry.name == name) return entry.tolerance;
   }
-  throw InputError(
-      InputProblem::out_of_range,
-      "no tolerance entry named '" + std::string(name) +
-          "' (the entries are plugin_softmax and the kernels' names that `sharpcheck gate --list` shows)");
+  throw InputError(InputProblem::out_of_range,
+                   "no tolerance entry named '" + std::string(name) +
+                       "' (the entries: plugin_softmax, the attention precision models attention_fp32, "
+                       "attention_p_rounded and "
+                       "attention_math_lowp, and the kernels' names that `sharpcheck gate --list` shows)");
 }
 
 }  // namespace sharpcheck::metrics

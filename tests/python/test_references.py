@@ -110,3 +110,22 @@ def test_attention_reference_equals_mpmath_on_one_head():
             for c in range(3):
                 value = mpmath.fsum(w * mpmath.mpf(float(v[j, c])) for j, w in enumerate(weights)) / total
                 assert float(ours[i, c]) == rounded(value, 24, -126), (i, c)
+
+
+BIG = float.fromhex("0x1.e42d130773b76p+1023")
+EXTREME_ROWS = [
+    ([BIG, -BIG], float.fromhex("0x1.1ccf385ebc8a0p+1023")),  # the differences overflow double
+    ([1.7976931348623157e308, -1.7976931348623157e308, 1.0], 1e300),
+    ([5e-324, -5e-324, 0.0], 1e-320),  # subnormal logits and theta
+    ([1.0, 2.0, 3.0], -1e300),  # every probability near 1/3, theta negative
+    ([1e-300, 2e-300, -3e-300], 1e-300),
+    ([0.0, -1.0, -2.0], 1e-3),  # one-hot to within underflow
+]
+
+
+@pytest.mark.parametrize("row,theta", EXTREME_ROWS)
+@pytest.mark.parametrize("fmt,precision,min_exponent", [("fp64", 53, -1022), ("fp32", 24, -126), ("bf16", 8, -126)])
+def test_extreme_rows_are_correctly_rounded_against_mpmath(row, theta, fmt, precision, min_exponent):
+    probabilities, _ = mp_softmax(row, theta)
+    ours = np.asarray(sharpcheck.softmax(np.array(row), theta=theta, format=fmt), dtype=np.float64)
+    assert ours.tolist() == [rounded(p, precision, min_exponent) for p in probabilities]
