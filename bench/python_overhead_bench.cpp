@@ -3,10 +3,9 @@
 // the JSON record, the Report), against gate::judge_softmax_arrays on the same bf16 bits held in
 // C++, in the same process (Python embedded), medians of repetitions.
 #include <benchmark/benchmark.h>
+#include <malloc.h>
 #include <pybind11/embed.h>
 #include <pybind11/stl.h>
-
-#include <malloc.h>
 
 #include <cstdint>
 #include <random>

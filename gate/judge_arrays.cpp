@@ -177,9 +177,9 @@ StoredFormat stored_format(const std::string& name) {
   if (name == "uint8") return {&q8_probabilities, 0, name};
   const auto lookup = find_float_format(name);
   if (!lookup) {
-    refuse(
-        InputProblem::unsupported_format,
-        "the format must be fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8 or uint8, got '" + name + "'");
+    refuse(InputProblem::unsupported_format,
+           "the format must be fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8 or uint8, got '" +
+               name + "'");
   }
   return {*lookup, std::nullopt, name};
 }
