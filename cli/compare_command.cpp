@@ -198,7 +198,7 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
   command->add_option("--lse", r.lse, "The kernel's log-sum-exp ([B,H,S] or [H,T]), judged in fp32");
   command->add_flag("--lse-base2", r.lse_base2, "The log-sum-exp is base 2 (log2 of the sum)");
   command->add_option("--format", r.format,
-                      "The outputs' format: fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8");
+                      "The outputs' format: fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8");
   command->add_option("--input-format", r.input_format,
                       "How bit patterns in the inputs are read (default --format)");
   command->add_option(

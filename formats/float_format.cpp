@@ -71,6 +71,7 @@ std::optional<const FloatFormat*> find_float_format(std::string_view name) {
   if (name == "float64" || name == "double") return &fp64;
   if (name == "float16" || name == "half") return &fp16;
   if (name == "bfloat16") return &bf16;
+  if (name == "tensorfloat32") return &tf32;
   if (name == "q8_probabilities" || name == "uint8" || name == "int8") return &q8_probabilities;
   if (name == "q8_logits") return &q8_logits;
   return std::nullopt;

@@ -1,4 +1,4 @@
-// Binary floating-point formats (fp64, fp32, bf16, fp16, fp8 e4m3/e5m2) as data, with exact
+// Binary floating-point formats (fp64, fp32, tf32, bf16, fp16, fp8 e4m3/e5m2) as data, with exact
 // round-to-nearest-even into each of them, bit encodings and ulp distance.
 //
 // Every value of every format here is exactly representable as a double, so a value of a
@@ -52,6 +52,11 @@ inline constexpr FloatFormat fp32{
 inline constexpr FloatFormat bf16{
     "bf16", 8, 7, -126, 127, 3.3895313892515355e38, OverflowBehaviour::to_infinity};
 inline constexpr FloatFormat fp16{"fp16", 5, 10, -14, 15, 65504.0, OverflowBehaviour::to_infinity};
+// NVIDIA's TensorFloat-32 (Ampere and later tensor cores; torch.backends.cuda.matmul.allow_tf32):
+// fp32's 8-bit exponent with fp16's 10 fraction bits, stored in fp32 containers; its 19 bits are
+// encoded here as sign, exponent, fraction (the fp32 pattern shifted right by 13).
+inline constexpr FloatFormat tf32{
+    "tf32", 8, 10, -126, 127, 3.4011621342146535e38, OverflowBehaviour::to_infinity};
 // OCP 8-bit e4m3 "fn": bias 7, no infinities, only S.1111.111 is NaN, so the largest finite is 448.
 inline constexpr FloatFormat fp8_e4m3{"fp8_e4m3", 4, 3, -6, 8, 448.0, OverflowBehaviour::to_nan};
 inline constexpr FloatFormat fp8_e5m2{"fp8_e5m2", 5, 2, -14, 15, 57344.0, OverflowBehaviour::to_infinity};
@@ -68,7 +73,8 @@ inline constexpr FloatFormat q8_probabilities{"q8_probabilities",         2, 8, 
 inline constexpr FloatFormat q8_logits{"q8_logits", 4, 7, 3, 3, 127.0 / 16, OverflowBehaviour::saturate};
 
 // All formats, widest first.
-inline constexpr const FloatFormat* all_float_formats[] = {&fp64, &fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
+inline constexpr const FloatFormat* all_float_formats[] = {&fp64, &fp32,     &tf32,    &bf16,
+                                                           &fp16, &fp8_e4m3, &fp8_e5m2};
 
 // Looks a format up by name ("fp32", "bf16", "fp8_e4m3", also "e4m3"/"e5m2"); nullopt if unknown.
 [[nodiscard]] std::optional<const FloatFormat*> find_float_format(std::string_view name);

@@ -57,7 +57,7 @@ struct JudgeOptions {
   bool log_softmax = false;  // the outputs are log-probabilities
   int dim = -1;              // the softmax axis (negative: from the end, as torch's dim)
   std::string format =
-      "fp32";  // the outputs' format (fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
+      "fp32";  // the outputs' format (fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
   std::string tolerance_entry;  // default: plugin_softmax (softmax), the grid's name, or attention_flash
   double theta = 1.0;
   // Attention: the layout and scores; shapes, heads and KV heads come from the arrays.

@@ -126,10 +126,39 @@ TEST_P(AnyFormat, RandomDoublesOverTheWholeRangeRoundAsMpfrDoes) {
 }
 
 const auto format_name = [](const auto& info) { return std::string(info.param->name); };
-INSTANTIATE_TEST_SUITE_P(Formats, SmallFormat, ::testing::Values(&bf16, &fp16, &fp8_e4m3, &fp8_e5m2),
+INSTANTIATE_TEST_SUITE_P(Formats, SmallFormat, ::testing::Values(&tf32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2),
                          format_name);
-INSTANTIATE_TEST_SUITE_P(Formats, AnyFormat, ::testing::Values(&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2),
-                         format_name);
+INSTANTIATE_TEST_SUITE_P(Formats, AnyFormat,
+                         ::testing::Values(&fp32, &tf32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2), format_name);
+
+// TF32 is fp32 with the 13 low fraction bits zero: every one of its patterns, shifted into an fp32
+// pattern, is the same value as the hardware reads it, and rounding to tf32 is the identity on it.
+TEST(Tf32, EveryPatternIsTheFp32PatternWithThirteenLowBitsZero) {
+  for (std::uint32_t bits = 0; bits < (1U << 19); ++bits) {
+    const auto hardware = static_cast<double>(std::bit_cast<float>(bits << 13));
+    const double ours = decode(bits, tf32);
+    ASSERT_TRUE(same_value(ours, hardware) || (std::isnan(ours) && std::isnan(hardware))) << bits;
+  }
+  // Rounding an fp32 value to tf32, against the integer round-to-nearest-even that hardware
+  // conversions use (add 0xFFF plus the kept lowest bit, clear 13 bits; overflow carries into
+  // infinity): every subnormal-boundary pattern and a million random finite patterns.
+  const auto by_bits = [](std::uint32_t bits) {
+    const std::uint32_t rounded = (bits + 0xFFFU + ((bits >> 13) & 1U)) & ~0x1FFFU;
+    return static_cast<double>(std::bit_cast<float>(rounded));
+  };
+  DeterministicRandom random(20241203);
+  for (int i = 0; i < 1'000'000; ++i) {
+    auto bits = static_cast<std::uint32_t>(random.next_u64());
+    if (i < 1 << 14)
+      bits = static_cast<std::uint32_t>(i) | ((i & 1) ? 0x80000000U : 0U);  // subnormals and zero
+    const auto value = static_cast<double>(std::bit_cast<float>(bits));
+    if (!std::isfinite(value)) continue;
+    ASSERT_TRUE(same_value(round_to_format(value, tf32), by_bits(bits))) << std::hex << bits;
+  }
+  EXPECT_EQ(encode(1.0, tf32), 0x1FC00u);
+  EXPECT_EQ(decode(0x3FBFF, tf32), tf32.max_finite);
+  EXPECT_EQ(find_float_format("tensorfloat32").value(), &tf32);
+}
 
 TEST(Fp32, RoundingMatchesTheHardwareConversionOfDoubleToFloat) {
   DeterministicRandom random(11);
@@ -202,6 +231,7 @@ TEST(SpecialValues, FormatsHaveTheirDocumentedNumberOfFiniteValues) {
   EXPECT_EQ(count_finite(fp8_e4m3), 254);  // only S.1111.111 is NaN
   EXPECT_EQ(count_finite(fp8_e5m2), 248);  // 2 infinities and 6 NaNs
   EXPECT_EQ(count_finite(fp16), 65536 - 2048);
+  EXPECT_EQ(count_finite(tf32), (1 << 19) - 2048);  // exponent all ones: 2 x 1024 infinities and NaNs
   EXPECT_EQ(decode(0x7E, fp8_e4m3), 448.0);
   EXPECT_EQ(decode(0x01, fp8_e4m3), std::ldexp(1.0, -9));
   EXPECT_EQ(decode(0x7B, fp8_e5m2), 57344.0);

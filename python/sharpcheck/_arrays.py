@@ -20,7 +20,7 @@ _FORMAT_OF_DTYPE = {
     "float8_e4m3fn": "fp8_e4m3",
     "float8_e5m2": "fp8_e5m2",
 }
-FORMATS = ("fp64", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "uint8")
+FORMATS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "uint8")
 _CPU_DEVICES = (1, 3)  # DLPack's kDLCPU and kDLCUDAHost: memory the host reads directly
 
 
