@@ -43,8 +43,11 @@ def test_the_plugin_writes_every_check_as_the_gates_report_and_junit(tmp_path):
     assert "tolerance table" in cases[1]["failures"][0]
     suites = ElementTree.parse(junit).getroot()
     assert sum(int(s.get("failures")) for s in suites.iter("testsuite")) == 1
-    assert "3 checks against the correctly rounded reference: 1 failed" in result.stdout
-    assert "test_user.py::test_fails" in result.stdout.split("sharpcheck")[-1]
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "checks against the correctly rounded reference" in line)
+    assert "3 checks against the correctly rounded reference: 1 failed" in lines[header]
+    worst_first = lines[header + 1]  # the summary lists the worst checks, the failing one first
+    assert worst_first.split()[0] == "fail" and "test_user.py::test_fails" in worst_first, result.stdout
 
 
 def test_without_the_plugin_no_report_is_written(tmp_path):
