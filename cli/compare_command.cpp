@@ -153,8 +153,13 @@ int run_compare(const CompareSettings& settings) {
   if (settings.update_baseline && settings.baseline_path.empty()) {
     throw InputError(InputProblem::out_of_range, "compare: --update-baseline needs --baseline FILE");
   }
-  gate::CaseOutcome outcome = gate::compare_files(request_from(settings));
-  if (!settings.budget_path.empty()) gate::apply_budget(outcome, gate::read_budget(settings.budget_path));
+  gate::CompareRequest request = request_from(settings);
+  const nlohmann::json budget =
+      settings.budget_path.empty() ? nlohmann::json::object() : gate::read_budget(settings.budget_path);
+  if (request.tolerance_entry.empty())  // the budget's precision model, unless --tolerance-of names one
+    request.tolerance_entry = gate::budget_tolerance(budget, gate::kernel_name_of(request));
+  gate::CaseOutcome outcome = gate::compare_files(request);
+  gate::apply_budget(outcome, budget);
   if (!settings.baseline_path.empty() && !settings.update_baseline) {
     gate::apply_baseline(outcome, gate::read_baseline(settings.baseline_path));
   }

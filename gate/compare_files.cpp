@@ -80,11 +80,9 @@ class DecodedFile final : public Array {
   std::string name_;
 };
 
-// The name reports give the kernel: the user's, else compare:<output file name>.
-JudgeOptions options_of(const CompareRequest& request, const std::string& output_path) {
+JudgeOptions options_of(const CompareRequest& request) {
   JudgeOptions options = request;
-  if (options.name.empty())
-    options.name = "compare:" + std::filesystem::path(output_path).filename().string();
+  options.name = kernel_name_of(request);
   return options;
 }
 
@@ -93,7 +91,7 @@ CaseOutcome compare_rows(const CompareRequest& request, const StoredFormat& outp
   if (request.probabilities.empty()) refuse(InputProblem::out_of_range, "--probs is required");
   const DecodedFile logits("--logits", request.logits, input);
   const DecodedFile probabilities("--probs", request.probabilities, output);
-  return judge_softmax_arrays(options_of(request, request.probabilities), logits, probabilities);
+  return judge_softmax_arrays(options_of(request), logits, probabilities);
 }
 
 CaseOutcome compare_attention(const CompareRequest& request, const StoredFormat& output,
@@ -116,7 +114,7 @@ CaseOutcome compare_attention(const CompareRequest& request, const StoredFormat&
   const StoredFormat plain{&fp64, std::nullopt, "fp64"};
   if (!request.sinks.empty()) arrays.sinks = read_values(request.sinks, plain);
   if (!request.alibi_slopes.empty()) arrays.alibi_slopes = read_values(request.alibi_slopes, plain);
-  return judge_attention_arrays(options_of(request, request.out), arrays);
+  return judge_attention_arrays(options_of(request), arrays);
 }
 
 // The paths left empty taken from the bundle's members of the same names, where it has them.
@@ -143,12 +141,19 @@ CompareRequest with_bundle(CompareRequest request) {
                               {&request.alibi_slopes, "alibi_slopes"}}) {
     if (field->empty() && has(name)) *field = request.bundle + ":" + name;
   }
-  if (request.name.empty())
-    request.name = "compare:" + std::filesystem::path(request.bundle).filename().string();
+  request.name = kernel_name_of(request);
   return request;
 }
 
 }  // namespace
+
+std::string kernel_name_of(const CompareRequest& request) {
+  if (!request.name.empty()) return request.name;
+  const std::string& named = !request.bundle.empty() ? request.bundle
+                             : request.q.empty()     ? request.probabilities
+                                                     : request.out;
+  return "compare:" + std::filesystem::path(named).filename().string();
+}
 
 CaseOutcome compare_files(const CompareRequest& given) {
   const CompareRequest request = with_bundle(given);

@@ -33,4 +33,8 @@ struct CompareRequest : JudgeOptions {
 // file and the element for malformed files, values outside the format, and shape mismatches.
 [[nodiscard]] CaseOutcome compare_files(const CompareRequest& request);
 
+// The kernel's name in reports, budgets and baselines: request.name, else "compare:" and the
+// bundle's or the output file's name.
+[[nodiscard]] std::string kernel_name_of(const CompareRequest& request);
+
 }  // namespace sharpcheck::gate

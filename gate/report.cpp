@@ -9,6 +9,7 @@
 
 #include "core/errors.hpp"
 #include "core/text.hpp"
+#include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -23,6 +24,15 @@ void check_limits(const nlohmann::json& entry, const std::string& where) {
   if (!entry.is_object()) malformed(where, "must be an object with max_ulps and/or max_bound_ratio");
   if (entry.contains("max_ulps") && !entry["max_ulps"].is_number_unsigned()) {
     malformed(where, "max_ulps must be a non-negative integer, got " + entry["max_ulps"].dump());
+  }
+  if (entry.contains("tolerance_of")) {
+    const auto& model = entry["tolerance_of"];
+    if (!model.is_string()) malformed(where, "tolerance_of must name a tolerance entry, got " + model.dump());
+    try {
+      (void)metrics::tolerance_for(model.get<std::string>());
+    } catch (const InputError& error) {
+      malformed(where, error.what());
+    }
   }
   if (entry.contains("max_bound_ratio")) {
     const auto& ratio = entry["max_bound_ratio"];
@@ -154,6 +164,11 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
 
 nlohmann::json read_budget(const std::string& path) { return read_limits_file(path, "budget", "kernels"); }
 nlohmann::json read_baseline(const std::string& path) { return read_limits_file(path, "baseline", "cases"); }
+
+std::string budget_tolerance(const nlohmann::json& budget, const std::string& kernel) {
+  if (!budget.contains("kernels") || !budget["kernels"].contains(kernel)) return "";
+  return budget["kernels"][kernel].value("tolerance_of", std::string());
+}
 
 void apply_budget(CaseOutcome& outcome, const nlohmann::json& budget) {
   if (!budget.contains("kernels") || !budget["kernels"].contains(outcome.gate_case.kernel)) return;

@@ -15,12 +15,17 @@ namespace sharpcheck::gate {
 
 [[nodiscard]] nlohmann::json to_json(const CaseOutcome& outcome);
 
-// A budget: {"kernels": {name: {"max_ulps": unsigned integer, "max_bound_ratio": number >= 0}}};
+// A budget: {"kernels": {name: {"max_ulps": unsigned integer, "max_bound_ratio": number >= 0,
+// "tolerance_of": a tolerance entry}}};
 // a baseline: {"cases": {id: {"max_ulps": ..., "max_bound_ratio": ...}}}. Both are checked when
 // read (InputError naming the file and the key: wrong types, negative limits).
 [[nodiscard]] nlohmann::json read_budget(const std::string& path);
 [[nodiscard]] nlohmann::json read_baseline(const std::string& path);
 void apply_budget(CaseOutcome& outcome, const nlohmann::json& budget);
+// The tolerance entry (precision model) a budget names for a kernel ({"tolerance_of":
+// "attention_p_rounded"}), or "" when it names none: the entry the kernel is judged by unless one is given on
+// the command line.
+[[nodiscard]] std::string budget_tolerance(const nlohmann::json& budget, const std::string& kernel);
 void apply_baseline(CaseOutcome& outcome, const nlohmann::json& baseline);
 [[nodiscard]] nlohmann::json baseline_of(const std::vector<nlohmann::json>& cases);
 
