@@ -1,6 +1,7 @@
 #include "metrics/tolerance_table.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -20,7 +21,8 @@ namespace {
 // format (bf16 or fp16; for fp32 outputs the three coincide up to a few u) inside the computation:
 //
 // attention_fp32: scores S and probabilities P kept in fp32, only the output rounded (FlashAttention
-//   with fp32 P, PyTorch's math path on fp32 tensors): attention_flash's entry (kernels/registry.cpp).
+//   with fp32 P, PyTorch's math path on fp32 tensors): attention_flash's entry (kernels/registry.cpp),
+//   which the other two models extend.
 //
 // attention_p_rounded: FlashAttention 2/3 round P to the output's format before the P V matmul,
 //   while the normaliser l = sum_j p~_j is summed from the fp32 p~_j. With p^_j = p~_j (1 + d_j),
@@ -45,16 +47,6 @@ namespace {
 //
 // Each model is looser than the one before it; a failing attention report names the first looser
 // model under which the output would pass (gate/judge_arrays.cpp).
-constexpr kernels::Tolerance attention_fp32_entry{
-    .accumulation = &fp32,
-    .argument = 3,
-    .spread = 9,
-    .per_item = 4,
-    .constant = 18,
-    .dot_product = 2,
-    .basis = "analysis: as attention_flash (fp32 S and P, the output rounded once)",
-    .reason = "FlashAttention with fp32 P, or PyTorch's math path on fp32 tensors"};
-
 constexpr kernels::Tolerance with_output_roundings(kernels::Tolerance entry, double scores,
                                                    double probabilities, std::string_view basis,
                                                    std::string_view reason) {
@@ -74,16 +66,26 @@ constexpr ContractEntry contracts[] = {
       .constant = 12,
       .basis = "analysis: as online2 (covers safe3 and blocked)",
       .reason = "an unknown kernel is held to what any correct fp32-accumulating softmax achieves"}},
-    {"attention_fp32", attention_fp32_entry},
-    {"attention_p_rounded",
-     with_output_roundings(attention_fp32_entry, 0, 2,
-                           "analysis: attention_fp32 plus P rounded to the output format",
-                           "FlashAttention 2/3: P cast to bf16/fp16 before the P V matmul")},
-    {"attention_math_lowp",
-     with_output_roundings(attention_fp32_entry, 2, 2,
-                           "analysis: attention_p_rounded plus scores rounded twice to the output format",
-                           "PyTorch's math path on bf16/fp16 tensors: scores and P in the tensors' format")},
 };
+
+// The precision models, built once from attention_flash's registry entry (the fp32 model itself).
+const std::array<ContractEntry, 3>& precision_models() {
+  static const std::array<ContractEntry, 3> models = [] {
+    const kernels::Tolerance fp32_model = kernels::find_attention_kernel("attention_flash")->tolerance;
+    return std::array<ContractEntry, 3>{
+        ContractEntry{"attention_fp32", fp32_model},
+        ContractEntry{"attention_p_rounded",
+                      with_output_roundings(fp32_model, 0, 2,
+                                            "analysis: attention_fp32 plus P rounded to the output format",
+                                            "FlashAttention 2/3: P cast to bf16/fp16 before the P V matmul")},
+        ContractEntry{"attention_math_lowp",
+                      with_output_roundings(
+                          fp32_model, 2, 2,
+                          "analysis: attention_p_rounded plus scores rounded twice to the output format",
+                          "PyTorch's math path on bf16/fp16 tensors: scores and P in the tensors' format")}};
+  }();
+  return models;
+}
 
 }  // namespace
 
@@ -167,6 +169,9 @@ const Tolerance& tolerance_for(std::string_view name) {
   if (const auto* kernel = kernels::find_softmax_kernel(name)) return kernel->tolerance;
   if (const auto* kernel = kernels::find_attention_kernel(name)) return kernel->tolerance;
   for (const ContractEntry& entry : contracts) {
+    if (entry.name == name) return entry.tolerance;
+  }
+  for (const ContractEntry& entry : precision_models()) {
     if (entry.name == name) return entry.tolerance;
   }
   throw InputError(InputProblem::out_of_range,
