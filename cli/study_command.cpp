@@ -14,6 +14,7 @@
 #include "bounds/bounds.hpp"
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
+#include "cli/study_presets.hpp"
 #include "core/errors.hpp"
 #include "inputs/rows.hpp"
 #include "io/atomic_file.hpp"
@@ -21,7 +22,6 @@
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
 #include "reference/softmax.hpp"
-#include "studies/denominator_stall.hpp"
 #include "studies/dispersion_study.hpp"
 
 namespace sharpcheck::cli {
@@ -36,9 +36,6 @@ struct StudySettings {
   std::uint64_t seed = 20241008;
   unsigned threads = 0;
 };
-
-const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                               "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
 
 std::string spread_text(double delta) {
   char text[32];
@@ -66,12 +63,6 @@ void write_png_copies(const StudySettings& s) {
     if (std::system(("gnuplot '" + name + ".gp'").c_str()) != 0)
       std::printf("gnuplot failed on %s.gp\n", name.c_str());
   }
-}
-
-std::string decimal(double value) {
-  char text[40];
-  std::snprintf(text, sizeof text, "%.17g", value);
-  return text;
 }
 
 std::string size_text(std::optional<std::uint64_t> n, std::uint64_t largest) {
@@ -236,71 +227,6 @@ int run_dispersion_preset(const StudySettings& s) {
   return exit_pass;
 }
 
-const char* rows_name(studies::StallRows rows) {
-  return rows == studies::StallRows::equal ? "equal" : "random_normal";
-}
-
-// The stall study's summary beside the figures it answers (issue 20: 1.3% / 50% / 97% denominator
-// errors at n = 64 / 1,024 / 16,384 for a bf16 accumulator; row sums of 0.898 at 4,096 and 0.865 at
-// 8,192 in a shipped kernel).
-std::string stall_summary(const studies::StallStudy& study) {
-  std::string text = "# The denominator stall (bf16 outputs)\n\n";
-  for (std::size_t a = 0; a < study.settings.accumulations.size(); ++a) {
-    const double value = study.stall_values[a];
-    text += "- " + std::string(study.settings.accumulations[a]->name) + " running sum of ones stalls at " +
-            (value == 0 ? std::string("no value within the sizes") : decimal(value)) + "\n";
-  }
-  text +=
-      "\n| accumulation | rows | n | denominator error | row sum | max relative error "
-      "|\n|---|---|---|---|---|---|\n";
-  for (const auto& p : study.points) {
-    if (p.n != 64 && p.n != 1024 && p.n != 4096 && p.n != 8192 && p.n != 16384) continue;
-    char line[200];
-    std::snprintf(line, sizeof line, "| %s | %s | %zu | %.3g | %.4g | %.3g |\n",
-                  std::string(p.accumulation->name).c_str(), rows_name(p.rows), p.n, p.denominator_error,
-                  p.row_sum, p.max_relative_error);
-    text += line;
-  }
-  return text +
-         "\nPublished (a bf16 accumulator): denominator errors 1.3% / 50% / 97% at n = 64 / 1,024 / 16,384; "
-         "row sums 0.898 at n = 4,096 and 0.865 at 8,192 in a shipped kernel.\n";
-}
-
-// `study --preset denominator-stall`: a running sum kept in bf16, fp16 and fp32 against the exact
-// denominator and the correctly rounded softmax, equal and random rows, n = 16 to 16,384.
-int run_stall_preset(const StudySettings& s) {
-  studies::StallSettings settings;
-  settings.sizes = s.sizes;
-  const studies::StallStudy study = studies::run_stall_study(settings);
-  io::make_writable_directory(s.out);
-  io::OutputFile csv(s.out + "/stall.csv");
-  csv << "accumulation,rows,n,denominator_error,row_sum,max_relative_error\n";
-  io::Chart chart{
-      "Running-sum softmax: denominator error against n", "n", "|sum / exact - 1|", true, true, {}, {}};
-  for (const auto& p : study.points) {
-    csv << p.accumulation->name << ',' << rows_name(p.rows) << ',' << p.n << ','
-        << decimal(p.denominator_error) << ',' << decimal(p.row_sum) << ',' << decimal(p.max_relative_error)
-        << '\n';
-    const std::string label = std::string(p.accumulation->name) + " " + rows_name(p.rows);
-    if (chart.series.empty() || chart.series.back().label != label) {
-      chart.series.push_back({label,
-                              {},
-                              {},
-                              palette[chart.series.size() % std::size(palette)],
-                              p.rows == studies::StallRows::random_normal});
-    }
-    chart.series.back().x.push_back(static_cast<double>(p.n));
-    chart.series.back().y.push_back(p.denominator_error);
-  }
-  csv.commit();
-  io::write_file_atomically(s.out + "/stall.svg", io::render_svg(chart));
-  const std::string summary = stall_summary(study);
-  io::write_file_atomically(s.out + "/stall_summary.md", summary);
-  std::printf("denominator-stall study written to %s: stall.csv, stall.svg, stall_summary.md\n%s",
-              s.out.c_str(), summary.c_str());
-  return exit_pass;
-}
-
 const std::vector<const FloatFormat*> paper_formats{&fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2};
 
 // One spread of the paper preset: the extremal row's largest coefficient in every format against
@@ -319,7 +245,7 @@ void study_one_spread(const StudySettings& s, double delta, std::ostream& disper
   io::Series tight{"tight: 1/(1+(n-1)exp(-delta))", {}, {}, "#555555", false, false};
   std::vector<io::Series> per_format;
   for (std::size_t f = 0; f < formats.size(); ++f) {
-    per_format.push_back({std::string(formats[f]->name), {}, {}, palette[f], false, true});
+    per_format.push_back({std::string(formats[f]->name), {}, {}, study_palette[f], false, true});
   }
   for (const std::size_t n : s.sizes) {
     const auto bound = bounds::lemma_2_1(static_cast<double>(n), delta, 1.0);
@@ -347,7 +273,7 @@ void study_one_spread(const StudySettings& s, double delta, std::ostream& disper
     const auto horizon = bounds::underflow_horizon(delta, 1.0, *formats[f]);
     horizons << formats[f]->name << "," << delta << "," << horizon.lower << "," << horizon.upper << ","
              << bounds::accumulation_horizon(*formats[f]) << "\n";
-    chart.markers.push_back({horizon.lower, std::string(formats[f]->name) + " underflows", palette[f]});
+    chart.markers.push_back({horizon.lower, std::string(formats[f]->name) + " underflows", study_palette[f]});
   }
   const auto uint8_horizon = bounds::underflow_horizon(delta, 1.0, 1.0 / 512);
   horizons << "uint8," << delta << "," << uint8_horizon.lower << "," << uint8_horizon.upper << ",\n";
@@ -376,7 +302,7 @@ void study_kernel_errors(const StudySettings& s) {
     io::Series series{std::string(kernel->name) + " (" + std::string(kernel->output->name) + ")",
                       {},
                       {},
-                      palette[k % 8],
+                      study_palette[k % 8],
                       kernel->deliberately_broken,
                       true};
     for (const std::size_t n : s.sizes) {
@@ -400,7 +326,8 @@ void study_kernel_errors(const StudySettings& s) {
 
 int run_study(StudySettings s) {
   if (s.preset == "dispersion") return run_dispersion_preset(s);
-  if (s.preset == "denominator-stall") return run_stall_preset(s);
+  if (s.preset == "denominator-stall") return run_stall_preset(s.out, s.sizes);
+  if (s.preset == "flash-deviation") return run_flash_deviation_preset(s.out, s.sizes, s.threads);
   if (s.preset != "paper")
     throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
   if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
@@ -436,7 +363,8 @@ Command add_study_command(CLI::App& app) {
       "--preset", s->preset,
       "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B); dispersion: every escape "
       "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576; denominator-stall: "
-      "a running sum in bf16, fp16 and fp32 against the exact denominator, n = 16 to 16384");
+      "a running sum in bf16, fp16 and fp32 against the exact denominator, n = 16 to 16384; flash-deviation: "
+      "FlashAttention-style against plain attention in bf16 and fp16, N = 128 to 16384");
   command->add_option("--threads", s->threads, "Threads for the dispersion preset (0: every core)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
   add_real_list_option(command, "--spreads", s->spreads, "Spreads delta to study, comma-separated");
