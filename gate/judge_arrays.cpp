@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
@@ -39,18 +38,6 @@ void require_value_of(double value, const StoredFormat& stored, const std::strin
     refuse(InputProblem::out_of_range, name + ": element " + std::to_string(index) + " (" + hex_float(value) +
                                            ") is not a " + stored.name + " value");
   }
-}
-
-// The softmax lanes along options.dim (negative counts from the end, as torch's dim).
-io::NpyLanes lanes_of(const Array& logits, int dim) {
-  const auto& shape = logits.shape();
-  if (shape.empty()) return {};
-  const auto rank = static_cast<int>(shape.size());
-  if (dim < -rank || dim >= rank) {
-    refuse(InputProblem::out_of_range, "dim " + std::to_string(dim) + " is outside " + logits.name() + "'s " +
-                                           std::to_string(rank) + " axes");
-  }
-  return io::lanes_along(shape, static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
 }
 
 struct RowBlock {
@@ -212,6 +199,17 @@ double decode_stored(double raw, io::NpyType type, const StoredFormat& stored, c
   }
 }
 
+io::NpyLanes lanes_along_dim(const Array& array, int dim) {
+  const auto& shape = array.shape();
+  if (shape.empty()) return {};
+  const auto rank = static_cast<int>(shape.size());
+  if (dim < -rank || dim >= rank) {
+    refuse(InputProblem::out_of_range, "dim " + std::to_string(dim) + " is outside the " +
+                                           std::to_string(rank) + " axes of " + array.name());
+  }
+  return io::lanes_along(shape, static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
+}
+
 Matrix Array::read_lanes(const io::NpyLanes& lanes, std::size_t first, std::size_t count) const {
   Matrix matrix(count, lanes.extent);
   if (lanes.inner == 1) {  // lanes are contiguous rows
@@ -286,7 +284,7 @@ CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logit
                                              shape_text(logits.shape()) + " against " +
                                              shape_text(outputs.shape()));
   }
-  const io::NpyLanes lanes = lanes_of(logits, options.dim);
+  const io::NpyLanes lanes = lanes_along_dim(logits, options.dim);
   const std::string default_entry = output.zero_point ? output.name : "plugin_softmax";
   const auto& tolerance =
       metrics::tolerance_for(options.tolerance_entry.empty() ? default_entry : options.tolerance_entry);

@@ -52,6 +52,10 @@ class Array : public tensor::TensorSource {
                                           std::size_t count) const;
 };
 
+// The lanes of `array` along `dim` (negative counts from the end, as torch's dim; a 0-D array is
+// one lane of one element). InputError naming the array for a dim outside its axes.
+[[nodiscard]] io::NpyLanes lanes_along_dim(const Array& array, int dim);
+
 // How to judge: everything `compare` and the Python asserts say besides the arrays.
 struct JudgeOptions {
   bool log_softmax = false;  // the outputs are log-probabilities

@@ -109,16 +109,13 @@ gate::StoredFormat Options::input_format() const {
   return gate::stored_format(input.empty() ? text("format", "fp32") : input);
 }
 
-io::NpyLanes Options::lanes(const gate::Array& array) const {
+int Options::dim() const {
   const long long dim = integer("dim", -1);
-  const auto rank = static_cast<long long>(array.shape().size());
-  if (rank == 0) return {};
-  if (dim < -rank || dim >= rank) {
-    refuse("dim",
-           std::to_string(dim) + " is outside " + array.name() + "'s " + std::to_string(rank) + " axes");
-  }
-  return io::lanes_along(array.shape(), static_cast<std::size_t>(dim < 0 ? dim + rank : dim));
+  if (dim < -(1LL << 20) || dim > (1LL << 20)) refuse("dim", "is out of range: " + std::to_string(dim));
+  return static_cast<int>(dim);
 }
+
+io::NpyLanes Options::lanes(const gate::Array& array) const { return gate::lanes_along_dim(array, dim()); }
 
 tensor::HeadScores Options::scores() const {
   tensor::HeadScores scores;
@@ -150,7 +147,7 @@ tensor::HeadScores Options::scores() const {
 gate::JudgeOptions Options::judge_options() const {
   gate::JudgeOptions options;
   options.log_softmax = flag("log_softmax", false);
-  options.dim = static_cast<int>(integer("dim", -1));
+  options.dim = dim();
   options.format = text("format", "fp32");
   options.tolerance_entry = text("tolerance", "");
   options.theta = real("theta", 1.0);

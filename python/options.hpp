@@ -40,6 +40,8 @@ class Options {
   [[nodiscard]] std::vector<double> reals(const char* key) const;
   // "input_format" (how integer inputs are read), else "format".
   [[nodiscard]] gate::StoredFormat input_format() const;
+  // "dim" (default -1); ValueError beyond any plausible rank (so no cast wraps it into range).
+  [[nodiscard]] int dim() const;
   // The lanes of `array` along "dim" (negative from the end); ValueError outside its axes.
   [[nodiscard]] io::NpyLanes lanes(const gate::Array& array) const;
   [[nodiscard]] gate::JudgeOptions judge_options() const;
