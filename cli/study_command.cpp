@@ -35,6 +35,7 @@ struct StudySettings {
   std::vector<std::string> kernels{"safe3", "online2", "safe3_bf16", "safe3_fp16", "bf16acc"};
   std::uint64_t seed = 20241008;
   unsigned threads = 0;
+  std::size_t tile = 64;  // flash-deviation: keys per FlashAttention tile
 };
 
 std::string spread_text(double delta) {
@@ -327,7 +328,7 @@ void study_kernel_errors(const StudySettings& s) {
 int run_study(StudySettings s) {
   if (s.preset == "dispersion") return run_dispersion_preset(s);
   if (s.preset == "denominator-stall") return run_stall_preset(s.out, s.sizes);
-  if (s.preset == "flash-deviation") return run_flash_deviation_preset(s.out, s.sizes, s.threads);
+  if (s.preset == "flash-deviation") return run_flash_deviation_preset(s.out, s.sizes, s.threads, s.tile);
   if (s.preset != "paper")
     throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
   if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
@@ -365,7 +366,9 @@ Command add_study_command(CLI::App& app) {
       "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576; denominator-stall: "
       "a running sum in bf16, fp16 and fp32 against the exact denominator, n = 16 to 16384; flash-deviation: "
       "FlashAttention-style against plain attention in bf16 and fp16, N = 128 to 16384");
-  command->add_option("--threads", s->threads, "Threads for the dispersion preset (0: every core)");
+  command->add_option("--threads", s->threads,
+                      "Threads for the dispersion and flash-deviation presets (0: every core)");
+  command->add_option("--tile", s->tile, "flash-deviation: keys per FlashAttention tile (default 64)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
   add_real_list_option(command, "--spreads", s->spreads, "Spreads delta to study, comma-separated");
   command->add_option("--sizes", s->sizes, "Sizes n to study")->delimiter(',');

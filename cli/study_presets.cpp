@@ -51,7 +51,8 @@ const char* inputs_name(studies::DeviationInputs inputs) {
 // Flash Attention than baseline attention in bf16, measured against an fp64 golden).
 std::string deviation_summary(const studies::DeviationStudy& study) {
   std::string text =
-      "# FlashAttention-style against plain attention, deviation from the correctly rounded output\n\n"
+      "# FlashAttention-style (tiles of " + std::to_string(study.settings.tile) +
+      " keys) against plain attention, deviation from the correctly rounded output\n\n"
       "| format | inputs | d | N | naive max abs | flash max abs | R(N) | naive max ulp | flash max ulp | "
       "naive "
       "RMSE | flash RMSE | naive exact | flash exact "
@@ -115,8 +116,9 @@ int run_stall_preset(const std::string& out, const std::vector<std::size_t>& siz
 }
 
 int run_flash_deviation_preset(const std::string& out, const std::vector<std::size_t>& sizes,
-                               unsigned threads) {
+                               unsigned threads, std::size_t tile) {
   studies::DeviationSettings settings;
+  settings.tile = tile;
   settings.sizes = sizes;
   settings.threads = threads;
   const studies::DeviationStudy study = studies::run_deviation_study(settings);

@@ -18,6 +18,6 @@ inline constexpr const char* study_palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c",
 int run_stall_preset(const std::string& out, const std::vector<std::size_t>& sizes);
 // `study --preset flash-deviation` (studies/flash_deviation.hpp).
 int run_flash_deviation_preset(const std::string& out, const std::vector<std::size_t>& sizes,
-                               unsigned threads);
+                               unsigned threads, std::size_t tile);
 
 }  // namespace sharpcheck::cli

@@ -26,7 +26,7 @@ enum class DeviationInputs { normal, outliers };  // outliers: 1 in 1,000 entrie
 struct DeviationSettings {
   std::vector<std::size_t> sizes;  // keys N; empty: 128, 256, ..., 16,384
   std::vector<std::size_t> head_dims{64, 128};
-  std::vector<const FloatFormat*> formats{&bf16, &fp16};
+  std::vector<const FloatFormat*> formats{&bf16, &fp16, &fp32};
   std::vector<DeviationInputs> inputs{DeviationInputs::normal, DeviationInputs::outliers};
   std::size_t tile = 64;        // keys per FlashAttention tile (Bc)
   std::size_t query_rows = 16;  // query rows sampled per point

@@ -43,7 +43,7 @@ TEST(FlashDeviation, TheStudysFiguresAreConsistent) {
   settings.head_dims = {64};
   settings.query_rows = 4;
   const DeviationStudy study = run_deviation_study(settings);
-  ASSERT_EQ(study.points.size(), 2u * 2u * 2u);
+  ASSERT_EQ(study.points.size(), 3u * 2u * 2u);  // formats x inputs x sizes
   for (const DeviationPoint& point : study.points) {
     for (const Deviation* d : {&point.naive, &point.flash}) {
       EXPECT_GT(d->max_absolute, 0);  // neither kernel is correctly rounded everywhere
