@@ -20,6 +20,7 @@
 #include "python/options.hpp"
 #include "reference/attention.hpp"
 #include "reference/softmax.hpp"
+#include "reference/softmax_backward.hpp"
 
 namespace sharpcheck::python {
 namespace py = pybind11;
@@ -80,6 +81,43 @@ py::array_t<double> reference_rows(const std::string& operation, const py::objec
   std::vector<std::size_t> shape = logits.shape();
   if (reduces && !shape.empty()) shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(lanes.axis));
   return to_numpy(out, shape);
+}
+
+// softmax_backward / log_softmax_backward along `dim`: the gradient with respect to the logits.
+py::array_t<double> reference_backward(const std::string& operation, const py::object& dy,
+                                       const py::object& x, const py::dict& given) {
+  if (operation != "softmax_backward" && operation != "log_softmax_backward")
+    throw InputError(InputProblem::out_of_range, "unknown backward operation '" + operation + "'");
+  const Options options(given);
+  const FloatFormat& target = *gate::stored_format(options.text("format", "fp32")).format;
+  const HostArray logits(x, "logits", options.input_format()), gradient(dy, "dy", options.input_format());
+  if (logits.size() == 0) throw InputError(InputProblem::empty_input, "logits holds no element");
+  if (logits.shape() != gradient.shape())
+    throw InputError(InputProblem::shape_mismatch, "dy's shape differs from the logits'");
+  const io::NpyLanes lanes = options.lanes(logits);
+  reference::RowOptions row_options;
+  row_options.theta = options.real("theta", 1.0);
+  row_options.fully_masked_gives_zeros = options.flag("fully_masked_gives_zeros", false);
+  const unsigned threads = options.count("threads", 0);
+  options.require_all_used();
+  std::vector<double> out(logits.size());
+  {
+    const py::gil_scoped_release release;
+    parallel_for(lanes.count, threads, [&](std::size_t lane) {
+      const Matrix row = logits.read_lanes(lanes, lane, 1), grad = gradient.read_lanes(lanes, lane, 1);
+      try {
+        const auto values =
+            operation == "softmax_backward"
+                ? reference::softmax_backward(row.values, grad.values, target, row_options)
+                : reference::log_softmax_backward(row.values, grad.values, target, row_options);
+        for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
+      } catch (const InputError& error) {
+        throw InputError(error.problem(), "lane " + std::to_string(lane) + " (starting at element " +
+                                              std::to_string(lanes.c_index(lane, 0)) + "): " + error.what());
+      }
+    });
+  }
+  return to_numpy(out, logits.shape());
 }
 
 // Attention's output (q's layout with the value dimension) and, when asked, its log-sum-exp.
@@ -193,6 +231,8 @@ PYBIND11_MODULE(_sharpcheck, module) {
       "sharpcheck's C++ core: correctly rounded references and the judge (use the sharpcheck package)";
   translate_errors(module);
   module.def("reference_rows", &reference_rows, py::arg("operation"), py::arg("x"), py::arg("options"));
+  module.def("reference_backward", &reference_backward, py::arg("operation"), py::arg("dy"), py::arg("x"),
+             py::arg("options"));
   module.def("reference_attention", &reference_attention, py::arg("q"), py::arg("k"), py::arg("v"),
              py::arg("options"));
   module.def("judge_softmax", &judge_softmax, py::arg("actual"), py::arg("logits"), py::arg("options"));

@@ -6,14 +6,15 @@ or the buffer protocol) judged against the correctly rounded reference.
     sharpcheck.assert_softmax_close(y, x)          # AssertionError naming the worst element
 
 References (every value the exact result rounded once to the format): softmax, log_softmax,
-logsumexp, entropy, attention. Asserts: assert_softmax_close, assert_log_softmax_close,
+logsumexp, entropy, attention, and the backward softmax_backward, log_softmax_backward. Asserts: assert_softmax_close, assert_log_softmax_close,
 assert_attention_close, each returning a Report. pytest: `-p sharpcheck.pytest_plugin
 --sharpcheck-report FILE` writes every check of a run as the gate's JSON report.
 """
 
 from ._sharpcheck import UndecidedRounding
 from ._arrays import FORMATS
-from ._references import attention, entropy, log_softmax, logsumexp, softmax
+from ._references import (attention, entropy, log_softmax, log_softmax_backward, logsumexp, softmax,
+                          softmax_backward)
 from ._asserts import Report, assert_attention_close, assert_log_softmax_close, assert_softmax_close
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "attention",
     "entropy",
     "log_softmax",
+    "log_softmax_backward",
     "logsumexp",
     "softmax",
+    "softmax_backward",
 ]

@@ -48,6 +48,31 @@ def entropy(logits: Any, dim: int = -1, *, theta: float = 1.0, format: Optional[
     return _row_reference("entropy", logits, dim, theta, format, fully_masked_gives_zeros, threads)
 
 
+def _backward_reference(operation: str, dy: Any, logits: Any, dim: int, theta: float, format: Optional[str],
+                        fully_masked_gives_zeros: bool, threads: int) -> Any:
+    notes: List[str] = []
+    fmt = check_format(format or format_of(dy, "dy"))
+    options: Dict[str, Any] = {"format": fmt, "dim": dim, "theta": theta, "threads": threads,
+                               "fully_masked_gives_zeros": fully_masked_gives_zeros}
+    values = _sharpcheck.reference_backward(operation, host(dy, "dy", notes), host(logits, "logits", notes), options)
+    return as_result(values, fmt, dy)
+
+
+def softmax_backward(dy: Any, logits: Any, dim: int = -1, *, theta: float = 1.0, format: Optional[str] = None,
+                     fully_masked_gives_zeros: bool = False, threads: int = 0) -> Any:
+    """The gradient of sum(dy * softmax(logits / theta)) with respect to the logits, along dim:
+    y (dy - <dy, y>) / theta, correctly rounded (exactly 0 where it is 0; masked entries 0)."""
+    return _backward_reference("softmax_backward", dy, logits, dim, theta, format, fully_masked_gives_zeros, threads)
+
+
+def log_softmax_backward(dy: Any, logits: Any, dim: int = -1, *, theta: float = 1.0, format: Optional[str] = None,
+                         fully_masked_gives_zeros: bool = False, threads: int = 0) -> Any:
+    """The gradient of sum(dy * log_softmax(logits / theta)) with respect to the logits, along dim:
+    (dy - y sum(dy)) / theta, correctly rounded."""
+    return _backward_reference("log_softmax_backward", dy, logits, dim, theta, format, fully_masked_gives_zeros,
+                               threads)
+
+
 def attention_options(*, causal: bool, align: str, scale: Optional[float], window: Any, softcap: float,
                       sinks: Any, alibi_slopes: Any, attn_mask: Any, layout: str, query_lengths: Any,
                       key_lengths: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, lse_base2: bool, theta: float,

@@ -1,0 +1,215 @@
+#include "reference/softmax_backward.hpp"
+
+#include <gmp.h>
+#include <mpfr.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "core/errors.hpp"
+#include "reference/ball_stage.hpp"
+#include "reference/exact_rounding.hpp"
+#include "reference/input_checks.hpp"
+
+namespace sharpcheck::reference {
+namespace {
+
+enum class Operation { softmax, log_softmax };
+
+const char* name_of(Operation operation) {
+  return operation == Operation::softmax ? "softmax_backward" : "log_softmax_backward";
+}
+
+// An exact rational, freed on scope exit.
+struct Rational {
+  Rational() { mpq_init(value); }
+  explicit Rational(double x) : Rational() { mpq_set_d(value, x); }  // doubles convert exactly
+  ~Rational() { mpq_clear(value); }
+  Rational(const Rational&) = delete;
+  Rational& operator=(const Rational&) = delete;
+  mpq_t value;
+};
+
+void check_gradient(std::span<const double> dy, const PreparedRow& row, std::size_t length,
+                    Operation operation) {
+  if (dy.size() != length) {
+    throw InputError(InputProblem::shape_mismatch, std::string(name_of(operation)) + ": dy has " +
+                                                       std::to_string(dy.size()) + " entries, the logits " +
+                                                       std::to_string(length));
+  }
+  for (const std::size_t j : row.active) {
+    if (!std::isfinite(dy[j])) {
+      throw InputError(std::isnan(dy[j]) ? InputProblem::nan_value : InputProblem::non_finite_value,
+                       std::string(name_of(operation)) + ": dy " + std::to_string(j) + " is not finite");
+    }
+  }
+}
+
+// Everything exact about the row: per distinct logit the mean of dy (as a rational), whether those
+// means are all equal (then softmax_backward_j = 0 exactly where dy_j is that mean), and D = sum dy.
+struct ExactFacts {
+  std::optional<double> common_mean;  // the group means' common value, when they are all equal and a double
+  bool means_equal = false;
+  Rational total;  // D
+};
+
+void gather_exact_facts(std::span<const double> dy, const PreparedRow& row, const DistinctLogits& distinct,
+                        ExactFacts& facts) {
+  std::vector<Rational> sums(distinct.values.size());
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    Rational term(dy[row.active[a]]);
+    mpq_add(sums[distinct.of_active[a]].value, sums[distinct.of_active[a]].value, term.value);
+    mpq_add(facts.total.value, facts.total.value, term.value);
+  }
+  Rational first, mean, count;
+  facts.means_equal = true;
+  for (std::size_t v = 0; v < sums.size(); ++v) {
+    mpq_set_ui(count.value, distinct.counts[v], 1);
+    mpq_div(mean.value, sums[v].value, count.value);
+    if (v == 0) mpq_set(first.value, mean.value);
+    if (!mpq_equal(first.value, mean.value)) facts.means_equal = false;
+  }
+  // dy_j equals the common mean only if the mean is a double (dy_j is one); otherwise no entry is 0.
+  if (facts.means_equal && mpz_sizeinbase(mpq_denref(first.value), 2) <= 1100) {
+    const double candidate = mpq_get_d(first.value);
+    Rational back(candidate);
+    if (mpq_equal(back.value, first.value)) facts.common_mean = candidate;
+  }
+}
+
+// One distinct logit: y = 1/k, so softmax_backward_j = (k dy_j - D) / (k^2 theta) and
+// log_softmax_backward_j = (k dy_j - D) / (k theta), exactly.
+double exact_single_group(double dy_j, const ExactFacts& facts, std::uint64_t k, double theta,
+                          const FloatFormat& target, Operation operation) {
+  Rational result(dy_j), scale, divisor(theta);
+  mpq_set_ui(scale.value, k, 1);
+  mpq_mul(result.value, result.value, scale.value);
+  mpq_sub(result.value, result.value, facts.total.value);
+  if (operation == Operation::softmax) mpq_mul(divisor.value, divisor.value, scale.value);
+  mpq_mul(divisor.value, divisor.value, scale.value);
+  mpq_div(result.value, result.value, divisor.value);
+  return round_exact_ratio(mpq_numref(result.value), mpq_denref(result.value), target);
+}
+
+// The format value every point of the ball rounds to, if one, with ends as fine as the ball.
+std::optional<double> decided_value(arb_srcptr ball, mpfr_prec_t precision, const FloatFormat& target) {
+  if (!arb_is_finite(ball)) return std::nullopt;
+  mpfr_t lo, hi;
+  mpfr_inits2(precision + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
+  arb_get_interval_mpfr(lo, hi, ball);
+  const auto value = round_if_decided(lo, hi, target);
+  mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
+  return value;
+}
+
+struct LoopState {
+  std::span<const double> logits, dy;
+  const PreparedRow* row;
+  const DistinctLogits* distinct;
+  double theta;
+  Operation operation;
+};
+
+// One pass at `precision`: decides what it can into `result`, marking `done`.
+void decide_at(const LoopState& s, slong precision, const FloatFormat& target, std::vector<double>& result,
+               std::vector<bool>& done) {
+  BallVector weights(s.distinct->values.size());
+  Ball multiplier, sum, dot, value, term;
+  enclose_inverse_temperature(multiplier.get(), s.theta, precision);
+  enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
+  arb_zero(dot.get());  // softmax: sum_i w_i dy_i (divided by S below); log-softmax: D
+  for (std::size_t a = 0; a < s.row->active.size(); ++a) {
+    arb_set_d(term.get(), s.dy[s.row->active[a]]);
+    if (s.operation == Operation::softmax)
+      arb_mul(term.get(), term.get(), weights[s.distinct->of_active[a]], precision);
+    arb_add(dot.get(), dot.get(), term.get(), precision);
+  }
+  if (s.operation == Operation::softmax) arb_div(dot.get(), dot.get(), sum.get(), precision);
+  for (std::size_t a = 0; a < s.row->active.size(); ++a) {
+    if (done[a]) continue;
+    const std::size_t j = s.row->active[a];
+    arb_div(term.get(), weights[s.distinct->of_active[a]], sum.get(), precision);  // y_j
+    if (s.operation == Operation::softmax) {
+      arb_set_d(value.get(), s.dy[j]);
+      arb_sub(value.get(), value.get(), dot.get(), precision);
+      arb_mul(value.get(), value.get(), term.get(), precision);
+    } else {
+      arb_mul(term.get(), term.get(), dot.get(), precision);
+      arb_set_d(value.get(), s.dy[j]);
+      arb_sub(value.get(), value.get(), term.get(), precision);
+    }
+    arb_mul(value.get(), value.get(), multiplier.get(), precision);
+    if (const auto decided = decided_value(value.get(), precision, target)) {
+      result[j] = *decided;
+      done[a] = true;
+    }
+  }
+}
+
+// The exact cases (module comment); marks them done and counts them.
+void decide_exactly(const LoopState& s, const ExactFacts& facts, const FloatFormat& target,
+                    std::vector<double>& result, std::vector<bool>& done, ZivStatistics* statistics) {
+  const bool single = s.distinct->values.size() == 1;
+  const bool zero_total = mpq_sgn(facts.total.value) == 0;
+  for (std::size_t a = 0; a < s.row->active.size(); ++a) {
+    const std::size_t j = s.row->active[a];
+    if (single) {
+      result[j] = exact_single_group(s.dy[j], facts, s.distinct->counts[0], s.theta, target, s.operation);
+    } else if (s.operation == Operation::softmax && facts.common_mean && s.dy[j] == *facts.common_mean) {
+      result[j] = 0.0;
+    } else if (s.operation == Operation::log_softmax && zero_total) {
+      Rational quotient(s.dy[j]), divisor(s.theta);
+      mpq_div(quotient.value, quotient.value, divisor.value);
+      result[j] = round_exact_ratio(mpq_numref(quotient.value), mpq_denref(quotient.value), target);
+    } else {
+      continue;
+    }
+    done[a] = true;
+    if (statistics != nullptr) ++statistics->exact_cases;
+  }
+}
+
+std::vector<double> backward(std::span<const double> logits, std::span<const double> dy,
+                             const FloatFormat& target, const RowOptions& options, Operation operation) {
+  const PreparedRow row =
+      prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, name_of(operation));
+  check_gradient(dy, row, logits.size(), operation);
+  std::vector<double> result(logits.size(), 0.0);  // masked entries: exactly 0
+  if (options.statistics != nullptr) ++options.statistics->calls;
+  if (row.active.empty()) return result;
+  const DistinctLogits distinct = distinct_logits(logits, row);
+  ExactFacts facts;
+  gather_exact_facts(dy, row, distinct, facts);
+  const LoopState state{logits, dy, &row, &distinct, options.theta, operation};
+  std::vector<bool> done(row.active.size(), false);
+  decide_exactly(state, facts, target, result, done, options.statistics);
+  const ZivSchedule schedule = ZivSchedule::for_format(target);
+  for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
+    if (std::find(done.begin(), done.end(), false) == done.end()) return result;
+    if (precision > schedule.cap) {
+      throw UndecidedRounding(std::string(name_of(operation)) + ": rounding undecided at " +
+                              std::to_string(schedule.cap) + " bits");
+    }
+    if (options.statistics != nullptr) {
+      if (precision != schedule.initial) ++options.statistics->escalations;
+      options.statistics->highest_precision = std::max(options.statistics->highest_precision, precision);
+    }
+    decide_at(state, static_cast<slong>(precision), target, result, done);
+  }
+}
+
+}  // namespace
+
+std::vector<double> softmax_backward(std::span<const double> logits, std::span<const double> dy,
+                                     const FloatFormat& target, const RowOptions& options) {
+  return backward(logits, dy, target, options, Operation::softmax);
+}
+
+std::vector<double> log_softmax_backward(std::span<const double> logits, std::span<const double> dy,
+                                         const FloatFormat& target, const RowOptions& options) {
+  return backward(logits, dy, target, options, Operation::log_softmax);
+}
+
+}  // namespace sharpcheck::reference
