@@ -33,6 +33,21 @@ py::array_t<double> to_numpy(const std::vector<double>& values, const std::vecto
   return array;
 }
 
+// theta and the fully masked rule of the row references.
+reference::RowOptions row_options_of(const Options& options) {
+  reference::RowOptions row_options;
+  row_options.theta = options.real("theta", 1.0);
+  row_options.fully_masked_gives_zeros = options.flag("fully_masked_gives_zeros", false);
+  return row_options;
+}
+
+// A lane's InputError again, naming the array and where the lane starts.
+[[noreturn]] void rethrow_in_lane(const InputError& error, const std::string& name, const io::NpyLanes& lanes,
+                                  std::size_t lane) {
+  throw InputError(error.problem(), name + ", lane " + std::to_string(lane) + " (starting at element " +
+                                        std::to_string(lanes.c_index(lane, 0)) + "): " + error.what());
+}
+
 // One lane's reference for a row operation, written at the lane's positions in `out`.
 void reference_lane(const std::string& operation, const HostArray& logits, const io::NpyLanes& lanes,
                     std::size_t lane, const FloatFormat& target, const reference::RowOptions& row_options,
@@ -49,9 +64,7 @@ void reference_lane(const std::string& operation, const HostArray& logits, const
       for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
     }
   } catch (const InputError& error) {
-    throw InputError(error.problem(), logits.name() + ", lane " + std::to_string(lane) +
-                                          " (starting at element " + std::to_string(lanes.c_index(lane, 0)) +
-                                          "): " + error.what());
+    rethrow_in_lane(error, logits.name(), lanes, lane);
   }
 }
 
@@ -65,9 +78,7 @@ py::array_t<double> reference_rows(const std::string& operation, const py::objec
   const HostArray logits(x, options.text("name", "logits"), options.input_format());
   if (logits.size() == 0) throw InputError(InputProblem::empty_input, logits.name() + " holds no element");
   const io::NpyLanes lanes = options.lanes(logits);
-  reference::RowOptions row_options;
-  row_options.theta = options.real("theta", 1.0);
-  row_options.fully_masked_gives_zeros = options.flag("fully_masked_gives_zeros", false);
+  const reference::RowOptions row_options = row_options_of(options);
   const unsigned threads = options.count("threads", 0);
   options.require_all_used();
   const bool reduces = operation == "logsumexp" || operation == "entropy";
@@ -95,9 +106,7 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
   if (logits.shape() != gradient.shape())
     throw InputError(InputProblem::shape_mismatch, "dy's shape differs from the logits'");
   const io::NpyLanes lanes = options.lanes(logits);
-  reference::RowOptions row_options;
-  row_options.theta = options.real("theta", 1.0);
-  row_options.fully_masked_gives_zeros = options.flag("fully_masked_gives_zeros", false);
+  const reference::RowOptions row_options = row_options_of(options);
   const unsigned threads = options.count("threads", 0);
   options.require_all_used();
   std::vector<double> out(logits.size());
@@ -112,8 +121,7 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
                 : reference::log_softmax_backward(row.values, grad.values, target, row_options);
         for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
       } catch (const InputError& error) {
-        throw InputError(error.problem(), "lane " + std::to_string(lane) + " (starting at element " +
-                                              std::to_string(lanes.c_index(lane, 0)) + "): " + error.what());
+        rethrow_in_lane(error, logits.name(), lanes, lane);
       }
     });
   }
