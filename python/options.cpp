@@ -14,6 +14,10 @@ namespace {
 [[noreturn]] void refuse(const std::string& key, const std::string& what) {
   throw InputError(InputProblem::out_of_range, key + ": " + what);
 }
+// A value of the wrong type: TypeError in Python (module.cpp maps unsupported_format to it).
+[[noreturn]] void refuse_type(const std::string& key, const std::string& what) {
+  throw InputError(InputProblem::unsupported_format, key + ": " + what);
+}
 
 // A mask or bias array's [B|1, H|1, seq_q, seq_k] extents as broadcast flags (a 2-D array is [1, 1, ...]).
 tensor::Broadcast broadcast_of(const py::array& array, const std::string& key) {
@@ -53,14 +57,14 @@ py::object Options::get(const char* key) const {
 std::string Options::text(const char* key, const std::string& otherwise) const {
   const py::object value = get(key);
   if (value.is_none()) return otherwise;
-  if (!py::isinstance<py::str>(value)) refuse(key, "must be a string");
+  if (!py::isinstance<py::str>(value)) refuse_type(key, "must be a string");
   return value.cast<std::string>();
 }
 
 double Options::real(const char* key, double otherwise) const {
   const py::object value = get(key);
   if (value.is_none()) return otherwise;
-  if (py::isinstance<py::bool_>(value)) refuse(key, "must be a number, not a bool");
+  if (py::isinstance<py::bool_>(value)) refuse_type(key, "must be a number, not a bool");
   const double number = py::float_(value).cast<double>();
   if (std::isnan(number) || std::isinf(number)) refuse(key, "must be finite, got " + std::to_string(number));
   return number;
@@ -74,8 +78,10 @@ bool Options::flag(const char* key, bool otherwise) const {
 long long Options::integer(const char* key, long long otherwise) const {
   const py::object value = get(key);
   if (value.is_none()) return otherwise;
-  if (!py::isinstance<py::int_>(value)) refuse(key, "must be an integer");
-  return value.cast<long long>();
+  // Python and NumPy integers (anything with __index__), not bools or floats.
+  if (py::isinstance<py::bool_>(value) || !py::hasattr(value, "__index__"))
+    refuse_type(key, "must be an integer");
+  return py::int_(value.attr("__index__")()).cast<long long>();
 }
 
 unsigned Options::count(const char* key, unsigned otherwise) const {

@@ -181,6 +181,8 @@ def test_dlpack_and_buffer_protocol_inputs_agree():
                                                torch.ones(1, 2, 4, 8), torch.ones(1, 2, 4, 8)), ValueError, "heads"),
     (lambda: sharpcheck.attention(torch.ones(4, 8), torch.ones(4, 8), torch.ones(4, 8), window=(1, 2, 3)),
      ValueError, "window"),
+    (lambda: sharpcheck.softmax(np.ones(3), dim=1.0), TypeError, "dim: must be an integer"),
+    (lambda: sharpcheck.softmax(np.ones(3), theta=True), TypeError, "theta"),
 ])
 def test_bad_input_raises_naming_what_and_where(call, kind, words):
     with pytest.raises(kind) as error:
