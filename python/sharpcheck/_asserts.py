@@ -14,9 +14,10 @@ from . import _sharpcheck
 from ._arrays import check_format, format_of, host
 from ._references import attention_options
 
-# Every check made in this process, in order: (test id or caller, case record). The pytest
-# plugin reads and clears it; nothing else does.
+# Every check made while the pytest plugin records ({"test": id or caller, "record": case record}),
+# in order; the plugin turns `recording` on and reads the list. Outside it nothing accumulates.
 RECORDED: List[Dict[str, Any]] = []
+recording = False
 # The running test's id, set by the pytest plugin (None outside pytest).
 current_test: Optional[str] = None
 
@@ -110,7 +111,8 @@ def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], wha
     record["tolerance_entry"] = tolerance
     if notes:
         record["notes"] = notes
-    RECORDED.append({"test": current_test or options["name"], "record": record})
+    if recording:
+        RECORDED.append({"test": current_test or options["name"], "record": record})
     report = Report(record, notes)
     if not report.passed:
         text = report.message(what, tolerance)

@@ -25,6 +25,10 @@ def pytest_addoption(parser: Any) -> None:
                     help="how many of the worst checks the terminal summary lists (default 5)")
 
 
+def pytest_configure(config: Any) -> None:
+    _asserts.recording = True
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: Any):  # type: ignore[no-untyped-def]
     _asserts.current_test = item.nodeid
