@@ -23,11 +23,10 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
   return text + "]";
 }
 
+// The caller's name (compare names files by gate::kernel_name_of, Python by the test), else the
+// outputs' own.
 std::string kernel_name(const JudgeOptions& options, const Array& output) {
-  if (!options.name.empty()) return options.name;
-  const std::string& name = output.name();
-  const auto slash = name.find_last_of('/');
-  return "compare:" + (slash == std::string::npos ? name : name.substr(slash + 1));
+  return options.name.empty() ? "compare:" + output.name() : options.name;
 }
 
 // Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).

@@ -4,18 +4,11 @@
 
 #include <cstring>
 
-#include "core/errors.hpp"
+#include "python/errors.hpp"
 
 namespace sharpcheck::python {
 namespace py = pybind11;
 namespace {
-
-[[noreturn]] void refuse_type(const std::string& name, const std::string& what) {
-  throw InputError(InputProblem::unsupported_format, name + ": " + what);
-}
-[[noreturn]] void refuse_value(const std::string& name, const std::string& what) {
-  throw InputError(InputProblem::out_of_range, name + ": " + what);
-}
 
 std::size_t item_size(ElementType type) {
   switch (type) {

@@ -5,24 +5,17 @@
 
 #include <cmath>
 
-#include "core/errors.hpp"
+#include "python/errors.hpp"
 
 namespace sharpcheck::python {
 namespace py = pybind11;
 namespace {
 
-[[noreturn]] void refuse(const std::string& key, const std::string& what) {
-  throw InputError(InputProblem::out_of_range, key + ": " + what);
-}
-// A value of the wrong type: TypeError in Python (module.cpp maps unsupported_format to it).
-[[noreturn]] void refuse_type(const std::string& key, const std::string& what) {
-  throw InputError(InputProblem::unsupported_format, key + ": " + what);
-}
-
 // A mask or bias array's [B|1, H|1, seq_q, seq_k] extents as broadcast flags (a 2-D array is [1, 1, ...]).
 tensor::Broadcast broadcast_of(const py::array& array, const std::string& key) {
   if (array.ndim() == 2) return {};
-  if (array.ndim() != 4) refuse(key, "must be 2-D [seq_q, seq_k] or 4-D [batch|1, heads|1, seq_q, seq_k]");
+  if (array.ndim() != 4)
+    refuse_value(key, "must be 2-D [seq_q, seq_k] or 4-D [batch|1, heads|1, seq_q, seq_k]");
   return {array.shape(0) != 1, array.shape(1) != 1};
 }
 
@@ -66,7 +59,8 @@ double Options::real(const char* key, double otherwise) const {
   if (value.is_none()) return otherwise;
   if (py::isinstance<py::bool_>(value)) refuse_type(key, "must be a number, not a bool");
   const double number = py::float_(value).cast<double>();
-  if (std::isnan(number) || std::isinf(number)) refuse(key, "must be finite, got " + std::to_string(number));
+  if (std::isnan(number) || std::isinf(number))
+    refuse_value(key, "must be finite, got " + std::to_string(number));
   return number;
 }
 
@@ -86,7 +80,8 @@ long long Options::integer(const char* key, long long otherwise) const {
 
 unsigned Options::count(const char* key, unsigned otherwise) const {
   const long long number = integer(key, otherwise);
-  if (number < 0 || number > 1'000'000) refuse(key, "must be a count from 0, got " + std::to_string(number));
+  if (number < 0 || number > 1'000'000)
+    refuse_value(key, "must be a count from 0, got " + std::to_string(number));
   return static_cast<unsigned>(number);
 }
 
@@ -96,7 +91,7 @@ std::vector<std::size_t> Options::counts(const char* key) const {
   if (value.is_none()) return result;
   for (const py::handle item : value) {
     const long long number = item.cast<long long>();
-    if (number < 0) refuse(key, "holds a negative length " + std::to_string(number));
+    if (number < 0) refuse_value(key, "holds a negative length " + std::to_string(number));
     result.push_back(static_cast<std::size_t>(number));
   }
   return result;
@@ -117,7 +112,7 @@ gate::StoredFormat Options::input_format() const {
 
 int Options::dim() const {
   const long long dim = integer("dim", -1);
-  if (dim < -(1LL << 20) || dim > (1LL << 20)) refuse("dim", "is out of range: " + std::to_string(dim));
+  if (dim < -(1LL << 20) || dim > (1LL << 20)) refuse_value("dim", "is out of range: " + std::to_string(dim));
   return static_cast<int>(dim);
 }
 
@@ -129,12 +124,13 @@ tensor::HeadScores Options::scores() const {
   scores.softcap = real("softcap", 0.0);
   scores.causal = flag("causal", false);
   const std::string align = text("align", "top-left");
-  if (align != "top-left" && align != "bottom-right") refuse("align", "must be 'top-left' or 'bottom-right'");
+  if (align != "top-left" && align != "bottom-right")
+    refuse_value("align", "must be 'top-left' or 'bottom-right'");
   if (align == "bottom-right") scores.alignment = tensor::DiagonalAlignment::bottom_right;
   const py::object window = get("window");
   if (!window.is_none()) {
     const auto sides = window.cast<std::vector<py::object>>();
-    if (sides.size() != 2) refuse("window", "takes (left, right), None or -1 for unbounded");
+    if (sides.size() != 2) refuse_value("window", "takes (left, right), None or -1 for unbounded");
     const auto side = [](const py::object& value) -> std::optional<std::size_t> {
       if (value.is_none() || value.cast<long long>() < 0) return std::nullopt;
       return value.cast<std::size_t>();
@@ -144,7 +140,7 @@ tensor::HeadScores Options::scores() const {
   }
   const std::string fully_masked = text("fully_masked", "zeros");
   if (fully_masked != "zeros" && fully_masked != "error")
-    refuse("fully_masked", "must be 'zeros' or 'error'");
+    refuse_value("fully_masked", "must be 'zeros' or 'error'");
   scores.fully_masked =
       fully_masked == "zeros" ? tensor::FullyMaskedRows::zeros : tensor::FullyMaskedRows::error;
   return scores;
@@ -177,14 +173,14 @@ AttentionExtras Options::attention_extras() const {
   const py::object keep = get("mask");
   if (!keep.is_none()) {
     const auto array = py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(keep);
-    if (!array) refuse("mask", "must be an array of booleans (True keeps the key)");
+    if (!array) refuse_value("mask", "must be an array of booleans (True keeps the key)");
     extras.keep.assign(array.data(), array.data() + array.size());
     extras.keep_extent = broadcast_of(array, "mask");
   }
   const py::object bias = get("bias");
   if (!bias.is_none()) {
     const auto array = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(bias);
-    if (!array) refuse("bias", "must be an array of numbers (added to the scores)");
+    if (!array) refuse_value("bias", "must be an array of numbers (added to the scores)");
     extras.bias.assign(array.data(), array.data() + array.size());
     extras.bias_extent = broadcast_of(array, "bias");
   }
