@@ -24,6 +24,7 @@ constexpr AttentionScenario scenarios[] = {
     {"key_padding_2x40x80_d64", SHARPCHECK_ATTENTION_KEY_PADDING, true},
     {"packed_varlen_17_43_d64", bottom_right, true},
     {"additive_mask_16x48_d32", 0, false},
+    {"late_dominant_key_64x512_d64", 0, true},
 };
 
 void fill(std::vector<double>& data, std::size_t count, DeterministicRandom& random,
@@ -73,6 +74,8 @@ tensor::AttentionProblem problem_of(std::string_view name) {
     p.cu_seqlens_q = {0, 17, 60};
     p.cu_seqlens_k = {0, 30, 101};
     causal_bottom_right();
+  } else if (name == "late_dominant_key_64x512_d64") {
+    p.shape = {1, 1, 1, 64, 512, 64, 64};
   } else {  // additive_mask_16x48_d32
     p.shape = {1, 2, 1, 16, 48, 32, 32};
   }
@@ -109,6 +112,18 @@ ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t se
           key >= 40 ? -3.4028234663852886e38 : (key % 7 == 3 ? -1e4 : (key % 11 == 5 ? -INFINITY : 0.0));
     }
     p.bias = inputs.bias;
+  }
+  if (scenario.name == "late_dominant_key_64x512_d64") {
+    // Query i's dominant key is 448 + i, in the last tile of 64: its score 0.75 |q_i|^2 / 8 (about
+    // 6) is some 3.5 above every earlier tile's max (about 2.5): enough to dominate the row, too
+    // little for a lazily rescaling kernel (FlashAttention 4's threshold is 8 in log2 units) to
+    // move its running max, so one whose weights saturate (e4m3 P) or whose stale max is
+    // otherwise wrong shows it.
+    const std::size_t d = p.shape.head_dim;
+    for (std::size_t i = 0; i < p.shape.queries; ++i) {
+      for (std::size_t t = 0; t < d; ++t)
+        inputs.k[(448 + i) * d + t] = round_to_format(0.75 * inputs.q[i * d + t], format);
+    }
   }
   return inputs;
 }

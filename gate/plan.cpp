@@ -101,9 +101,9 @@ std::size_t scenario_keys(const AttentionScenario& scenario) {
 }
 
 GateCase scenario_case(std::string kernel, const AttentionScenario& scenario, const GateSettings& settings,
-                       const FloatFormat* plugin_format) {
+                       const FloatFormat* plugin_format, bool broken = false) {
   GateCase c = make_case(std::move(kernel), "attention_" + std::string(scenario.name),
-                         scenario_keys(scenario), settings, false, plugin_format);
+                         scenario_keys(scenario), settings, broken, plugin_format);
   c.scenario = std::string(scenario.name);
   return c;
 }
@@ -148,7 +148,8 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
                                 kernel.deliberately_broken, nullptr));
     }
     for (const auto& scenario : attention_scenarios())
-      cases.push_back(scenario_case(std::string(kernel.name), scenario, settings, nullptr));
+      cases.push_back(
+          scenario_case(std::string(kernel.name), scenario, settings, nullptr, kernel.deliberately_broken));
   }
   if (!settings.plugin) return cases;
   const std::string prefix = "plugin:" + settings.plugin->name() + ":";

@@ -174,7 +174,10 @@ void run_scenario_case(const GateCase& gate_case, const GateSettings& settings, 
   }
   const metrics::Tolerance& tolerance =
       kernel != nullptr ? kernel->tolerance : metrics::tolerance_for(settings.plugin_attention_model);
-  const metrics::JudgeSpec spec{kernels::Operation::attention, &format, &tolerance};
+  // A built-in kernel's output format may differ from its input's (attention_fp8: e4m3 in, bf16 out).
+  const FloatFormat& output = kernel != nullptr ? *kernel->output : format;
+  outcome.format = std::string(output.name);
+  const metrics::JudgeSpec spec{kernels::Operation::attention, &output, &tolerance};
   const auto judgement =
       metrics::judge_attention_tensors(spec, problem, inputs.q, inputs.k, inputs.v, out, lse);
   outcome.comparison = judgement.output;

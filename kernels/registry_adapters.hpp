@@ -10,6 +10,7 @@
 #include "core/errors.hpp"
 #include "kernels/attention_kernels.hpp"
 #include "kernels/escape_kernels.hpp"
+#include "kernels/fp8_attention.hpp"
 #include "kernels/quantized_softmax.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_kernels.hpp"
@@ -132,6 +133,27 @@ inline void attention_flash_bf16_inputs(const Matrix& q, const Matrix& k, const 
                                         std::vector<double>* lse) {
   run_attention<Bfloat16>(q, k, v, scores, out, lse, bf16,
                           [](auto... arguments) { attention_flash_bf16(arguments...); });
+}
+
+// FP8 attention on inputs that are e4m3 values: quantised with power-of-two descales (exact), so
+// the reference on the same values judges the kernel's arithmetic alone.
+template <std::size_t BlockRows, int RescaleThresholdLog2>
+void attention_fp8_inputs(const Matrix& q, const Matrix& k, const Matrix& v, const tensor::HeadScores& scores,
+                          Matrix& out, std::vector<double>* lse) {
+  for (const auto& [matrix, what] : {std::pair{&q, "Q entry"}, std::pair{&k, "K entry"}, std::pair{&v, "V entry"}}) {
+    for (std::size_t i = 0; i < matrix->values.size(); ++i)
+      (void)to_storage<Float8E4M3>(matrix->values[i], fp8_e4m3, what, i);
+  }
+  Fp8AttentionOptions options;
+  options.rescale_threshold = RescaleThresholdLog2 * 0.6931471805599453;
+  std::vector<Bfloat16> result(q.rows * v.cols);
+  std::vector<float> lse32(lse != nullptr ? q.rows : 0);
+  attention_fp8(quantize_e4m3_exactly(q, BlockRows), quantize_e4m3_exactly(k, BlockRows),
+                quantize_e4m3_exactly(v, BlockRows), result.data(), lse != nullptr ? lse32.data() : nullptr,
+                scores, options);
+  out = Matrix(q.rows, v.cols);
+  for (std::size_t i = 0; i < result.size(); ++i) out.values[i] = result[i].to_float();
+  if (lse != nullptr) lse->assign(lse32.begin(), lse32.end());
 }
 
 }  // namespace sharpcheck::kernels::adapters

@@ -18,6 +18,7 @@ namespace sharpcheck::kernels {
 // plus, in units of the output format's u_out (attention's precision models, where scores or
 // probabilities are rounded to the output's format inside the computation):
 //   scores_in_output 2 max_j |s_j / theta| + probabilities_in_output
+// plus probability_floor sum_j |v_j| absolute (FP8 attention's subnormal weights),
 // relative to the element's magnitude (|expected| for softmax, sum_j p_j |v_j| for attention),
 // taken as exp(units u + output units u_out) - 1 so that the large exponent errors of
 // stick-breaking stay bounds.
@@ -40,6 +41,9 @@ struct Tolerance {
   // is rounded to the output's format before the softmax, and each probability before P V.
   double scores_in_output = 0;
   double probabilities_in_output = 0;
+  // Attention: an absolute error per key's probability (an e4m3 P's subnormal step), charged
+  // times sum_j |v_j| (RowScale::value_mass), since a tiny weight's error is not relative to it.
+  double probability_floor = 0;
 };
 
 }  // namespace sharpcheck::kernels

@@ -258,6 +258,12 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += weight * std::fabs(v[c]);
   }
   for (std::size_t c = 0; c < sums.size(); ++c) magnitudes[c] = sums[c] / sum * (1 + 1e-9);
+  sums.assign(magnitudes.size(), 0.0);
+  for (const std::size_t key : visible) {
+    const double* v = values.row(key).data();
+    for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += std::fabs(v[c]);
+  }
+  for (const double mass : sums) row_scale.value_mass = std::max(row_scale.value_mass, mass * (1 + 1e-9));
   return row_scale;
 }
 

@@ -26,6 +26,9 @@ struct RowScale {
   // Attention only: max_j |s_j / theta| over the entries seen, s_j the scaled score (after any
   // soft-cap and bias): what a rounding of the scores to the output's format is relative to.
   double largest_score = 0;
+  // Attention only: max over output columns c of sum_j |v_jc| over the keys seen (what a
+  // probability_floor is charged against).
+  double value_mass = 0;
   // Shifted softmax only: entries with z_j < -negligible_below (an additive mask such as -1e4,
   // -1e9 or finfo.min, or a logit far below the rest). They are left out of n and of
   // largest_magnitude and counted here; see the derivation in tolerance_table.cpp.
