@@ -18,7 +18,7 @@ done
 # (--no-install-recommends), so what a package only recommends but our build needs is listed too:
 # Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED), which libdnnl-dev merely
 # recommends (ocl-icd-opencl-dev), and clang's libFuzzer and sanitizer runtimes, which clang
-# merely recommends (libclang-rt-14-dev).
+# merely recommends (libclang-rt-14-dev). gnuplot-nox draws the studies' PNG copies (pngcairo).
 packages=(
   g++ cmake make pkg-config git procps
   libboost-dev libmpfr-dev libgmp-dev
@@ -29,6 +29,7 @@ packages=(
   libtorch-dev libopenblas0-pthread python3-torch python3-numpy
   python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-pytest python3-mpmath
   clang libclang-rt-14-dev clang-format clang-tidy
+  gnuplot-nox
 )
 
 missing=()

@@ -22,19 +22,6 @@ float fp32_dot(std::span<const double> q, std::span<const double> k) {
 
 double scale_of(std::size_t head_dim) { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
-Matrix random_values(std::size_t rows, std::size_t cols, const FloatFormat& format, bool outliers,
-                     std::mt19937_64& random) {
-  std::normal_distribution<double> normal(0, 1);
-  std::uniform_real_distribution<double> uniform(0, 1);
-  Matrix matrix(rows, cols);
-  for (double& x : matrix.values) {
-    double value = normal(random);
-    if (outliers && uniform(random) < 1e-3) value *= 10 + 90 * uniform(random);
-    x = round_to_format(value, format);
-  }
-  return matrix;
-}
-
 void check(const DeviationSettings& settings) {
   const auto refuse = [](const std::string& what) {
     throw InputError(InputProblem::out_of_range, "study: flash-deviation " + what);
@@ -52,10 +39,9 @@ void check(const DeviationSettings& settings) {
 DeviationPoint measure(const DeviationSettings& settings, const FloatFormat& format, DeviationInputs inputs,
                        std::size_t head_dim, std::size_t n, std::uint64_t seed) {
   std::mt19937_64 random(seed);
-  const bool outliers = inputs == DeviationInputs::outliers;
-  const Matrix queries = random_values(settings.query_rows, head_dim, format, outliers, random);
-  const Matrix keys = random_values(n, head_dim, format, outliers, random);
-  const Matrix values = random_values(n, head_dim, format, false, random);
+  const Matrix queries = random_attention_inputs(settings.query_rows, head_dim, format, inputs, random);
+  const Matrix keys = random_attention_inputs(n, head_dim, format, inputs, random);
+  const Matrix values = random_attention_inputs(n, head_dim, format, DeviationInputs::normal, random);
   const Matrix expected = reference::attention(queries, keys, values, format).output;
   DeviationPoint point{&format, inputs, head_dim, n, {}, {}};
   point.naive = deviation_of(naive_attention_in(format, queries, keys, values), expected, format);
@@ -65,6 +51,33 @@ DeviationPoint measure(const DeviationSettings& settings, const FloatFormat& for
 }
 
 }  // namespace
+
+const char* deviation_inputs_name(DeviationInputs inputs) {
+  switch (inputs) {
+    case DeviationInputs::normal:
+      return "normal";
+    case DeviationInputs::outliers:
+      return "outliers";
+    case DeviationInputs::large_outliers:
+      return "large_outliers";
+  }
+  return "?";
+}
+
+Matrix random_attention_inputs(std::size_t rows, std::size_t cols, const FloatFormat& format, DeviationInputs inputs,
+                               std::mt19937_64& random) {
+  const bool outliers = inputs != DeviationInputs::normal;
+  const double low = inputs == DeviationInputs::large_outliers ? 1000 : 10;
+  std::normal_distribution<double> normal(0, 1);
+  std::uniform_real_distribution<double> uniform(0, 1);
+  Matrix matrix(rows, cols);
+  for (double& x : matrix.values) {
+    double value = normal(random);
+    if (outliers && uniform(random) < 1e-3) value *= low + 9 * low * uniform(random);
+    x = round_to_format(value, format);
+  }
+  return matrix;
+}
 
 double DeviationPoint::ratio() const {
   if (naive.max_absolute == 0) return flash.max_absolute == 0 ? 1.0 : std::numeric_limits<double>::infinity();

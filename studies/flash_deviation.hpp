@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "core/matrix.hpp"
@@ -21,7 +22,10 @@
 
 namespace sharpcheck::studies {
 
-enum class DeviationInputs { normal, outliers };  // outliers: 1 in 1,000 entries of Q and K x 10..100
+// outliers: 1 in 1,000 entries of Q and K times 10..100 (the FlashAttention 3 paper's kind);
+// large_outliers: times 1,000..10,000 (beyond e4m3's dynamic range once scaled per tensor).
+enum class DeviationInputs { normal, outliers, large_outliers };
+[[nodiscard]] const char* deviation_inputs_name(DeviationInputs inputs);
 
 struct DeviationSettings {
   std::vector<std::size_t> sizes;  // keys N; empty: 128, 256, ..., 16,384
@@ -60,6 +64,10 @@ struct DeviationStudy {
                                         const Matrix& values);
 [[nodiscard]] Matrix flash_attention_in(const FloatFormat& format, const Matrix& queries, const Matrix& keys,
                                         const Matrix& values, std::size_t tile);
+
+// Normal(0, 1) entries rounded to `format`, with outliers as `inputs` says.
+[[nodiscard]] Matrix random_attention_inputs(std::size_t rows, std::size_t cols, const FloatFormat& format,
+                                             DeviationInputs inputs, std::mt19937_64& random);
 
 // Deviation of outputs from the correctly rounded ones, in `format`.
 [[nodiscard]] Deviation deviation_of(const Matrix& actual, const Matrix& expected, const FloatFormat& format);
