@@ -35,7 +35,7 @@ struct StudySettings {
   std::vector<std::string> kernels{"safe3", "online2", "safe3_bf16", "safe3_fp16", "bf16acc"};
   std::uint64_t seed = 20241008;
   unsigned threads = 0;
-  std::size_t tile = 64;  // flash-deviation: keys per FlashAttention tile
+  std::size_t tile = 64;                     // flash-deviation: keys per FlashAttention tile
   std::optional<std::uint64_t> preset_seed;  // --seed (the stall, flash-deviation and fp8-spread presets)
   bool quick = false;
 };
@@ -371,19 +371,23 @@ Command add_study_command(CLI::App& app) {
       "--preset", s->preset,
       "paper: n = 16 to 16384, delta = 2.28, 5.69, 14.78 (Gemma 2B); dispersion: every escape "
       "(adaptive, SSMax, sigmoid, stick-breaking, length-scaled) at n = 16 to 1048576; denominator-stall: "
-      "(also denominator-stall) every accumulation strategy (sequential bf16/fp16/fp8, pairwise, Kahan, fp32) "
+      "(also denominator-stall) every accumulation strategy (sequential bf16/fp16/fp8, pairwise, Kahan, "
+      "fp32) "
       "against the exact denominator, n = 16 to 16384; flash-deviation: FlashAttention-style against plain "
-      "attention in bf16, fp16 and fp32, N = 128 to 16384; fp8-spread: FP8 attention (plain, block, Hadamard, "
+      "attention in bf16, fp16 and fp32, N = 128 to 16384; fp8-spread: FP8 attention (plain, block, "
+      "Hadamard, "
       "lazy rescaling) against the logits' standard deviation");
   command->add_flag("--quick", s->quick, "stall, flash-deviation, fp8-spread: CI's size (seconds)");
-  command->add_option("--seed", s->preset_seed,
-                      "stall, flash-deviation, fp8-spread: the inputs' seed (results are deterministic from it)");
+  command->add_option(
+      "--seed", s->preset_seed,
+      "stall, flash-deviation, fp8-spread: the inputs' seed (results are deterministic from it)");
   command->add_option("--threads", s->threads,
                       "Threads for the dispersion, flash-deviation and fp8-spread presets (0: every core)");
   command->add_option("--tile", s->tile, "flash-deviation: keys per FlashAttention tile (default 64)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
   add_real_list_option(command, "--spreads", s->spreads, "Spreads delta to study, comma-separated");
-  command->add_option("--sizes", s->sizes, "Sizes n to study (fp8-spread: the first is its number of keys)")->delimiter(',');
+  command->add_option("--sizes", s->sizes, "Sizes n to study (fp8-spread: the first is its number of keys)")
+      ->delimiter(',');
   command->add_option("--kernels", s->kernels, "Kernels whose error to plot")->delimiter(',');
   return [command, s]() -> int { return *command ? run_study(*s) : -1; };
 }

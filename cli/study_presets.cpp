@@ -22,13 +22,17 @@ const char* rows_name(studies::StallRows rows) {
   return rows == studies::StallRows::equal ? "equal" : "random_normal";
 }
 
-// Adds (x, y) to the chart's series `label`, starting it (the next colour) when it is not the last.
+// Adds (x, y) to the chart's series `label`, starting it (the next colour) when there is none.
 void add_point(io::Chart& chart, const std::string& label, double x, double y, bool dashed) {
-  if (chart.series.empty() || chart.series.back().label != label) {
-    chart.series.push_back({label, {}, {}, study_palette[chart.series.size() % std::size(study_palette)], dashed});
+  auto series = std::find_if(chart.series.begin(), chart.series.end(),
+                             [&](const io::Series& s) { return s.label == label; });
+  if (series == chart.series.end()) {
+    chart.series.push_back(
+        {label, {}, {}, study_palette[chart.series.size() % std::size(study_palette)], dashed});
+    series = chart.series.end() - 1;
   }
-  chart.series.back().x.push_back(x);
-  chart.series.back().y.push_back(y);
+  series->x.push_back(x);
+  series->y.push_back(y);
 }
 
 // The stall study's summary beside the figures it answers (issue 20: 1.3% / 50% / 97% denominator
@@ -59,7 +63,6 @@ std::string stall_summary(const studies::StallStudy& study) {
          "row sums 0.898 at n = 4,096 and 0.865 at 8,192 in a shipped kernel.\n";
 }
 
-
 // The study's table beside the figure it answers (Golden et al. 2024: about 10x more deviation for
 // Flash Attention than baseline attention in bf16, measured against an fp64 golden).
 std::string deviation_summary(const studies::DeviationStudy& study) {
@@ -74,9 +77,10 @@ std::string deviation_summary(const studies::DeviationStudy& study) {
     char line[320];
     std::snprintf(line, sizeof line,
                   "| %s | %s | %zu | %zu | %.3g | %.3g | %.3g | %.0f | %.0f | %.3g | %.3g | %.3f | %.3f |\n",
-                  std::string(p.format->name).c_str(), studies::deviation_inputs_name(p.inputs), p.head_dim, p.n,
-                  p.naive.max_absolute, p.flash.max_absolute, p.ratio(), p.naive.max_ulps, p.flash.max_ulps,
-                  p.naive.rmse, p.flash.rmse, p.naive.correctly_rounded, p.flash.correctly_rounded);
+                  std::string(p.format->name).c_str(), studies::deviation_inputs_name(p.inputs), p.head_dim,
+                  p.n, p.naive.max_absolute, p.flash.max_absolute, p.ratio(), p.naive.max_ulps,
+                  p.flash.max_ulps, p.naive.rmse, p.flash.rmse, p.naive.correctly_rounded,
+                  p.flash.correctly_rounded);
     text += line;
   }
   return text +
@@ -89,24 +93,27 @@ std::string deviation_summary(const studies::DeviationStudy& study) {
 // baseline attention, 9.1e-3 for FlashAttention 3's FP8 on outlier inputs; FlashAttention 4's
 // tests: saturation once the logits' standard deviation passes about 0.8).
 std::string fp8_spread_summary(const studies::Fp8SpreadStudy& study) {
-  std::string text = "# FP8 attention against the logits' standard deviation (" + std::to_string(study.settings.keys) +
-                     " keys, d = " + std::to_string(study.settings.head_dim) +
-                     "; error against the correctly rounded bf16 attention of the unquantised inputs)\n\n"
-                     "| inputs | sigma | plain RMSE | block RMSE | rotated RMSE | lazy RMSE | plain / rotated | lazy "
-                     "saturated |\n|---|---|---|---|---|---|---|---|\n";
+  std::string text =
+      "# FP8 attention against the logits' standard deviation (" + std::to_string(study.settings.keys) +
+      " keys, d = " + std::to_string(study.settings.head_dim) +
+      "; error against the correctly rounded bf16 attention of the unquantised inputs)\n\n"
+      "| inputs | sigma | plain RMSE | block RMSE | rotated RMSE | lazy RMSE | plain / rotated | lazy "
+      "saturated |\n|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : study.points) {
     const auto& e = p.errors;
     char line[260];
     std::snprintf(line, sizeof line, "| %s | %.3g%s | %.3g | %.3g | %.3g | %.3g | %.2f | %.3g |\n",
-                  studies::deviation_inputs_name(p.inputs), p.measured, p.unscaled ? " (as drawn)" : "", e[0].rmse, e[1].rmse,
-                  e[2].rmse, e[3].rmse, e[2].rmse > 0 ? e[0].rmse / e[2].rmse : 0.0, e[3].saturated);
+                  studies::deviation_inputs_name(p.inputs), p.measured, p.unscaled ? " (as drawn)" : "",
+                  e[0].rmse, e[1].rmse, e[2].rmse, e[3].rmse, e[2].rmse > 0 ? e[0].rmse / e[2].rmse : 0.0,
+                  e[3].saturated);
     text += line;
   }
   text += "\n";
   const auto sigma_text = [](const std::optional<double>& sigma) {
     if (!sigma) return std::string("at no sigma studied");
     char line[80];
-    std::snprintf(line, sizeof line, "from sigma = %.3g (%.3g in log2 units)", *sigma, *sigma / std::log(2.0));
+    std::snprintf(line, sizeof line, "from sigma = %.3g (%.3g in log2 units)", *sigma,
+                  *sigma / std::log(2.0));
     return std::string(line);
   };
   for (std::size_t i = 0; i < study.settings.inputs.size(); ++i) {
@@ -115,7 +122,8 @@ std::string fp8_spread_summary(const studies::Fp8SpreadStudy& study) {
             "; its RMSE is twice the plain kernel's " + sigma_text(study.saturation_point[i]) + "\n";
   }
   return text +
-         "\nPublished: FP8 baseline RMSE 2.4e-2, FlashAttention 3 FP8 (block quantisation + Hadamard) 9.1e-3 on "
+         "\nPublished: FP8 baseline RMSE 2.4e-2, FlashAttention 3 FP8 (block quantisation + Hadamard) 9.1e-3 "
+         "on "
          "outlier inputs (2.6x); FlashAttention 4's tests: FP8 rescaling saturates once the logits' standard "
          "deviation passes about 0.8 (log2(448) - 8 = 0.807).\n";
 }
@@ -154,8 +162,9 @@ int run_stall_preset(const PresetOptions& options) {
   for (std::size_t a = 0; a < study.horizons.size(); ++a) {
     const auto& horizon = study.horizons[a];
     if (!horizon || *horizon > largest) continue;
-    const io::VerticalMarker marker{static_cast<double>(*horizon),
-                                    study.settings.strategies[a].name() + " horizon " + std::to_string(*horizon)};
+    const io::VerticalMarker marker{
+        static_cast<double>(*horizon),
+        study.settings.strategies[a].name() + " horizon " + std::to_string(*horizon)};
     sums.markers.push_back(marker);
     coefficients.markers.push_back(marker);
   }
@@ -164,8 +173,9 @@ int run_stall_preset(const PresetOptions& options) {
   notes += io::write_chart(coefficients, options.out + "/stall_coefficients");
   const std::string summary = stall_summary(study);
   io::write_file_atomically(options.out + "/stall_summary.md", summary);
-  std::printf("stall study written to %s: stall.csv, stall.svg, stall_coefficients.svg, stall_summary.md\n%s%s",
-              options.out.c_str(), notes.c_str(), summary.c_str());
+  std::printf(
+      "stall study written to %s: stall.csv, stall.svg, stall_coefficients.svg, stall_summary.md\n%s%s",
+      options.out.c_str(), notes.c_str(), summary.c_str());
   return exit_pass;
 }
 
@@ -187,13 +197,14 @@ int run_flash_deviation_preset(const PresetOptions& options) {
   io::Chart chart{"R(N): flash max |error| / naive max |error|", "N (keys)", "R(N)", true, true, {}, {}};
   for (const auto& p : study.points) {
     for (const auto& [kernel, d] : {std::pair{"naive", &p.naive}, {"flash", &p.flash}}) {
-      csv << p.format->name << ',' << studies::deviation_inputs_name(p.inputs) << ',' << p.head_dim << ',' << p.n << ','
-          << kernel << ',' << decimal(d->max_absolute) << ',' << decimal(d->max_ulps) << ','
+      csv << p.format->name << ',' << studies::deviation_inputs_name(p.inputs) << ',' << p.head_dim << ','
+          << p.n << ',' << kernel << ',' << decimal(d->max_absolute) << ',' << decimal(d->max_ulps) << ','
           << decimal(d->rmse) << ',' << decimal(d->correctly_rounded) << '\n';
     }
-    const std::string label =
-        std::string(p.format->name) + " " + studies::deviation_inputs_name(p.inputs) + " d=" + std::to_string(p.head_dim);
-    add_point(chart, label, static_cast<double>(p.n), p.ratio(), p.inputs != studies::DeviationInputs::normal);
+    const std::string label = std::string(p.format->name) + " " + studies::deviation_inputs_name(p.inputs) +
+                              " d=" + std::to_string(p.head_dim);
+    add_point(chart, label, static_cast<double>(p.n), p.ratio(),
+              p.inputs != studies::DeviationInputs::normal);
   }
   csv.commit();
   const std::string notes = io::write_chart(chart, options.out + "/flash_deviation_ratio");
@@ -221,17 +232,20 @@ int run_fp8_spread_preset(const PresetOptions& options) {
   io::make_writable_directory(options.out);
   io::OutputFile csv(options.out + "/fp8_spread.csv");
   csv << "inputs,sigma,measured_sigma,unscaled,variant,rmse,max_abs,saturated\n";
-  io::Chart rmse{"FP8 attention: RMSE against the logits' standard deviation", "sigma", "RMSE", true, true, {}, {}};
-  io::Chart saturation{"Lazy rescaling: fraction of e4m3 P saturated", "sigma", "fraction", true, true, {}, {}};
+  io::Chart rmse{
+      "FP8 attention: RMSE against the logits' standard deviation", "sigma", "RMSE", true, true, {}, {}};
+  io::Chart saturation{
+      "Lazy rescaling: fraction of e4m3 P saturated", "sigma", "fraction", true, true, {}, {}};
   for (const auto& p : study.points) {
     for (const studies::Fp8Variant variant : studies::all_fp8_variants) {
       const studies::Fp8Error& e = p.errors[static_cast<int>(variant)];
-      csv << studies::deviation_inputs_name(p.inputs) << ',' << decimal(p.sigma) << ',' << decimal(p.measured) << ','
-          << (p.unscaled ? 1 : 0) << ',' << studies::fp8_variant_name(variant) << ',' << decimal(e.rmse) << ','
-          << decimal(e.max_absolute) << ',' << decimal(e.saturated) << '\n';
+      csv << studies::deviation_inputs_name(p.inputs) << ',' << decimal(p.sigma) << ',' << decimal(p.measured)
+          << ',' << (p.unscaled ? 1 : 0) << ',' << studies::fp8_variant_name(variant) << ','
+          << decimal(e.rmse) << ',' << decimal(e.max_absolute) << ',' << decimal(e.saturated) << '\n';
       if (p.unscaled) continue;
       const bool dashed = p.inputs != studies::DeviationInputs::normal;
-      const std::string label = std::string(studies::fp8_variant_name(variant)) + " " + studies::deviation_inputs_name(p.inputs);
+      const std::string label =
+          std::string(studies::fp8_variant_name(variant)) + " " + studies::deviation_inputs_name(p.inputs);
       add_point(rmse, label, p.measured, e.rmse, dashed);
       if (variant == studies::Fp8Variant::lazy) add_point(saturation, label, p.measured, e.saturated, dashed);
     }
@@ -241,9 +255,10 @@ int run_fp8_spread_preset(const PresetOptions& options) {
   notes += io::write_chart(saturation, options.out + "/fp8_spread_saturation");
   const std::string summary = fp8_spread_summary(study);
   io::write_file_atomically(options.out + "/fp8_spread_summary.md", summary);
-  std::printf("fp8-spread study written to %s: fp8_spread.csv, fp8_spread_rmse.svg, fp8_spread_saturation.svg, "
-              "fp8_spread_summary.md\n%s%s",
-              options.out.c_str(), notes.c_str(), summary.c_str());
+  std::printf(
+      "fp8-spread study written to %s: fp8_spread.csv, fp8_spread_rmse.svg, fp8_spread_saturation.svg, "
+      "fp8_spread_summary.md\n%s%s",
+      options.out.c_str(), notes.c_str(), summary.c_str());
   return exit_pass;
 }
 

@@ -38,14 +38,15 @@ void write_script(const Chart& chart, const std::string& png_path, const std::st
                   const std::string& script_path) {
   OutputFile script(script_path);
   script << "set terminal pngcairo noenhanced size 1100,640\nset output " << quoted(png_path) << '\n'
-         << "set title " << quoted(chart.title) << "\nset xlabel " << quoted(chart.x_label)
-         << "\nset ylabel " << quoted(chart.y_label) << "\nset key outside right\n";
+         << "set title " << quoted(chart.title) << "\nset xlabel " << quoted(chart.x_label) << "\nset ylabel "
+         << quoted(chart.y_label) << "\nset key outside right\n";
   if (chart.log_x) script << "set logscale x\n";
   if (chart.log_y) script << "set logscale y\n";
   for (const VerticalMarker& marker : chart.markers) {
     script << "set arrow from " << marker.x << ", graph 0 to " << marker.x << ", graph 1 nohead lc rgb "
            << quoted(marker.colour) << " dt 3\n"
-           << "set label " << quoted(marker.label) << " at " << marker.x << ", graph 0.95 rotate by 90 right\n";
+           << "set label " << quoted(marker.label) << " at " << marker.x
+           << ", graph 0.95 rotate by 90 right\n";
   }
   script << "plot ";
   for (std::size_t s = 0; s < chart.series.size(); ++s) {

@@ -66,8 +66,14 @@ class Fp8Row {
  public:
   Fp8Row(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v, const tensor::HeadScores& scores,
          const Fp8AttentionOptions& options, Fp8Saturation* saturation)
-      : q_(q), k_(k), v_(v), logit_(scores, q.cols), options_(options), saturation_(saturation),
-        accumulator_(v.cols), tile_scores_(options.tile) {}
+      : q_(q),
+        k_(k),
+        v_(v),
+        logit_(scores, q.cols),
+        options_(options),
+        saturation_(saturation),
+        accumulator_(v.cols),
+        tile_scores_(options.tile) {}
 
   void run(std::size_t query, const std::vector<std::size_t>& visible, Bfloat16* out, float* lse) {
     max_ = logit_.has_sink() ? logit_.sink() : -std::numeric_limits<float>::infinity();
@@ -91,7 +97,8 @@ class Fp8Row {
     return logit_(dot * (q_.descale_of(query) * k_.descale_of(key)), query, key);
   }
 
-  void add_tile(std::size_t query, const std::vector<std::size_t>& visible, std::size_t start, std::size_t length) {
+  void add_tile(std::size_t query, const std::vector<std::size_t>& visible, std::size_t start,
+                std::size_t length) {
     float tile_max = -std::numeric_limits<float>::infinity();
     for (std::size_t j = 0; j < length; ++j) {
       tile_scores_[j] = score(query, visible[start + j]);

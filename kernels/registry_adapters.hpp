@@ -140,7 +140,8 @@ inline void attention_flash_bf16_inputs(const Matrix& q, const Matrix& k, const 
 template <std::size_t BlockRows, int RescaleThresholdLog2>
 void attention_fp8_inputs(const Matrix& q, const Matrix& k, const Matrix& v, const tensor::HeadScores& scores,
                           Matrix& out, std::vector<double>* lse) {
-  for (const auto& [matrix, what] : {std::pair{&q, "Q entry"}, std::pair{&k, "K entry"}, std::pair{&v, "V entry"}}) {
+  for (const auto& [matrix, what] :
+       {std::pair{&q, "Q entry"}, std::pair{&k, "K entry"}, std::pair{&v, "V entry"}}) {
     for (std::size_t i = 0; i < matrix->values.size(); ++i)
       (void)to_storage<Float8E4M3>(matrix->values[i], fp8_e4m3, what, i);
   }

@@ -81,7 +81,8 @@ void measure_row(const std::vector<double>& logits, const FloatFormat& output, S
 
 // A sequential sum of ones: the value at which it stops growing, found by summing (nullopt: not
 // below `largest`). Other strategies: the first sum of n ones over the sizes that is not n.
-std::optional<double> stall_value(const AccumulationStrategy& strategy, const std::vector<std::size_t>& sizes) {
+std::optional<double> stall_value(const AccumulationStrategy& strategy,
+                                  const std::vector<std::size_t>& sizes) {
   const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
   if (strategy.summation == Summation::sequential) {
     double sum = 0;
@@ -108,7 +109,9 @@ std::vector<AccumulationStrategy> default_strategies() {
 }  // namespace
 
 std::string AccumulationStrategy::name() const {
-  const char* kind = summation == Summation::sequential ? "sequential_" : summation == Summation::pairwise ? "pairwise_" : "kahan_";
+  const char* kind = summation == Summation::sequential ? "sequential_"
+                     : summation == Summation::pairwise ? "pairwise_"
+                                                        : "kahan_";
   return kind + std::string(format->name);
 }
 
@@ -126,7 +129,8 @@ double strategy_denominator(const std::vector<double>& logits, const Accumulatio
 }
 
 std::vector<double> softmax_with_running_sum(const std::vector<double>& logits,
-                                             const AccumulationStrategy& strategy, const FloatFormat& output) {
+                                             const AccumulationStrategy& strategy,
+                                             const FloatFormat& output) {
   const std::vector<double> terms = terms_of(logits);
   const double sum = strategy_denominator(logits, strategy);
   std::vector<double> probabilities(logits.size());
@@ -156,7 +160,8 @@ StallStudy run_stall_study(const StallSettings& settings) {
       for (const std::size_t n : study.settings.sizes) {
         StallPoint point{strategy, rows, n};
         const std::size_t count = rows == StallRows::equal ? 1 : settings.rows;
-        for (std::size_t r = 0; r < count; ++r) measure_row(logits_of(rows, n, random), *settings.output, point);
+        for (std::size_t r = 0; r < count; ++r)
+          measure_row(logits_of(rows, n, random), *settings.output, point);
         study.points.push_back(point);
       }
     }

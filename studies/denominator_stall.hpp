@@ -56,7 +56,8 @@ struct StallStudy {
 };
 
 // The sum the study's kernel divides by: sum_j RN32(exp(z_j - max)) by `strategy`.
-[[nodiscard]] double strategy_denominator(const std::vector<double>& logits, const AccumulationStrategy& strategy);
+[[nodiscard]] double strategy_denominator(const std::vector<double>& logits,
+                                          const AccumulationStrategy& strategy);
 
 // The kernel studied: e_j = exp(z_j - max) rounded to fp32, summed by `strategy`,
 // p_j = e_j / sum rounded to the output format.

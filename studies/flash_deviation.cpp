@@ -64,8 +64,8 @@ const char* deviation_inputs_name(DeviationInputs inputs) {
   return "?";
 }
 
-Matrix random_attention_inputs(std::size_t rows, std::size_t cols, const FloatFormat& format, DeviationInputs inputs,
-                               std::mt19937_64& random) {
+Matrix random_attention_inputs(std::size_t rows, std::size_t cols, const FloatFormat& format,
+                               DeviationInputs inputs, std::mt19937_64& random) {
   const bool outliers = inputs != DeviationInputs::normal;
   const double low = inputs == DeviationInputs::large_outliers ? 1000 : 10;
   std::normal_distribution<double> normal(0, 1);

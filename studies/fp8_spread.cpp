@@ -52,7 +52,8 @@ struct Fp8Tally {
   std::size_t outputs = 0;
   kernels::Fp8Saturation saturation;
 
-  void add(const Matrix& expected, const std::vector<Bfloat16>& actual, const kernels::Fp8Saturation& counts) {
+  void add(const Matrix& expected, const std::vector<Bfloat16>& actual,
+           const kernels::Fp8Saturation& counts) {
     for (std::size_t e = 0; e < actual.size(); ++e) {
       const double difference = std::fabs(static_cast<double>(actual[e].to_float()) - expected.values[e]);
       max_absolute = std::max(max_absolute, difference);
@@ -75,8 +76,10 @@ void run_variant(Fp8Variant variant, const Matrix& queries, const Matrix& keys, 
                  const Matrix& expected, std::uint64_t rotation_seed, Fp8Tally& tally) {
   const bool rotated = variant == Fp8Variant::rotated;
   const std::size_t block = variant == Fp8Variant::block || rotated ? block_rows : 0;
-  const auto q = kernels::quantize_e4m3(rotated ? kernels::hadamard_rotate(queries, rotation_seed) : queries, block);
-  const auto k = kernels::quantize_e4m3(rotated ? kernels::hadamard_rotate(keys, rotation_seed) : keys, block);
+  const auto q =
+      kernels::quantize_e4m3(rotated ? kernels::hadamard_rotate(queries, rotation_seed) : queries, block);
+  const auto k =
+      kernels::quantize_e4m3(rotated ? kernels::hadamard_rotate(keys, rotation_seed) : keys, block);
   const auto v = kernels::quantize_e4m3(values, block);
   kernels::Fp8AttentionOptions options;
   if (variant == Fp8Variant::lazy) options.rescale_threshold = lazy_threshold;
@@ -93,7 +96,8 @@ struct Item {
 
 // One draw: Q scaled so the logits have standard deviation sigma (unscaled: as drawn); returns
 // the measured deviation.
-double add_draw(const Fp8SpreadSettings& settings, const Item& item, std::uint64_t seed, Fp8Tally (&tallies)[4]) {
+double add_draw(const Fp8SpreadSettings& settings, const Item& item, std::uint64_t seed,
+                Fp8Tally (&tallies)[4]) {
   std::mt19937_64 random(seed);
   Matrix queries = random_attention_inputs(settings.query_rows, settings.head_dim, bf16, item.inputs, random);
   const Matrix keys = random_attention_inputs(settings.keys, settings.head_dim, bf16, item.inputs, random);
@@ -116,7 +120,8 @@ Fp8SpreadPoint measure(const Fp8SpreadSettings& settings, const Item& item) {
   double measured = 0;
   // The same draws for every sigma of one inputs kind: only the scaling of Q differs.
   for (std::size_t d = 0; d < settings.draws; ++d)
-    measured += add_draw(settings, item, settings.seed + 1000 * static_cast<std::uint64_t>(item.inputs) + d, tallies);
+    measured +=
+        add_draw(settings, item, settings.seed + 1000 * static_cast<std::uint64_t>(item.inputs) + d, tallies);
   Fp8SpreadPoint point;
   point.inputs = item.inputs;
   point.unscaled = item.sigma == 0;
@@ -145,7 +150,8 @@ const char* fp8_variant_name(Fp8Variant variant) {
 Fp8SpreadStudy run_fp8_spread_study(const Fp8SpreadSettings& given) {
   Fp8SpreadStudy study{given, {}, {}, {}};
   auto& settings = study.settings;
-  if (settings.sigmas.empty()) settings.sigmas = {0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75, 1, 1.25, 1.5, 2, 3, 4, 6, 8};
+  if (settings.sigmas.empty())
+    settings.sigmas = {0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.75, 1, 1.25, 1.5, 2, 3, 4, 6, 8};
   check(settings);
   std::vector<Item> items;
   for (const DeviationInputs inputs : settings.inputs) {

@@ -11,8 +11,8 @@
 namespace sharpcheck::studies {
 namespace {
 
-const StallPoint& point(const StallStudy& study, const FloatFormat& accumulation, StallRows rows, std::size_t n,
-                        Summation summation = Summation::sequential) {
+const StallPoint& point(const StallStudy& study, const FloatFormat& accumulation, StallRows rows,
+                        std::size_t n, Summation summation = Summation::sequential) {
   for (const StallPoint& p : study.points) {
     if (*p.strategy.format == accumulation && p.strategy.summation == summation && p.rows == rows && p.n == n)
       return p;

@@ -30,7 +30,7 @@ struct KernelRun {
 };
 
 KernelRun run(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v, const tensor::HeadScores& scores,
-        double rescale_threshold = 0) {
+              double rescale_threshold = 0) {
   std::vector<Bfloat16> out(q.rows * v.cols);
   Fp8AttentionOptions options;
   options.rescale_threshold = rescale_threshold;

@@ -43,7 +43,8 @@ TEST(Fp8Spread, TheLogitsHaveTheAskedSpread) {
 
 TEST(Fp8Spread, ErrorGrowsWithTheSpread) {
   for (const DeviationInputs inputs : {DeviationInputs::normal, DeviationInputs::outliers}) {
-    EXPECT_GT(error_at(inputs, 4, Fp8Variant::plain).rmse, 3 * error_at(inputs, 0.25, Fp8Variant::plain).rmse);
+    EXPECT_GT(error_at(inputs, 4, Fp8Variant::plain).rmse,
+              3 * error_at(inputs, 0.25, Fp8Variant::plain).rmse);
   }
   EXPECT_GT(error_at(DeviationInputs::normal, 4, Fp8Variant::plain).rmse,
             5 * error_at(DeviationInputs::normal, 0.5, Fp8Variant::plain).rmse);

@@ -1,0 +1,124 @@
+// The registry's attention rows (kernels/registry.hpp), each with the derivation of its tolerance.
+#include "kernels/registry.hpp"
+#include "kernels/registry_adapters.hpp"
+
+namespace sharpcheck::kernels {
+namespace {
+
+using namespace adapters;  // NOLINT(google-build-using-namespace): the rows name the adapters
+
+constexpr Tolerance fp8_attention_tolerance{
+    .accumulation = &fp32,
+    .argument = 3,
+    .spread = 9,
+    .per_item = 4,
+    .constant = 20,
+    .dot_product = 6,
+    .basis = "analysis: attention_flash plus descales, e4m3 P (relative and subnormal)",
+    .reason = "P rounded to e4m3 (u = 2^-4) dominates; tiny weights err absolutely",
+    .probabilities_in_output = 32,
+    .probability_floor = 0x1.004p-18};
+
+const AttentionKernel attention_table[] = {
+    // Attention: a logit formed as an fp32 dot product of length d is within d u sum_t|q_t k_t|
+    // |scale/theta| of the exact one (absolute); that error moves numerator and denominator, so
+    // "dot_product 2". The output o = sum_j p_j v_j is judged relative to sum_j p_j |v_j|, not
+    // |o| (which may cancel to 0); its recursive sum over n keys adds n u, hence "per_item 2".
+    {.name = "attention_naive",
+     .description = "fp32, materialises the score row, three-pass softmax, weighted sum",
+     .input = &fp32,
+     .output = &fp32,
+     .accumulation = &fp32,
+     .deliberately_broken = false,
+     .run = attention_naive,
+     .tolerance = {.accumulation = &fp32,
+                   .argument = 3,
+                   .spread = 3,
+                   .per_item = 2,
+                   .constant = 16,
+                   .dot_product = 2,
+                   .basis = "analysis: BHH 2021 softmax plus the weighted sum (n u)",
+                   .reason = "score dot products, three-pass softmax, a recursive weighted sum over n keys"}},
+    {.name = "attention_flash",
+     .description = "fp32, FlashAttention tiles of 64 keys with online softmax; no score row",
+     .input = &fp32,
+     .output = &fp32,
+     .accumulation = &fp32,
+     .deliberately_broken = false,
+     .run = attention_flash,
+     .tolerance = {.accumulation = &fp32,
+                   .argument = 3,
+                   .spread = 9,
+                   .per_item = 4,
+                   .constant = 18,
+                   .dot_product = 2,
+                   .basis = "analysis: as attention_naive plus per-tile rescaling",
+                   .reason = "the accumulator is rescaled by a rounded exp at each tile whose max grows"}},
+    {.name = "attention_flash_bf16",
+     .description = "bf16 Q, K, V and output, fp32 accumulation, FlashAttention tiles",
+     .input = &bf16,
+     .output = &bf16,
+     .accumulation = &fp32,
+     .deliberately_broken = false,
+     .run = attention_flash_bf16_inputs,
+     .tolerance = {.accumulation = &fp32,
+                   .argument = 3,
+                   .spread = 9,
+                   .per_item = 4,
+                   .constant = 18,
+                   .dot_product = 2,
+                   .basis = "analysis: as attention_flash, plus one rounding to bf16",
+                   .reason = "bf16 inputs are exact in fp32; the output rounding dominates"}},
+    // FP8 attention (kernels/fp8_attention.hpp), judged against the exact attention of its
+    // dequantised inputs payload * descale. On attention_flash's entry: the logit's dot product of
+    // e4m3 payloads is an fp32 dot product whose products are exact; multiplying by fl(qd kd)
+    // adds two roundings, 2u |s| <= (2/d) logit_rounding u, so "dot_product 6" covers d >= 1.
+    // V dequantised per key, fl(v8 vd), is one more rounding per term: "constant 20". P scaled by
+    // 2^8 (exact) and rounded to e4m3: a weight w >= 2^-6 (e4m3's least normal) moves by at most
+    // u_e4m3 = 2^-4 relative, which is 16 u_bf16; l is summed from the unrounded weights, and a
+    // kernel summing the rounded ones moves l by as much again: "probabilities_in_output 32" (in
+    // units of the bf16 output's u). A weight below 2^-6 moves by at most 2^-10 absolute (half of
+    // e4m3's subnormal step 2^-9, or the whole of it when it flushes to 0); the largest weight is
+    // 256 and rescaling only shrinks earlier tiles' errors, so l >= 256 and the probability moves
+    // by at most 2^-18 absolute: "probability_floor 2^-18" (times sum_j |v_j|; 2^-10 margin).
+    {.name = "attention_fp8",
+     .description = "FlashAttention 3 FP8: e4m3 Q, K, V with per-tensor descales, P in e4m3, bf16 out",
+     .input = &fp8_e4m3,
+     .output = &bf16,
+     .accumulation = &fp32,
+     .deliberately_broken = false,
+     .run = attention_fp8_inputs<0, 0>,
+     .tolerance = fp8_attention_tolerance},
+    {.name = "attention_fp8_block",
+     .description = "as attention_fp8 with one descale per block of 64 rows of Q, K and V",
+     .input = &fp8_e4m3,
+     .output = &bf16,
+     .accumulation = &fp32,
+     .deliberately_broken = false,
+     .run = attention_fp8_inputs<64, 0>,
+     .tolerance = fp8_attention_tolerance},
+    // FlashAttention 4's conditional rescaling (the running max moves only when a tile's max
+    // exceeds it by more than 8 in log2 units) is sound with fp32 or bf16 P; with e4m3 P scaled
+    // by 2^8 a score 0.807 (log2) above the stale max saturates at 448.
+    {.name = "attention_fp8_lazy_rescale",
+     .description = "as attention_fp8 with FlashAttention 4's lazy rescaling (P saturates at 448)",
+     .input = &fp8_e4m3,
+     .output = &bf16,
+     .accumulation = &fp32,
+     .deliberately_broken = true,
+     .run = attention_fp8_inputs<0, 8>,
+     .tolerance = fp8_attention_tolerance},
+};
+
+}  // namespace
+
+std::span<const AttentionKernel> attention_kernels() { return attention_table; }
+
+const AttentionKernel* find_attention_kernel(std::string_view name) {
+  for (const auto& kernel : attention_table) {
+    if (kernel.name == name) return &kernel;
+  }
+  return nullptr;
+}
+
+}  // namespace sharpcheck::kernels
