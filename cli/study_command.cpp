@@ -381,8 +381,9 @@ Command add_study_command(CLI::App& app) {
   command->add_option(
       "--seed", s->preset_seed,
       "stall, flash-deviation, fp8-spread: the inputs' seed (results are deterministic from it)");
-  command->add_option("--threads", s->threads,
-                      "Threads for the dispersion, flash-deviation and fp8-spread presets (0: every core)");
+  command->add_option(
+      "--threads", s->threads,
+      "Threads for the dispersion, stall, flash-deviation and fp8-spread presets (0: every core)");
   command->add_option("--tile", s->tile, "flash-deviation: keys per FlashAttention tile (default 64)");
   command->add_option("--out", s->out, "Output directory (default ./study)");
   add_real_list_option(command, "--spreads", s->spreads, "Spreads delta to study, comma-separated");

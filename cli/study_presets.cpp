@@ -143,6 +143,7 @@ int run_stall_preset(const PresetOptions& options) {
   studies::StallSettings settings;
   settings.sizes = options.sizes;
   if (settings.sizes.empty() && options.quick) settings.sizes = {16, 64, 256, 1024};
+  settings.threads = options.threads;
   if (options.seed != 0) settings.seed = options.seed;
   const studies::StallStudy study = studies::run_stall_study(settings);
   io::make_writable_directory(options.out);

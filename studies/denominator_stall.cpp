@@ -9,6 +9,7 @@
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
+#include "core/parallel.hpp"
 #include "reference/softmax.hpp"
 
 namespace sharpcheck::studies {
@@ -150,22 +151,28 @@ StallStudy run_stall_study(const StallSettings& settings) {
                        "study: stall sizes must be from 1 to 16777216, got " + std::to_string(n));
     }
   }
-  for (const AccumulationStrategy& strategy : study.settings.strategies) {
+  const auto& strategies = study.settings.strategies;
+  const std::size_t sizes = study.settings.sizes.size();
+  for (const AccumulationStrategy& strategy : strategies) {
     study.stall_values.push_back(stall_value(strategy, study.settings.sizes));
     study.horizons.push_back(strategy.summation == Summation::sequential
                                  ? std::optional(bounds::accumulation_horizon(*strategy.format))
                                  : std::nullopt);
-    for (const StallRows rows : {StallRows::equal, StallRows::random_normal}) {
-      std::mt19937_64 random(settings.seed);
-      for (const std::size_t n : study.settings.sizes) {
-        StallPoint point{strategy, rows, n};
-        const std::size_t count = rows == StallRows::equal ? 1 : settings.rows;
-        for (std::size_t r = 0; r < count; ++r)
-          measure_row(logits_of(rows, n, random), *settings.output, point);
-        study.points.push_back(point);
-      }
-    }
   }
+  // One work item per strategy and row kind, each drawing its rows from the seed in size order, so
+  // the results do not depend on the threads.
+  study.points.resize(strategies.size() * 2 * sizes);
+  parallel_for(strategies.size() * 2, settings.threads, [&](std::size_t item) {
+    const StallRows rows = item % 2 == 0 ? StallRows::equal : StallRows::random_normal;
+    std::mt19937_64 random(settings.seed);
+    for (std::size_t s = 0; s < sizes; ++s) {
+      StallPoint& point = study.points[item * sizes + s];
+      point = StallPoint{strategies[item / 2], rows, study.settings.sizes[s]};
+      const std::size_t count = rows == StallRows::equal ? 1 : settings.rows;
+      for (std::size_t r = 0; r < count; ++r)
+        measure_row(logits_of(rows, point.n, random), *settings.output, point);
+    }
+  });
   return study;
 }
 

@@ -44,6 +44,7 @@ struct StallSettings {
   const FloatFormat* output = &bf16;
   std::size_t rows = 4;  // random rows per point
   std::uint64_t seed = 20241008;
+  unsigned threads = 0;  // 0: every core; results do not depend on it
 };
 
 struct StallStudy {

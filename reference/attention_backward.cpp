@@ -1,0 +1,302 @@
+#include "reference/attention_backward.hpp"
+
+#include <arb.h>
+#include <mpfr.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <memory>
+#include <thread>
+
+#include "core/errors.hpp"
+#include "core/parallel.hpp"
+#include "reference/ball_stage.hpp"
+
+namespace sharpcheck::reference {
+namespace {
+
+void refuse(InputProblem problem, const std::string& what) {
+  throw InputError(problem, "attention_backward: " + what);
+}
+
+void check_finite(const Matrix& matrix, const char* name) {
+  for (std::size_t e = 0; e < matrix.values.size(); ++e) {
+    if (!std::isfinite(matrix.values[e])) {
+      refuse(std::isnan(matrix.values[e]) ? InputProblem::nan_value : InputProblem::non_finite_value,
+             std::string(name) + " entry (" + std::to_string(e / std::max<std::size_t>(matrix.cols, 1)) + ", " +
+                 std::to_string(e % std::max<std::size_t>(matrix.cols, 1)) + ") is not finite");
+    }
+  }
+}
+
+void check(const AttentionBackwardInputs& in) {
+  const auto shape = [](const Matrix& m) { return std::to_string(m.rows) + "x" + std::to_string(m.cols); };
+  if (in.keys.cols != in.queries.cols || in.values.rows != in.keys.rows || in.d_out.rows != in.queries.rows ||
+      in.d_out.cols != in.values.cols || in.queries.cols == 0 || in.values.cols == 0) {
+    refuse(InputProblem::shape_mismatch, "Q " + shape(in.queries) + ", K " + shape(in.keys) + ", V " +
+                                             shape(in.values) + ", dO " + shape(in.d_out));
+  }
+  if (!in.d_lse.empty() && in.d_lse.size() != in.queries.rows)
+    refuse(InputProblem::shape_mismatch, "dLSE has " + std::to_string(in.d_lse.size()) + " entries, Q " +
+                                             std::to_string(in.queries.rows) + " rows");
+  check_finite(in.queries, "Q");
+  check_finite(in.keys, "K");
+  check_finite(in.values, "V");
+  check_finite(in.d_out, "dO");
+  for (std::size_t i = 0; i < in.d_lse.size(); ++i) {
+    if (!std::isfinite(in.d_lse[i])) refuse(InputProblem::non_finite_value, "dLSE " + std::to_string(i) + " is not finite");
+  }
+  if (!std::isfinite(in.scores.theta) || in.scores.theta == 0)
+    refuse(InputProblem::bad_temperature, "theta must be finite and nonzero");
+  if (in.scores.has_bias()) refuse(InputProblem::out_of_range, "a bias (ALiBi or an additive mask) is not supported yet");
+  if (in.scores.softcap < 0 || !std::isfinite(in.scores.softcap)) refuse(InputProblem::out_of_range, "soft-cap must be >= 0");
+}
+
+// The inputs as exact balls, row-major like the matrices.
+struct ExactBalls {
+  explicit ExactBalls(const Matrix& m) : balls(m.values.size()) {
+    for (std::size_t e = 0; e < m.values.size(); ++e) arb_set_d(balls[e], m.values[e]);
+  }
+  BallVector balls;
+};
+
+// Gradient balls of one pass; dK and dV per worker, summed afterwards.
+struct GradientBalls {
+  GradientBalls(std::size_t q_count, std::size_t k_count, std::size_t v_count)
+      : dq(q_count), dk(k_count), dv(v_count) {}
+  BallVector dq, dk, dv;
+  Ball d_sink;
+};
+
+// The constants of the scores at `precision`: scale, 1/theta, the cap.
+struct ScoreConstants {
+  Ball scale, inverse_theta, cap;
+  bool capped = false;
+  ScoreConstants(const tensor::HeadScores& scores, std::size_t d, slong precision) {
+    if (scores.scale) {
+      arb_set_d(scale.get(), *scores.scale);
+    } else {
+      arb_set_ui(scale.get(), d);
+      arb_rsqrt(scale.get(), scale.get(), precision);
+    }
+    arb_set_d(inverse_theta.get(), scores.theta);
+    arb_inv(inverse_theta.get(), inverse_theta.get(), precision);
+    capped = scores.softcap != 0;
+    arb_set_d(cap.get(), scores.softcap);
+  }
+};
+
+class BackwardPass {
+ public:
+  BackwardPass(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision)
+      : in_(in), head_(head), p_(precision), q_(in.queries), k_(in.keys), v_(in.values), dout_(in.d_out),
+        constants_(head, in.queries.cols, precision) {}
+
+  // Adds query i's contributions to `out`.
+  void add_query(std::size_t i, GradientBalls& out) {
+    head_.visible_keys(i, visible_);
+    const std::size_t count = visible_.size();
+    if (count == 0 && !head_.sink) return;
+    BallVector z(count), slope(count), weight(count), dp(count);
+    for (std::size_t a = 0; a < count; ++a) logit(i, visible_[a], z[a], slope[a]);
+    Ball sink_z, lse, total, scratch;
+    if (head_.sink) {
+      arb_set_d(sink_z.get(), *head_.sink);
+      arb_mul(sink_z.get(), sink_z.get(), constants_.inverse_theta.get(), p_);
+    }
+    log_sum_exp(z, head_.sink ? sink_z.get() : nullptr, lse.get());
+    const std::size_t dv = in_.values.cols, d = in_.queries.cols;
+    arb_zero(total.get());  // D_i
+    for (std::size_t a = 0; a < count; ++a) {
+      arb_sub(weight[a], z[a], lse.get(), p_);
+      arb_exp(weight[a], weight[a], p_);
+      arb_dot(dp[a], nullptr, 0, dout_.balls[i * dv], 1, v_.balls[visible_[a] * dv], 1, static_cast<slong>(dv), p_);
+      arb_addmul(total.get(), weight[a], dp[a], p_);
+    }
+    Ball g;  // g_i - D_i
+    arb_set_d(g.get(), in_.d_lse.empty() ? 0.0 : in_.d_lse[i]);
+    arb_sub(g.get(), g.get(), total.get(), p_);
+    for (std::size_t a = 0; a < count; ++a) {
+      const std::size_t j = visible_[a];
+      arb_add(scratch.get(), dp[a], g.get(), p_);  // dP - D + g
+      arb_mul(scratch.get(), scratch.get(), weight[a], p_);
+      arb_mul(scratch.get(), scratch.get(), slope[a], p_);  // dr_ij
+      for (std::size_t c = 0; c < d; ++c) {
+        arb_addmul(out.dq[i * d + c], scratch.get(), k_.balls[j * d + c], p_);
+        arb_addmul(out.dk[j * d + c], scratch.get(), q_.balls[i * d + c], p_);
+      }
+      for (std::size_t c = 0; c < dv; ++c) arb_addmul(out.dv[j * dv + c], weight[a], dout_.balls[i * dv + c], p_);
+    }
+    if (head_.sink) {  // dz_sink / theta = P_sink (g - D) / theta
+      arb_sub(scratch.get(), sink_z.get(), lse.get(), p_);
+      arb_exp(scratch.get(), scratch.get(), p_);
+      arb_mul(scratch.get(), scratch.get(), g.get(), p_);
+      arb_addmul(out.d_sink.get(), scratch.get(), constants_.inverse_theta.get(), p_);
+    }
+  }
+
+ private:
+  // z_ij and dz/dr at query i, key j.
+  void logit(std::size_t i, std::size_t j, arb_ptr z, arb_ptr slope) {
+    const std::size_t d = in_.queries.cols;
+    arb_dot(z, nullptr, 0, q_.balls[i * d], 1, k_.balls[j * d], 1, static_cast<slong>(d), p_);
+    arb_mul(z, z, constants_.scale.get(), p_);
+    arb_set(slope, constants_.scale.get());
+    if (constants_.capped) {
+      Ball t;
+      arb_div(t.get(), z, constants_.cap.get(), p_);
+      arb_tanh(t.get(), t.get(), p_);
+      arb_mul(z, t.get(), constants_.cap.get(), p_);
+      arb_sqr(t.get(), t.get(), p_);
+      arb_sub_ui(t.get(), t.get(), 1, p_);
+      arb_neg(t.get(), t.get());  // 1 - tanh^2
+      arb_mul(slope, slope, t.get(), p_);
+    }
+    arb_mul(z, z, constants_.inverse_theta.get(), p_);
+    arb_mul(slope, slope, constants_.inverse_theta.get(), p_);
+  }
+
+  // L = m + ln(sum e^{z - m} [+ e^{sink - m}]), m the largest midpoint (any m gives the same L).
+  void log_sum_exp(BallVector& z, arb_srcptr sink, arb_ptr lse) {
+    double largest = sink != nullptr ? arf_get_d(arb_midref(sink), ARF_RND_NEAR) : -INFINITY;
+    for (std::size_t a = 0; a < z.size(); ++a) largest = std::max(largest, arf_get_d(arb_midref(z[a]), ARF_RND_NEAR));
+    Ball sum, term, shift;
+    arb_set_d(shift.get(), largest);
+    arb_zero(sum.get());
+    for (std::size_t a = 0; a <= z.size(); ++a) {
+      if (a == z.size() && sink == nullptr) break;
+      arb_sub(term.get(), a < z.size() ? z[a] : sink, shift.get(), p_);
+      arb_exp(term.get(), term.get(), p_);
+      arb_add(sum.get(), sum.get(), term.get(), p_);
+    }
+    arb_log(lse, sum.get(), p_);
+    arb_add(lse, lse, shift.get(), p_);
+  }
+
+  const AttentionBackwardInputs& in_;
+  const tensor::HeadScores& head_;
+  slong p_;
+  ExactBalls q_, k_, v_, dout_;
+  ScoreConstants constants_;
+  std::vector<std::size_t> visible_;
+};
+
+using Partials = std::vector<std::unique_ptr<GradientBalls>>;
+
+// Every gradient ball at `precision`, summed into partials[0]: the queries are split over workers,
+// each with its own dK and dV (ball sums enclose whatever the order).
+GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision,
+                          Partials& partials) {
+  const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
+  const std::size_t workers =
+      std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, std::max<std::size_t>(m, 1));
+  partials.clear();
+  partials.resize(workers);
+  parallel_for(workers, 0, [&](std::size_t w) {
+    partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv);
+    BackwardPass pass(in, head, precision);
+    for (std::size_t i = w; i < m; i += workers) pass.add_query(i, *partials[w]);
+  });
+  GradientBalls& sum = *partials[0];
+  for (std::size_t w = 1; w < workers; ++w) {
+    _arb_vec_add(sum.dq.data(), sum.dq.data(), partials[w]->dq.data(), static_cast<slong>(m * d), precision);
+    _arb_vec_add(sum.dk.data(), sum.dk.data(), partials[w]->dk.data(), static_cast<slong>(n * d), precision);
+    _arb_vec_add(sum.dv.data(), sum.dv.data(), partials[w]->dv.data(), static_cast<slong>(n * dv), precision);
+    arb_add(sum.d_sink.get(), sum.d_sink.get(), partials[w]->d_sink.get(), precision);
+  }
+  return sum;
+}
+
+// The format value every point of the ball rounds to, with ends as fine as the ball; a ball
+// within the zero band (both ends round to a zero) gives +0 (the header: the sign is not claimed).
+std::optional<double> decide(arb_srcptr ball, slong precision, const FloatFormat& target) {
+  if (!arb_is_finite(ball)) return std::nullopt;
+  mpfr_t lo, hi;
+  mpfr_inits2(static_cast<mpfr_prec_t>(precision) + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
+  arb_get_interval_mpfr(lo, hi, ball);
+  const double low = round_to_format(lo, target), high = round_to_format(hi, target);
+  mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
+  if (low == 0 && high == 0) return 0.0;
+  if (std::bit_cast<std::uint64_t>(low) != std::bit_cast<std::uint64_t>(high)) return std::nullopt;
+  return low;
+}
+
+// Decides what it can of one output; returns the index of the first undecided element, if any.
+std::optional<std::size_t> decide_all(BallVector& balls, std::vector<double>& values, std::vector<bool>& done,
+                                      slong precision, const FloatFormat& target) {
+  std::optional<std::size_t> first;
+  for (std::size_t e = 0; e < values.size(); ++e) {
+    if (done[e]) continue;
+    if (const auto value = decide(balls[e], precision, target)) {
+      values[e] = *value;
+      done[e] = true;
+    } else if (!first) {
+      first = e;
+    }
+  }
+  return first;
+}
+
+struct Undecided {
+  std::string where;
+  [[nodiscard]] bool any() const { return !where.empty(); }
+};
+
+// One Ziv pass: decides what the balls at `precision` decide; names the first undecided output.
+Undecided decide_pass(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision,
+                      const FloatFormat& target, AttentionGradients& out, std::vector<std::vector<bool>>& done) {
+  Partials partials;
+  GradientBalls& balls = compute_at(in, head, precision, partials);
+  Undecided undecided;
+  const auto name = [&](const char* what, const Matrix& m, std::size_t e) {
+    if (undecided.any()) return;
+    undecided.where = std::string(what) + "(" + std::to_string(e / m.cols) + ", " + std::to_string(e % m.cols) + ")";
+  };
+  if (const auto e = decide_all(balls.dq, out.d_queries.values, done[0], precision, target)) name("dQ", out.d_queries, *e);
+  if (const auto e = decide_all(balls.dk, out.d_keys.values, done[1], precision, target)) name("dK", out.d_keys, *e);
+  if (const auto e = decide_all(balls.dv, out.d_values.values, done[2], precision, target)) name("dV", out.d_values, *e);
+  if (out.d_sink && !done[3][0]) {
+    if (const auto value = decide(balls.d_sink.get(), precision, target)) {
+      *out.d_sink = *value;
+      done[3][0] = true;
+    } else if (!undecided.any()) {
+      undecided.where = "dsink";
+    }
+  }
+  return undecided;
+}
+
+}  // namespace
+
+AttentionGradients attention_backward(const AttentionBackwardInputs& in, const FloatFormat& target,
+                                      ZivStatistics* statistics) {
+  check(in);
+  tensor::HeadScores head = in.scores;
+  if (head.queries == 0) head.queries = in.queries.rows;
+  if (head.keys == 0) head.keys = in.keys.rows;
+  if (head.row_stride == 0) head.row_stride = in.keys.rows;
+  const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
+  AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::nullopt};
+  if (head.sink) out.d_sink = 0.0;
+  std::vector<std::vector<bool>> done{std::vector<bool>(m * d), std::vector<bool>(n * d),
+                                      std::vector<bool>(n * dv), std::vector<bool>(1, !head.sink)};
+  if (statistics != nullptr) ++statistics->calls;
+  const ZivSchedule schedule = ZivSchedule::for_format(target);
+  for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
+    if (statistics != nullptr) {
+      if (precision != schedule.initial) ++statistics->escalations;
+      statistics->highest_precision = std::max(statistics->highest_precision, precision);
+    }
+    const Undecided undecided = decide_pass(in, head, static_cast<slong>(precision), target, out, done);
+    if (!undecided.any()) return out;
+    if (ZivSchedule::next(precision) > schedule.cap) {
+      throw UndecidedRounding("attention_backward: " + undecided.where + " undecided at " +
+                              std::to_string(precision) + " bits");
+    }
+  }
+}
+
+}  // namespace sharpcheck::reference

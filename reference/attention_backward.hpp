@@ -1,0 +1,57 @@
+// The correctly rounded backward pass of one attention head: dQ, dK, dV, and the gradient of the
+// sink logit, given dO and (optionally) the gradient reaching the log-sum-exp output.
+//
+// Definitions (scores, masks and modifiers as tensor/head_scores.hpp: raw r_ij = q_i . k_j,
+// logit z_ij = (cap tanh(scale r_ij / cap) + b_ij) / theta, or (scale r_ij + b_ij) / theta without
+// a cap; a sink is one more logit z_sink / theta with no value), L_i = ln(sum_j e^{z_ij} [+ e^{z_sink}]),
+// P_ij = e^{z_ij - L_i}, O_i = sum_j P_ij v_j:
+//   dP_ij = dO_i . v_j,   D_i = sum_j P_ij dP_ij (= dO_i . O_i),   g_i = dLSE_i (0 when not given)
+//   dz_ij = P_ij (dP_ij - D_i + g_i),   dz_i,sink = P_i,sink (g_i - D_i)
+//   dr_ij = dz_ij dz/dr = dz_ij scale (1 - tanh^2(scale r_ij / cap)) / theta   (scale / theta uncapped)
+//   dQ_i = sum_j dr_ij k_j,  dK_j = sum_i dr_ij q_i,  dV_j = sum_i P_ij dO_i,  dsink = sum_i dz_i,sink / theta.
+// A query that sees no key and has no sink contributes nothing (its gradients are 0).
+//
+// Accuracy contract: every returned value is the exact real result rounded to nearest-even in the
+// target format, by Ziv's strategy on Arb balls (every operation's error enclosed) at doubling
+// precision, capped (ZivSchedule) with UndecidedRounding naming the output past the cap. A result
+// whose ball lies within half the format's least subnormal of 0 rounds to zero and is returned as
+// +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero result is eventually
+// separated from every rounding boundary unless it *is* a boundary, and an exact zero eventually
+// lies inside the zero band. Unlike the softmax backward (reference/softmax_backward.hpp), the
+// argument that no nonzero result is itself a boundary is incomplete here: the results are sums of
+// exponentials of algebraic (not only rational) arguments once a soft-cap's tanh enters, and
+// products of such sums for dQ and dK. Where it fails the cap is reached and the call refuses
+// (UndecidedRounding) instead of guessing; tests/reference_attention_backward_test.cpp measures
+// that it does not happen on the gate's inputs.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "formats/float_format.hpp"
+#include "reference/exact_rounding.hpp"
+#include "tensor/head_scores.hpp"
+
+namespace sharpcheck::reference {
+
+struct AttentionBackwardInputs {
+  const Matrix& queries;  // m x d
+  const Matrix& keys;     // n x d
+  const Matrix& values;   // n x dv
+  const Matrix& d_out;    // m x dv
+  std::span<const double> d_lse;  // m entries, or empty: no gradient through the log-sum-exp
+  const tensor::HeadScores& scores;
+};
+
+struct AttentionGradients {
+  Matrix d_queries, d_keys, d_values;
+  std::optional<double> d_sink;  // when the scores have a sink
+};
+
+// InputError for mismatched shapes, a non-finite entry (named), or a theta that is 0 or not finite.
+[[nodiscard]] AttentionGradients attention_backward(const AttentionBackwardInputs& inputs, const FloatFormat& target,
+                                                    ZivStatistics* statistics = nullptr);
+
+}  // namespace sharpcheck::reference
