@@ -1,0 +1,199 @@
+// The attention backward reference against the independent 320-bit backend (tests/support: Boost's
+// cpp_bin_float, no MPFR or Arb), in every format: plain, causal, soft-capped, with a sink, a
+// negative temperature and an explicit scale, a gradient through the log-sum-exp; the exact zeros
+// (dO = 0; equal value rows, which make dP - D vanish); bad input named.
+#include "reference/attention_backward.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/random.hpp"
+#include "support/independent_reference.hpp"
+
+namespace sharpcheck::reference {
+namespace {
+
+using testing::Exact;
+
+struct Problem {
+  Matrix q, k, v, d_out;
+  std::vector<double> d_lse;
+  tensor::HeadScores scores;
+};
+
+struct ExactGradients {
+  std::vector<Exact> dq, dk, dv;
+  Exact d_sink = 0;
+};
+
+// The header's definitions, term by term, at 320 bits.
+ExactGradients independent_backward(const Problem& p) {
+  const std::size_t m = p.q.rows, n = p.k.rows, d = p.q.cols, dv = p.v.cols;
+  tensor::HeadScores head = p.scores;
+  head.queries = m;
+  head.keys = n;
+  head.row_stride = n;
+  const Exact scale = head.scale ? Exact(*head.scale) : Exact(1) / sqrt(Exact(d));
+  const Exact theta(head.theta), cap(head.softcap);
+  ExactGradients g{std::vector<Exact>(m * d, Exact(0)), std::vector<Exact>(n * d, Exact(0)),
+                   std::vector<Exact>(n * dv, Exact(0))};
+  std::vector<std::size_t> visible;
+  for (std::size_t i = 0; i < m; ++i) {
+    head.visible_keys(i, visible);
+    std::vector<Exact> z, slope, weight, dp;
+    for (const std::size_t j : visible) {
+      Exact raw = 0;
+      for (std::size_t t = 0; t < d; ++t) raw += Exact(p.q(i, t)) * Exact(p.k(j, t));
+      Exact s = scale * raw, ds = scale;
+      if (head.softcap != 0) {
+        const Exact t = tanh(s / cap);
+        s = cap * t;
+        ds = scale * (1 - t * t);
+      }
+      z.push_back(s / theta);
+      slope.push_back(ds / theta);
+    }
+    Exact total = 0;
+    for (const Exact& x : z) total += exp(x);
+    const Exact sink = head.sink ? exp(Exact(*head.sink) / theta) : Exact(0);
+    total += sink;
+    Exact big_d = 0;
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      weight.push_back(exp(z[a]) / total);
+      Exact dot = 0;
+      for (std::size_t c = 0; c < dv; ++c) dot += Exact(p.d_out(i, c)) * Exact(p.v(visible[a], c));
+      dp.push_back(dot);
+      big_d += weight[a] * dot;
+    }
+    const Exact lse_gradient = p.d_lse.empty() ? Exact(0) : Exact(p.d_lse[i]);
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      const std::size_t j = visible[a];
+      const Exact dr = weight[a] * (dp[a] - big_d + lse_gradient) * slope[a];
+      for (std::size_t t = 0; t < d; ++t) {
+        g.dq[i * d + t] += dr * Exact(p.k(j, t));
+        g.dk[j * d + t] += dr * Exact(p.q(i, t));
+      }
+      for (std::size_t c = 0; c < dv; ++c) g.dv[j * dv + c] += weight[a] * Exact(p.d_out(i, c));
+    }
+    if (head.sink) g.d_sink += sink / total * (lse_gradient - big_d) / theta;
+  }
+  return g;
+}
+
+Matrix random_matrix(std::size_t rows, std::size_t cols, double sigma, const FloatFormat& format,
+                     DeterministicRandom& random) {
+  Matrix matrix(rows, cols);
+  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), format);
+  return matrix;
+}
+
+void expect_correctly_rounded(const Problem& p, const FloatFormat& format, const char* variant) {
+  const AttentionGradients got = attention_backward({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, format);
+  const ExactGradients exact = independent_backward(p);
+  const auto check = [&](const char* name, const Matrix& values, const std::vector<Exact>& expected) {
+    for (std::size_t e = 0; e < values.values.size(); ++e) {
+      EXPECT_TRUE(testing::is_nearest_in_format(values.values[e], expected[e], format))
+          << variant << " " << name << "[" << e << "] in " << format.name;
+    }
+  };
+  check("dQ", got.d_queries, exact.dq);
+  check("dK", got.d_keys, exact.dk);
+  check("dV", got.d_values, exact.dv);
+  ASSERT_EQ(got.d_sink.has_value(), p.scores.sink.has_value());
+  if (got.d_sink) {
+    EXPECT_TRUE(testing::is_nearest_in_format(*got.d_sink, exact.d_sink, format)) << variant << " dsink";
+  }
+}
+
+class EveryFormat : public ::testing::TestWithParam<const FloatFormat*> {};
+
+TEST_P(EveryFormat, GradientsAreCorrectlyRoundedAgainstTheIndependentBackend) {
+  const FloatFormat& format = *GetParam();
+  DeterministicRandom random(29);
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::size_t m = 2 + random.below(4), n = 3 + random.below(12), d = 2 + random.below(6),
+                      dv = 1 + random.below(4);
+    Problem p{random_matrix(m, d, 1.5, fp32, random), random_matrix(n, d, 1.5, fp32, random),
+              random_matrix(n, dv, 1, fp32, random), random_matrix(m, dv, 1, fp32, random), {}, {}};
+    expect_correctly_rounded(p, format, "plain");
+    p.scores.causal = true;
+    p.scores.alignment = tensor::DiagonalAlignment::bottom_right;
+    expect_correctly_rounded(p, format, "causal");
+    p.scores = {};
+    p.scores.softcap = 1.5;
+    expect_correctly_rounded(p, format, "soft-cap");
+    p.scores = {};
+    p.scores.sink = 0.75;
+    p.d_lse.assign(m, 0.0);
+    for (double& x : p.d_lse) x = round_to_format(random.normal(0, 1), fp32);
+    expect_correctly_rounded(p, format, "sink and dLSE");
+    p.scores = {};
+    p.scores.theta = -0.7;
+    p.scores.scale = 0.3;
+    expect_correctly_rounded(p, format, "theta -0.7, scale 0.3");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, EveryFormat, ::testing::Values(&fp64, &fp32, &bf16, &fp16, &fp8_e4m3),
+                         [](const auto& parameter) { return std::string(parameter.param->name); });
+
+// Exact zeros are found (the loop reaches the zero band) and returned as 0, not refused.
+TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
+  DeterministicRandom random(31);
+  Problem p{random_matrix(3, 4, 1, fp32, random), random_matrix(5, 4, 1, fp32, random),
+            random_matrix(5, 2, 1, fp32, random), Matrix(3, 2), {}, {}};
+  const AttentionGradients zero = attention_backward({p.q, p.k, p.v, p.d_out, {}, p.scores}, fp32);
+  for (const Matrix* m : {&zero.d_queries, &zero.d_keys, &zero.d_values}) {
+    for (const double x : m->values) EXPECT_EQ(x, 0.0);
+  }
+  // Equal value rows: dP_ij = dO_i . v is the same for every key, so dP - D = 0 and dQ = dK = 0,
+  // while dV = sum_i P_ij dO_i is not.
+  for (std::size_t j = 0; j < 5; ++j) {
+    p.v(j, 0) = 0.5;
+    p.v(j, 1) = -1.25;
+  }
+  p.d_out = random_matrix(3, 2, 1, fp32, random);
+  ZivStatistics statistics;
+  const AttentionGradients equal = attention_backward({p.q, p.k, p.v, p.d_out, {}, p.scores}, fp32, &statistics);
+  EXPECT_GT(statistics.escalations, 0);  // a zero needs its ball inside half the least subnormal
+  for (const double x : equal.d_queries.values) EXPECT_EQ(x, 0.0);
+  for (const double x : equal.d_keys.values) EXPECT_EQ(x, 0.0);
+  double dv_mass = 0;
+  for (const double x : equal.d_values.values) dv_mass += std::fabs(x);
+  EXPECT_GT(dv_mass, 0.1);
+  expect_correctly_rounded(p, fp32, "equal value rows");
+}
+
+TEST(AttentionBackwardReference, BadInputIsNamed) {
+  DeterministicRandom random(37);
+  const Matrix q = random_matrix(2, 3, 1, fp32, random), k = random_matrix(4, 3, 1, fp32, random),
+               v = random_matrix(4, 2, 1, fp32, random);
+  Matrix d_out = random_matrix(2, 2, 1, fp32, random);
+  const tensor::HeadScores plain;
+  const auto call = [&](const Matrix& dO, const tensor::HeadScores& scores, std::span<const double> d_lse = {}) {
+    return attention_backward({q, k, v, dO, d_lse, scores}, fp32);
+  };
+  EXPECT_THROW((void)call(Matrix(2, 3), plain), InputError);  // dO's shape
+  const std::vector<double> short_lse(1, 0.0);
+  EXPECT_THROW((void)call(d_out, plain, short_lse), InputError);
+  d_out(1, 1) = NAN;
+  try {
+    (void)call(d_out, plain);
+    FAIL() << "NaN accepted";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("dO entry (1, 1)"), std::string::npos) << error.what();
+  }
+  d_out(1, 1) = 0;
+  tensor::HeadScores zero_theta;
+  zero_theta.theta = 0;
+  EXPECT_THROW((void)call(d_out, zero_theta), InputError);
+  tensor::HeadScores alibi;
+  alibi.alibi_slope = 0.5;
+  EXPECT_THROW((void)call(d_out, alibi), InputError);
+}
+
+}  // namespace
+}  // namespace sharpcheck::reference
