@@ -46,4 +46,24 @@ struct Tolerance {
   double probability_floor = 0;
 };
 
+// An attention backward kernel's tolerance (metrics/judge_backward.hpp): each gradient element
+// may err by (exp(units u + output_units u_out) - 1) M + 2 u_out |expected|, M the element's
+// magnitude (sum_j P_ij (sum_c |dO_ic v_jc| + A_i + |dLSE_i|) |dz/dr| |k_jc| for dQ, the same over
+// queries with |q_ic| for dK, sum_i P_ij |dO_ic| for dV; A_i = sum_j P_ij sum_c |dO_ic v_jc|), with
+//   units = logit max logit_rounding + lse (max|L_i| + max|z_ij - L_i|) + length max(m, n)
+//           + dims (d + dv) + constant,
+// plus output_units u_out times what D_i moving by sum_c |dO_ic O_ic| moves the element by (the
+// forward output O rounded to the format, from which FlashAttention forms D). Derivation beside
+// the entries (kernels/attention_backward_registry.cpp).
+struct BackwardTolerance {
+  double logit = 0;
+  double lse = 0;
+  double length = 0;
+  double dims = 0;
+  double constant = 0;
+  double output_units = 0;
+  std::string_view basis;
+  std::string_view reason;
+};
+
 }  // namespace sharpcheck::kernels

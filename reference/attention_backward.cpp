@@ -7,8 +7,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <string>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "core/errors.hpp"
@@ -26,8 +26,8 @@ void check_finite(const Matrix& matrix, const char* name) {
   for (std::size_t e = 0; e < matrix.values.size(); ++e) {
     if (!std::isfinite(matrix.values[e])) {
       refuse(std::isnan(matrix.values[e]) ? InputProblem::nan_value : InputProblem::non_finite_value,
-             std::string(name) + " entry (" + std::to_string(e / std::max<std::size_t>(matrix.cols, 1)) + ", " +
-                 std::to_string(e % std::max<std::size_t>(matrix.cols, 1)) + ") is not finite");
+             std::string(name) + " entry (" + std::to_string(e / std::max<std::size_t>(matrix.cols, 1)) +
+                 ", " + std::to_string(e % std::max<std::size_t>(matrix.cols, 1)) + ") is not finite");
     }
   }
 }
@@ -47,12 +47,15 @@ void check(const AttentionBackwardInputs& in) {
   check_finite(in.values, "V");
   check_finite(in.d_out, "dO");
   for (std::size_t i = 0; i < in.d_lse.size(); ++i) {
-    if (!std::isfinite(in.d_lse[i])) refuse(InputProblem::non_finite_value, "dLSE " + std::to_string(i) + " is not finite");
+    if (!std::isfinite(in.d_lse[i]))
+      refuse(InputProblem::non_finite_value, "dLSE " + std::to_string(i) + " is not finite");
   }
   if (!std::isfinite(in.scores.theta) || in.scores.theta == 0)
     refuse(InputProblem::bad_temperature, "theta must be finite and nonzero");
-  if (in.scores.has_bias()) refuse(InputProblem::out_of_range, "a bias (ALiBi or an additive mask) is not supported yet");
-  if (in.scores.softcap < 0 || !std::isfinite(in.scores.softcap)) refuse(InputProblem::out_of_range, "soft-cap must be >= 0");
+  if (in.scores.has_bias())
+    refuse(InputProblem::out_of_range, "a bias (ALiBi or an additive mask) is not supported yet");
+  if (in.scores.softcap < 0 || !std::isfinite(in.scores.softcap))
+    refuse(InputProblem::out_of_range, "soft-cap must be >= 0");
 }
 
 // The inputs as exact balls, row-major like the matrices.
@@ -92,7 +95,13 @@ struct ScoreConstants {
 class BackwardPass {
  public:
   BackwardPass(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision)
-      : in_(in), head_(head), p_(precision), q_(in.queries), k_(in.keys), v_(in.values), dout_(in.d_out),
+      : in_(in),
+        head_(head),
+        p_(precision),
+        q_(in.queries),
+        k_(in.keys),
+        v_(in.values),
+        dout_(in.d_out),
         constants_(head, in.queries.cols, precision) {}
 
   // Adds query i's contributions to `out`.
@@ -113,7 +122,8 @@ class BackwardPass {
     for (std::size_t a = 0; a < count; ++a) {
       arb_sub(weight[a], z[a], lse.get(), p_);
       arb_exp(weight[a], weight[a], p_);
-      arb_dot(dp[a], nullptr, 0, dout_.balls[i * dv], 1, v_.balls[visible_[a] * dv], 1, static_cast<slong>(dv), p_);
+      arb_dot(dp[a], nullptr, 0, dout_.balls[i * dv], 1, v_.balls[visible_[a] * dv], 1,
+              static_cast<slong>(dv), p_);
       arb_addmul(total.get(), weight[a], dp[a], p_);
     }
     Ball g;  // g_i - D_i
@@ -128,7 +138,8 @@ class BackwardPass {
         arb_addmul(out.dq[i * d + c], scratch.get(), k_.balls[j * d + c], p_);
         arb_addmul(out.dk[j * d + c], scratch.get(), q_.balls[i * d + c], p_);
       }
-      for (std::size_t c = 0; c < dv; ++c) arb_addmul(out.dv[j * dv + c], weight[a], dout_.balls[i * dv + c], p_);
+      for (std::size_t c = 0; c < dv; ++c)
+        arb_addmul(out.dv[j * dv + c], weight[a], dout_.balls[i * dv + c], p_);
     }
     if (head_.sink) {  // dz_sink / theta = P_sink (g - D) / theta
       arb_sub(scratch.get(), sink_z.get(), lse.get(), p_);
@@ -162,7 +173,8 @@ class BackwardPass {
   // L = m + ln(sum e^{z - m} [+ e^{sink - m}]), m the largest midpoint (any m gives the same L).
   void log_sum_exp(BallVector& z, arb_srcptr sink, arb_ptr lse) {
     double largest = sink != nullptr ? arf_get_d(arb_midref(sink), ARF_RND_NEAR) : -INFINITY;
-    for (std::size_t a = 0; a < z.size(); ++a) largest = std::max(largest, arf_get_d(arb_midref(z[a]), ARF_RND_NEAR));
+    for (std::size_t a = 0; a < z.size(); ++a)
+      largest = std::max(largest, arf_get_d(arb_midref(z[a]), ARF_RND_NEAR));
     Ball sum, term, shift;
     arb_set_d(shift.get(), largest);
     arb_zero(sum.get());
@@ -247,17 +259,22 @@ struct Undecided {
 
 // One Ziv pass: decides what the balls at `precision` decide; names the first undecided output.
 Undecided decide_pass(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision,
-                      const FloatFormat& target, AttentionGradients& out, std::vector<std::vector<bool>>& done) {
+                      const FloatFormat& target, AttentionGradients& out,
+                      std::vector<std::vector<bool>>& done) {
   Partials partials;
   GradientBalls& balls = compute_at(in, head, precision, partials);
   Undecided undecided;
   const auto name = [&](const char* what, const Matrix& m, std::size_t e) {
     if (undecided.any()) return;
-    undecided.where = std::string(what) + "(" + std::to_string(e / m.cols) + ", " + std::to_string(e % m.cols) + ")";
+    undecided.where =
+        std::string(what) + "(" + std::to_string(e / m.cols) + ", " + std::to_string(e % m.cols) + ")";
   };
-  if (const auto e = decide_all(balls.dq, out.d_queries.values, done[0], precision, target)) name("dQ", out.d_queries, *e);
-  if (const auto e = decide_all(balls.dk, out.d_keys.values, done[1], precision, target)) name("dK", out.d_keys, *e);
-  if (const auto e = decide_all(balls.dv, out.d_values.values, done[2], precision, target)) name("dV", out.d_values, *e);
+  if (const auto e = decide_all(balls.dq, out.d_queries.values, done[0], precision, target))
+    name("dQ", out.d_queries, *e);
+  if (const auto e = decide_all(balls.dk, out.d_keys.values, done[1], precision, target))
+    name("dK", out.d_keys, *e);
+  if (const auto e = decide_all(balls.dv, out.d_values.values, done[2], precision, target))
+    name("dV", out.d_values, *e);
   if (out.d_sink && !done[3][0]) {
     if (const auto value = decide(balls.d_sink.get(), precision, target)) {
       *out.d_sink = *value;

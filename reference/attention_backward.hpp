@@ -8,7 +8,8 @@
 //   dP_ij = dO_i . v_j,   D_i = sum_j P_ij dP_ij (= dO_i . O_i),   g_i = dLSE_i (0 when not given)
 //   dz_ij = P_ij (dP_ij - D_i + g_i),   dz_i,sink = P_i,sink (g_i - D_i)
 //   dr_ij = dz_ij dz/dr = dz_ij scale (1 - tanh^2(scale r_ij / cap)) / theta   (scale / theta uncapped)
-//   dQ_i = sum_j dr_ij k_j,  dK_j = sum_i dr_ij q_i,  dV_j = sum_i P_ij dO_i,  dsink = sum_i dz_i,sink / theta.
+//   dQ_i = sum_j dr_ij k_j,  dK_j = sum_i dr_ij q_i,  dV_j = sum_i P_ij dO_i,  dsink = sum_i dz_i,sink /
+//   theta.
 // A query that sees no key and has no sink contributes nothing (its gradients are 0).
 //
 // Accuracy contract: every returned value is the exact real result rounded to nearest-even in the
@@ -37,10 +38,10 @@
 namespace sharpcheck::reference {
 
 struct AttentionBackwardInputs {
-  const Matrix& queries;  // m x d
-  const Matrix& keys;     // n x d
-  const Matrix& values;   // n x dv
-  const Matrix& d_out;    // m x dv
+  const Matrix& queries;          // m x d
+  const Matrix& keys;             // n x d
+  const Matrix& values;           // n x dv
+  const Matrix& d_out;            // m x dv
   std::span<const double> d_lse;  // m entries, or empty: no gradient through the log-sum-exp
   const tensor::HeadScores& scores;
 };
@@ -51,7 +52,8 @@ struct AttentionGradients {
 };
 
 // InputError for mismatched shapes, a non-finite entry (named), or a theta that is 0 or not finite.
-[[nodiscard]] AttentionGradients attention_backward(const AttentionBackwardInputs& inputs, const FloatFormat& target,
+[[nodiscard]] AttentionGradients attention_backward(const AttentionBackwardInputs& inputs,
+                                                    const FloatFormat& target,
                                                     ZivStatistics* statistics = nullptr);
 
 }  // namespace sharpcheck::reference

@@ -2,8 +2,6 @@
 // cpp_bin_float, no MPFR or Arb), in every format: plain, causal, soft-capped, with a sink, a
 // negative temperature and an explicit scale, a gradient through the log-sum-exp; the exact zeros
 // (dO = 0; equal value rows, which make dP - D vanish); bad input named.
-#include "reference/attention_backward.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +9,7 @@
 
 #include "core/errors.hpp"
 #include "core/random.hpp"
+#include "reference/attention_backward.hpp"
 #include "support/independent_reference.hpp"
 
 namespace sharpcheck::reference {
@@ -116,8 +115,12 @@ TEST_P(EveryFormat, GradientsAreCorrectlyRoundedAgainstTheIndependentBackend) {
   for (int trial = 0; trial < 6; ++trial) {
     const std::size_t m = 2 + random.below(4), n = 3 + random.below(12), d = 2 + random.below(6),
                       dv = 1 + random.below(4);
-    Problem p{random_matrix(m, d, 1.5, fp32, random), random_matrix(n, d, 1.5, fp32, random),
-              random_matrix(n, dv, 1, fp32, random), random_matrix(m, dv, 1, fp32, random), {}, {}};
+    Problem p{random_matrix(m, d, 1.5, fp32, random),
+              random_matrix(n, d, 1.5, fp32, random),
+              random_matrix(n, dv, 1, fp32, random),
+              random_matrix(m, dv, 1, fp32, random),
+              {},
+              {}};
     expect_correctly_rounded(p, format, "plain");
     p.scores.causal = true;
     p.scores.alignment = tensor::DiagonalAlignment::bottom_right;
@@ -143,8 +146,12 @@ INSTANTIATE_TEST_SUITE_P(Formats, EveryFormat, ::testing::Values(&fp64, &fp32, &
 // Exact zeros are found (the loop reaches the zero band) and returned as 0, not refused.
 TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
   DeterministicRandom random(31);
-  Problem p{random_matrix(3, 4, 1, fp32, random), random_matrix(5, 4, 1, fp32, random),
-            random_matrix(5, 2, 1, fp32, random), Matrix(3, 2), {}, {}};
+  Problem p{random_matrix(3, 4, 1, fp32, random),
+            random_matrix(5, 4, 1, fp32, random),
+            random_matrix(5, 2, 1, fp32, random),
+            Matrix(3, 2),
+            {},
+            {}};
   const AttentionGradients zero = attention_backward({p.q, p.k, p.v, p.d_out, {}, p.scores}, fp32);
   for (const Matrix* m : {&zero.d_queries, &zero.d_keys, &zero.d_values}) {
     for (const double x : m->values) EXPECT_EQ(x, 0.0);
@@ -157,7 +164,8 @@ TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
   }
   p.d_out = random_matrix(3, 2, 1, fp32, random);
   ZivStatistics statistics;
-  const AttentionGradients equal = attention_backward({p.q, p.k, p.v, p.d_out, {}, p.scores}, fp32, &statistics);
+  const AttentionGradients equal =
+      attention_backward({p.q, p.k, p.v, p.d_out, {}, p.scores}, fp32, &statistics);
   EXPECT_GT(statistics.escalations, 0);  // a zero needs its ball inside half the least subnormal
   for (const double x : equal.d_queries.values) EXPECT_EQ(x, 0.0);
   for (const double x : equal.d_keys.values) EXPECT_EQ(x, 0.0);
@@ -173,7 +181,8 @@ TEST(AttentionBackwardReference, BadInputIsNamed) {
                v = random_matrix(4, 2, 1, fp32, random);
   Matrix d_out = random_matrix(2, 2, 1, fp32, random);
   const tensor::HeadScores plain;
-  const auto call = [&](const Matrix& dO, const tensor::HeadScores& scores, std::span<const double> d_lse = {}) {
+  const auto call = [&](const Matrix& dO, const tensor::HeadScores& scores,
+                        std::span<const double> d_lse = {}) {
     return attention_backward({q, k, v, dO, d_lse, scores}, fp32);
   };
   EXPECT_THROW((void)call(Matrix(2, 3), plain), InputError);  // dO's shape

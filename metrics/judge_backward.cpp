@@ -1,0 +1,190 @@
+#include "metrics/judge_backward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace sharpcheck::metrics {
+namespace {
+
+// Entries with z - L below this have P < e^-100: their rounding errors are far below any
+// allowance, so they are left out of the units' max |z - L| (which would otherwise grow with a
+// mask's size, as tolerance_table.cpp's negligible entries explain for the forward).
+constexpr double negligible_gap = 100;
+
+struct Magnitudes {
+  Matrix dq, dk, dv;
+  double d_sink = 0;
+  // What an error of D_i by u_out sum_c |dO_ic O_ic| (O rounded to the format) moves each
+  // gradient by, over u_out: dV does not depend on D.
+  Matrix dq_from_d, dk_from_d;
+  double d_sink_from_d = 0;
+  double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
+};
+
+// The row's logits z, slopes dz/dr and the roundings of the logits, in double.
+struct RowGeometry {
+  std::vector<double> z, slope;
+  double lse = -INFINITY;
+};
+
+RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores& head, std::size_t i,
+                         const std::vector<std::size_t>& visible, Magnitudes& m) {
+  const std::size_t d = p.queries.cols;
+  const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  RowGeometry g;
+  double top = head.sink ? *head.sink / head.theta : -INFINITY;
+  for (const std::size_t j : visible) {
+    double raw = 0, absolute = 0;
+    for (std::size_t t = 0; t < d; ++t) {
+      raw += p.queries(i, t) * p.keys(j, t);
+      absolute += std::fabs(p.queries(i, t) * p.keys(j, t));
+    }
+    double s = raw * scale, slope = scale;
+    if (head.softcap != 0) {
+      const double t = std::tanh(s / head.softcap);
+      s = head.softcap * t;
+      slope = scale * (1 - t * t);
+    }
+    g.z.push_back(s / head.theta);
+    g.slope.push_back(std::fabs(slope / head.theta));
+    top = std::max(top, g.z.back());
+    m.logit_rounding =
+        std::max(m.logit_rounding, static_cast<double>(d) * absolute * std::fabs(scale / head.theta) +
+                                       4 * std::fabs(g.z.back()));
+  }
+  double sum = head.sink ? std::exp(*head.sink / head.theta - top) : 0.0;
+  for (const double z : g.z) sum += std::exp(z - top);
+  g.lse = top + std::log(sum);
+  m.largest_lse = std::max(m.largest_lse, std::fabs(g.lse));
+  for (const double z : g.z) {
+    if (z - g.lse > -negligible_gap) m.largest_gap = std::max(m.largest_gap, g.lse - z);
+  }
+  return g;
+}
+
+// The magnitudes kernels/tolerance.hpp defines, in double (relative error below 1e-12 for the
+// sizes judged, covered by the 1e-9 they are inflated by).
+Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
+  const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
+  tensor::HeadScores head = p.scores;
+  if (head.queries == 0) head.queries = mq;
+  if (head.keys == 0) head.keys = n;
+  if (head.row_stride == 0) head.row_stride = n;
+  Magnitudes m{Matrix(mq, d), Matrix(n, d), Matrix(n, dv), 0, Matrix(mq, d), Matrix(n, d)};
+  std::vector<std::size_t> visible;
+  std::vector<double> weight, dp_mag, out_row;
+  for (std::size_t i = 0; i < mq; ++i) {
+    head.visible_keys(i, visible);
+    if (visible.empty() && !head.sink) continue;
+    const RowGeometry g = row_geometry(p, head, i, visible, m);
+    const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
+    double a_i = 0, b_i = 0;
+    weight.assign(visible.size(), 0);
+    dp_mag.assign(visible.size(), 0);
+    out_row.assign(dv, 0);
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      weight[a] = std::exp(g.z[a] - g.lse);
+      for (std::size_t c = 0; c < dv; ++c) {
+        dp_mag[a] += std::fabs(p.d_out(i, c) * p.values(visible[a], c));
+        out_row[c] += weight[a] * p.values(visible[a], c);
+      }
+      a_i += weight[a] * dp_mag[a];
+    }
+    // B_i = sum_c |dO_ic O_ic|, O in double: its error, below 1e-12 A_i, is added.
+    for (std::size_t c = 0; c < dv; ++c) b_i += std::fabs(p.d_out(i, c) * out_row[c]);
+    b_i += 1e-12 * a_i;
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      const std::size_t j = visible[a];
+      const double mag = weight[a] * (dp_mag[a] + a_i + lse_gradient) * g.slope[a];
+      const double from_d = weight[a] * b_i * g.slope[a];
+      for (std::size_t t = 0; t < d; ++t) {
+        m.dq(i, t) += mag * std::fabs(p.keys(j, t));
+        m.dk(j, t) += mag * std::fabs(p.queries(i, t));
+        m.dq_from_d(i, t) += from_d * std::fabs(p.keys(j, t));
+        m.dk_from_d(j, t) += from_d * std::fabs(p.queries(i, t));
+      }
+      for (std::size_t c = 0; c < dv; ++c) m.dv(j, c) += weight[a] * std::fabs(p.d_out(i, c));
+    }
+    if (head.sink) {
+      const double sink_weight = std::exp(*head.sink / head.theta - g.lse) / std::fabs(head.theta);
+      m.d_sink += sink_weight * (a_i + lse_gradient);
+      m.d_sink_from_d += sink_weight * b_i;
+    }
+  }
+  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d}) {
+    for (double& x : matrix->values) x *= 1 + 1e-9;
+  }
+  m.d_sink *= 1 + 1e-9;
+  m.d_sink_from_d *= 1 + 1e-9;
+  return m;
+}
+
+// allowed = (exp(units u) - 1) magnitude + output_units u_out from_d + 2 u_out |expected| + floor;
+// the from_d part is an absolute allowance per element (compare's `additional`).
+Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const Matrix& magnitudes,
+                            const Matrix& from_d, double output_units, const Tolerance& tolerance,
+                            const FloatFormat& output) {
+  const Matrix zeros(expected.rows, expected.cols);
+  Matrix additional(expected.rows, expected.cols);
+  for (std::size_t e = 0; e < additional.values.size(); ++e)
+    additional.values[e] = output_units * output.unit_roundoff() * from_d.values[e] * (1 + 0x1p-20);
+  ComparisonInput input{&expected, &actual, &magnitudes, &zeros, std::vector<RowScale>(expected.rows), false};
+  input.output_rounding_of_expected = true;
+  input.additional = &additional;
+  return compare(input, tolerance, output);
+}
+
+}  // namespace
+
+bool BackwardJudgement::passed() const {
+  return d_queries.passed() && d_keys.passed() && d_values.passed() && (!d_sink || d_sink->passed());
+}
+
+std::string BackwardJudgement::describe_worst() const {
+  const Comparison* worst = &d_queries;
+  const char* name = "dQ";
+  for (const auto& [candidate, label] : {std::pair{&d_keys, "dK"}, std::pair{&d_values, "dV"}}) {
+    if (!(candidate->max_bound_ratio <= worst->max_bound_ratio)) {
+      worst = candidate;
+      name = label;
+    }
+  }
+  if (d_sink && !(d_sink->max_bound_ratio <= worst->max_bound_ratio)) {
+    worst = &*d_sink;
+    name = "dsink";
+  }
+  return std::string(name) + " " + worst->worst.describe();
+}
+
+BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tolerance,
+                                           const FloatFormat& output, const kernels::BackwardProblem& p,
+                                           const kernels::KernelGradients& actual,
+                                           const reference::AttentionGradients* expected) {
+  BackwardJudgement judgement;
+  judgement.expected =
+      expected != nullptr
+          ? *expected
+          : reference::attention_backward({p.queries, p.keys, p.values, p.d_out, p.d_lse, p.scores}, output);
+  const Magnitudes m = magnitudes_of(p);
+  Tolerance entry;
+  entry.accumulation = &fp32;
+  entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
+                   tolerance.length * static_cast<double>(std::max(p.queries.rows, p.keys.rows)) +
+                   tolerance.dims * static_cast<double>(p.queries.cols + p.values.cols) + tolerance.constant;
+  const double units = tolerance.output_units;
+  const auto& e = judgement.expected;
+  judgement.d_queries =
+      compare_gradient(e.d_queries, actual.d_queries, m.dq, m.dq_from_d, units, entry, output);
+  judgement.d_keys = compare_gradient(e.d_keys, actual.d_keys, m.dk, m.dk_from_d, units, entry, output);
+  const Matrix no_d(e.d_values.rows, e.d_values.cols);
+  judgement.d_values = compare_gradient(e.d_values, actual.d_values, m.dv, no_d, units, entry, output);
+  if (e.d_sink) {
+    const Matrix sink(1, 1, *e.d_sink), got(1, 1, actual.d_sink), magnitude(1, 1, m.d_sink),
+        from_d(1, 1, m.d_sink_from_d);
+    judgement.d_sink = compare_gradient(sink, got, magnitude, from_d, units, entry, output);
+  }
+  return judgement;
+}
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,32 @@
+// The verdict on an attention backward kernel: its dQ, dK, dV (and dsink) against the correctly
+// rounded gradients (reference/attention_backward.hpp), each element within its tolerance entry
+// (kernels/tolerance.hpp's BackwardTolerance) relative to the element's magnitude, computed here.
+#pragma once
+
+#include <string>
+
+#include "kernels/attention_backward.hpp"
+#include "metrics/comparison.hpp"
+#include "reference/attention_backward.hpp"
+
+namespace sharpcheck::metrics {
+
+struct BackwardJudgement {
+  reference::AttentionGradients expected;
+  Comparison d_queries, d_keys, d_values;
+  std::optional<Comparison> d_sink;
+
+  [[nodiscard]] bool passed() const;
+  // The gradient with the largest bound ratio and its worst element, e.g.
+  // "dQ row 3 index 7: expected ... got ... (bound ratio 5.2)".
+  [[nodiscard]] std::string describe_worst() const;
+};
+
+// InputError as the reference's for bad input; UndecidedRounding passed on. `expected`, when given,
+// is the reference's result for this problem and format (computed once for several kernels).
+[[nodiscard]] BackwardJudgement judge_attention_backward(
+    const kernels::BackwardTolerance& tolerance, const FloatFormat& output,
+    const kernels::BackwardProblem& problem, const kernels::KernelGradients& actual,
+    const reference::AttentionGradients* expected = nullptr);
+
+}  // namespace sharpcheck::metrics

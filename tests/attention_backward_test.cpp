@@ -1,0 +1,57 @@
+// The attention backward kernels on the backward sweep (inputs/attention_backward_cases.hpp):
+// the honest kernels pass every case; every deliberately broken twin fails some case with its
+// worst element named; and sharpcheck catches every twin that PyTorch's or FlashAttention's rule
+// catches, and the twins they miss (studies/backward_peers.hpp).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+
+#include "studies/backward_peers.hpp"
+
+namespace sharpcheck::studies {
+namespace {
+
+const BackwardPeerStudy& study() {
+  static const BackwardPeerStudy result = run_backward_peer_study();
+  return result;
+}
+
+TEST(AttentionBackwardKernels, HonestKernelsPassEveryCase) {
+  std::size_t honest = 0;
+  for (const PeerVerdicts& row : study().rows) {
+    if (row.deliberately_broken) continue;
+    ++honest;
+    EXPECT_FALSE(row.sharpcheck_fails) << row.kernel << " on " << row.case_name << ": " << row.worst;
+    EXPECT_LE(row.bound_ratio, 1.0) << row.kernel << " on " << row.case_name;
+  }
+  EXPECT_EQ(honest, 4u * 8u);  // plain and flash, fp32 and bf16, on eight cases
+}
+
+TEST(AttentionBackwardKernels, EveryBrokenTwinFailsACaseAndSharpcheckCatchesWhatPeersCatch) {
+  std::map<std::string, std::vector<const PeerVerdicts*>> by_kernel;
+  for (const PeerVerdicts& row : study().rows) {
+    if (row.deliberately_broken) by_kernel[row.kernel].push_back(&row);
+  }
+  ASSERT_EQ(by_kernel.size(), 4u);
+  for (const auto& [kernel, rows] : by_kernel) {
+    bool caught = false, pytorch = false, flash = false;
+    for (const PeerVerdicts* row : rows) {
+      caught = caught || row->sharpcheck_fails;
+      pytorch = pytorch || row->pytorch_fails;
+      flash = flash || row->flash_fails;
+      // Per case too: where a peer rule fails the kernel, sharpcheck does.
+      if (row->pytorch_fails || row->flash_fails) {
+        EXPECT_TRUE(row->sharpcheck_fails) << kernel << " on " << row->case_name << ": a peer catches it";
+      }
+      if (row->sharpcheck_fails)
+        std::printf("%s on %s: %s\n", kernel.c_str(), row->case_name.c_str(), row->worst.c_str());
+    }
+    EXPECT_TRUE(caught) << kernel;
+    std::printf("%s: sharpcheck %d, PyTorch's rule %d, FlashAttention's rule %d\n", kernel.c_str(), caught,
+                pytorch, flash);
+  }
+}
+
+}  // namespace
+}  // namespace sharpcheck::studies
