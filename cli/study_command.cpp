@@ -336,6 +336,7 @@ int run_study(StudySettings s) {
   if (s.preset == "stall" || s.preset == "denominator-stall") return run_stall_preset(preset_options(s));
   if (s.preset == "flash-deviation") return run_flash_deviation_preset(preset_options(s));
   if (s.preset == "fp8-spread") return run_fp8_spread_preset(preset_options(s));
+  if (s.preset == "backward-peers") return run_backward_peers_preset(preset_options(s));
   if (s.preset != "paper")
     throw InputError(InputProblem::out_of_range, "study: unknown preset '" + s.preset + "'");
   if (s.spreads.empty()) s.spreads = {2.28, 5.69, 14.78};  // Gemma 2B heads: min, mean, max
@@ -376,7 +377,8 @@ Command add_study_command(CLI::App& app) {
       "against the exact denominator, n = 16 to 16384; flash-deviation: FlashAttention-style against plain "
       "attention in bf16, fp16 and fp32, N = 128 to 16384; fp8-spread: FP8 attention (plain, block, "
       "Hadamard, "
-      "lazy rescaling) against the logits' standard deviation");
+      "lazy rescaling) against the logits' standard deviation; backward-peers: the attention backward kernels "
+      "and their broken twins judged by sharpcheck, PyTorch's rule and FlashAttention's rule");
   command->add_flag("--quick", s->quick, "stall, flash-deviation, fp8-spread: CI's size (seconds)");
   command->add_option(
       "--seed", s->preset_seed,

@@ -11,6 +11,7 @@
 #include "io/atomic_file.hpp"
 #include "io/chart_png.hpp"
 #include "io/svg_plot.hpp"
+#include "studies/backward_peers.hpp"
 #include "studies/denominator_stall.hpp"
 #include "studies/flash_deviation.hpp"
 #include "studies/fp8_spread.hpp"
@@ -126,6 +127,38 @@ std::string fp8_spread_summary(const studies::Fp8SpreadStudy& study) {
          "on "
          "outlier inputs (2.6x); FlashAttention 4's tests: FP8 rescaling saturates once the logits' standard "
          "deviation passes about 0.8 (log2(448) - 8 = 0.807).\n";
+}
+
+// Per kernel: which of the three judges fails it on which cases.
+std::string backward_peers_summary(const studies::BackwardPeerStudy& study) {
+  std::string text =
+      "# Attention backward: sharpcheck against PyTorch's and FlashAttention's rules\n\n"
+      "| kernel | broken | sharpcheck fails | PyTorch's rule fails | FlashAttention's rule fails | worst bound ratio "
+      "|\n|---|---|---|---|---|---|\n";
+  for (std::size_t first = 0; first < study.rows.size();) {
+    std::size_t last = first;
+    std::string ours, pytorch, flash;
+    double worst = 0;
+    for (; last < study.rows.size() && study.rows[last].kernel == study.rows[first].kernel; ++last) {
+      const auto& row = study.rows[last];
+      const auto add = [&](std::string& list, bool fails) {
+        if (fails) list += (list.empty() ? "" : ", ") + row.case_name;
+      };
+      add(ours, row.sharpcheck_fails);
+      add(pytorch, row.pytorch_fails);
+      add(flash, row.flash_fails);
+      worst = std::max(worst, row.bound_ratio);
+    }
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.3g", worst);
+    const auto none = [](const std::string& list) { return list.empty() ? std::string("none") : list; };
+    text += "| " + study.rows[first].kernel + " | " + (study.rows[first].deliberately_broken ? "yes" : "no") + " | " +
+            none(ours) + " | " + none(pytorch) + " | " + none(flash) + " | " + ratio + " |\n";
+    first = last;
+  }
+  return text + "\nPyTorch's rule: max |test - gold| <= max(1e-5, fudge max |lowp_math - gold|), fudge 180 (dQ), 16 (dK), "
+                "4 (dV); FlashAttention's: max |test - gold| <= 3 max |lowp_math - gold|; gold the correctly rounded fp64 "
+                "gradients, lowp_math PyTorch's math path in the kernel's format.\n";
 }
 
 }  // namespace
@@ -260,6 +293,27 @@ int run_fp8_spread_preset(const PresetOptions& options) {
       "fp8-spread study written to %s: fp8_spread.csv, fp8_spread_rmse.svg, fp8_spread_saturation.svg, "
       "fp8_spread_summary.md\n%s%s",
       options.out.c_str(), notes.c_str(), summary.c_str());
+  return exit_pass;
+}
+
+// `study --preset backward-peers`: every attention backward kernel on the backward sweep, judged by
+// sharpcheck, PyTorch's rule and FlashAttention's rule in one run.
+int run_backward_peers_preset(const PresetOptions& options) {
+  const studies::BackwardPeerStudy study =
+      studies::run_backward_peer_study(options.seed != 0 ? options.seed : 20241008, options.threads);
+  io::make_writable_directory(options.out);
+  io::OutputFile csv(options.out + "/backward_peers.csv");
+  csv << "kernel,case,deliberately_broken,sharpcheck_fails,bound_ratio,pytorch_fails,flash_fails,worst\n";
+  for (const auto& row : study.rows) {
+    csv << row.kernel << ',' << row.case_name << ',' << row.deliberately_broken << ',' << row.sharpcheck_fails << ','
+        << decimal(row.bound_ratio) << ',' << row.pytorch_fails << ',' << row.flash_fails << ",\"" << row.worst
+        << "\"\n";
+  }
+  csv.commit();
+  const std::string summary = backward_peers_summary(study);
+  io::write_file_atomically(options.out + "/backward_peers_summary.md", summary);
+  std::printf("backward-peers study written to %s: backward_peers.csv, backward_peers_summary.md\n%s",
+              options.out.c_str(), summary.c_str());
   return exit_pass;
 }
 

@@ -32,5 +32,7 @@ int run_stall_preset(const PresetOptions& options);
 int run_flash_deviation_preset(const PresetOptions& options);
 // `study --preset fp8-spread` (studies/fp8_spread.hpp).
 int run_fp8_spread_preset(const PresetOptions& options);
+// `study --preset backward-peers` (studies/backward_peers.hpp).
+int run_backward_peers_preset(const PresetOptions& options);
 
 }  // namespace sharpcheck::cli
