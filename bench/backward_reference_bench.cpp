@@ -66,7 +66,8 @@ void plain_double_backward(const Head& head, Matrix& dq, Matrix& dk, Matrix& dv)
 }
 
 void BM_PlainDoubleBackward(benchmark::State& state) {
-  const auto heads = make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
+  const auto heads =
+      make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
   for (auto _ : state) {
     std::vector<Matrix> gradients(heads.size() * 3, Matrix(heads[0].q.rows, 64));
     sharpcheck::parallel_for(heads.size(), 0, [&](std::size_t h) {
@@ -77,20 +78,30 @@ void BM_PlainDoubleBackward(benchmark::State& state) {
 }
 
 void BM_BackwardReference(benchmark::State& state) {
-  const auto heads = make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
+  const auto heads =
+      make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
   sharpcheck::tensor::HeadScores causal;
   causal.causal = true;
   for (auto _ : state) {
     for (const Head& head : heads) {  // each call uses every core over its queries
-      auto gradients =
-          sharpcheck::reference::attention_backward({head.q, head.k, head.v, head.d_out, {}, causal}, sharpcheck::bf16);
+      auto gradients = sharpcheck::reference::attention_backward(
+          {head.q, head.k, head.v, head.d_out, {}, causal}, sharpcheck::bf16);
       benchmark::DoNotOptimize(gradients.d_queries.values.data());
     }
   }
 }
 
-BENCHMARK(BM_PlainDoubleBackward)->Args({8, 256})->Args({8, 1024})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_BackwardReference)->Args({8, 256})->Args({8, 1024})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_PlainDoubleBackward)
+    ->Args({8, 256})
+    ->Args({8, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_BackwardReference)
+    ->Args({8, 256})
+    ->Args({8, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace
 

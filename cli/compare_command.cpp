@@ -201,6 +201,14 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
   command->add_option("--v", r.v, "Attention values (n x dv, or a layer)");
   command->add_option("--out", r.out, "The kernel's attention output");
   command->add_option("--lse", r.lse, "The kernel's log-sum-exp ([B,H,S] or [H,T]), judged in fp32");
+  command->add_option(
+      "--dout", r.dout,
+      "Attention backward: the gradient reaching the output (q's layout); with --dq --dk --dv");
+  command->add_option("--dq", r.dq, "Attention backward: the kernel's dQ (q's layout)");
+  command->add_option("--dk", r.dk, "Attention backward: the kernel's dK (k's layout)");
+  command->add_option("--dv", r.dv, "Attention backward: the kernel's dV (v's layout)");
+  command->add_option("--d-lse", r.d_lse,
+                      "Attention backward: the gradient reaching the log-sum-exp, if any");
   command->add_flag("--lse-base2", r.lse_base2, "The log-sum-exp is base 2 (log2 of the sum)");
   command->add_option("--format", r.format,
                       "The outputs' format: fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8");

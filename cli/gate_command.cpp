@@ -14,6 +14,7 @@
 #include "gate/sweep.hpp"
 #include "gate/verdict.hpp"
 #include "io/atomic_file.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/registry.hpp"
 
 namespace sharpcheck::cli {
@@ -42,6 +43,11 @@ void print_kernel_list() {
   };
   for (const auto& k : kernels::softmax_kernels()) row(k);
   for (const auto& k : kernels::attention_kernels()) row(k);
+  for (const auto& k : kernels::attention_backward_kernels()) {
+    const std::string format(k.format->name);
+    std::printf("%-22s %-6s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
+                "fp32", std::string(k.description).c_str());
+  }
 }
 
 void print_verdicts(const gate::SweepVerdict& verdict, const std::vector<nlohmann::json>& cases) {

@@ -377,7 +377,8 @@ Command add_study_command(CLI::App& app) {
       "against the exact denominator, n = 16 to 16384; flash-deviation: FlashAttention-style against plain "
       "attention in bf16, fp16 and fp32, N = 128 to 16384; fp8-spread: FP8 attention (plain, block, "
       "Hadamard, "
-      "lazy rescaling) against the logits' standard deviation; backward-peers: the attention backward kernels "
+      "lazy rescaling) against the logits' standard deviation; backward-peers: the attention backward "
+      "kernels "
       "and their broken twins judged by sharpcheck, PyTorch's rule and FlashAttention's rule");
   command->add_flag("--quick", s->quick, "stall, flash-deviation, fp8-spread: CI's size (seconds)");
   command->add_option(

@@ -133,7 +133,8 @@ std::string fp8_spread_summary(const studies::Fp8SpreadStudy& study) {
 std::string backward_peers_summary(const studies::BackwardPeerStudy& study) {
   std::string text =
       "# Attention backward: sharpcheck against PyTorch's and FlashAttention's rules\n\n"
-      "| kernel | broken | sharpcheck fails | PyTorch's rule fails | FlashAttention's rule fails | worst bound ratio "
+      "| kernel | broken | sharpcheck fails | PyTorch's rule fails | FlashAttention's rule fails | worst "
+      "bound ratio "
       "|\n|---|---|---|---|---|---|\n";
   for (std::size_t first = 0; first < study.rows.size();) {
     std::size_t last = first;
@@ -152,13 +153,16 @@ std::string backward_peers_summary(const studies::BackwardPeerStudy& study) {
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%.3g", worst);
     const auto none = [](const std::string& list) { return list.empty() ? std::string("none") : list; };
-    text += "| " + study.rows[first].kernel + " | " + (study.rows[first].deliberately_broken ? "yes" : "no") + " | " +
-            none(ours) + " | " + none(pytorch) + " | " + none(flash) + " | " + ratio + " |\n";
+    text += "| " + study.rows[first].kernel + " | " + (study.rows[first].deliberately_broken ? "yes" : "no") +
+            " | " + none(ours) + " | " + none(pytorch) + " | " + none(flash) + " | " + ratio + " |\n";
     first = last;
   }
-  return text + "\nPyTorch's rule: max |test - gold| <= max(1e-5, fudge max |lowp_math - gold|), fudge 180 (dQ), 16 (dK), "
-                "4 (dV); FlashAttention's: max |test - gold| <= 3 max |lowp_math - gold|; gold the correctly rounded fp64 "
-                "gradients, lowp_math PyTorch's math path in the kernel's format.\n";
+  return text +
+         "\nPyTorch's rule: max |test - gold| <= max(1e-5, fudge max |lowp_math - gold|), fudge 180 (dQ), 16 "
+         "(dK), "
+         "4 (dV); FlashAttention's: max |test - gold| <= 3 max |lowp_math - gold|; gold the correctly "
+         "rounded fp64 "
+         "gradients, lowp_math PyTorch's math path in the kernel's format.\n";
 }
 
 }  // namespace
@@ -305,9 +309,9 @@ int run_backward_peers_preset(const PresetOptions& options) {
   io::OutputFile csv(options.out + "/backward_peers.csv");
   csv << "kernel,case,deliberately_broken,sharpcheck_fails,bound_ratio,pytorch_fails,flash_fails,worst\n";
   for (const auto& row : study.rows) {
-    csv << row.kernel << ',' << row.case_name << ',' << row.deliberately_broken << ',' << row.sharpcheck_fails << ','
-        << decimal(row.bound_ratio) << ',' << row.pytorch_fails << ',' << row.flash_fails << ",\"" << row.worst
-        << "\"\n";
+    csv << row.kernel << ',' << row.case_name << ',' << row.deliberately_broken << ',' << row.sharpcheck_fails
+        << ',' << decimal(row.bound_ratio) << ',' << row.pytorch_fails << ',' << row.flash_fails << ",\""
+        << row.worst << "\"\n";
   }
   csv.commit();
   const std::string summary = backward_peers_summary(study);

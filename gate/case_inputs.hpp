@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string_view>
 #include <vector>
 
 #include "core/matrix.hpp"
@@ -14,6 +15,8 @@ namespace sharpcheck::gate {
 inline constexpr const char* attention_input = "attention_normal";
 inline constexpr std::size_t attention_queries = 4;
 inline constexpr std::size_t attention_dimension = 64;
+// A backward case's input: this prefix and an inputs::BackwardKind's name.
+inline constexpr std::string_view backward_input_prefix = "backward_";
 
 [[nodiscard]] inline Matrix one_row(const std::vector<double>& row) {
   Matrix matrix(1, row.size());

@@ -117,6 +117,27 @@ CaseOutcome compare_attention(const CompareRequest& request, const StoredFormat&
   return judge_attention_arrays(options_of(request), arrays);
 }
 
+CaseOutcome compare_attention_backward(const CompareRequest& request, const StoredFormat& output,
+                                       const StoredFormat& input) {
+  for (const auto& [path, option] : {std::pair{&request.k, "--k"},
+                                     {&request.v, "--v"},
+                                     {&request.dq, "--dq"},
+                                     {&request.dk, "--dk"},
+                                     {&request.dv, "--dv"}}) {
+    if (path->empty())
+      refuse(InputProblem::out_of_range, std::string("the attention backward needs ") + option);
+  }
+  const DecodedFile q("--q", request.q, input), k("--k", request.k, input), v("--v", request.v, input),
+      dout("--dout", request.dout, input), dq("--dq", request.dq, output), dk("--dk", request.dk, output),
+      dv("--dv", request.dv, output);
+  std::optional<DecodedFile> d_lse;
+  if (!request.d_lse.empty()) d_lse.emplace("--d-lse", request.d_lse, input);
+  BackwardArrays arrays{&q, &k, &v, &dout, &dq, &dk, &dv, d_lse ? &*d_lse : nullptr, {}, {}};
+  if (!request.sinks.empty())
+    arrays.sinks = read_values(request.sinks, StoredFormat{&fp64, std::nullopt, "fp64"});
+  return judge_attention_backward_arrays(options_of(request), arrays);
+}
+
 // The paths left empty taken from the bundle's members of the same names, where it has them.
 CompareRequest with_bundle(CompareRequest request) {
   if (request.bundle.empty()) return request;
@@ -138,7 +159,12 @@ CompareRequest with_bundle(CompareRequest request) {
                               {&request.out, "out"},
                               {&request.lse, "lse"},
                               {&request.sinks, "sinks"},
-                              {&request.alibi_slopes, "alibi_slopes"}}) {
+                              {&request.alibi_slopes, "alibi_slopes"},
+                              {&request.dout, "dout"},
+                              {&request.dq, "dq"},
+                              {&request.dk, "dk"},
+                              {&request.dv, "dv"},
+                              {&request.d_lse, "d_lse"}}) {
     if (field->empty() && has(name)) *field = request.bundle + ":" + name;
   }
   request.name = kernel_name_of(request);
@@ -151,7 +177,8 @@ std::string kernel_name_of(const CompareRequest& request) {
   if (!request.name.empty()) return request.name;
   const std::string& named = !request.bundle.empty() ? request.bundle
                              : request.q.empty()     ? request.probabilities
-                                                     : request.out;
+                             : request.dout.empty()  ? request.out
+                                                     : request.dq;
   return "compare:" + std::filesystem::path(named).filename().string();
 }
 
@@ -163,8 +190,9 @@ CaseOutcome compare_files(const CompareRequest& given) {
   }
   const StoredFormat output = stored_format(request.format);
   const StoredFormat input = request.input_format.empty() ? output : stored_format(request.input_format);
-  CaseOutcome outcome =
-      attention ? compare_attention(request, output, input) : compare_rows(request, output, input);
+  CaseOutcome outcome = !attention              ? compare_rows(request, output, input)
+                        : !request.dout.empty() ? compare_attention_backward(request, output, input)
+                                                : compare_attention(request, output, input);
   outcome.gate_case.input = "npy";
   return outcome;
 }

@@ -13,6 +13,7 @@
 
 #include "gate/cases.hpp"
 #include "gate/judge_arrays.hpp"
+#include "gate/judge_backward_arrays.hpp"
 
 namespace sharpcheck::gate {
 
@@ -21,8 +22,11 @@ struct CompareRequest : JudgeOptions {
   std::string bundle;                 // an .npz file whose members stand for the paths below left empty
   std::string logits, probabilities;  // softmax (or log-softmax) rows
   std::string q, k, v, out, lse;      // attention
-  std::string input_format;           // how bit patterns in q, k, v or logits are read (default: as format)
-  std::string sinks, alibi_slopes;    // .npy files of one value per query head
+  // Attention backward (with q, k, v): the gradient reaching the output, the kernel's gradients,
+  // and the gradient reaching the log-sum-exp, if any (gate/judge_backward_arrays.hpp).
+  std::string dout, dq, dk, dv, d_lse;
+  std::string input_format;         // how bit patterns in q, k, v or logits are read (default: as format)
+  std::string sinks, alibi_slopes;  // .npy files of one value per query head
   // FlashAttention 3's per-tensor descale factors of fp8 inputs: the real inputs are the stored
   // values times these. Q's and K's fold into the scale, V's into V; each product must be exact.
   double q_descale = 1, k_descale = 1, v_descale = 1;

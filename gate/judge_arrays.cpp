@@ -5,39 +5,13 @@
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "gate/array_checks.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
 #include "metrics/judge_tensors.hpp"
 
 namespace sharpcheck::gate {
 namespace {
-
-[[noreturn]] void refuse(InputProblem problem, const std::string& message) {
-  throw InputError(problem, "judge: " + message);
-}
-
-std::string shape_text(const std::vector<std::size_t>& shape) {
-  std::string text = "[";
-  for (std::size_t axis = 0; axis < shape.size(); ++axis)
-    text += (axis ? ", " : "") + std::to_string(shape[axis]);
-  return text + "]";
-}
-
-// The caller's name (compare names files by gate::kernel_name_of, Python by the test), else the
-// outputs' own.
-std::string kernel_name(const JudgeOptions& options, const Array& output) {
-  return options.name.empty() ? "compare:" + output.name() : options.name;
-}
-
-// Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).
-void require_value_of(double value, const StoredFormat& stored, const std::string& name, std::size_t index,
-                      bool minus_infinity_allowed = false) {
-  if (minus_infinity_allowed && value == -INFINITY) return;
-  if (!is_representable(value, *stored.format)) {
-    refuse(InputProblem::out_of_range, name + ": element " + std::to_string(index) + " (" + hex_float(value) +
-                                           ") is not a " + stored.name + " value");
-  }
-}
 
 struct RowBlock {
   std::size_t first = 0, count = 0;
@@ -75,16 +49,6 @@ std::vector<RowBlock> plan_blocks(const io::NpyLanes& lanes, unsigned threads) {
   for (std::size_t first = 0; first < lanes.count; first += size)
     blocks.push_back({first, std::min(size, lanes.count - first), {}, {}});
   return blocks;
-}
-
-// The multi-index of C-order position `flat` in an array of this shape.
-std::vector<std::size_t> unravel(std::size_t flat, const std::vector<std::size_t>& shape) {
-  std::vector<std::size_t> index(shape.size());
-  for (std::size_t axis = shape.size(); axis-- > 0;) {
-    index[axis] = flat % shape[axis];
-    flat /= shape[axis];
-  }
-  return index;
 }
 
 // Folds tensor judgement (output and LSE) into the case and names the worst element on failure.

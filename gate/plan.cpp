@@ -5,7 +5,9 @@
 #include "gate/attention_scenarios.hpp"
 #include "gate/case_inputs.hpp"
 #include "gate/cases.hpp"
+#include "inputs/attention_backward_cases.hpp"
 #include "inputs/rows.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
 #include "metrics/tolerance_table.hpp"
@@ -38,7 +40,8 @@ std::vector<std::size_t> sweep_sizes(const GateSettings& settings) {
 void check_kernel_names(const GateSettings& settings) {
   for (const auto& name : settings.kernels) {
     if (name != "all" && name != "none" && kernels::find_softmax_kernel(name) == nullptr &&
-        kernels::find_attention_kernel(name) == nullptr) {
+        kernels::find_attention_kernel(name) == nullptr &&
+        kernels::find_attention_backward_kernel(name) == nullptr) {
       throw InputError(InputProblem::out_of_range,
                        "gate: no built-in kernel named '" + name + "' (sharpcheck gate --list shows them)");
     }
@@ -125,6 +128,22 @@ void add_scenario_cases(const GateSettings& settings, const std::string& prefix,
   }
 }
 
+// The attention backward sweep (inputs/attention_backward_cases.hpp) on every backward kernel
+// wanted; n is the problem's number of keys.
+template <typename Wanted>
+void add_backward_cases(const Wanted& wanted, const GateSettings& settings, std::vector<GateCase>& cases) {
+  for (const auto& kernel : kernels::attention_backward_kernels()) {
+    if (!wanted(kernel.name)) continue;
+    for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {
+      const std::size_t keys = inputs::make_backward_inputs(kind, *kernel.format, 0).keys.rows;
+      cases.push_back(
+          make_case(std::string(kernel.name),
+                    std::string(backward_input_prefix) + std::string(inputs::backward_kind_name(kind)), keys,
+                    settings, kernel.deliberately_broken, nullptr));
+    }
+  }
+}
+
 // Every case of the unsharded sweep, in sweep order.
 std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes) {
   const auto wanted = [&](std::string_view name) {
@@ -151,6 +170,7 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
       cases.push_back(
           scenario_case(std::string(kernel.name), scenario, settings, nullptr, kernel.deliberately_broken));
   }
+  add_backward_cases(wanted, settings, cases);
   if (!settings.plugin) return cases;
   const std::string prefix = "plugin:" + settings.plugin->name() + ":";
   for (const FloatFormat* format : settings.plugin->softmax_formats()) {

@@ -8,13 +8,16 @@
 #include "gate/attention_scenarios.hpp"
 #include "gate/case_inputs.hpp"
 #include "gate/cases.hpp"
+#include "inputs/attention_backward_cases.hpp"
 #include "inputs/rows.hpp"
 #include "io/atomic_file.hpp"
 #include "io/npy.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/attention_layer.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
+#include "metrics/judge_backward.hpp"
 #include "metrics/judge_tensors.hpp"
 
 namespace sharpcheck::gate {
@@ -123,7 +126,45 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
   outcome.reference_statistics = evaluation.reference_statistics;
 }
 
+// An attention backward kernel on one problem of the backward sweep: dQ, dK, dV (and dsink)
+// judged against the correctly rounded gradients; the worst element named with its gradient.
+void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const GateCase& gate_case,
+                       CaseOutcome& outcome) {
+  outcome.format = std::string(kernel.format->name);
+  const std::string_view kind_name = std::string_view(gate_case.input).substr(backward_input_prefix.size());
+  inputs::BackwardKind kind = inputs::BackwardKind::normal_causal;
+  for (const inputs::BackwardKind k : inputs::all_backward_kinds) {
+    if (inputs::backward_kind_name(k) == kind_name) kind = k;
+  }
+  const inputs::BackwardInputs in = inputs::make_backward_inputs(kind, *kernel.format, gate_case.seed);
+  const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
+  const auto judgement =
+      metrics::judge_attention_backward(kernel.tolerance, *kernel.format, problem, kernel.run(problem));
+  const std::pair<const metrics::Comparison*, const char*> gradients[] = {
+      {&judgement.d_queries, "dQ"},
+      {&judgement.d_keys, "dK"},
+      {&judgement.d_values, "dV"},
+      {judgement.d_sink ? &*judgement.d_sink : nullptr, "dsink"}};
+  const metrics::Comparison* worst = &judgement.d_queries;
+  outcome.worst_array = "dQ";
+  outcome.comparison = judgement.d_queries;
+  for (const auto& [comparison, name] : gradients) {
+    if (comparison == nullptr || comparison == &judgement.d_queries) continue;
+    outcome.comparison.merge(*comparison);
+    if (comparison->max_bound_ratio > worst->max_bound_ratio) {
+      worst = comparison;
+      outcome.worst_array = name;
+    }
+  }
+  outcome.worst_index = {worst->worst.row, worst->worst.index};
+  if (!judgement.passed()) outcome.failures.push_back("tolerance table: " + judgement.describe_worst());
+}
+
 void run_builtin_case(const GateCase& gate_case, CaseOutcome& outcome) {
+  if (const auto* backward = kernels::find_attention_backward_kernel(gate_case.kernel)) {
+    run_backward_case(*backward, gate_case, outcome);
+    return;
+  }
   if (const auto* kernel = kernels::find_softmax_kernel(gate_case.kernel)) {
     outcome.format = std::string(kernel->output->name);
     const auto kind = inputs::find_row_kind(gate_case.input).value();

@@ -13,6 +13,7 @@
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
 #include "gate/judge_arrays.hpp"
+#include "gate/judge_backward_arrays.hpp"
 #include "gate/report.hpp"
 #include "gate/verdict.hpp"
 #include "io/atomic_file.hpp"
@@ -195,6 +196,61 @@ std::string judge_attention(const py::object& out, const py::object& q, const py
   return gate::to_json(outcome).dump();
 }
 
+// The correctly rounded attention gradients (dq, dk, dv laid out as q, k, v; the sinks' gradients
+// or None) given dout and optionally the gradient reaching the log-sum-exp.
+py::tuple reference_attention_backward(const py::object& q, const py::object& k, const py::object& v,
+                                       const py::object& dout, const py::object& d_lse,
+                                       const py::dict& given) {
+  const Options options(given);
+  const gate::JudgeOptions judge = options.judge_options();
+  const gate::StoredFormat input = options.input_format();
+  const HostArray queries(q, "q", input), keys(k, "k", input), values(v, "v", input),
+      d_out(dout, "dout", input);
+  std::optional<HostArray> lse_gradient;
+  if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
+  const AttentionExtras extras = options.attention_extras();
+  options.require_all_used();
+  gate::BackwardArrays arrays{&queries,     &keys,   &values, &d_out,
+                              nullptr,      nullptr, nullptr, lse_gradient ? &*lse_gradient : nullptr,
+                              extras.sinks, {}};
+  gate::BackwardGradients g;
+  {
+    const py::gil_scoped_release release;
+    g = gate::attention_backward_of_arrays(judge, arrays);
+  }
+  py::object sinks = py::none();
+  if (!g.d_sinks.empty()) sinks = to_numpy(g.d_sinks, {g.d_sinks.size()});
+  return py::make_tuple(to_numpy(g.dq, queries.shape()), to_numpy(g.dk, keys.shape()),
+                        to_numpy(g.dv, values.shape()), sinks);
+}
+
+// The case record of attention gradients against the correctly rounded ones.
+std::string judge_attention_backward(const py::object& dq, const py::object& dk, const py::object& dv,
+                                     const py::object& q, const py::object& k, const py::object& v,
+                                     const py::object& dout, const py::object& d_lse,
+                                     const py::object& d_sinks, const py::dict& given) {
+  const Options options(given);
+  const gate::JudgeOptions judge = options.judge_options();
+  const gate::StoredFormat input = options.input_format(), output = gate::stored_format(judge.format);
+  const HostArray queries(q, "q", input), keys(k, "k", input), values(v, "v", input),
+      d_out(dout, "dout", input);
+  const HostArray grad_q(dq, "dq", output), grad_k(dk, "dk", output), grad_v(dv, "dv", output);
+  std::optional<HostArray> lse_gradient;
+  if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
+  const AttentionExtras extras = options.attention_extras();
+  options.require_all_used();
+  gate::BackwardArrays arrays{&queries,     &keys,   &values, &d_out,
+                              &grad_q,      &grad_k, &grad_v, lse_gradient ? &*lse_gradient : nullptr,
+                              extras.sinks, {}};
+  if (!d_sinks.is_none()) arrays.d_sinks = d_sinks.cast<std::vector<double>>();
+  gate::CaseOutcome outcome;
+  {
+    const py::gil_scoped_release release;
+    outcome = gate::judge_attention_backward_arrays(judge, arrays);
+  }
+  return gate::to_json(outcome).dump();
+}
+
 // The case records of a run (a JSON list) as the gate's whole report, its JUnit XML and its exit
 // code: the checks made through the asserts are named kernels, judged plainly.
 std::vector<nlohmann::json> records_of(const std::string& cases) {
@@ -246,6 +302,11 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.def("judge_softmax", &judge_softmax, py::arg("actual"), py::arg("logits"), py::arg("options"));
   module.def("judge_attention", &judge_attention, py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"),
              py::arg("lse"), py::arg("options"));
+  module.def("reference_attention_backward", &reference_attention_backward, py::arg("q"), py::arg("k"),
+             py::arg("v"), py::arg("dout"), py::arg("d_lse"), py::arg("options"));
+  module.def("judge_attention_backward", &judge_attention_backward, py::arg("dq"), py::arg("dk"),
+             py::arg("dv"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("d_lse"),
+             py::arg("d_sinks"), py::arg("options"));
   module.def("report_json", &report_json, py::arg("cases"));
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));

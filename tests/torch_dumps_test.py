@@ -146,6 +146,38 @@ np.save(log_probs, torch.log_softmax(logits, dim=1).numpy())
 expect(0, "log_softmax over dim 1", "--logits", os.path.join(WORK, "logits3d.npy"), "--probs", log_probs,
        "--dim", "1", "--log-softmax", "--format", "fp32")
 
+# The attention backward: torch autograd's fp32 gradients of a causal [1, 2, 48, 32] layer pass; a
+# FlashAttention-style backward whose D comes from half the columns (a partial tile) fails.
+qb, kb, vb, doutb = (torch.randn(1, 2, 48, 32) for _ in range(4))
+leaves = [x.clone().requires_grad_(True) for x in (qb, kb, vb)]
+scores = (leaves[0] @ leaves[1].transpose(-1, -2)) / np.sqrt(32)
+scores = scores.masked_fill(~torch.ones(48, 48, dtype=torch.bool).tril(), float("-inf"))
+(torch.softmax(scores, dim=-1) @ leaves[2]).backward(doutb)
+grads = {"q": qb, "k": kb, "v": vb, "dout": doutb, "dq": leaves[0].grad, "dk": leaves[1].grad,
+         "dv": leaves[2].grad}
+backward_paths = {}
+for key, tensor in grads.items():
+    backward_paths[key] = os.path.join(WORK, f"backward_{key}.npy")
+    np.save(backward_paths[key], tensor.detach().numpy())
+
+
+def compare_backward(label, exit_code, paths, *extra, causal=True):
+    expect(exit_code, label, "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--dout", paths["dout"],
+           "--dq", paths["dq"], "--dk", paths["dk"], "--dv", paths["dv"], "--format", "fp32",
+           *(["--causal"] if causal else []), *extra)
+
+
+compare_backward("torch autograd's attention gradients", 0, backward_paths)
+with torch.no_grad():
+    p = torch.softmax(scores, dim=-1)
+    out_b = p @ vb
+    stale_d = (doutb[..., :16] * out_b[..., :16]).sum(-1, keepdim=True)
+    ds = p * (doutb @ vb.transpose(-1, -2) - stale_d) / np.sqrt(32)
+stale = os.path.join(WORK, "backward_dq_stale.npy")
+np.save(stale, (ds @ kb).numpy())
+compare_backward("dQ from a partial-tile D", 1, {**backward_paths, "dq": stale})
+compare_backward("torch's gradients judged without the mask", 1, backward_paths, causal=False)
+
 if failures:
     print(f"{len(failures)} wrong verdicts: {failures}")
     sys.exit(1)

@@ -13,18 +13,21 @@ assert_attention_close, each returning a Report. pytest: `-p sharpcheck.pytest_p
 
 from ._sharpcheck import UndecidedRounding
 from ._arrays import FORMATS
-from ._references import (attention, entropy, log_softmax, log_softmax_backward, logsumexp, softmax,
-                          softmax_backward)
-from ._asserts import Report, assert_attention_close, assert_log_softmax_close, assert_softmax_close
+from ._references import (attention, attention_backward, entropy, log_softmax, log_softmax_backward, logsumexp,
+                          softmax, softmax_backward)
+from ._asserts import (Report, assert_attention_backward_close, assert_attention_close, assert_log_softmax_close,
+                       assert_softmax_close)
 
 __all__ = [
     "FORMATS",
     "Report",
     "UndecidedRounding",
+    "assert_attention_backward_close",
     "assert_attention_close",
     "assert_log_softmax_close",
     "assert_softmax_close",
     "attention",
+    "attention_backward",
     "entropy",
     "log_softmax",
     "log_softmax_backward",

@@ -52,6 +52,11 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = ..., a
               cu_seqlens_k: Optional[Sequence[int]] = ..., return_lse: bool = ..., lse_base2: bool = ...,
               theta: float = ..., fully_masked: str = ..., format: Optional[str] = ...,
               threads: int = ...) -> Any: ...
+def attention_backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, dout: ArrayLike, *,
+                       d_lse: Optional[ArrayLike] = ..., causal: bool = ..., align: str = ...,
+                       scale: Optional[float] = ..., window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
+                       softcap: float = ..., sinks: Optional[Sequence[float]] = ..., layout: str = ...,
+                       theta: float = ..., format: Optional[str] = ..., threads: int = ...) -> Tuple[Any, Any, Any, Any]: ...
 def assert_softmax_close(actual: ArrayLike, logits: ArrayLike, *, dim: int = ..., theta: float = ...,
                          format: Optional[str] = ..., input_format: Optional[str] = ...,
                          tolerance: Optional[str] = ..., proven_only: bool = ..., log_softmax: bool = ...,
@@ -72,3 +77,12 @@ def assert_attention_close(out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayL
                            format: Optional[str] = ..., input_format: Optional[str] = ...,
                            tolerance: Optional[str] = ..., proven_only: bool = ..., name: Optional[str] = ...,
                            msg: Optional[str] = ..., threads: int = ...) -> Report: ...
+def assert_attention_backward_close(dq: ArrayLike, dk: ArrayLike, dv: ArrayLike, q: ArrayLike, k: ArrayLike,
+                                    v: ArrayLike, dout: ArrayLike, *, d_lse: Optional[ArrayLike] = ...,
+                                    d_sinks: Optional[Sequence[float]] = ..., causal: bool = ..., align: str = ...,
+                                    scale: Optional[float] = ...,
+                                    window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
+                                    softcap: float = ..., sinks: Optional[Sequence[float]] = ..., layout: str = ...,
+                                    theta: float = ..., format: Optional[str] = ..., input_format: Optional[str] = ...,
+                                    tolerance: Optional[str] = ..., proven_only: bool = ..., name: Optional[str] = ...,
+                                    msg: Optional[str] = ..., threads: int = ...) -> Report: ...

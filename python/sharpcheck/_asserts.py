@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _sharpcheck
 from ._arrays import check_format, format_of, host
-from ._references import attention_options
+from ._references import _numbers, attention_options
 
 # Every check made while the pytest plugin records ({"test": id or caller, "record": case record}),
 # in order; the plugin turns `recording` on and reads the list. Outside it nothing accumulates.
@@ -174,3 +174,35 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None,
     options.update({key: value for key, value in extra.items() if value is not None})
     judge = lambda o: _sharpcheck.judge_attention(*arrays, lse_array, o)  # noqa: E731
     return _judged(judge, options, "Attention outputs", entry, notes, msg)
+
+
+def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v: Any, dout: Any, *,
+                                    d_lse: Any = None, d_sinks: Any = None, causal: bool = False,
+                                    align: str = "top-left", scale: Optional[float] = None,
+                                    window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+                                    sinks: Any = None, layout: str = "bhsd", theta: float = 1.0,
+                                    format: Optional[str] = None, input_format: Optional[str] = None,
+                                    tolerance: Optional[str] = None, proven_only: bool = False,
+                                    name: Optional[str] = None, msg: Optional[str] = None,
+                                    threads: int = 0) -> Report:
+    """dq, dk, dv (and d_sinks, if given) ~ the gradients of attention of q, k, v against dout (and
+    d_lse), judged head by head against the correctly rounded gradients under a backward tolerance
+    entry: attention_backward_flash (default: FlashAttention 2, D from O in the format) or
+    attention_backward_plain (P materialised in fp32). Layouts as sharpcheck.attention_backward."""
+    notes: List[str] = []
+    fmt = check_format(format or format_of(dq, "dq"))
+    grads = [host(a, n, notes) for a, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
+    inputs = [host(a, n, notes) for a, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"))]
+    lse_gradient = None if d_lse is None else host(d_lse, "d_lse", notes)
+    options = attention_options(causal=causal, align=align, scale=scale, window=window, softcap=softcap,
+                                sinks=sinks, alibi_slopes=None, attn_mask=None, layout=layout, query_lengths=None,
+                                key_lengths=None, cu_seqlens_q=None, cu_seqlens_k=None, lse_base2=False,
+                                theta=theta, fully_masked="zeros", threads=threads, notes=notes)
+    entry = tolerance or "attention_backward_flash"
+    extra = {"format": fmt, "tolerance": entry, "proven_only": proven_only, "input_format": input_format,
+             "name": name}
+    options.update({key: value for key, value in extra.items() if value is not None})
+    sink_gradients = _numbers(d_sinks)
+    judge = lambda o: _sharpcheck.judge_attention_backward(  # noqa: E731
+        *grads, *inputs, lse_gradient, sink_gradients, o)
+    return _judged(judge, options, "Attention gradients", entry, notes, msg)

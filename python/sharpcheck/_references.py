@@ -118,3 +118,26 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, align: str = "top
                                                options)
     result = as_result(out, fmt, q)
     return (result, as_result(lse, "fp32", q)) if return_lse else result
+
+
+def attention_backward(q: Any, k: Any, v: Any, dout: Any, *, d_lse: Any = None, causal: bool = False,
+                       align: str = "top-left", scale: Optional[float] = None,
+                       window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, sinks: Any = None,
+                       layout: str = "bhsd", theta: float = 1.0, format: Optional[str] = None,
+                       threads: int = 0) -> Tuple[Any, Any, Any, Any]:
+    """(dq, dk, dv, d_sinks): the gradients of attention's output against dout (and of its
+    log-sum-exp against d_lse, if given), correctly rounded to format, for one head's 2-D matrices
+    or bhsd / bshd tensors with as many KV heads as heads; d_sinks (per head) is None without sinks.
+    Not yet: GQA, padding, packed layouts, masks and biases beyond causal and windows."""
+    notes: List[str] = []
+    fmt = check_format(format or format_of(q, "q"))
+    options = attention_options(causal=causal, align=align, scale=scale, window=window, softcap=softcap,
+                                sinks=sinks, alibi_slopes=None, attn_mask=None, layout=layout, query_lengths=None,
+                                key_lengths=None, cu_seqlens_q=None, cu_seqlens_k=None, lse_base2=False,
+                                theta=theta, fully_masked="zeros", threads=threads, notes=notes)
+    options.update(format=fmt)
+    lse_gradient = None if d_lse is None else host(d_lse, "d_lse", notes)
+    dq, dk, dv, d_sinks = _sharpcheck.reference_attention_backward(
+        host(q, "q", notes), host(k, "k", notes), host(v, "v", notes), host(dout, "dout", notes), lse_gradient,
+        options)
+    return as_result(dq, fmt, q), as_result(dk, fmt, k), as_result(dv, fmt, v), d_sinks

@@ -1,0 +1,51 @@
+// What the array judges (gate/judge_arrays.cpp, gate/judge_backward_arrays.cpp) share: how they
+// refuse bad input, name shapes and kernels, check values and name elements. Internal to gate/.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "gate/judge_arrays.hpp"
+
+namespace sharpcheck::gate {
+
+[[noreturn]] inline void refuse(InputProblem problem, const std::string& message) {
+  throw InputError(problem, "judge: " + message);
+}
+
+inline std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t axis = 0; axis < shape.size(); ++axis)
+    text += (axis ? ", " : "") + std::to_string(shape[axis]);
+  return text + "]";
+}
+
+// The caller's name (compare names files by gate::kernel_name_of, Python by the test), else the
+// outputs' own.
+inline std::string kernel_name(const JudgeOptions& options, const Array& output) {
+  return options.name.empty() ? "compare:" + output.name() : options.name;
+}
+
+// Every output must be a value of its format (log-probabilities may also be -inf, a masked entry).
+inline void require_value_of(double value, const StoredFormat& stored, const std::string& name,
+                             std::size_t index, bool minus_infinity_allowed = false) {
+  if (minus_infinity_allowed && value == -INFINITY) return;
+  if (!is_representable(value, *stored.format)) {
+    refuse(InputProblem::out_of_range, name + ": element " + std::to_string(index) + " (" + hex_float(value) +
+                                           ") is not a " + stored.name + " value");
+  }
+}
+
+// The multi-index of C-order position `flat` in an array of this shape.
+inline std::vector<std::size_t> unravel(std::size_t flat, const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> index(shape.size());
+  for (std::size_t axis = shape.size(); axis-- > 0;) {
+    index[axis] = flat % shape[axis];
+    flat /= shape[axis];
+  }
+  return index;
+}
+
+}  // namespace sharpcheck::gate

@@ -1,0 +1,44 @@
+// Judging attention backward gradients computed elsewhere (a GPU kernel, PyTorch autograd): dQ,
+// dK, dV (and the sinks' gradients) of whole bhsd/bshd tensors, head by head, against the
+// correctly rounded gradients (reference/attention_backward.hpp) under a backward tolerance entry
+// (kernels/attention_backward_registry.cpp). The path shared by `compare --dout` and Python.
+#pragma once
+
+#include <vector>
+
+#include "gate/judge_arrays.hpp"
+
+namespace sharpcheck::gate {
+
+// q, k, v, d_out (the gradient reaching the output) and the gradients judged, in the options'
+// layout (2-D arrays are one head's matrices); d_lse, when given, is laid out as the log-sum-exp.
+struct BackwardArrays {
+  const Array* q = nullptr;
+  const Array* k = nullptr;
+  const Array* v = nullptr;
+  const Array* d_out = nullptr;
+  const Array* dq = nullptr;
+  const Array* dk = nullptr;
+  const Array* dv = nullptr;
+  const Array* d_lse = nullptr;
+  std::vector<double> sinks;    // per head, when the scores have sinks
+  std::vector<double> d_sinks;  // the kernel's gradients of the sinks, per head (judged when given)
+};
+
+struct BackwardGradients {
+  std::vector<double> dq, dk, dv;  // laid out as q, k and v
+  std::vector<double> d_sinks;     // per head, when there are sinks
+};
+
+// The correctly rounded gradients in `format` (dq, dk, dv and d_sinks of `arrays` are not read).
+// InputError for what the backward does not support yet: padded or packed layouts, GQA (KV heads
+// fewer than heads), a bias or ALiBi; and as judge_attention_arrays for shapes.
+[[nodiscard]] BackwardGradients attention_backward_of_arrays(const JudgeOptions& options,
+                                                             const BackwardArrays& arrays);
+
+// Judges dq, dk and dv (and d_sinks) head by head; the tolerance entry is options.tolerance_entry
+// (default attention_backward_flash). The worst element is named by gradient and full index.
+[[nodiscard]] CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options,
+                                                          const BackwardArrays& arrays);
+
+}  // namespace sharpcheck::gate

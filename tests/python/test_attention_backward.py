@@ -1,0 +1,133 @@
+"""The attention backward through Python (issue 17): sharpcheck.attention_backward against mpmath
+(correctly rounded, with a soft-cap, a sink and a gradient through the log-sum-exp), and against
+torch autograd; assert_attention_backward_close passes torch's fp32 gradients and fails a
+FlashAttention-style backward whose D comes from a partial tile, naming the gradient and index;
+bad input refused."""
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+import sharpcheck
+from test_references import rounded
+
+
+def mp_gradients(q, k, v, dout, scale, softcap=0.0, sink=None, d_lse=None):
+    """The definitions of reference/attention_backward.hpp at 120 digits."""
+    m, d = q.shape
+    n, dv = v.shape
+    with mpmath.workdps(120):
+        mp = lambda x: mpmath.mpf(float(x))  # noqa: E731
+        dq = [[mpmath.mpf(0)] * d for _ in range(m)]
+        dk = [[mpmath.mpf(0)] * d for _ in range(n)]
+        dvv = [[mpmath.mpf(0)] * dv for _ in range(n)]
+        d_sink = mpmath.mpf(0)
+        for i in range(m):
+            z, slope = [], []
+            for j in range(n):
+                s = mp(scale) * mpmath.fsum(mp(q[i, t]) * mp(k[j, t]) for t in range(d))
+                ds = mp(scale)
+                if softcap:
+                    t = mpmath.tanh(s / mp(softcap))
+                    s, ds = mp(softcap) * t, mp(scale) * (1 - t * t)
+                z.append(s)
+                slope.append(ds)
+            total = mpmath.fsum(mpmath.exp(x) for x in z) + (mpmath.exp(mp(sink)) if sink is not None else 0)
+            p = [mpmath.exp(x) / total for x in z]
+            dp = [mpmath.fsum(mp(dout[i, c]) * mp(v[j, c]) for c in range(dv)) for j in range(n)]
+            big_d = mpmath.fsum(a * b for a, b in zip(p, dp))
+            g = mp(d_lse[i]) if d_lse is not None else mpmath.mpf(0)
+            for j in range(n):
+                dr = p[j] * (dp[j] - big_d + g) * slope[j]
+                for t in range(d):
+                    dq[i][t] += dr * mp(k[j, t])
+                    dk[j][t] += dr * mp(q[i, t])
+                for c in range(dv):
+                    dvv[j][c] += p[j] * mp(dout[i, c])
+            if sink is not None:
+                d_sink += mpmath.exp(mp(sink)) / total * (g - big_d)
+        return dq, dk, dvv, d_sink
+
+
+@pytest.mark.parametrize("variant", ["plain", "softcap", "sink_and_lse"])
+def test_gradients_are_correctly_rounded_against_mpmath(variant):
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(0, 1.5, (3, 4)).astype(np.float32), rng.normal(0, 1.5, (6, 4)).astype(np.float32)
+    v, dout = rng.normal(0, 1, (6, 3)).astype(np.float32), rng.normal(0, 1, (3, 3)).astype(np.float32)
+    d_lse = rng.normal(0, 1, 3).astype(np.float32) if variant == "sink_and_lse" else None
+    softcap = 1.5 if variant == "softcap" else 0.0
+    sinks = [0.75] if variant == "sink_and_lse" else None
+    dq, dk, dv, d_sinks = sharpcheck.attention_backward(q, k, v, dout, d_lse=d_lse, softcap=softcap, sinks=sinks,
+                                                        format="fp32")
+    exact = mp_gradients(q, k, v, dout, 1 / math.sqrt(4), softcap, sinks[0] if sinks else None, d_lse)
+    for got, want in zip((dq, dk, dv), exact[:3]):
+        for row_got, row_want in zip(got, want):
+            for a, b in zip(row_got, row_want):
+                assert float(a) == rounded(b, 24, -126), (variant, float(a), b)
+    if sinks:
+        assert float(d_sinks[0]) == rounded(exact[3], 24, -126)
+    else:
+        assert d_sinks is None
+
+
+def torch_attention(q, k, v, *, causal=False):
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        n = scores.shape[-1]
+        mask = torch.ones(scores.shape[-2], n, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def torch_grads(q, k, v, dout, causal=False):
+    q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
+    torch_attention(q, k, v, causal=causal).backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+def test_torch_fp32_autograd_passes_and_fp64_agrees():
+    torch.manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 2, 24, 16) for _ in range(4))  # bhsd, batch 2, 2 heads
+    grads = torch_grads(q, k, v, dout, causal=True)
+    report = sharpcheck.assert_attention_backward_close(*grads, q, k, v, dout, causal=True,
+                                                        tolerance="attention_backward_plain")
+    assert report.bound_ratio < 1
+    exact = sharpcheck.attention_backward(*(x.double() for x in (q, k, v, dout)), causal=True)
+    grads64 = torch_grads(*(x.double() for x in (q, k, v, dout)), causal=True)
+    for ours, theirs in zip(exact[:3], grads64):
+        assert torch.allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_a_partial_tile_d_fails_naming_the_gradient():
+    torch.manual_seed(1)
+    q, k, v, dout = (torch.randn(32, 16) for _ in range(4))
+    scale = 1 / math.sqrt(16)
+    p = torch.softmax((q @ k.T) * scale, dim=-1)
+    out = p @ v
+    dp = dout @ v.T
+    for columns, passes in ((16, True), (8, False)):  # D = rowsum(dO * O) over all or half the columns
+        d = (dout[:, :columns] * out[:, :columns]).sum(-1, keepdim=True)
+        ds = p * (dp - d) * scale
+        dq, dk, dv = ds @ k, ds.T @ q, p.T @ dout
+        if passes:
+            sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout)
+        else:
+            with pytest.raises(AssertionError) as failure:
+                sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout)
+            text = str(failure.value)
+            assert "Attention gradients" in text and "attention_backward_flash" in text, text
+            assert "dQ" in text or "dK" in text, text
+
+
+def test_bad_input_is_refused():
+    q, k, v, dout = (np.zeros((4, 8), np.float32) for _ in range(4))
+    with pytest.raises(ValueError, match="GQA"):
+        sharpcheck.attention_backward(np.zeros((1, 4, 3, 8), np.float32), np.zeros((1, 2, 3, 8), np.float32),
+                                      np.zeros((1, 2, 3, 8), np.float32), np.zeros((1, 4, 3, 8), np.float32))
+    with pytest.raises(ValueError, match="dout"):
+        sharpcheck.attention_backward(q, k, v, np.zeros((5, 8), np.float32))
+    with pytest.raises(ValueError, match="tolerance entry"):
+        sharpcheck.assert_attention_backward_close(q, k, v, q, k, v, dout, tolerance="attention_flash")
