@@ -16,6 +16,7 @@
 #include "io/atomic_file.hpp"
 #include "kernels/attention_backward.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/softmax_backward.hpp"
 
 namespace sharpcheck::cli {
 namespace {
@@ -43,6 +44,11 @@ void print_kernel_list() {
   };
   for (const auto& k : kernels::softmax_kernels()) row(k);
   for (const auto& k : kernels::attention_kernels()) row(k);
+  for (const auto& k : kernels::softmax_backward_kernels()) {
+    const std::string format(k.format->name);
+    std::printf("%-22s %-6s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
+                "fp32", std::string(k.description).c_str());
+  }
   for (const auto& k : kernels::attention_backward_kernels()) {
     const std::string format(k.format->name);
     std::printf("%-22s %-6s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),

@@ -132,7 +132,10 @@ CaseOutcome compare_attention_backward(const CompareRequest& request, const Stor
       dv("--dv", request.dv, output);
   std::optional<DecodedFile> d_lse;
   if (!request.d_lse.empty()) d_lse.emplace("--d-lse", request.d_lse, input);
-  BackwardArrays arrays{&q, &k, &v, &dout, &dq, &dk, &dv, d_lse ? &*d_lse : nullptr, {}, {}};
+  std::optional<DecodedFile> d;
+  if (!request.d.empty()) d.emplace("--d", request.d, StoredFormat{&fp32, std::nullopt, "fp32"});
+  BackwardArrays arrays{&q, &k, &v, &dout, &dq, &dk, &dv, d_lse ? &*d_lse : nullptr, d ? &*d : nullptr,
+                        {}, {}};
   if (!request.sinks.empty())
     arrays.sinks = read_values(request.sinks, StoredFormat{&fp64, std::nullopt, "fp64"});
   return judge_attention_backward_arrays(options_of(request), arrays);
@@ -164,7 +167,8 @@ CompareRequest with_bundle(CompareRequest request) {
                               {&request.dq, "dq"},
                               {&request.dk, "dk"},
                               {&request.dv, "dv"},
-                              {&request.d_lse, "d_lse"}}) {
+                              {&request.d_lse, "d_lse"},
+                              {&request.d, "d"}}) {
     if (field->empty() && has(name)) *field = request.bundle + ":" + name;
   }
   request.name = kernel_name_of(request);

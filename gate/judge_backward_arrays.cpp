@@ -164,6 +164,8 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   if (!arrays.d_sinks.empty() && (arrays.sinks.empty() || p.shape.batch != 1))
     refuse(InputProblem::out_of_range, "sink gradients are judged with sinks and a batch of 1");
   const Tensors t = read_tensors(arrays, p);
+  std::vector<double> d_rows;  // D as the kernel kept it, laid out as the log-sum-exp, in fp32
+  if (arrays.d != nullptr) d_rows = read_gradient(arrays.d, "D", p.lse_elements(), stored_format("fp32"));
   const std::vector<double> dq = read_gradient(arrays.dq, "dq", p.query_elements(), output),
                             dk = read_gradient(arrays.dk, "dk", p.key_elements(), output),
                             dv = read_gradient(arrays.dv, "dv", p.value_elements(), output);
@@ -183,7 +185,10 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
           gather(dq, s.queries, s.head_dim, [&](auto r, auto c) { return p.query_offset(b, h, r, c); }),
           gather(dk, s.keys, s.head_dim, [&](auto r, auto c) { return p.key_offset(b, h, r, c); }),
           gather(dv, s.keys, s.value_dim, [&](auto r, auto c) { return p.value_offset(b, h, r, c); }),
-          arrays.d_sinks.empty() ? 0.0 : arrays.d_sinks[h]};
+          arrays.d_sinks.empty() ? 0.0 : arrays.d_sinks[h],
+          {}};
+      for (std::size_t r = 0; r < s.queries && !d_rows.empty(); ++r)
+        got.d_rows.push_back(d_rows[p.lse_offset(b, h, r)]);
       const kernels::BackwardProblem problem{head.q, head.k, head.v, head.d_out, head.d_lse, scores};
       auto judgement = metrics::judge_attention_backward(kernel->tolerance, *output.format, problem, got);
       if (arrays.d_sinks.empty()) judgement.d_sink.reset();  // not given: not judged
@@ -204,6 +209,16 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
             "batch " + std::to_string(b) + " head " + std::to_string(h) + ": " + judgement.describe_worst();
       }
       if (judgement.d_sink) outcome.comparison.merge(*judgement.d_sink);
+      if (judgement.d_rows) {
+        outcome.comparison.merge(*judgement.d_rows);
+        if (judgement.d_rows->max_bound_ratio > worst_ratio) {
+          worst_ratio = judgement.d_rows->max_bound_ratio;
+          outcome.worst_array = arrays.d->name();
+          outcome.worst_index = unravel(p.lse_offset(b, h, judgement.d_rows->worst.row), arrays.d->shape());
+          worst_text =
+              "batch " + std::to_string(b) + " head " + std::to_string(h) + ": " + judgement.describe_worst();
+        }
+      }
     }
   }
   if (!outcome.comparison.passed(options.strictest)) {

@@ -21,6 +21,7 @@ struct BackwardArrays {
   const Array* dk = nullptr;
   const Array* dv = nullptr;
   const Array* d_lse = nullptr;
+  const Array* d = nullptr;     // the kernel's D = rowsum(dO * O) in fp32, laid out as the log-sum-exp
   std::vector<double> sinks;    // per head, when the scores have sinks
   std::vector<double> d_sinks;  // the kernel's gradients of the sinks, per head (judged when given)
 };

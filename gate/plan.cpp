@@ -10,6 +10,7 @@
 #include "kernels/attention_backward.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
+#include "kernels/softmax_backward.hpp"
 #include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::gate {
@@ -41,7 +42,8 @@ void check_kernel_names(const GateSettings& settings) {
   for (const auto& name : settings.kernels) {
     if (name != "all" && name != "none" && kernels::find_softmax_kernel(name) == nullptr &&
         kernels::find_attention_kernel(name) == nullptr &&
-        kernels::find_attention_backward_kernel(name) == nullptr) {
+        kernels::find_attention_backward_kernel(name) == nullptr &&
+        kernels::find_softmax_backward_kernel(name) == nullptr) {
       throw InputError(InputProblem::out_of_range,
                        "gate: no built-in kernel named '" + name + "' (sharpcheck gate --list shows them)");
     }
@@ -132,6 +134,17 @@ void add_scenario_cases(const GateSettings& settings, const std::string& prefix,
 // wanted; n is the problem's number of keys.
 template <typename Wanted>
 void add_backward_cases(const Wanted& wanted, const GateSettings& settings, std::vector<GateCase>& cases) {
+  // Softmax-level backward kernels: every row kind at three sizes (their reference costs more than
+  // the forward's, so not the whole sweep of sizes), each case with a fully masked second row.
+  for (const auto& kernel : kernels::softmax_backward_kernels()) {
+    if (!wanted(kernel.name)) continue;
+    for (const inputs::RowKind kind : inputs::all_row_kinds) {
+      for (const std::size_t n : {std::size_t{16}, std::size_t{256}, std::size_t{4096}}) {
+        cases.push_back(make_case(std::string(kernel.name), std::string(inputs::row_kind_name(kind)), n,
+                                  settings, kernel.deliberately_broken, nullptr));
+      }
+    }
+  }
   for (const auto& kernel : kernels::attention_backward_kernels()) {
     if (!wanted(kernel.name)) continue;
     for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {

@@ -16,6 +16,7 @@
 #include "kernels/attention_layer.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
+#include "kernels/softmax_backward.hpp"
 #include "metrics/evaluate.hpp"
 #include "metrics/judge_backward.hpp"
 #include "metrics/judge_tensors.hpp"
@@ -144,7 +145,8 @@ void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const Gat
       {&judgement.d_queries, "dQ"},
       {&judgement.d_keys, "dK"},
       {&judgement.d_values, "dV"},
-      {judgement.d_sink ? &*judgement.d_sink : nullptr, "dsink"}};
+      {judgement.d_sink ? &*judgement.d_sink : nullptr, "dsink"},
+      {judgement.d_rows ? &*judgement.d_rows : nullptr, "D"}};
   const metrics::Comparison* worst = &judgement.d_queries;
   outcome.worst_array = "dQ";
   outcome.comparison = judgement.d_queries;
@@ -160,7 +162,26 @@ void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const Gat
   if (!judgement.passed()) outcome.failures.push_back("tolerance table: " + judgement.describe_worst());
 }
 
+// A softmax-level backward kernel: row 0 the generated logits, row 1 fully masked; dy normal.
+void run_softmax_backward_case(const kernels::SoftmaxBackwardKernel& kernel, const GateCase& gate_case,
+                               CaseOutcome& outcome) {
+  outcome.format = std::string(kernel.format->name);
+  const auto kind = inputs::find_row_kind(gate_case.input).value();
+  const auto row = inputs::make_row(kind, gate_case.n, *kernel.format, gate_case.seed);
+  Matrix logits(2, row.size(), -INFINITY), dy(2, row.size());
+  std::copy(row.begin(), row.end(), logits.row(0).begin());
+  DeterministicRandom random(gate_case.seed ^ 0x5BD1E995ULL);
+  for (double& g : dy.values) g = round_to_format(random.normal(0, 1), *kernel.format);
+  Matrix dx;
+  kernel.run(logits, dy, dx);
+  outcome.comparison = metrics::judge_softmax_backward(kernel, logits, dy, dx);
+}
+
 void run_builtin_case(const GateCase& gate_case, CaseOutcome& outcome) {
+  if (const auto* backward = kernels::find_softmax_backward_kernel(gate_case.kernel)) {
+    run_softmax_backward_case(*backward, gate_case, outcome);
+    return;
+  }
   if (const auto* backward = kernels::find_attention_backward_kernel(gate_case.kernel)) {
     run_backward_case(*backward, gate_case, outcome);
     return;

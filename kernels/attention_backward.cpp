@@ -70,12 +70,13 @@ struct Floats {
 };
 
 struct Accumulators {
-  explicit Accumulators(const Floats& f) : dq(f.m * f.d), dk(f.n * f.d), dv(f.n * f.dv) {}
+  explicit Accumulators(const Floats& f) : dq(f.m * f.d), dk(f.n * f.d), dv(f.n * f.dv), d_rows(f.m, 0.0) {}
   std::vector<float> dq, dk, dv;
   float d_sink = 0;
+  std::vector<double> d_rows;  // D per query, as kept (fp32)
 
   KernelGradients rounded(const Floats& f, const FloatFormat& format) const {
-    KernelGradients g{Matrix(f.m, f.d), Matrix(f.n, f.d), Matrix(f.n, f.dv), 0};
+    KernelGradients g{Matrix(f.m, f.d), Matrix(f.n, f.d), Matrix(f.n, f.dv), 0, d_rows};
     const auto round_all = [&](const std::vector<float>& from, Matrix& to) {
       for (std::size_t e = 0; e < from.size(); ++e) to.values[e] = round_to_format(from[e], format);
     };
@@ -127,6 +128,7 @@ KernelGradients attention_backward_plain(const BackwardProblem& problem, const F
       dp[a] = dot(&f.dout[i * f.dv], &f.v[visible[a] * f.dv], f.dv);
       big_d += p[a] * dp[a];
     }
+    acc.d_rows[i] = big_d;
     for (std::size_t a = 0; a < z.size(); ++a)
       add_key(f, i, visible[a], p[a], p[a] * (dp[a] - big_d + f.d_lse[i]) * f.slope(raw[a], true), acc,
               nullptr);
@@ -148,6 +150,7 @@ KernelGradients attention_backward_flash(const BackwardProblem& problem, const F
   const std::size_t d_columns = bug == BackwardBug::stale_d ? f.dv / 2 : f.dv;
   for (std::size_t i = 0; i < f.m; ++i) big_d[i] = dot(&f.dout[i * f.dv], &out[i * f.dv], d_columns);
   Accumulators acc(f);
+  acc.d_rows.assign(big_d.begin(), big_d.end());
   std::vector<std::vector<std::size_t>> visible(f.m);
   for (std::size_t i = 0; i < f.m; ++i) f.head.visible_keys(i, visible[i]);
   const FloatFormat* dq_format = bug == BackwardBug::dq_in_output ? &format : nullptr;

@@ -38,6 +38,7 @@ struct BackwardProblem {
 struct KernelGradients {
   Matrix d_queries, d_keys, d_values;
   double d_sink = 0;
+  std::vector<double> d_rows;  // D_i as the kernel kept it (fp32), when it exposes D; else empty
 };
 
 enum class BackwardBug { none, stale_d, dq_in_output, no_softcap_grad, nan_on_masked_rows };

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
+
+#include "core/errors.hpp"
+#include "reference/softmax_backward.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
@@ -19,6 +23,7 @@ struct Magnitudes {
   // gradient by, over u_out: dV does not depend on D.
   Matrix dq_from_d, dk_from_d;
   double d_sink_from_d = 0;
+  Matrix d_rows, d_rows_from_o;  // D_i's own: A_i, and B_i = sum_c |dO_ic O_ic|
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };
 
@@ -71,7 +76,8 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
   if (head.queries == 0) head.queries = mq;
   if (head.keys == 0) head.keys = n;
   if (head.row_stride == 0) head.row_stride = n;
-  Magnitudes m{Matrix(mq, d), Matrix(n, d), Matrix(n, dv), 0, Matrix(mq, d), Matrix(n, d)};
+  Magnitudes m{Matrix(mq, d), Matrix(n, d), Matrix(n, dv), 0, Matrix(mq, d), Matrix(n, d), 0,
+               Matrix(mq, 1), Matrix(mq, 1)};
   std::vector<std::size_t> visible;
   std::vector<double> weight, dp_mag, out_row;
   for (std::size_t i = 0; i < mq; ++i) {
@@ -94,6 +100,8 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
     // B_i = sum_c |dO_ic O_ic|, O in double: its error, below 1e-12 A_i, is added.
     for (std::size_t c = 0; c < dv; ++c) b_i += std::fabs(p.d_out(i, c) * out_row[c]);
     b_i += 1e-12 * a_i;
+    m.d_rows(i, 0) = a_i;
+    m.d_rows_from_o(i, 0) = b_i;
     for (std::size_t a = 0; a < visible.size(); ++a) {
       const std::size_t j = visible[a];
       const double mag = weight[a] * (dp_mag[a] + a_i + lse_gradient) * g.slope[a];
@@ -112,7 +120,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
       m.d_sink_from_d += sink_weight * b_i;
     }
   }
-  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d}) {
+  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
   m.d_sink *= 1 + 1e-9;
@@ -120,16 +128,23 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
   return m;
 }
 
-// allowed = (exp(units u) - 1) magnitude + output_units u_out from_d + 2 u_out |expected| + floor;
-// the from_d part is an absolute allowance per element (compare's `additional`).
+// allowed = (exp(units u) - 1) magnitude + from_d_scale from_d + 2 u_out |expected| + floor, with
+// from_d_scale = output_units u_o,
+// u_o the unit roundoff of the format O was kept in (the kernel's), u_out that of `output` (the
+// compared values': fp32 for D); the from_d part is an absolute allowance (compare's `additional`).
 Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const Matrix& magnitudes,
-                            const Matrix& from_d, double output_units, const Tolerance& tolerance,
-                            const FloatFormat& output) {
+                            const Matrix& from_d, double from_d_scale, const Tolerance& tolerance,
+                            const FloatFormat& output, std::size_t length) {
   const Matrix zeros(expected.rows, expected.cols);
   Matrix additional(expected.rows, expected.cols);
   for (std::size_t e = 0; e < additional.values.size(); ++e)
-    additional.values[e] = output_units * output.unit_roundoff() * from_d.values[e] * (1 + 0x1p-20);
-  ComparisonInput input{&expected, &actual, &magnitudes, &zeros, std::vector<RowScale>(expected.rows), false};
+    additional.values[e] = from_d_scale * from_d.values[e] * (1 + 0x1p-20);
+  // Every row's sums have at most `length` terms: the per_item term's n, which the statistical tier
+  // charges as min(n, 8 sqrt(n)) (tolerance_table.cpp).
+  RowScale scale;
+  scale.n = length;
+  ComparisonInput input{&expected, &actual, &magnitudes, &zeros, std::vector<RowScale>(expected.rows, scale),
+                        false};
   input.output_rounding_of_expected = true;
   input.additional = &additional;
   return compare(input, tolerance, output);
@@ -138,7 +153,8 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
 }  // namespace
 
 bool BackwardJudgement::passed() const {
-  return d_queries.passed() && d_keys.passed() && d_values.passed() && (!d_sink || d_sink->passed());
+  return d_queries.passed() && d_keys.passed() && d_values.passed() && (!d_sink || d_sink->passed()) &&
+         (!d_rows || d_rows->passed());
 }
 
 std::string BackwardJudgement::describe_worst() const {
@@ -153,6 +169,10 @@ std::string BackwardJudgement::describe_worst() const {
   if (d_sink && !(d_sink->max_bound_ratio <= worst->max_bound_ratio)) {
     worst = &*d_sink;
     name = "dsink";
+  }
+  if (d_rows && !(d_rows->max_bound_ratio <= worst->max_bound_ratio)) {
+    worst = &*d_rows;
+    name = "D";
   }
   return std::string(name) + " " + worst->worst.describe();
 }
@@ -170,21 +190,78 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   Tolerance entry;
   entry.accumulation = &fp32;
   entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
-                   tolerance.length * static_cast<double>(std::max(p.queries.rows, p.keys.rows)) +
                    tolerance.dims * static_cast<double>(p.queries.cols + p.values.cols) + tolerance.constant;
-  const double units = tolerance.output_units;
+  entry.per_item = tolerance.length;
+  const std::size_t length = std::max(p.queries.rows, p.keys.rows);
+  const double units = tolerance.output_units * output.unit_roundoff();  // O kept in the kernel's format
   const auto& e = judgement.expected;
   judgement.d_queries =
-      compare_gradient(e.d_queries, actual.d_queries, m.dq, m.dq_from_d, units, entry, output);
-  judgement.d_keys = compare_gradient(e.d_keys, actual.d_keys, m.dk, m.dk_from_d, units, entry, output);
+      compare_gradient(e.d_queries, actual.d_queries, m.dq, m.dq_from_d, units, entry, output, length);
+  judgement.d_keys =
+      compare_gradient(e.d_keys, actual.d_keys, m.dk, m.dk_from_d, units, entry, output, length);
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
-  judgement.d_values = compare_gradient(e.d_values, actual.d_values, m.dv, no_d, units, entry, output);
+  judgement.d_values =
+      compare_gradient(e.d_values, actual.d_values, m.dv, no_d, units, entry, output, length);
+  if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
+    if (actual.d_rows.size() != p.queries.rows)
+      throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +
+                                                         " entries, the queries " +
+                                                         std::to_string(p.queries.rows));
+    Matrix expected_d(p.queries.rows, 1), actual_d(p.queries.rows, 1);
+    std::copy(e.d_rows.begin(), e.d_rows.end(), expected_d.values.begin());
+    std::copy(actual.d_rows.begin(), actual.d_rows.end(), actual_d.values.begin());
+    const FloatFormat& d_format = output.precision() < 24 ? fp32 : output;
+    judgement.d_rows =
+        compare_gradient(expected_d, actual_d, m.d_rows, m.d_rows_from_o, units, entry, d_format, length);
+  }
   if (e.d_sink) {
     const Matrix sink(1, 1, *e.d_sink), got(1, 1, actual.d_sink), magnitude(1, 1, m.d_sink),
         from_d(1, 1, m.d_sink_from_d);
-    judgement.d_sink = compare_gradient(sink, got, magnitude, from_d, units, entry, output);
+    judgement.d_sink = compare_gradient(sink, got, magnitude, from_d, units, entry, output, length);
   }
   return judgement;
+}
+
+Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel, const Matrix& logits,
+                                  const Matrix& dy, const Matrix& dx) {
+  Matrix expected(logits.rows, logits.cols), magnitudes(logits.rows, logits.cols);
+  const Matrix zeros(logits.rows, logits.cols);
+  std::vector<RowScale> scales(logits.rows);
+  reference::RowOptions options;
+  options.fully_masked_gives_zeros = true;
+  for (std::size_t r = 0; r < logits.rows; ++r) {
+    const auto row = logits.row(r), gradient = dy.row(r);
+    const auto exact = kernel.log_softmax
+                           ? reference::log_softmax_backward(row, gradient, *kernel.format, options)
+                           : reference::softmax_backward(row, gradient, *kernel.format, options);
+    std::copy(exact.begin(), exact.end(), expected.row(r).begin());
+    double top = -INFINITY, bottom = INFINITY, sum = 0, weighted = 0, absolute = 0;
+    for (const double x : row) {
+      if (x == -INFINITY) continue;
+      top = std::max(top, x);
+      bottom = std::min(bottom, x);
+      ++scales[r].n;
+    }
+    if (scales[r].n == 0) continue;
+    scales[r].largest_magnitude = top - bottom;
+    std::vector<double> y(row.size(), 0.0);
+    for (std::size_t j = 0; j < row.size(); ++j)
+      sum += y[j] = row[j] == -INFINITY ? 0.0 : std::exp(row[j] - top);
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      y[j] /= sum;
+      if (row[j] == -INFINITY) continue;
+      weighted += y[j] * std::fabs(gradient[j]);
+      absolute += std::fabs(gradient[j]);
+    }
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      if (row[j] == -INFINITY) continue;
+      const double g = std::fabs(gradient[j]);
+      magnitudes(r, j) = (kernel.log_softmax ? g + y[j] * absolute : y[j] * (g + weighted)) * (1 + 1e-9);
+    }
+  }
+  ComparisonInput input{&expected, &dx, &magnitudes, &zeros, scales, false};
+  input.output_rounding_of_expected = true;
+  return compare(input, kernel.tolerance, *kernel.format);
 }
 
 }  // namespace sharpcheck::metrics

@@ -1,11 +1,12 @@
-// The verdict on an attention backward kernel: its dQ, dK, dV (and dsink) against the correctly
-// rounded gradients (reference/attention_backward.hpp), each element within its tolerance entry
+// The verdict on an attention backward kernel: its dQ, dK, dV (and dsink, and D when exposed) against the
+// correctly rounded gradients (reference/attention_backward.hpp), each element within its tolerance entry
 // (kernels/tolerance.hpp's BackwardTolerance) relative to the element's magnitude, computed here.
 #pragma once
 
 #include <string>
 
 #include "kernels/attention_backward.hpp"
+#include "kernels/softmax_backward.hpp"
 #include "metrics/comparison.hpp"
 #include "reference/attention_backward.hpp"
 
@@ -15,6 +16,7 @@ struct BackwardJudgement {
   reference::AttentionGradients expected;
   Comparison d_queries, d_keys, d_values;
   std::optional<Comparison> d_sink;
+  std::optional<Comparison> d_rows;  // D_i = rowsum(dO * O), when the kernel exposes it
 
   [[nodiscard]] bool passed() const;
   // The gradient with the largest bound ratio and its worst element, e.g.
@@ -28,5 +30,12 @@ struct BackwardJudgement {
     const kernels::BackwardTolerance& tolerance, const FloatFormat& output,
     const kernels::BackwardProblem& problem, const kernels::KernelGradients& actual,
     const reference::AttentionGradients* expected = nullptr);
+
+// A softmax or log-softmax backward kernel on rows of logits and dy (-inf logits are masked; a
+// fully masked row's gradient is 0): dx against reference/softmax_backward.hpp's correctly rounded
+// gradient, each element within the kernel's entry relative to M_j = y_j (|dy_j| + sum_i y_i |dy_i|)
+// (softmax) or |dy_j| + y_j sum_i |dy_i| (log-softmax), n and the spread taken per row.
+[[nodiscard]] Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel,
+                                                const Matrix& logits, const Matrix& dy, const Matrix& dx);
 
 }  // namespace sharpcheck::metrics

@@ -210,9 +210,9 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
   if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
   const AttentionExtras extras = options.attention_extras();
   options.require_all_used();
-  gate::BackwardArrays arrays{&queries,     &keys,   &values, &d_out,
-                              nullptr,      nullptr, nullptr, lse_gradient ? &*lse_gradient : nullptr,
-                              extras.sinks, {}};
+  gate::BackwardArrays arrays{&queries, &keys,        &values, &d_out,
+                              nullptr,  nullptr,      nullptr, lse_gradient ? &*lse_gradient : nullptr,
+                              nullptr,  extras.sinks, {}};
   gate::BackwardGradients g;
   {
     const py::gil_scoped_release release;
@@ -228,7 +228,7 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
 std::string judge_attention_backward(const py::object& dq, const py::object& dk, const py::object& dv,
                                      const py::object& q, const py::object& k, const py::object& v,
                                      const py::object& dout, const py::object& d_lse,
-                                     const py::object& d_sinks, const py::dict& given) {
+                                     const py::object& d_sinks, const py::object& d, const py::dict& given) {
   const Options options(given);
   const gate::JudgeOptions judge = options.judge_options();
   const gate::StoredFormat input = options.input_format(), output = gate::stored_format(judge.format);
@@ -239,9 +239,19 @@ std::string judge_attention_backward(const py::object& dq, const py::object& dk,
   if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
   const AttentionExtras extras = options.attention_extras();
   options.require_all_used();
-  gate::BackwardArrays arrays{&queries,     &keys,   &values, &d_out,
-                              &grad_q,      &grad_k, &grad_v, lse_gradient ? &*lse_gradient : nullptr,
-                              extras.sinks, {}};
+  std::optional<HostArray> d_array;
+  if (!d.is_none()) d_array.emplace(d, "d", gate::stored_format("fp32"));
+  gate::BackwardArrays arrays{&queries,
+                              &keys,
+                              &values,
+                              &d_out,
+                              &grad_q,
+                              &grad_k,
+                              &grad_v,
+                              lse_gradient ? &*lse_gradient : nullptr,
+                              d_array ? &*d_array : nullptr,
+                              extras.sinks,
+                              {}};
   if (!d_sinks.is_none()) arrays.d_sinks = d_sinks.cast<std::vector<double>>();
   gate::CaseOutcome outcome;
   {
@@ -306,7 +316,7 @@ PYBIND11_MODULE(_sharpcheck, module) {
              py::arg("v"), py::arg("dout"), py::arg("d_lse"), py::arg("options"));
   module.def("judge_attention_backward", &judge_attention_backward, py::arg("dq"), py::arg("dk"),
              py::arg("dv"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("d_lse"),
-             py::arg("d_sinks"), py::arg("options"));
+             py::arg("d_sinks"), py::arg("d"), py::arg("options"));
   module.def("report_json", &report_json, py::arg("cases"));
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));

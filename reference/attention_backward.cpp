@@ -68,9 +68,9 @@ struct ExactBalls {
 
 // Gradient balls of one pass; dK and dV per worker, summed afterwards.
 struct GradientBalls {
-  GradientBalls(std::size_t q_count, std::size_t k_count, std::size_t v_count)
-      : dq(q_count), dk(k_count), dv(v_count) {}
-  BallVector dq, dk, dv;
+  GradientBalls(std::size_t q_count, std::size_t k_count, std::size_t v_count, std::size_t queries)
+      : dq(q_count), dk(k_count), dv(v_count), d_rows(queries) {}
+  BallVector dq, dk, dv, d_rows;
   Ball d_sink;
 };
 
@@ -119,13 +119,22 @@ class BackwardPass {
     log_sum_exp(z, head_.sink ? sink_z.get() : nullptr, lse.get());
     const std::size_t dv = in_.values.cols, d = in_.queries.cols;
     arb_zero(total.get());  // D_i
+    // A query that sees one key and no sink has P = 1 exactly: its contributions are then exact
+    // dyadic numbers (a ball of radius 0 once the precision holds them), so a result that is
+    // exactly a rounding boundary (a tie) is still decided; exp(z - L) would only enclose 1.
+    const bool single = count == 1 && !head_.sink;
     for (std::size_t a = 0; a < count; ++a) {
-      arb_sub(weight[a], z[a], lse.get(), p_);
-      arb_exp(weight[a], weight[a], p_);
+      if (single) {
+        arb_one(weight[a]);
+      } else {
+        arb_sub(weight[a], z[a], lse.get(), p_);
+        arb_exp(weight[a], weight[a], p_);
+      }
       arb_dot(dp[a], nullptr, 0, dout_.balls[i * dv], 1, v_.balls[visible_[a] * dv], 1,
               static_cast<slong>(dv), p_);
       arb_addmul(total.get(), weight[a], dp[a], p_);
     }
+    arb_set(out.d_rows[i], total.get());
     Ball g;  // g_i - D_i
     arb_set_d(g.get(), in_.d_lse.empty() ? 0.0 : in_.d_lse[i]);
     arb_sub(g.get(), g.get(), total.get(), p_);
@@ -208,7 +217,7 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadS
   partials.clear();
   partials.resize(workers);
   parallel_for(workers, 0, [&](std::size_t w) {
-    partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv);
+    partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m);
     BackwardPass pass(in, head, precision);
     for (std::size_t i = w; i < m; i += workers) pass.add_query(i, *partials[w]);
   });
@@ -218,6 +227,8 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadS
     _arb_vec_add(sum.dk.data(), sum.dk.data(), partials[w]->dk.data(), static_cast<slong>(n * d), precision);
     _arb_vec_add(sum.dv.data(), sum.dv.data(), partials[w]->dv.data(), static_cast<slong>(n * dv), precision);
     arb_add(sum.d_sink.get(), sum.d_sink.get(), partials[w]->d_sink.get(), precision);
+    _arb_vec_add(sum.d_rows.data(), sum.d_rows.data(), partials[w]->d_rows.data(), static_cast<slong>(m),
+                 precision);
   }
   return sum;
 }
@@ -252,6 +263,9 @@ std::optional<std::size_t> decide_all(BallVector& balls, std::vector<double>& va
   return first;
 }
 
+// D is kept in fp32 by kernels: rounded to fp32, or to the target when that is wider.
+const FloatFormat& d_format(const FloatFormat& target) { return target.precision() < 24 ? fp32 : target; }
+
 struct Undecided {
   std::string where;
   [[nodiscard]] bool any() const { return !where.empty(); }
@@ -275,6 +289,9 @@ Undecided decide_pass(const AttentionBackwardInputs& in, const tensor::HeadScore
     name("dK", out.d_keys, *e);
   if (const auto e = decide_all(balls.dv, out.d_values.values, done[2], precision, target))
     name("dV", out.d_values, *e);
+  if (const auto e = decide_all(balls.d_rows, out.d_rows, done[4], precision, d_format(target))) {
+    if (!undecided.any()) undecided.where = "D(" + std::to_string(*e) + ")";
+  }
   if (out.d_sink && !done[3][0]) {
     if (const auto value = decide(balls.d_sink.get(), precision, target)) {
       *out.d_sink = *value;
@@ -296,10 +313,11 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
   if (head.keys == 0) head.keys = in.keys.rows;
   if (head.row_stride == 0) head.row_stride = in.keys.rows;
   const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
-  AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::nullopt};
+  AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::nullopt, std::vector<double>(m)};
   if (head.sink) out.d_sink = 0.0;
   std::vector<std::vector<bool>> done{std::vector<bool>(m * d), std::vector<bool>(n * d),
-                                      std::vector<bool>(n * dv), std::vector<bool>(1, !head.sink)};
+                                      std::vector<bool>(n * dv), std::vector<bool>(1, !head.sink),
+                                      std::vector<bool>(m)};
   if (statistics != nullptr) ++statistics->calls;
   const ZivSchedule schedule = ZivSchedule::for_format(target);
   for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {

@@ -18,12 +18,13 @@
 // whose ball lies within half the format's least subnormal of 0 rounds to zero and is returned as
 // +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero result is eventually
 // separated from every rounding boundary unless it *is* a boundary, and an exact zero eventually
-// lies inside the zero band. Unlike the softmax backward (reference/softmax_backward.hpp), the
-// argument that no nonzero result is itself a boundary is incomplete here: the results are sums of
-// exponentials of algebraic (not only rational) arguments once a soft-cap's tanh enters, and
-// products of such sums for dQ and dK. Where it fails the cap is reached and the call refuses
-// (UndecidedRounding) instead of guessing; tests/reference_attention_backward_test.cpp measures
-// that it does not happen on the gate's inputs.
+// lies inside the zero band; and a query that sees a single key (no sink) has P = 1 exactly, so
+// what it contributes is exact and a tie is decided exactly. Unlike the softmax backward
+// (reference/softmax_backward.hpp), the argument that no nonzero result is itself a boundary is incomplete
+// here: the results are sums of exponentials of algebraic (not only rational) arguments once a soft-cap's
+// tanh enters, and products of such sums for dQ and dK. Where it fails the cap is reached and the call
+// refuses (UndecidedRounding) instead of guessing; tests/reference_attention_backward_test.cpp measures that
+// it does not happen on the gate's inputs.
 #pragma once
 
 #include <optional>
@@ -49,6 +50,9 @@ struct AttentionBackwardInputs {
 struct AttentionGradients {
   Matrix d_queries, d_keys, d_values;
   std::optional<double> d_sink;  // when the scores have a sink
+  // D_i = sum_j P_ij dP_ij per query (0 for a query that sees no key), rounded to fp32 when the
+  // target is narrower (as kernels keep it), else to the target: FlashAttention's rowsum(dO * O).
+  std::vector<double> d_rows;
 };
 
 // InputError for mismatched shapes, a non-finite entry (named), or a theta that is 0 or not finite.

@@ -74,7 +74,8 @@ BackwardPeerStudy run_backward_peer_study(std::uint64_t seed, unsigned threads) 
       row.worst = judgement.describe_worst();
       row.bound_ratio = std::max({judgement.d_queries.max_bound_ratio, judgement.d_keys.max_bound_ratio,
                                   judgement.d_values.max_bound_ratio,
-                                  judgement.d_sink ? judgement.d_sink->max_bound_ratio : 0.0});
+                                  judgement.d_sink ? judgement.d_sink->max_bound_ratio : 0.0,
+                                  judgement.d_rows ? judgement.d_rows->max_bound_ratio : 0.0});
       judge_by_peers(peer, got, row);
     }
   });

@@ -20,7 +20,7 @@ struct PeerVerdicts {
   std::string case_name;
   bool deliberately_broken = false;
   bool sharpcheck_fails = false;
-  double bound_ratio = 0;  // sharpcheck's worst over dQ, dK, dV, dsink
+  double bound_ratio = 0;  // sharpcheck's worst over dQ, dK, dV, dsink and D (the kernels expose D)
   std::string worst;       // sharpcheck's worst element, named
   bool pytorch_fails = false;
   bool flash_fails = false;

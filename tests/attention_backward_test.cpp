@@ -4,9 +4,14 @@
 // catches, and the twins they miss (studies/backward_peers.hpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 
+#include "core/random.hpp"
+#include "inputs/rows.hpp"
+#include "kernels/softmax_backward.hpp"
+#include "metrics/judge_backward.hpp"
 #include "studies/backward_peers.hpp"
 
 namespace sharpcheck::studies {
@@ -50,6 +55,34 @@ TEST(AttentionBackwardKernels, EveryBrokenTwinFailsACaseAndSharpcheckCatchesWhat
     EXPECT_TRUE(caught) << kernel;
     std::printf("%s: sharpcheck %d, PyTorch's rule %d, FlashAttention's rule %d\n", kernel.c_str(), caught,
                 pytorch, flash);
+  }
+}
+
+// The softmax-level backward kernels: the honest ones pass every row kind (with a fully masked
+// row beside it), the fp16-accumulating log-softmax backward and the unguarded one fail.
+TEST(SoftmaxBackwardKernels, HonestPassAndTwinsFail) {
+  for (const auto& kernel : kernels::softmax_backward_kernels()) {
+    std::size_t failed = 0, cases = 0;
+    for (const inputs::RowKind kind : inputs::all_row_kinds) {
+      for (const std::size_t n : {std::size_t{16}, std::size_t{1000}}) {
+        const auto row = inputs::make_row(kind, n, *kernel.format, 17 + n);
+        Matrix logits(2, n, -INFINITY), dy(2, n), dx;
+        std::copy(row.begin(), row.end(), logits.row(0).begin());
+        DeterministicRandom random(n);
+        for (double& g : dy.values) g = round_to_format(random.normal(0, 1), *kernel.format);
+        kernel.run(logits, dy, dx);
+        const auto comparison = metrics::judge_softmax_backward(kernel, logits, dy, dx);
+        ++cases;
+        if (!comparison.passed()) ++failed;
+        if (!kernel.deliberately_broken) {
+          EXPECT_TRUE(comparison.passed()) << kernel.name << " " << inputs::row_kind_name(kind) << " n=" << n
+                                           << ": " << comparison.worst.describe();
+        }
+      }
+    }
+    if (kernel.deliberately_broken) {
+      EXPECT_GT(failed, cases / 2) << kernel.name;
+    }
   }
 }
 

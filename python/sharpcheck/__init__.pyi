@@ -79,7 +79,8 @@ def assert_attention_close(out: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayL
                            msg: Optional[str] = ..., threads: int = ...) -> Report: ...
 def assert_attention_backward_close(dq: ArrayLike, dk: ArrayLike, dv: ArrayLike, q: ArrayLike, k: ArrayLike,
                                     v: ArrayLike, dout: ArrayLike, *, d_lse: Optional[ArrayLike] = ...,
-                                    d_sinks: Optional[Sequence[float]] = ..., causal: bool = ..., align: str = ...,
+                                    d_sinks: Optional[Sequence[float]] = ..., d: Optional[ArrayLike] = ...,
+                                    causal: bool = ..., align: str = ...,
                                     scale: Optional[float] = ...,
                                     window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
                                     softcap: float = ..., sinks: Optional[Sequence[float]] = ..., layout: str = ...,

@@ -177,7 +177,7 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None,
 
 
 def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v: Any, dout: Any, *,
-                                    d_lse: Any = None, d_sinks: Any = None, causal: bool = False,
+                                    d_lse: Any = None, d_sinks: Any = None, d: Any = None, causal: bool = False,
                                     align: str = "top-left", scale: Optional[float] = None,
                                     window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
                                     sinks: Any = None, layout: str = "bhsd", theta: float = 1.0,
@@ -186,7 +186,8 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
                                     name: Optional[str] = None, msg: Optional[str] = None,
                                     threads: int = 0) -> Report:
     """dq, dk, dv (and d_sinks, if given) ~ the gradients of attention of q, k, v against dout (and
-    d_lse), judged head by head against the correctly rounded gradients under a backward tolerance
+    d_lse), and D = rowsum(dO * O) in fp32 if the kernel exposes it (d, laid out as the log-sum-exp),
+    judged head by head against the correctly rounded gradients under a backward tolerance
     entry: attention_backward_flash (default: FlashAttention 2, D from O in the format) or
     attention_backward_plain (P materialised in fp32). Layouts as sharpcheck.attention_backward."""
     notes: List[str] = []
@@ -203,6 +204,7 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
              "name": name}
     options.update({key: value for key, value in extra.items() if value is not None})
     sink_gradients = _numbers(d_sinks)
+    d_rows = None if d is None else host(d, "d", notes)
     judge = lambda o: _sharpcheck.judge_attention_backward(  # noqa: E731
-        *grads, *inputs, lse_gradient, sink_gradients, o)
+        *grads, *inputs, lse_gradient, sink_gradients, d_rows, o)
     return _judged(judge, options, "Attention gradients", entry, notes, msg)

@@ -113,7 +113,11 @@ def test_a_partial_tile_d_fails_naming_the_gradient():
         ds = p * (dp - d) * scale
         dq, dk, dv = ds @ k, ds.T @ q, p.T @ dout
         if passes:
-            sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout)
+            sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, d=d[:, 0])
+            # The same gradients with the partial-tile D exposed: D itself fails.
+            half = (dout[:, :8] * out[:, :8]).sum(-1)
+            with pytest.raises(AssertionError, match="D row"):
+                sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, d=half)
         else:
             with pytest.raises(AssertionError) as failure:
                 sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout)
