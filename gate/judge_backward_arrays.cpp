@@ -1,6 +1,7 @@
 #include "gate/judge_backward_arrays.hpp"
 
 #include <string>
+#include <tuple>
 
 #include "gate/array_checks.hpp"
 #include "kernels/attention_backward.hpp"
@@ -32,10 +33,9 @@ tensor::AttentionProblem backward_problem(const JudgeOptions& options, const Bac
       !problem.key_lengths.empty())
     refuse(InputProblem::out_of_range,
            "the attention backward supports the bhsd and bshd layouts without padding");
-  if (problem.shape.kv_heads != problem.shape.heads)
-    refuse(InputProblem::out_of_range, "the attention backward does not support GQA or MQA yet (" +
-                                           std::to_string(problem.shape.heads) + " heads, " +
-                                           std::to_string(problem.shape.kv_heads) + " KV heads)");
+  if (problem.shape.kv_heads == 0 || problem.shape.heads % problem.shape.kv_heads != 0)
+    refuse(InputProblem::shape_mismatch, std::to_string(problem.shape.heads) + " heads do not share " +
+                                             std::to_string(problem.shape.kv_heads) + " KV heads evenly");
   if (options.scores.has_bias())
     refuse(InputProblem::out_of_range, "the attention backward does not support a bias yet");
   if (arrays.d_out->size() != problem.output_elements())
@@ -48,12 +48,6 @@ tensor::AttentionProblem backward_problem(const JudgeOptions& options, const Bac
            "one sink per head is needed, got " + std::to_string(arrays.sinks.size()));
   return problem;
 }
-
-// One head's matrices, gathered from whole tensors by the problem's offsets.
-struct HeadMatrices {
-  Matrix q, k, v, d_out;
-  std::vector<double> d_lse;
-};
 
 template <typename Offset>
 Matrix gather(const std::vector<double>& all, std::size_t rows, std::size_t cols, Offset offset) {
@@ -68,23 +62,56 @@ struct Tensors {
   std::vector<double> q, k, v, d_out, d_lse;
 };
 
-HeadMatrices head_of(const tensor::AttentionProblem& p, const Tensors& t, std::size_t b, std::size_t h) {
+// The query heads that share KV head `kv` (GQA: heads kv G .. kv G + G - 1), their queries, dO and
+// dLSE stacked head after head, with that KV head's keys and values and the heads' sinks.
+struct Group {
+  std::size_t first_head = 0, heads = 1;
+  Matrix q, k, v, d_out;
+  std::vector<double> d_lse, sinks;
+  [[nodiscard]] std::size_t head_of_row(std::size_t row) const { return first_head + row / (q.rows / heads); }
+};
+
+Group group_of(const tensor::AttentionProblem& p, const Tensors& t, const BackwardArrays& arrays,
+               std::size_t b, std::size_t kv) {
   const auto& s = p.shape;
-  HeadMatrices head{
-      gather(t.q, s.queries, s.head_dim, [&](auto r, auto c) { return p.query_offset(b, h, r, c); }),
-      gather(t.k, s.keys, s.head_dim, [&](auto r, auto c) { return p.key_offset(b, h, r, c); }),
-      gather(t.v, s.keys, s.value_dim, [&](auto r, auto c) { return p.value_offset(b, h, r, c); }),
-      gather(t.d_out, s.queries, s.value_dim, [&](auto r, auto c) { return p.output_offset(b, h, r, c); }),
-      {}};
-  for (std::size_t r = 0; r < s.queries && !t.d_lse.empty(); ++r)
-    head.d_lse.push_back(t.d_lse[p.lse_offset(b, h, r)]);
-  return head;
+  const std::size_t heads = s.heads / s.kv_heads, m = s.queries;
+  const auto head = [&](std::size_t row) { return kv * heads + row / m; };
+  Group g{kv * heads,
+          heads,
+          gather(t.q, heads * m, s.head_dim,
+                 [&](auto r, auto c) { return p.query_offset(b, head(r), r % m, c); }),
+          gather(t.k, s.keys, s.head_dim, [&](auto r, auto c) { return p.key_offset(b, kv, r, c); }),
+          gather(t.v, s.keys, s.value_dim, [&](auto r, auto c) { return p.value_offset(b, kv, r, c); }),
+          gather(t.d_out, heads * m, s.value_dim,
+                 [&](auto r, auto c) { return p.output_offset(b, head(r), r % m, c); }),
+          {},
+          {}};
+  for (std::size_t r = 0; r < heads * m && !t.d_lse.empty(); ++r)
+    g.d_lse.push_back(t.d_lse[p.lse_offset(b, head(r), r % m)]);
+  for (std::size_t h = 0; h < heads && !arrays.sinks.empty(); ++h)
+    g.sinks.push_back(arrays.sinks[kv * heads + h]);
+  return g;
 }
 
-tensor::HeadScores scores_of(const JudgeOptions& options, const BackwardArrays& arrays, std::size_t h) {
+// Offsets of a group's stacked rows and its keys in the whole tensors.
+struct GroupOffsets {
+  const tensor::AttentionProblem& p;
+  std::size_t b, kv, heads;
+  [[nodiscard]] std::size_t query(std::size_t row, std::size_t c) const {
+    return p.query_offset(b, kv * heads + row / p.shape.queries, row % p.shape.queries, c);
+  }
+  [[nodiscard]] std::size_t key(std::size_t row, std::size_t c) const { return p.key_offset(b, kv, row, c); }
+  [[nodiscard]] std::size_t value(std::size_t row, std::size_t c) const {
+    return p.value_offset(b, kv, row, c);
+  }
+  [[nodiscard]] std::size_t lse(std::size_t row) const {
+    return p.lse_offset(b, kv * heads + row / p.shape.queries, row % p.shape.queries);
+  }
+};
+
+tensor::HeadScores scores_of(const JudgeOptions& options) {
   tensor::HeadScores scores = options.scores;
   scores.theta = options.theta;
-  if (!arrays.sinks.empty()) scores.sink = arrays.sinks[h];
   return scores;
 }
 
@@ -121,36 +148,90 @@ BackwardGradients attention_backward_of_arrays(const JudgeOptions& options, cons
   const tensor::AttentionProblem p = backward_problem(options, arrays);
   const FloatFormat& target = *stored_format(options.format).format;
   const Tensors t = read_tensors(arrays, p);
-  BackwardGradients g{std::vector<double>(p.query_elements()),
-                      std::vector<double>(p.key_elements()),
-                      std::vector<double>(p.value_elements()),
-                      {}};
   const auto& s = p.shape;
+  if (!arrays.sinks.empty() && s.batch > 1)  // a sink's gradient sums over the batch: rounded per element
+    refuse(InputProblem::out_of_range, "the sinks' gradients are correctly rounded for a batch of 1 only");
+  BackwardGradients g{std::vector<double>(p.query_elements()), std::vector<double>(p.key_elements()),
+                      std::vector<double>(p.value_elements()), std::vector<double>(arrays.sinks.size())};
+  const tensor::HeadScores scores = scores_of(options);
   for (std::size_t b = 0; b < s.batch; ++b) {
-    for (std::size_t h = 0; h < s.heads; ++h) {
-      const HeadMatrices head = head_of(p, t, b, h);
-      const tensor::HeadScores scores = scores_of(options, arrays, h);
-      const auto exact =
-          reference::attention_backward({head.q, head.k, head.v, head.d_out, head.d_lse, scores}, target);
-      for (std::size_t r = 0; r < s.queries; ++r) {
-        for (std::size_t c = 0; c < s.head_dim; ++c) g.dq[p.query_offset(b, h, r, c)] = exact.d_queries(r, c);
+    for (std::size_t kv = 0; kv < s.kv_heads; ++kv) {
+      const Group group = group_of(p, t, arrays, b, kv);
+      const GroupOffsets at{p, b, kv, group.heads};
+      const auto exact = reference::attention_backward(
+          {group.q, group.k, group.v, group.d_out, group.d_lse, scores, group.heads, group.sinks}, target);
+      for (std::size_t r = 0; r < group.q.rows; ++r) {
+        for (std::size_t c = 0; c < s.head_dim; ++c) g.dq[at.query(r, c)] = exact.d_queries(r, c);
       }
       for (std::size_t r = 0; r < s.keys; ++r) {
-        for (std::size_t c = 0; c < s.head_dim; ++c) g.dk[p.key_offset(b, h, r, c)] = exact.d_keys(r, c);
-        for (std::size_t c = 0; c < s.value_dim; ++c) g.dv[p.value_offset(b, h, r, c)] = exact.d_values(r, c);
+        for (std::size_t c = 0; c < s.head_dim; ++c) g.dk[at.key(r, c)] = exact.d_keys(r, c);
+        for (std::size_t c = 0; c < s.value_dim; ++c) g.dv[at.value(r, c)] = exact.d_values(r, c);
       }
-      // A sink is shared by the batch: its gradient sums over it; rounded once per (b, h) here,
-      // so only a batch of 1 gives the correctly rounded total.
-      if (exact.d_sink) {
-        g.d_sinks.resize(s.heads, 0.0);
-        g.d_sinks[h] += *exact.d_sink;
-      }
+      for (std::size_t h = 0; h < exact.d_sinks.size(); ++h)
+        g.d_sinks[group.first_head + h] = exact.d_sinks[h];
     }
   }
-  if (!g.d_sinks.empty() && s.batch > 1)
-    refuse(InputProblem::out_of_range, "the sinks' gradients are correctly rounded for a batch of 1 only");
   return g;
 }
+
+namespace {
+
+// The kernel's gradients and the verdict's running worst, folded group by group.
+struct GradientTensors {
+  std::vector<double> dq, dk, dv, d_rows;
+};
+
+struct Worst {
+  double ratio = -1;
+  std::string text;
+};
+
+void judge_group(const JudgeOptions& options, const BackwardArrays& arrays, const tensor::AttentionProblem& p,
+                 const Tensors& t, const GradientTensors& given,
+                 const kernels::AttentionBackwardKernel& kernel, std::size_t b, std::size_t kv,
+                 CaseOutcome& outcome, Worst& worst) {
+  const auto& s = p.shape;
+  const Group group = group_of(p, t, arrays, b, kv);
+  const GroupOffsets at{p, b, kv, group.heads};
+  kernels::KernelGradients got{
+      gather(given.dq, group.q.rows, s.head_dim, [&](auto r, auto c) { return at.query(r, c); }),
+      gather(given.dk, s.keys, s.head_dim, [&](auto r, auto c) { return at.key(r, c); }),
+      gather(given.dv, s.keys, s.value_dim, [&](auto r, auto c) { return at.value(r, c); }),
+      {},
+      {}};
+  for (std::size_t h = 0; h < group.heads && !arrays.d_sinks.empty(); ++h)
+    got.d_sinks.push_back(arrays.d_sinks[group.first_head + h]);
+  for (std::size_t r = 0; r < group.q.rows && !given.d_rows.empty(); ++r)
+    got.d_rows.push_back(given.d_rows[at.lse(r)]);
+  const tensor::HeadScores scores = scores_of(options);
+  const kernels::BackwardProblem problem{group.q,     group.k, group.v,     group.d_out,
+                                         group.d_lse, scores,  group.heads, group.sinks};
+  const auto judgement = metrics::judge_attention_backward(
+      kernel.tolerance, *stored_format(options.format).format, problem, got);
+  const auto where = [&] { return "batch " + std::to_string(b) + " KV head " + std::to_string(kv) + ": "; };
+  const std::tuple<const metrics::Comparison*, const Array*, int> parts[] = {
+      {&judgement.d_queries, arrays.dq, 0},
+      {&judgement.d_keys, arrays.dk, 1},
+      {&judgement.d_values, arrays.dv, 2},
+      {judgement.d_rows ? &*judgement.d_rows : nullptr, arrays.d, 3},
+      {judgement.d_sink ? &*judgement.d_sink : nullptr, nullptr, 4}};
+  for (const auto& [comparison, array, kind] : parts) {
+    if (comparison == nullptr) continue;
+    outcome.comparison.merge(*comparison);
+    if (array == nullptr || comparison->max_bound_ratio <= worst.ratio) continue;
+    worst.ratio = comparison->max_bound_ratio;
+    const auto& w = comparison->worst;
+    const std::size_t flat = kind == 0   ? at.query(w.row, w.index)
+                             : kind == 1 ? at.key(w.row, w.index)
+                             : kind == 2 ? at.value(w.row, w.index)
+                                         : at.lse(w.row);
+    outcome.worst_array = array->name();
+    outcome.worst_index = unravel(flat, array->shape());
+    worst.text = where() + judgement.describe_worst();
+  }
+}
+
+}  // namespace
 
 CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const BackwardArrays& arrays) {
   const tensor::AttentionProblem p = backward_problem(options, arrays);
@@ -161,69 +242,28 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   if (kernel == nullptr)
     refuse(InputProblem::out_of_range, "no backward tolerance entry named '" + entry +
                                            "' (attention_backward_plain, attention_backward_flash, ...)");
-  if (!arrays.d_sinks.empty() && (arrays.sinks.empty() || p.shape.batch != 1))
-    refuse(InputProblem::out_of_range, "sink gradients are judged with sinks and a batch of 1");
+  if (!arrays.d_sinks.empty() && (arrays.sinks.size() != arrays.d_sinks.size() || p.shape.batch != 1))
+    refuse(InputProblem::out_of_range, "sink gradients are judged with one per head's sink and a batch of 1");
   const Tensors t = read_tensors(arrays, p);
-  std::vector<double> d_rows;  // D as the kernel kept it, laid out as the log-sum-exp, in fp32
-  if (arrays.d != nullptr) d_rows = read_gradient(arrays.d, "D", p.lse_elements(), stored_format("fp32"));
-  const std::vector<double> dq = read_gradient(arrays.dq, "dq", p.query_elements(), output),
-                            dk = read_gradient(arrays.dk, "dk", p.key_elements(), output),
-                            dv = read_gradient(arrays.dv, "dv", p.value_elements(), output);
+  GradientTensors given{read_gradient(arrays.dq, "dq", p.query_elements(), output),
+                        read_gradient(arrays.dk, "dk", p.key_elements(), output),
+                        read_gradient(arrays.dv, "dv", p.value_elements(), output),
+                        {}};
+  if (arrays.d != nullptr)
+    given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(), stored_format("fp32"));
   CaseOutcome outcome;
   outcome.format = output.name;
   outcome.gate_case.input = "arrays";
   outcome.gate_case.kernel = kernel_name(options, *arrays.dq);
   outcome.gate_case.n = p.shape.keys;
-  double worst_ratio = -1;
-  std::string worst_text;
-  const auto& s = p.shape;
-  for (std::size_t b = 0; b < s.batch; ++b) {
-    for (std::size_t h = 0; h < s.heads; ++h) {
-      const HeadMatrices head = head_of(p, t, b, h);
-      const tensor::HeadScores scores = scores_of(options, arrays, h);
-      kernels::KernelGradients got{
-          gather(dq, s.queries, s.head_dim, [&](auto r, auto c) { return p.query_offset(b, h, r, c); }),
-          gather(dk, s.keys, s.head_dim, [&](auto r, auto c) { return p.key_offset(b, h, r, c); }),
-          gather(dv, s.keys, s.value_dim, [&](auto r, auto c) { return p.value_offset(b, h, r, c); }),
-          arrays.d_sinks.empty() ? 0.0 : arrays.d_sinks[h],
-          {}};
-      for (std::size_t r = 0; r < s.queries && !d_rows.empty(); ++r)
-        got.d_rows.push_back(d_rows[p.lse_offset(b, h, r)]);
-      const kernels::BackwardProblem problem{head.q, head.k, head.v, head.d_out, head.d_lse, scores};
-      auto judgement = metrics::judge_attention_backward(kernel->tolerance, *output.format, problem, got);
-      if (arrays.d_sinks.empty()) judgement.d_sink.reset();  // not given: not judged
-      const std::pair<const metrics::Comparison*, const Array*> parts[] = {{&judgement.d_queries, arrays.dq},
-                                                                           {&judgement.d_keys, arrays.dk},
-                                                                           {&judgement.d_values, arrays.dv}};
-      for (const auto& [comparison, array] : parts) {
-        outcome.comparison.merge(*comparison);
-        if (comparison->max_bound_ratio <= worst_ratio) continue;
-        worst_ratio = comparison->max_bound_ratio;
-        const auto& w = comparison->worst;
-        const std::size_t flat = array == arrays.dq   ? p.query_offset(b, h, w.row, w.index)
-                                 : array == arrays.dk ? p.key_offset(b, h, w.row, w.index)
-                                                      : p.value_offset(b, h, w.row, w.index);
-        outcome.worst_array = array->name();
-        outcome.worst_index = unravel(flat, array->shape());
-        worst_text =
-            "batch " + std::to_string(b) + " head " + std::to_string(h) + ": " + judgement.describe_worst();
-      }
-      if (judgement.d_sink) outcome.comparison.merge(*judgement.d_sink);
-      if (judgement.d_rows) {
-        outcome.comparison.merge(*judgement.d_rows);
-        if (judgement.d_rows->max_bound_ratio > worst_ratio) {
-          worst_ratio = judgement.d_rows->max_bound_ratio;
-          outcome.worst_array = arrays.d->name();
-          outcome.worst_index = unravel(p.lse_offset(b, h, judgement.d_rows->worst.row), arrays.d->shape());
-          worst_text =
-              "batch " + std::to_string(b) + " head " + std::to_string(h) + ": " + judgement.describe_worst();
-        }
-      }
-    }
+  Worst worst;
+  for (std::size_t b = 0; b < p.shape.batch; ++b) {
+    for (std::size_t kv = 0; kv < p.shape.kv_heads; ++kv)
+      judge_group(options, arrays, p, t, given, *kernel, b, kv, outcome, worst);
   }
   if (!outcome.comparison.passed(options.strictest)) {
     outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest) + " in " + p.describe() +
-                               " (tolerance entry " + entry + "); worst: " + worst_text);
+                               " (tolerance entry " + entry + "); worst: " + worst.text);
   }
   return outcome;
 }

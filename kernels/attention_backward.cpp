@@ -40,8 +40,8 @@ struct Floats {
         dout(floats_of(p.d_out)),
         head(p.scores),
         logit((fill(head, m, n), head), d) {
-    if (p.scores.has_bias())
-      throw InputError(InputProblem::out_of_range, "attention backward kernels: a bias is not supported");
+    if (p.scores.has_bias() || p.group != 1)
+      throw InputError(InputProblem::out_of_range, "attention backward kernels: one head without a bias");
     for (std::size_t i = 0; i < m; ++i)
       d_lse.push_back(p.d_lse.empty() ? 0.0F : static_cast<float>(p.d_lse[i]));
     const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(d));
@@ -70,20 +70,22 @@ struct Floats {
 };
 
 struct Accumulators {
-  explicit Accumulators(const Floats& f) : dq(f.m * f.d), dk(f.n * f.d), dv(f.n * f.dv), d_rows(f.m, 0.0) {}
+  explicit Accumulators(const Floats& f)
+      : dq(f.m * f.d), dk(f.n * f.d), dv(f.n * f.dv), has_sink(f.logit.has_sink()), d_rows(f.m, 0.0) {}
   std::vector<float> dq, dk, dv;
   float d_sink = 0;
+  bool has_sink = false;
   std::vector<double> d_rows;  // D per query, as kept (fp32)
 
   KernelGradients rounded(const Floats& f, const FloatFormat& format) const {
-    KernelGradients g{Matrix(f.m, f.d), Matrix(f.n, f.d), Matrix(f.n, f.dv), 0, d_rows};
+    KernelGradients g{Matrix(f.m, f.d), Matrix(f.n, f.d), Matrix(f.n, f.dv), {}, d_rows};
     const auto round_all = [&](const std::vector<float>& from, Matrix& to) {
       for (std::size_t e = 0; e < from.size(); ++e) to.values[e] = round_to_format(from[e], format);
     };
     round_all(dq, g.d_queries);
     round_all(dk, g.d_keys);
     round_all(dv, g.d_values);
-    g.d_sink = round_to_format(d_sink, format);
+    if (has_sink) g.d_sinks = {round_to_format(d_sink, format)};
     return g;
   }
 };

@@ -27,18 +27,33 @@
 namespace sharpcheck::kernels {
 
 struct BackwardProblem {
+  BackwardProblem(const Matrix& q, const Matrix& k, const Matrix& v, const Matrix& dout,
+                  std::span<const double> lse_gradient, const tensor::HeadScores& head_scores,
+                  std::size_t heads = 1, std::span<const double> sinks = {})
+      : queries(q),
+        keys(k),
+        values(v),
+        d_out(dout),
+        d_lse(lse_gradient),
+        scores(head_scores),
+        group(heads),
+        group_sinks(sinks) {}
   const Matrix& queries;          // m x d
   const Matrix& keys;             // n x d
   const Matrix& values;           // n x dv
   const Matrix& d_out;            // m x dv
   std::span<const double> d_lse;  // m entries or empty
   const tensor::HeadScores& scores;
+  // Grouped-query heads stacked in queries, d_out and d_lse, as reference::AttentionBackwardInputs
+  // has them (what judges take; the kernels here compute one head, group 1).
+  std::size_t group;
+  std::span<const double> group_sinks;
 };
 
 struct KernelGradients {
   Matrix d_queries, d_keys, d_values;
-  double d_sink = 0;
-  std::vector<double> d_rows;  // D_i as the kernel kept it (fp32), when it exposes D; else empty
+  std::vector<double> d_sinks;  // one per head when there are sinks
+  std::vector<double> d_rows;   // D_i as the kernel kept it (fp32), when it exposes D; else empty
 };
 
 enum class BackwardBug { none, stale_d, dq_in_output, no_softcap_grad, nan_on_masked_rows };

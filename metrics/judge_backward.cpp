@@ -18,11 +18,11 @@ constexpr double negligible_gap = 100;
 
 struct Magnitudes {
   Matrix dq, dk, dv;
-  double d_sink = 0;
+  Matrix d_sinks;  // group x 1
   // What an error of D_i by u_out sum_c |dO_ic O_ic| (O rounded to the format) moves each
   // gradient by, over u_out: dV does not depend on D.
   Matrix dq_from_d, dk_from_d;
-  double d_sink_from_d = 0;
+  Matrix d_sinks_from_d;
   Matrix d_rows, d_rows_from_o;  // D_i's own: A_i, and B_i = sum_c |dO_ic O_ic|
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };
@@ -73,17 +73,21 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
   tensor::HeadScores head = p.scores;
-  if (head.queries == 0) head.queries = mq;
+  const std::size_t positions = mq / std::max<std::size_t>(p.group, 1);
+  if (head.queries == 0) head.queries = positions;
   if (head.keys == 0) head.keys = n;
   if (head.row_stride == 0) head.row_stride = n;
-  Magnitudes m{Matrix(mq, d), Matrix(n, d), Matrix(n, dv), 0, Matrix(mq, d), Matrix(n, d), 0,
-               Matrix(mq, 1), Matrix(mq, 1)};
+  Magnitudes m{Matrix(mq, d), Matrix(n, d),       Matrix(n, dv), Matrix(p.group, 1), Matrix(mq, d),
+               Matrix(n, d),  Matrix(p.group, 1), Matrix(mq, 1), Matrix(mq, 1)};
   std::vector<std::size_t> visible;
   std::vector<double> weight, dp_mag, out_row;
+  tensor::HeadScores row_head = head;  // row i: head i / positions, at position i mod positions
   for (std::size_t i = 0; i < mq; ++i) {
-    head.visible_keys(i, visible);
-    if (visible.empty() && !head.sink) continue;
-    const RowGeometry g = row_geometry(p, head, i, visible, m);
+    const std::size_t h = i / positions;
+    if (!p.group_sinks.empty()) row_head.sink = p.group_sinks[h];
+    row_head.visible_keys(i % positions, visible);
+    if (visible.empty() && !row_head.sink) continue;
+    const RowGeometry g = row_geometry(p, row_head, i, visible, m);
     const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
     double a_i = 0, b_i = 0;
     weight.assign(visible.size(), 0);
@@ -114,17 +118,16 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
       }
       for (std::size_t c = 0; c < dv; ++c) m.dv(j, c) += weight[a] * std::fabs(p.d_out(i, c));
     }
-    if (head.sink) {
-      const double sink_weight = std::exp(*head.sink / head.theta - g.lse) / std::fabs(head.theta);
-      m.d_sink += sink_weight * (a_i + lse_gradient);
-      m.d_sink_from_d += sink_weight * b_i;
+    if (row_head.sink) {
+      const double sink_weight = std::exp(*row_head.sink / head.theta - g.lse) / std::fabs(head.theta);
+      m.d_sinks(h, 0) += sink_weight * (a_i + lse_gradient);
+      m.d_sinks_from_d(h, 0) += sink_weight * b_i;
     }
   }
-  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o}) {
+  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o,
+                         &m.d_sinks, &m.d_sinks_from_d}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
-  m.d_sink *= 1 + 1e-9;
-  m.d_sink_from_d *= 1 + 1e-9;
   return m;
 }
 
@@ -185,7 +188,8 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   judgement.expected =
       expected != nullptr
           ? *expected
-          : reference::attention_backward({p.queries, p.keys, p.values, p.d_out, p.d_lse, p.scores}, output);
+          : reference::attention_backward(
+                {p.queries, p.keys, p.values, p.d_out, p.d_lse, p.scores, p.group, p.group_sinks}, output);
   const Magnitudes m = magnitudes_of(p);
   Tolerance entry;
   entry.accumulation = &fp32;
@@ -214,10 +218,15 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     judgement.d_rows =
         compare_gradient(expected_d, actual_d, m.d_rows, m.d_rows_from_o, units, entry, d_format, length);
   }
-  if (e.d_sink) {
-    const Matrix sink(1, 1, *e.d_sink), got(1, 1, actual.d_sink), magnitude(1, 1, m.d_sink),
-        from_d(1, 1, m.d_sink_from_d);
-    judgement.d_sink = compare_gradient(sink, got, magnitude, from_d, units, entry, output, length);
+  if (!e.d_sinks.empty() && !actual.d_sinks.empty()) {  // sink gradients judged when the kernel gives them
+    if (actual.d_sinks.size() != e.d_sinks.size())
+      throw InputError(InputProblem::shape_mismatch,
+                       "the kernel gives " + std::to_string(actual.d_sinks.size()) + " sink gradients for " +
+                           std::to_string(e.d_sinks.size()) + " heads");
+    Matrix sink(e.d_sinks.size(), 1), got(e.d_sinks.size(), 1);
+    std::copy(e.d_sinks.begin(), e.d_sinks.end(), sink.values.begin());
+    std::copy(actual.d_sinks.begin(), actual.d_sinks.end(), got.values.begin());
+    judgement.d_sink = compare_gradient(sink, got, m.d_sinks, m.d_sinks_from_d, units, entry, output, length);
   }
   return judgement;
 }

@@ -39,6 +39,14 @@ void check(const AttentionBackwardInputs& in) {
     refuse(InputProblem::shape_mismatch, "Q " + shape(in.queries) + ", K " + shape(in.keys) + ", V " +
                                              shape(in.values) + ", dO " + shape(in.d_out));
   }
+  if (in.group == 0 || in.queries.rows % in.group != 0)
+    refuse(InputProblem::shape_mismatch, std::to_string(in.queries.rows) + " query rows are not " +
+                                             std::to_string(in.group) + " heads of equal length");
+  if (!in.group_sinks.empty() && in.group_sinks.size() != in.group)
+    refuse(InputProblem::shape_mismatch, "one sink per query head of the group is needed");
+  for (const double sink : in.group_sinks) {
+    if (!std::isfinite(sink)) refuse(InputProblem::non_finite_value, "a sink logit is not finite");
+  }
   if (!in.d_lse.empty() && in.d_lse.size() != in.queries.rows)
     refuse(InputProblem::shape_mismatch, "dLSE has " + std::to_string(in.d_lse.size()) + " entries, Q " +
                                              std::to_string(in.queries.rows) + " rows");
@@ -68,10 +76,10 @@ struct ExactBalls {
 
 // Gradient balls of one pass; dK and dV per worker, summed afterwards.
 struct GradientBalls {
-  GradientBalls(std::size_t q_count, std::size_t k_count, std::size_t v_count, std::size_t queries)
-      : dq(q_count), dk(k_count), dv(v_count), d_rows(queries) {}
-  BallVector dq, dk, dv, d_rows;
-  Ball d_sink;
+  GradientBalls(std::size_t q_count, std::size_t k_count, std::size_t v_count, std::size_t queries,
+                std::size_t heads)
+      : dq(q_count), dk(k_count), dv(v_count), d_rows(queries), d_sinks(heads) {}
+  BallVector dq, dk, dv, d_rows, d_sinks;
 };
 
 // The constants of the scores at `precision`: scale, 1/theta, the cap.
@@ -104,25 +112,28 @@ class BackwardPass {
         dout_(in.d_out),
         constants_(head, in.queries.cols, precision) {}
 
-  // Adds query i's contributions to `out`.
+  // Adds query row i's contributions to `out` (head i / positions, at position i mod positions).
   void add_query(std::size_t i, GradientBalls& out) {
-    head_.visible_keys(i, visible_);
+    const std::size_t positions = in_.queries.rows / in_.group, h = i / positions;
+    head_.visible_keys(i % positions, visible_);
     const std::size_t count = visible_.size();
-    if (count == 0 && !head_.sink) return;
+    const std::optional<double> sink =
+        in_.group_sinks.empty() ? head_.sink : std::optional(in_.group_sinks[h]);
+    if (count == 0 && !sink) return;
     BallVector z(count), slope(count), weight(count), dp(count);
     for (std::size_t a = 0; a < count; ++a) logit(i, visible_[a], z[a], slope[a]);
     Ball sink_z, lse, total, scratch;
-    if (head_.sink) {
-      arb_set_d(sink_z.get(), *head_.sink);
+    if (sink) {
+      arb_set_d(sink_z.get(), *sink);
       arb_mul(sink_z.get(), sink_z.get(), constants_.inverse_theta.get(), p_);
     }
-    log_sum_exp(z, head_.sink ? sink_z.get() : nullptr, lse.get());
+    log_sum_exp(z, sink ? sink_z.get() : nullptr, lse.get());
     const std::size_t dv = in_.values.cols, d = in_.queries.cols;
     arb_zero(total.get());  // D_i
     // A query that sees one key and no sink has P = 1 exactly: its contributions are then exact
     // dyadic numbers (a ball of radius 0 once the precision holds them), so a result that is
     // exactly a rounding boundary (a tie) is still decided; exp(z - L) would only enclose 1.
-    const bool single = count == 1 && !head_.sink;
+    const bool single = count == 1 && !sink;
     for (std::size_t a = 0; a < count; ++a) {
       if (single) {
         arb_one(weight[a]);
@@ -150,11 +161,11 @@ class BackwardPass {
       for (std::size_t c = 0; c < dv; ++c)
         arb_addmul(out.dv[j * dv + c], weight[a], dout_.balls[i * dv + c], p_);
     }
-    if (head_.sink) {  // dz_sink / theta = P_sink (g - D) / theta
+    if (sink) {  // dz_sink / theta = P_sink (g - D) / theta
       arb_sub(scratch.get(), sink_z.get(), lse.get(), p_);
       arb_exp(scratch.get(), scratch.get(), p_);
       arb_mul(scratch.get(), scratch.get(), g.get(), p_);
-      arb_addmul(out.d_sink.get(), scratch.get(), constants_.inverse_theta.get(), p_);
+      arb_addmul(out.d_sinks[h], scratch.get(), constants_.inverse_theta.get(), p_);
     }
   }
 
@@ -217,7 +228,7 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadS
   partials.clear();
   partials.resize(workers);
   parallel_for(workers, 0, [&](std::size_t w) {
-    partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m);
+    partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m, in.group);
     BackwardPass pass(in, head, precision);
     for (std::size_t i = w; i < m; i += workers) pass.add_query(i, *partials[w]);
   });
@@ -226,7 +237,8 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadS
     _arb_vec_add(sum.dq.data(), sum.dq.data(), partials[w]->dq.data(), static_cast<slong>(m * d), precision);
     _arb_vec_add(sum.dk.data(), sum.dk.data(), partials[w]->dk.data(), static_cast<slong>(n * d), precision);
     _arb_vec_add(sum.dv.data(), sum.dv.data(), partials[w]->dv.data(), static_cast<slong>(n * dv), precision);
-    arb_add(sum.d_sink.get(), sum.d_sink.get(), partials[w]->d_sink.get(), precision);
+    _arb_vec_add(sum.d_sinks.data(), sum.d_sinks.data(), partials[w]->d_sinks.data(),
+                 static_cast<slong>(in.group), precision);
     _arb_vec_add(sum.d_rows.data(), sum.d_rows.data(), partials[w]->d_rows.data(), static_cast<slong>(m),
                  precision);
   }
@@ -292,13 +304,8 @@ Undecided decide_pass(const AttentionBackwardInputs& in, const tensor::HeadScore
   if (const auto e = decide_all(balls.d_rows, out.d_rows, done[4], precision, d_format(target))) {
     if (!undecided.any()) undecided.where = "D(" + std::to_string(*e) + ")";
   }
-  if (out.d_sink && !done[3][0]) {
-    if (const auto value = decide(balls.d_sink.get(), precision, target)) {
-      *out.d_sink = *value;
-      done[3][0] = true;
-    } else if (!undecided.any()) {
-      undecided.where = "dsink";
-    }
+  if (const auto e = decide_all(balls.d_sinks, out.d_sinks, done[3], precision, target)) {
+    if (!undecided.any()) undecided.where = "dsink(" + std::to_string(*e) + ")";
   }
   return undecided;
 }
@@ -309,14 +316,15 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
                                       ZivStatistics* statistics) {
   check(in);
   tensor::HeadScores head = in.scores;
-  if (head.queries == 0) head.queries = in.queries.rows;
+  if (head.queries == 0) head.queries = in.queries.rows / std::max<std::size_t>(in.group, 1);
   if (head.keys == 0) head.keys = in.keys.rows;
   if (head.row_stride == 0) head.row_stride = in.keys.rows;
   const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
-  AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::nullopt, std::vector<double>(m)};
-  if (head.sink) out.d_sink = 0.0;
+  const bool sinks = head.sink.has_value() || !in.group_sinks.empty();
+  AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::vector<double>(sinks ? in.group : 0),
+                         std::vector<double>(m)};
   std::vector<std::vector<bool>> done{std::vector<bool>(m * d), std::vector<bool>(n * d),
-                                      std::vector<bool>(n * dv), std::vector<bool>(1, !head.sink),
+                                      std::vector<bool>(n * dv), std::vector<bool>(out.d_sinks.size()),
                                       std::vector<bool>(m)};
   if (statistics != nullptr) ++statistics->calls;
   const ZivSchedule schedule = ZivSchedule::for_format(target);

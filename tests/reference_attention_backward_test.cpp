@@ -101,9 +101,51 @@ void expect_correctly_rounded(const Problem& p, const FloatFormat& format, const
   check("dQ", got.d_queries, exact.dq);
   check("dK", got.d_keys, exact.dk);
   check("dV", got.d_values, exact.dv);
-  ASSERT_EQ(got.d_sink.has_value(), p.scores.sink.has_value());
-  if (got.d_sink) {
-    EXPECT_TRUE(testing::is_nearest_in_format(*got.d_sink, exact.d_sink, format)) << variant << " dsink";
+  ASSERT_EQ(got.d_sinks.size(), p.scores.sink ? 1u : 0u);
+  if (!got.d_sinks.empty()) {
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_sinks[0], exact.d_sink, format)) << variant << " dsink";
+  }
+}
+
+// Grouped-query attention: two query heads share K and V; dK and dV are the sums over both heads,
+// correctly rounded once (not the sum of two rounded per-head gradients), each head its own sink.
+TEST(AttentionBackwardReference, GroupedQueryHeadsSumIntoOneCorrectlyRoundedDkAndDv) {
+  DeterministicRandom random(41);
+  const std::size_t m = 5, n = 7, d = 4, dv = 3;
+  Problem heads[2];
+  const Matrix k = random_matrix(n, d, 1.5, fp32, random), v = random_matrix(n, dv, 1, fp32, random);
+  Matrix q(2 * m, d), d_out(2 * m, dv);
+  const double sinks[2] = {0.5, -1.0};
+  for (std::size_t h = 0; h < 2; ++h) {
+    heads[h] =
+        Problem{random_matrix(m, d, 1.5, fp32, random), k, v, random_matrix(m, dv, 1, fp32, random), {}, {}};
+    heads[h].scores.causal = true;
+    heads[h].scores.alignment = tensor::DiagonalAlignment::bottom_right;
+    heads[h].scores.sink = sinks[h];
+    for (std::size_t i = 0; i < m; ++i) {
+      for (std::size_t t = 0; t < d; ++t) q(h * m + i, t) = heads[h].q(i, t);
+      for (std::size_t c = 0; c < dv; ++c) d_out(h * m + i, c) = heads[h].d_out(i, c);
+    }
+  }
+  tensor::HeadScores causal;
+  causal.causal = true;
+  causal.alignment = tensor::DiagonalAlignment::bottom_right;
+  for (const FloatFormat* format : {&fp32, &bf16}) {
+    const AttentionGradients got = attention_backward({q, k, v, d_out, {}, causal, 2, sinks}, *format);
+    const ExactGradients first = independent_backward(heads[0]), second = independent_backward(heads[1]);
+    for (std::size_t e = 0; e < n * d; ++e)
+      EXPECT_TRUE(testing::is_nearest_in_format(got.d_keys.values[e], first.dk[e] + second.dk[e], *format))
+          << e;
+    for (std::size_t e = 0; e < n * dv; ++e)
+      EXPECT_TRUE(testing::is_nearest_in_format(got.d_values.values[e], first.dv[e] + second.dv[e], *format))
+          << e;
+    for (std::size_t e = 0; e < m * d; ++e) {
+      EXPECT_TRUE(testing::is_nearest_in_format(got.d_queries.values[e], first.dq[e], *format)) << e;
+      EXPECT_TRUE(testing::is_nearest_in_format(got.d_queries.values[m * d + e], second.dq[e], *format)) << e;
+    }
+    ASSERT_EQ(got.d_sinks.size(), 2u);
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_sinks[0], first.d_sink, *format));
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_sinks[1], second.d_sink, *format));
   }
 }
 
