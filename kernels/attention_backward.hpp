@@ -22,33 +22,12 @@
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
 #include "kernels/tolerance.hpp"
-#include "tensor/head_scores.hpp"
+#include "tensor/backward_problem.hpp"
 
 namespace sharpcheck::kernels {
 
-struct BackwardProblem {
-  BackwardProblem(const Matrix& q, const Matrix& k, const Matrix& v, const Matrix& dout,
-                  std::span<const double> lse_gradient, const tensor::HeadScores& head_scores,
-                  std::size_t heads = 1, std::span<const double> sinks = {})
-      : queries(q),
-        keys(k),
-        values(v),
-        d_out(dout),
-        d_lse(lse_gradient),
-        scores(head_scores),
-        group(heads),
-        group_sinks(sinks) {}
-  const Matrix& queries;          // m x d
-  const Matrix& keys;             // n x d
-  const Matrix& values;           // n x dv
-  const Matrix& d_out;            // m x dv
-  std::span<const double> d_lse;  // m entries or empty
-  const tensor::HeadScores& scores;
-  // Grouped-query heads stacked in queries, d_out and d_lse, as reference::AttentionBackwardInputs
-  // has them (what judges take; the kernels here compute one head, group 1).
-  std::size_t group;
-  std::span<const double> group_sinks;
-};
+// The kernels compute one head (group 1); judges take grouped heads too.
+using BackwardProblem = tensor::AttentionBackwardProblem;
 
 struct KernelGradients {
   Matrix d_queries, d_keys, d_values;
