@@ -157,6 +157,38 @@ void add_backward_cases(const Wanted& wanted, const GateSettings& settings, std:
   }
 }
 
+// A plugin that declares the backward (ABI version 4) runs the backward sweep's problems whose
+// masks and modifiers it declares (not the sink with a log-sum-exp gradient: the ABI has neither).
+void add_plugin_backward_cases(const GateSettings& settings, const std::string& prefix,
+                               std::vector<GateCase>& cases) {
+  const std::uint32_t features = settings.plugin->features();
+  if ((features & SHARPCHECK_ATTENTION_BACKWARD) == 0) return;
+  const auto needs = [](inputs::BackwardKind kind) -> std::uint32_t {
+    switch (kind) {
+      case inputs::BackwardKind::normal_causal:
+        return SHARPCHECK_ATTENTION_CAUSAL;
+      case inputs::BackwardKind::near_softcap:
+        return SHARPCHECK_ATTENTION_SOFTCAP;
+      case inputs::BackwardKind::fully_masked_rows:
+        return SHARPCHECK_ATTENTION_CAUSAL | SHARPCHECK_ATTENTION_BOTTOM_RIGHT;
+      case inputs::BackwardKind::sink_and_lse:
+        return ~0U;
+      default:
+        return 0;
+    }
+  };
+  for (const FloatFormat* format : settings.plugin->attention_formats()) {
+    for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {
+      if ((needs(kind) & ~features) != 0) continue;
+      const std::size_t keys = inputs::make_backward_inputs(kind, *format, 0).keys.rows;
+      cases.push_back(
+          make_case(prefix + "attention_backward_" + std::string(format->name),
+                    std::string(backward_input_prefix) + std::string(inputs::backward_kind_name(kind)), keys,
+                    settings, false, format));
+    }
+  }
+}
+
 // Every case of the unsharded sweep, in sweep order.
 std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<std::size_t>& sizes) {
   const auto wanted = [&](std::string_view name) {
@@ -202,6 +234,7 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
   }
   add_feature_cases(settings, sizes, prefix, cases);
   add_scenario_cases(settings, prefix, cases);
+  add_plugin_backward_cases(settings, prefix, cases);
   return cases;
 }
 

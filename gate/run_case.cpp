@@ -86,7 +86,13 @@ void record_plugin_failure(const kernels::PluginRun& run, const GateSettings& se
 }
 
 // A plugin's case: run in a child process; a crash or hang is recorded with a reproducer.
+void run_plugin_backward_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome);
+
 void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
+  if (gate_case.input.starts_with(backward_input_prefix)) {
+    run_plugin_backward_case(gate_case, settings, outcome);
+    return;
+  }
   const FloatFormat& format = *gate_case.plugin_format;
   outcome.format = std::string(format.name);
   if (gate_case.input == attention_input) {
@@ -127,20 +133,16 @@ void run_plugin_case(const GateCase& gate_case, const GateSettings& settings, Ca
   outcome.reference_statistics = evaluation.reference_statistics;
 }
 
-// An attention backward kernel on one problem of the backward sweep: dQ, dK, dV (and dsink)
-// judged against the correctly rounded gradients; the worst element named with its gradient.
-void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const GateCase& gate_case,
-                       CaseOutcome& outcome) {
-  outcome.format = std::string(kernel.format->name);
-  const std::string_view kind_name = std::string_view(gate_case.input).substr(backward_input_prefix.size());
-  inputs::BackwardKind kind = inputs::BackwardKind::normal_causal;
-  for (const inputs::BackwardKind k : inputs::all_backward_kinds) {
-    if (inputs::backward_kind_name(k) == kind_name) kind = k;
+inputs::BackwardKind backward_kind_of(const GateCase& gate_case) {
+  const std::string_view name = std::string_view(gate_case.input).substr(backward_input_prefix.size());
+  for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {
+    if (inputs::backward_kind_name(kind) == name) return kind;
   }
-  const inputs::BackwardInputs in = inputs::make_backward_inputs(kind, *kernel.format, gate_case.seed);
-  const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
-  const auto judgement =
-      metrics::judge_attention_backward(kernel.tolerance, *kernel.format, problem, kernel.run(problem));
+  return inputs::BackwardKind::normal_causal;
+}
+
+// Folds a backward judgement into the case: every gradient's comparison, the worst one named.
+void record_backward(const metrics::BackwardJudgement& judgement, CaseOutcome& outcome) {
   const std::pair<const metrics::Comparison*, const char*> gradients[] = {
       {&judgement.d_queries, "dQ"},
       {&judgement.d_keys, "dK"},
@@ -160,6 +162,47 @@ void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const Gat
   }
   outcome.worst_index = {worst->worst.row, worst->worst.index};
   if (!judgement.passed()) outcome.failures.push_back("tolerance table: " + judgement.describe_worst());
+}
+
+// An attention backward kernel on one problem of the backward sweep: dQ, dK, dV (and dsink, D)
+// judged against the correctly rounded gradients; the worst element named with its gradient.
+void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const GateCase& gate_case,
+                       CaseOutcome& outcome) {
+  outcome.format = std::string(kernel.format->name);
+  const inputs::BackwardInputs in =
+      inputs::make_backward_inputs(backward_kind_of(gate_case), *kernel.format, gate_case.seed);
+  const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
+  record_backward(
+      metrics::judge_attention_backward(kernel.tolerance, *kernel.format, problem, kernel.run(problem)),
+      outcome);
+}
+
+// A plugin's sharpcheck_attention_backward (ABI version 4) on one problem of the backward sweep,
+// judged by attention_backward_flash's entry (D from O in the format), D too.
+void run_plugin_backward_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
+  const FloatFormat& format = *gate_case.plugin_format;
+  outcome.format = std::string(format.name);
+  const inputs::BackwardInputs in =
+      inputs::make_backward_inputs(backward_kind_of(gate_case), format, gate_case.seed);
+  const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
+  const kernels::PluginRun run = settings.plugin->run_attention_backward(format, problem);
+  if (run.status != kernels::PluginRun::Status::ok) {
+    record_plugin_failure(run, settings, gate_case,
+                          {{"_q", &in.queries}, {"_k", &in.keys}, {"_v", &in.values}, {"_dout", &in.d_out}},
+                          outcome);
+    return;
+  }
+  outcome.console = run.console;
+  const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
+  kernels::KernelGradients got{Matrix(m, d), Matrix(n, d), Matrix(n, dv), {}, {}};
+  auto next = run.out.values.begin();
+  for (Matrix* gradient : {&got.d_queries, &got.d_keys, &got.d_values}) {
+    std::copy_n(next, gradient->values.size(), gradient->values.begin());
+    next += static_cast<std::ptrdiff_t>(gradient->values.size());
+  }
+  got.d_rows.assign(next, next + static_cast<std::ptrdiff_t>(m));
+  const auto* entry = kernels::find_attention_backward_kernel("attention_backward_flash");
+  record_backward(metrics::judge_attention_backward(entry->tolerance, format, problem, got), outcome);
 }
 
 // A softmax-level backward kernel: row 0 the generated logits, row 1 fully masked; dy normal.

@@ -22,6 +22,8 @@ namespace {
 using SoftmaxEntry = int (*)(uint32_t, const void*, void*, size_t, size_t, float);
 using AttentionEntry = int (*)(uint32_t, const void*, const void*, const void*, void*, size_t, size_t, size_t,
                                size_t, float, int);
+using BackwardEntry = int (*)(uint32_t, const void*, const void*, const void*, const void*, void*, void*,
+                              void*, float*, const sharpcheck_attention_call*);
 using LayerEntry = int (*)(uint32_t, const void*, const void*, const void*, void*,
                            const sharpcheck_attention_call*);
 using InfoEntry = const sharpcheck_plugin_description* (*)();
@@ -189,6 +191,49 @@ std::pair<std::string, int> call_attention_layer(LayerEntry entry, const FloatFo
   return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
 }
 
+// Runs in the child: one head's gradients through sharpcheck_attention_backward, returned as
+// doubles: dQ, dK, dV (row-major), then D per query.
+std::pair<std::string, int> call_attention_backward(BackwardEntry entry, const FloatFormat& format,
+                                                    const tensor::AttentionBackwardProblem& p) {
+  const std::size_t m = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
+  const auto& scores = p.scores;
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const auto side = [](const std::optional<std::size_t>& w) {
+    return w ? static_cast<int64_t>(*w) : int64_t{-1};
+  };
+  const sharpcheck_attention_call call{1,
+                                       1,
+                                       m,
+                                       n,
+                                       n,
+                                       d,
+                                       dv,
+                                       static_cast<float>(scale / scores.theta),
+                                       scores.causal ? 1 : 0,
+                                       scores.alignment == tensor::DiagonalAlignment::bottom_right ? 1 : 0,
+                                       side(scores.window_left),
+                                       side(scores.window_right),
+                                       static_cast<float>(scores.softcap),
+                                       nullptr,
+                                       nullptr,
+                                       nullptr};
+  const std::size_t width = format == fp32 ? sizeof(float) : sizeof(std::uint16_t);
+  std::vector<char> dq(m * d * width), dk(n * d * width), dvv(n * dv * width);
+  std::vector<float> d_rows(m, 0.0F);
+  const int code =
+      entry(format_code(format), to_storage(p.queries, format).data(), to_storage(p.keys, format).data(),
+            to_storage(p.values, format).data(), to_storage(p.d_out, format).data(), dq.data(), dk.data(),
+            dvv.data(), d_rows.data(), &call);
+  if (code != 0) return {"", 10 + (code & 0x7F)};
+  std::vector<double> result = from_storage(dq, m * d, format);
+  for (const auto& [bytes, count] : {std::pair{&dk, n * d}, std::pair{&dvv, n * dv}}) {
+    const auto values = from_storage(*bytes, count, format);
+    result.insert(result.end(), values.begin(), values.end());
+  }
+  result.insert(result.end(), d_rows.begin(), d_rows.end());
+  return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
+}
+
 // What a child's ending means for a plugin call whose answer is `expected_values` doubles.
 PluginRun interpret(const ChildOutcome& child, const ChildLimits& limits, std::size_t expected_values,
                     std::size_t rows, std::size_t cols, const char* entry) {
@@ -258,10 +303,19 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
             0};
   }
   // A v1 struct has no field; a v2 plugin knows only the first three bits.
-  const std::uint32_t features =
-      info->abi_version >= 3 ? info->features : (info->abi_version == 2 ? info->features & 7U : 0U);
-  if ((features & ~7U) != 0 && dlsym(handle, "sharpcheck_attention_layer") == nullptr) {
+  // A v3 plugin knows the bits below SHARPCHECK_ATTENTION_BACKWARD.
+  const std::uint32_t known = info->abi_version >= 4   ? ~0U
+                              : info->abi_version == 3 ? SHARPCHECK_ATTENTION_BACKWARD - 1U
+                              : info->abi_version == 2 ? 7U
+                                                       : 0U;
+  const std::uint32_t features = info->abi_version >= 2 ? info->features & known : 0U;
+  if ((features & ~7U & ~SHARPCHECK_ATTENTION_BACKWARD) != 0 &&
+      dlsym(handle, "sharpcheck_attention_layer") == nullptr) {
     return {"error\ndeclares version-3 attention features but does not export sharpcheck_attention_layer", 0};
+  }
+  if ((features & SHARPCHECK_ATTENTION_BACKWARD) != 0 &&
+      dlsym(handle, "sharpcheck_attention_backward") == nullptr) {
+    return {"error\ndeclares the attention backward but does not export sharpcheck_attention_backward", 0};
   }
   if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
     return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};
@@ -382,6 +436,20 @@ PluginRun Plugin::run_attention_layer(const FloatFormat& format, const tensor::A
       limits_);
   const std::size_t count = problem.output_elements() + (want_lse ? problem.lse_elements() : 0);
   return interpret(child, limits_, count, 1, count, "sharpcheck_attention_layer");
+}
+
+PluginRun Plugin::run_attention_backward(const FloatFormat& format,
+                                         const tensor::AttentionBackwardProblem& problem) const {
+  const ChildOutcome child = run_in_child(
+      [&] {
+        const auto entry =
+            reinterpret_cast<BackwardEntry>(symbol_in_child(path_, "sharpcheck_attention_backward"));
+        return call_attention_backward(entry, format, problem);
+      },
+      limits_);
+  const std::size_t count = (problem.queries.rows + problem.keys.rows) * problem.queries.cols +
+                            problem.keys.rows * problem.values.cols + problem.queries.rows;
+  return interpret(child, limits_, count, 1, count, "sharpcheck_attention_backward");
 }
 
 }  // namespace sharpcheck::kernels

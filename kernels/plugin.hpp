@@ -13,6 +13,7 @@
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
 #include "tensor/attention_problem.hpp"
+#include "tensor/backward_problem.hpp"
 
 namespace sharpcheck::kernels {
 
@@ -59,6 +60,10 @@ class Plugin {
                                               const tensor::AttentionProblem& problem,
                                               std::span<const double> q, std::span<const double> k,
                                               std::span<const double> v, bool want_lse) const;
+  // ABI version 4: one head's attention backward (group 1, no bias or sink): `out` is one row of
+  // dQ, dK, dV (row-major) and then D per query.
+  [[nodiscard]] PluginRun run_attention_backward(const FloatFormat& format,
+                                                 const tensor::AttentionBackwardProblem& problem) const;
 
  private:
   Plugin() = default;

@@ -17,8 +17,9 @@ extern "C" {
 #endif
 
 /* Version 2 added `features`; version 3 the attention features below 1u << 3 and
- * sharpcheck_attention_layer. The gate still loads version-1 and -2 plugins. */
-#define SHARPCHECK_PLUGIN_ABI_VERSION 3u
+ * sharpcheck_attention_layer; version 4 the attention backward (SHARPCHECK_ATTENTION_BACKWARD and
+ * sharpcheck_attention_backward). The gate still loads version-1, -2 and -3 plugins. */
+#define SHARPCHECK_PLUGIN_ABI_VERSION 4u
 
 enum sharpcheck_format {
   SHARPCHECK_FP32 = 1u << 0,
@@ -41,7 +42,9 @@ enum sharpcheck_feature {
   SHARPCHECK_ATTENTION_SINK = 1u << 7,         /* one sink logit per head, no value */
   SHARPCHECK_ATTENTION_GQA = 1u << 8, /* kv_heads < heads: head h reads KV head h / (heads / kv_heads) */
   SHARPCHECK_ATTENTION_LSE = 1u << 9, /* writes the natural log-sum-exp per query row */
-  SHARPCHECK_ATTENTION_KEY_PADDING = 1u << 10 /* valid_keys < keys: keys past it are never seen */
+  SHARPCHECK_ATTENTION_KEY_PADDING = 1u << 10, /* valid_keys < keys: keys past it are never seen */
+  /* Version 4: sharpcheck_attention_backward (the gate runs its backward sweep on it). */
+  SHARPCHECK_ATTENTION_BACKWARD = 1u << 11
 };
 
 /* One batch element of a multi-head attention layer (version 3). Tensors are [heads, seq, dim]
@@ -87,6 +90,15 @@ int sharpcheck_attention(uint32_t format, const void* q, const void* k, const vo
 /* Required when any version-3 attention feature is declared: one batch element, every head. */
 int sharpcheck_attention_layer(uint32_t format, const void* q, const void* k, const void* v, void* out,
                                const struct sharpcheck_attention_call* call);
+
+/* Required when SHARPCHECK_ATTENTION_BACKWARD is declared: the gradients of one batch element's
+ * attention (the call as sharpcheck_attention_layer's; the gate's backward sweep uses one head,
+ * no ALiBi, no sink, valid_keys == keys) given dout (heads x queries x value_dim, in `format`):
+ * dq, dk, dv in q's, k's and v's shapes and `format`, and, when d is not null, D = rowsum(dO * O)
+ * per head and query (float), which the gate judges too. */
+int sharpcheck_attention_backward(uint32_t format, const void* q, const void* k, const void* v,
+                                  const void* dout, void* dq, void* dk, void* dv, float* d,
+                                  const struct sharpcheck_attention_call* call);
 
 #ifdef __cplusplus
 }

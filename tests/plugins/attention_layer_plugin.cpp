@@ -2,7 +2,8 @@
 // bf16 with fp32 accumulation, and, chosen at compile time (SHARPCHECK_LAYER_MUTANT), mutants that
 // each get one feature wrong the way real ports did: 1 ignores the window, 2 aligns causal
 // top-left, 3 skips the sink, 4 forgets GQA's mapping (h % kv_heads), 5 drops the soft-cap,
-// 6 ignores ALiBi, 7 reads padded keys, 8 returns a log-sum-exp off by 1e-3.
+// 6 ignores ALiBi, 7 reads padded keys, 8 returns a log-sum-exp off by 1e-3, 9 forms the backward's
+// D = rowsum(dO * O) from half the columns (a partial tile).
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -89,16 +90,45 @@ void attend_row(uint32_t format, const void* q, const void* k, const void* v, vo
   }
 }
 
-const sharpcheck_plugin_description info{SHARPCHECK_PLUGIN_ABI_VERSION,
-                                         SHARPCHECK_TEST_PLUGIN_NAME,
-                                         "every version-3 attention feature, scalar",
-                                         0,
-                                         SHARPCHECK_FP32 | SHARPCHECK_BF16,
-                                         SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL |
-                                             SHARPCHECK_ATTENTION_BOTTOM_RIGHT | SHARPCHECK_ATTENTION_WINDOW |
-                                             SHARPCHECK_ATTENTION_SOFTCAP | SHARPCHECK_ATTENTION_ALIBI |
-                                             SHARPCHECK_ATTENTION_SINK | SHARPCHECK_ATTENTION_GQA |
-                                             SHARPCHECK_ATTENTION_LSE | SHARPCHECK_ATTENTION_KEY_PADDING};
+const sharpcheck_plugin_description info{
+    SHARPCHECK_PLUGIN_ABI_VERSION,
+    SHARPCHECK_TEST_PLUGIN_NAME,
+    "every version-3 attention feature, scalar",
+    0,
+    SHARPCHECK_FP32 | SHARPCHECK_BF16,
+    SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL | SHARPCHECK_ATTENTION_BOTTOM_RIGHT |
+        SHARPCHECK_ATTENTION_WINDOW | SHARPCHECK_ATTENTION_SOFTCAP | SHARPCHECK_ATTENTION_ALIBI |
+        SHARPCHECK_ATTENTION_SINK | SHARPCHECK_ATTENTION_GQA | SHARPCHECK_ATTENTION_LSE |
+        SHARPCHECK_ATTENTION_KEY_PADDING | SHARPCHECK_ATTENTION_BACKWARD};
+
+// One query row's softmax weights (no ALiBi or sink: the backward sweep has neither) and each
+// logit's slope d logit / d (q . k).
+void row_weights(uint32_t format, const void* q, const void* k, const sharpcheck_attention_call& c, size_t i,
+                 std::vector<float>& p, std::vector<float>& slope) {
+  p.assign(c.keys, 0.0F);
+  slope.assign(c.keys, 0.0F);
+  float largest = -std::numeric_limits<float>::infinity();
+  std::vector<float> logits(c.keys, -std::numeric_limits<float>::infinity());
+  for (size_t j = 0; j < c.keys; ++j) {
+    if (!sees(c, i, j)) continue;
+    float s = 0;
+    for (size_t t = 0; t < c.dim; ++t) s += load(format, q, i * c.dim + t) * load(format, k, j * c.dim + t);
+    s *= c.scale;
+    slope[j] = c.scale;
+    if (c.softcap != 0 && mutant != 5) {
+      const float t = std::tanh(s / c.softcap);
+      s = c.softcap * t;
+      slope[j] = c.scale * (1 - t * t);
+    }
+    logits[j] = s;
+    largest = std::fmax(largest, s);
+  }
+  float sum = 0;
+  for (size_t j = 0; j < c.keys; ++j) {
+    if (logits[j] != -std::numeric_limits<float>::infinity()) sum += p[j] = std::exp(logits[j] - largest);
+  }
+  for (float& w : p) w = sum == 0 ? 0.0F : w / sum;
+}
 
 }  // namespace
 
@@ -120,4 +150,44 @@ extern "C" int sharpcheck_attention(uint32_t format, const void* q, const void* 
   const sharpcheck_attention_call call{1,      1, queries, keys, keys, dim,     value_dim, scale,
                                        causal, 0, -1,      -1,   0.0F, nullptr, nullptr,   nullptr};
   return sharpcheck_attention_layer(format, q, k, v, out, &call);
+}
+
+// Version 4: one head's gradients, P recomputed per query row, D = rowsum(dO * O), fp32 sums.
+extern "C" int sharpcheck_attention_backward(uint32_t format, const void* q, const void* k, const void* v,
+                                             const void* dout, void* dq, void* dk, void* dv, float* d,
+                                             const sharpcheck_attention_call* call) {
+  if (format != SHARPCHECK_FP32 && format != SHARPCHECK_BF16) return 1;
+  const sharpcheck_attention_call& c = *call;
+  if (c.heads != 1 || c.kv_heads != 1) return 2;
+  std::vector<float> gq(c.queries * c.dim, 0.0F), gk(c.keys * c.dim, 0.0F), gv(c.keys * c.value_dim, 0.0F);
+  std::vector<float> p, slope, out(c.value_dim);
+  for (size_t i = 0; i < c.queries; ++i) {
+    row_weights(format, q, k, c, i, p, slope);
+    std::fill(out.begin(), out.end(), 0.0F);
+    for (size_t j = 0; j < c.keys; ++j) {
+      for (size_t col = 0; col < c.value_dim; ++col)
+        out[col] += p[j] * load(format, v, j * c.value_dim + col);
+    }
+    float big_d = 0;
+    const size_t columns = mutant == 9 ? c.value_dim / 2 : c.value_dim;
+    for (size_t col = 0; col < columns; ++col) big_d += load(format, dout, i * c.value_dim + col) * out[col];
+    if (d != nullptr) d[i] = big_d;
+    for (size_t j = 0; j < c.keys; ++j) {
+      if (p[j] == 0) continue;
+      float dp = 0;
+      for (size_t col = 0; col < c.value_dim; ++col)
+        dp += load(format, dout, i * c.value_dim + col) * load(format, v, j * c.value_dim + col);
+      const float dr = p[j] * (dp - big_d) * slope[j];
+      for (size_t t = 0; t < c.dim; ++t) {
+        gq[i * c.dim + t] += dr * load(format, k, j * c.dim + t);
+        gk[j * c.dim + t] += dr * load(format, q, i * c.dim + t);
+      }
+      for (size_t col = 0; col < c.value_dim; ++col)
+        gv[j * c.value_dim + col] += p[j] * load(format, dout, i * c.value_dim + col);
+    }
+  }
+  for (size_t e = 0; e < gq.size(); ++e) store(format, dq, e, gq[e]);
+  for (size_t e = 0; e < gk.size(); ++e) store(format, dk, e, gk[e]);
+  for (size_t e = 0; e < gv.size(); ++e) store(format, dv, e, gv[e]);
+  return 0;
 }
