@@ -1,6 +1,7 @@
 // sharpcheck gate and merge: parse the options, call the gate library (gate/), print its verdicts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -36,9 +37,9 @@ void parse_shard(const std::string& text, GateSettings& settings) {
 }
 
 void print_kernel_list() {
-  std::printf("%-22s %-6s %-6s %-6s %s\n", "kernel", "in", "out", "acc", "description");
+  std::printf("%-46s %-9s %-6s %-6s %s\n", "kernel", "in", "out", "acc", "description");
   const auto row = [](const auto& k) {
-    std::printf("%-22s %-6s %-6s %-6s %s\n", std::string(k.name).c_str(), std::string(k.input->name).c_str(),
+    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), std::string(k.input->name).c_str(),
                 std::string(k.output->name).c_str(), std::string(k.accumulation->name).c_str(),
                 std::string(k.description).c_str());
   };
@@ -46,28 +47,30 @@ void print_kernel_list() {
   for (const auto& k : kernels::attention_kernels()) row(k);
   for (const auto& k : kernels::softmax_backward_kernels()) {
     const std::string format(k.format->name);
-    std::printf("%-22s %-6s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
+    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
                 "fp32", std::string(k.description).c_str());
   }
   for (const auto& k : kernels::attention_backward_kernels()) {
     const std::string format(k.format->name);
-    std::printf("%-22s %-6s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
+    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
                 "fp32", std::string(k.description).c_str());
   }
 }
 
 void print_verdicts(const gate::SweepVerdict& verdict, const std::vector<nlohmann::json>& cases) {
-  std::printf("%-26s %-16s %6s %7s %6s %9s %12s  %s\n", "kernel", "format", "cases", "failed", "incon.",
+  int width = 26;  // the kernel column fits the longest name
+  for (const auto& k : verdict.kernels) width = std::max(width, static_cast<int>(k.kernel.size()));
+  std::printf("%-*s %-16s %6s %7s %6s %9s %12s  %s\n", width, "kernel", "format", "cases", "failed", "incon.",
               "max ulp", "bound ratio", "verdict");
   for (const auto& k : verdict.kernels) {
-    std::printf("%-26s %-16s %6zu %7zu %6zu %9llu %12.3g  %s\n", k.kernel.c_str(), k.format.c_str(), k.cases,
-                k.failed, k.inconclusive, static_cast<unsigned long long>(k.max_ulps), k.max_bound_ratio,
-                gate::verdict_name(k.verdict));
+    std::printf("%-*s %-16s %6zu %7zu %6zu %9llu %12.3g  %s\n", width, k.kernel.c_str(), k.format.c_str(),
+                k.cases, k.failed, k.inconclusive, static_cast<unsigned long long>(k.max_ulps),
+                k.max_bound_ratio, gate::verdict_name(k.verdict));
   }
   std::printf("\nworst case of each kernel (bound ratio = |error| / allowed; > 1 fails):\n");
   for (const auto& k : verdict.kernels) {
     const auto& worst = *k.worst;
-    std::printf("  %-26s %s seed %llu: index %zu expected %s got %s (%s ulp)\n", k.kernel.c_str(),
+    std::printf("  %-*s %s seed %llu: index %zu expected %s got %s (%s ulp)\n", width, k.kernel.c_str(),
                 worst["id"].get<std::string>().c_str(),
                 static_cast<unsigned long long>(worst["seed"].get<std::uint64_t>()),
                 worst["worst"]["index"].get<std::size_t>(),
