@@ -122,35 +122,45 @@ Matrix gather_heads(std::span<const double> stored, std::size_t heads, std::size
   return matrix;
 }
 
-// The ABI's description of batch element b (kernels/plugin_abi.h); `floats` keeps the slopes
-// and sinks it points to.
-sharpcheck_attention_call layer_call(const tensor::AttentionProblem& p, std::size_t b,
-                                     std::size_t stored_keys, std::vector<float>& slopes,
-                                     std::vector<float>& sinks) {
-  const auto& shape = p.shape;
-  const auto& scores = p.scores;
-  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
-  slopes.assign(p.alibi_slopes.begin(), p.alibi_slopes.end());
-  sinks.assign(p.sinks.begin(), p.sinks.end());
+// The ABI's call for scores `scores` over the given extents (kernels/plugin_abi.h), without ALiBi
+// slopes, sinks or a log-sum-exp (callers point those at storage they keep).
+sharpcheck_attention_call scores_call(const tensor::HeadScores& scores, std::size_t heads,
+                                      std::size_t kv_heads, std::size_t queries, std::size_t keys,
+                                      std::size_t valid_keys, std::size_t dim, std::size_t value_dim) {
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(dim));
   const auto side = [](const std::optional<std::size_t>& w) {
     return w ? static_cast<int64_t>(*w) : int64_t{-1};
   };
-  return {shape.heads,
-          shape.kv_heads,
-          p.query_length(b),
-          stored_keys,
-          p.key_length(b),
-          shape.head_dim,
-          shape.value_dim,
+  return {heads,
+          kv_heads,
+          queries,
+          keys,
+          valid_keys,
+          dim,
+          value_dim,
           static_cast<float>(scale / scores.theta),
           scores.causal ? 1 : 0,
           scores.alignment == tensor::DiagonalAlignment::bottom_right ? 1 : 0,
           side(scores.window_left),
           side(scores.window_right),
           static_cast<float>(scores.softcap),
-          slopes.empty() ? nullptr : slopes.data(),
-          sinks.empty() ? nullptr : sinks.data(),
+          nullptr,
+          nullptr,
           nullptr};
+}
+
+// The ABI's description of batch element b; `slopes` and `sinks` keep what it points to.
+sharpcheck_attention_call layer_call(const tensor::AttentionProblem& p, std::size_t b,
+                                     std::size_t stored_keys, std::vector<float>& slopes,
+                                     std::vector<float>& sinks) {
+  const auto& shape = p.shape;
+  slopes.assign(p.alibi_slopes.begin(), p.alibi_slopes.end());
+  sinks.assign(p.sinks.begin(), p.sinks.end());
+  sharpcheck_attention_call call = scores_call(p.scores, shape.heads, shape.kv_heads, p.query_length(b),
+                                               stored_keys, p.key_length(b), shape.head_dim, shape.value_dim);
+  call.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+  call.sinks = sinks.empty() ? nullptr : sinks.data();
+  return call;
 }
 
 // Runs in the child: every batch element through sharpcheck_attention_layer; returns the outputs
@@ -196,27 +206,7 @@ std::pair<std::string, int> call_attention_layer(LayerEntry entry, const FloatFo
 std::pair<std::string, int> call_attention_backward(BackwardEntry entry, const FloatFormat& format,
                                                     const tensor::AttentionBackwardProblem& p) {
   const std::size_t m = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
-  const auto& scores = p.scores;
-  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(d));
-  const auto side = [](const std::optional<std::size_t>& w) {
-    return w ? static_cast<int64_t>(*w) : int64_t{-1};
-  };
-  const sharpcheck_attention_call call{1,
-                                       1,
-                                       m,
-                                       n,
-                                       n,
-                                       d,
-                                       dv,
-                                       static_cast<float>(scale / scores.theta),
-                                       scores.causal ? 1 : 0,
-                                       scores.alignment == tensor::DiagonalAlignment::bottom_right ? 1 : 0,
-                                       side(scores.window_left),
-                                       side(scores.window_right),
-                                       static_cast<float>(scores.softcap),
-                                       nullptr,
-                                       nullptr,
-                                       nullptr};
+  const sharpcheck_attention_call call = scores_call(p.scores, 1, 1, m, n, n, d, dv);
   const std::size_t width = format == fp32 ? sizeof(float) : sizeof(std::uint16_t);
   std::vector<char> dq(m * d * width), dk(n * d * width), dvv(n * dv * width);
   std::vector<float> d_rows(m, 0.0F);
