@@ -119,6 +119,10 @@ CaseOutcome compare_attention(const CompareRequest& request, const StoredFormat&
 
 CaseOutcome compare_attention_backward(const CompareRequest& request, const StoredFormat& output,
                                        const StoredFormat& input) {
+  if (!request.alibi_slopes.empty())
+    refuse(InputProblem::out_of_range, "the attention backward does not support ALiBi yet (--alibi-slopes)");
+  if (request.q_descale != 1 || request.k_descale != 1 || request.v_descale != 1)
+    refuse(InputProblem::out_of_range, "the attention backward takes no fp8 descales");
   for (const auto& [path, option] : {std::pair{&request.k, "--k"},
                                      {&request.v, "--v"},
                                      {&request.dq, "--dq"},

@@ -177,6 +177,8 @@ stale = os.path.join(WORK, "backward_dq_stale.npy")
 np.save(stale, (ds @ kb).numpy())
 compare_backward("dQ from a partial-tile D", 1, {**backward_paths, "dq": stale})
 compare_backward("torch's gradients judged without the mask", 1, backward_paths, causal=False)
+compare_backward("ALiBi, which the backward does not support yet, refused", 2, backward_paths, "--alibi-slopes",
+                 os.path.join(WORK, "causal_q.npy"))
 
 if failures:
     print(f"{len(failures)} wrong verdicts: {failures}")
