@@ -1,6 +1,7 @@
 // The attention backward kernels under test as registry rows (kernels/attention_backward.hpp),
 // with the derivation of their tolerance.
 #include "kernels/attention_backward.hpp"
+#include "kernels/registry.hpp"
 
 namespace sharpcheck::kernels {
 namespace {
@@ -73,10 +74,7 @@ const AttentionBackwardKernel table[] = {
 std::span<const AttentionBackwardKernel> attention_backward_kernels() { return table; }
 
 const AttentionBackwardKernel* find_attention_backward_kernel(std::string_view name) {
-  for (const auto& kernel : table) {
-    if (kernel.name == name) return &kernel;
-  }
-  return nullptr;
+  return find_named(attention_backward_kernels(), name);
 }
 
 }  // namespace sharpcheck::kernels

@@ -115,10 +115,7 @@ const AttentionKernel attention_table[] = {
 std::span<const AttentionKernel> attention_kernels() { return attention_table; }
 
 const AttentionKernel* find_attention_kernel(std::string_view name) {
-  for (const auto& kernel : attention_table) {
-    if (kernel.name == name) return &kernel;
-  }
-  return nullptr;
+  return find_named(attention_kernels(), name);
 }
 
 }  // namespace sharpcheck::kernels

@@ -419,10 +419,7 @@ const SoftmaxKernel softmax_table[] = {
 std::span<const SoftmaxKernel> softmax_kernels() { return softmax_table; }
 
 const SoftmaxKernel* find_softmax_kernel(std::string_view name) {
-  for (const auto& kernel : softmax_table) {
-    if (kernel.name == name) return &kernel;
-  }
-  return nullptr;
+  return find_named(softmax_kernels(), name);
 }
 
 }  // namespace sharpcheck::kernels

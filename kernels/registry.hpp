@@ -59,6 +59,15 @@ struct AttentionKernel {
   const FloatFormat* lse_format = &fp32;
 };
 
+// The row of `rows` with this name, or null: how every registry (forward, backward) is searched.
+template <typename Row>
+[[nodiscard]] const Row* find_named(std::span<const Row> rows, std::string_view name) {
+  for (const Row& row : rows) {
+    if (row.name == name) return &row;
+  }
+  return nullptr;
+}
+
 [[nodiscard]] std::span<const SoftmaxKernel> softmax_kernels();
 [[nodiscard]] std::span<const AttentionKernel> attention_kernels();
 [[nodiscard]] const SoftmaxKernel* find_softmax_kernel(std::string_view name);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/registry.hpp"
 #include "kernels/softmax_kernels.hpp"
 
 namespace sharpcheck::kernels {
@@ -78,10 +79,7 @@ const SoftmaxBackwardKernel table[] = {
 std::span<const SoftmaxBackwardKernel> softmax_backward_kernels() { return table; }
 
 const SoftmaxBackwardKernel* find_softmax_backward_kernel(std::string_view name) {
-  for (const auto& kernel : table) {
-    if (kernel.name == name) return &kernel;
-  }
-  return nullptr;
+  return find_named(softmax_backward_kernels(), name);
 }
 
 }  // namespace sharpcheck::kernels
