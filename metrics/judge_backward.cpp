@@ -214,9 +214,8 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     Matrix expected_d(p.queries.rows, 1), actual_d(p.queries.rows, 1);
     std::copy(e.d_rows.begin(), e.d_rows.end(), expected_d.values.begin());
     std::copy(actual.d_rows.begin(), actual.d_rows.end(), actual_d.values.begin());
-    const FloatFormat& d_format = output.precision() < 24 ? fp32 : output;
-    judgement.d_rows =
-        compare_gradient(expected_d, actual_d, m.d_rows, m.d_rows_from_o, units, entry, d_format, length);
+    judgement.d_rows = compare_gradient(expected_d, actual_d, m.d_rows, m.d_rows_from_o, units, entry,
+                                        reference::d_format(output), length);
   }
   if (!e.d_sinks.empty() && !actual.d_sinks.empty()) {  // sink gradients judged when the kernel gives them
     if (actual.d_sinks.size() != e.d_sinks.size())

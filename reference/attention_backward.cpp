@@ -275,9 +275,6 @@ std::optional<std::size_t> decide_all(BallVector& balls, std::vector<double>& va
   return first;
 }
 
-// D is kept in fp32 by kernels: rounded to fp32, or to the target when that is wider.
-const FloatFormat& d_format(const FloatFormat& target) { return target.precision() < 24 ? fp32 : target; }
-
 struct Undecided {
   std::string where;
   [[nodiscard]] bool any() const { return !where.empty(); }

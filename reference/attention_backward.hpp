@@ -48,6 +48,11 @@ struct AttentionGradients {
   std::vector<double> d_rows;
 };
 
+// The format D is rounded to: fp32 when the target is narrower (as kernels keep D), else the target.
+[[nodiscard]] inline const FloatFormat& d_format(const FloatFormat& target) {
+  return target.precision() < 24 ? fp32 : target;
+}
+
 // InputError for mismatched shapes, a non-finite entry (named), or a theta that is 0 or not finite.
 [[nodiscard]] AttentionGradients attention_backward(const AttentionBackwardInputs& inputs,
                                                     const FloatFormat& target,
