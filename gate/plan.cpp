@@ -148,7 +148,7 @@ void add_backward_cases(const Wanted& wanted, const GateSettings& settings, std:
   for (const auto& kernel : kernels::attention_backward_kernels()) {
     if (!wanted(kernel.name)) continue;
     for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {
-      const std::size_t keys = inputs::make_backward_inputs(kind, *kernel.format, 0).keys.rows;
+      const std::size_t keys = inputs::backward_shape(kind).keys;
       cases.push_back(
           make_case(std::string(kernel.name),
                     std::string(backward_input_prefix) + std::string(inputs::backward_kind_name(kind)), keys,
@@ -180,7 +180,7 @@ void add_plugin_backward_cases(const GateSettings& settings, const std::string& 
   for (const FloatFormat* format : settings.plugin->attention_formats()) {
     for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {
       if ((needs(kind) & ~features) != 0) continue;
-      const std::size_t keys = inputs::make_backward_inputs(kind, *format, 0).keys.rows;
+      const std::size_t keys = inputs::backward_shape(kind).keys;
       cases.push_back(
           make_case(prefix + "attention_backward_" + std::string(format->name),
                     std::string(backward_input_prefix) + std::string(inputs::backward_kind_name(kind)), keys,

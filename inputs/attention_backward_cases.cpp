@@ -40,11 +40,11 @@ void round_all(BackwardInputs& in, const FloatFormat& format) {
   for (double& x : in.d_lse) x = round_to_format(x, format);
 }
 
-BackwardInputs shaped(std::size_t m, std::size_t n, std::size_t d, DeterministicRandom& random) {
-  return {normal_matrix(m, d, 1, random),
-          normal_matrix(n, d, 1, random),
-          normal_matrix(n, d, 1, random),
-          normal_matrix(m, d, 1, random),
+BackwardInputs shaped(const BackwardShape& shape, DeterministicRandom& random) {
+  return {normal_matrix(shape.queries, shape.dim, 1, random),
+          normal_matrix(shape.keys, shape.dim, 1, random),
+          normal_matrix(shape.keys, shape.dim, 1, random),
+          normal_matrix(shape.queries, shape.dim, 1, random),
           {},
           {}};
 }
@@ -73,52 +73,65 @@ std::string_view backward_kind_name(BackwardKind kind) {
   return "?";
 }
 
-BackwardInputs make_backward_inputs(BackwardKind kind, const FloatFormat& format, std::uint64_t seed) {
-  DeterministicRandom random(seed);
-  BackwardInputs in;
+BackwardShape backward_shape(BackwardKind kind) {
   switch (kind) {
     case BackwardKind::normal_causal:
-      in = shaped(96, 96, 64, random);
+      return {96, 96, 64};
+    case BackwardKind::low_rank:
+    case BackwardKind::outliers:
+      return {64, 256, 64};
+    case BackwardKind::repeated_maxima:
+      return {48, 192, 32};
+    case BackwardKind::one_dominant_key:
+      return {8, 1024, 64};
+    case BackwardKind::fully_masked_rows:
+      return {40, 24, 32};
+    case BackwardKind::near_softcap:
+    case BackwardKind::sink_and_lse:
+      break;
+  }
+  return {64, 128, 32};
+}
+
+BackwardInputs make_backward_inputs(BackwardKind kind, const FloatFormat& format, std::uint64_t seed) {
+  DeterministicRandom random(seed);
+  const BackwardShape shape = backward_shape(kind);
+  BackwardInputs in = shaped(shape, random);
+  switch (kind) {
+    case BackwardKind::normal_causal:
       in.scores.causal = true;
       break;
     case BackwardKind::low_rank: {
-      in = shaped(64, 256, 64, random);
-      const Matrix basis = normal_matrix(4, 64, 1.0 / 8, random);  // rows of norm ~1
-      in.queries = low_rank(64, 64, basis, random);
-      in.keys = low_rank(256, 64, basis, random);
+      const Matrix basis = normal_matrix(4, shape.dim, 1.0 / 8, random);  // rows of norm ~1
+      in.queries = low_rank(shape.queries, shape.dim, basis, random);
+      in.keys = low_rank(shape.keys, shape.dim, basis, random);
       break;
     }
     case BackwardKind::outliers:
-      in = shaped(64, 256, 64, random);
       add_outliers(in.queries, random);
       add_outliers(in.keys, random);
       break;
-    case BackwardKind::repeated_maxima:
-      in = shaped(48, 192, 32, random);
-      for (std::size_t j = 48; j < 192; ++j) {
-        for (std::size_t t = 0; t < 32; ++t) in.keys(j, t) = in.keys(j % 48, t);
+    case BackwardKind::repeated_maxima:  // every key repeated four times
+      for (std::size_t j = shape.keys / 4; j < shape.keys; ++j) {
+        for (std::size_t t = 0; t < shape.dim; ++t) in.keys(j, t) = in.keys(j % (shape.keys / 4), t);
       }
       break;
     case BackwardKind::near_softcap:
-      in = shaped(64, 128, 32, random);
       for (double& x : in.queries.values) x *= 2.5;  // raw scores of size ~5 against the cap 5
       in.scores.softcap = 5;
       break;
     case BackwardKind::one_dominant_key:
-      in = shaped(8, 1024, 64, random);
-      for (std::size_t i = 0; i < 8; ++i) {  // key 900 + 13 i: q_i times 0.75, a score of about 6
-        for (std::size_t t = 0; t < 64; ++t) in.keys(900 + 13 * i, t) = 0.75 * in.queries(i, t);
+      for (std::size_t i = 0; i < shape.queries; ++i) {  // key 900 + 13 i: q_i times 0.75, a score of about 6
+        for (std::size_t t = 0; t < shape.dim; ++t) in.keys(900 + 13 * i, t) = 0.75 * in.queries(i, t);
       }
       break;
-    case BackwardKind::fully_masked_rows:
-      in = shaped(40, 24, 32, random);
+    case BackwardKind::fully_masked_rows:  // 16 of the 40 queries see no key
       in.scores.causal = true;
       in.scores.alignment = tensor::DiagonalAlignment::bottom_right;
       break;
     case BackwardKind::sink_and_lse:
-      in = shaped(64, 128, 32, random);
       in.scores.sink = 1.0;
-      for (std::size_t i = 0; i < 64; ++i) in.d_lse.push_back(random.normal(0, 1));
+      for (std::size_t i = 0; i < shape.queries; ++i) in.d_lse.push_back(random.normal(0, 1));
       break;
   }
   round_all(in, format);

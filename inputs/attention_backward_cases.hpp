@@ -35,6 +35,12 @@ inline constexpr BackwardKind all_backward_kinds[] = {
 
 [[nodiscard]] std::string_view backward_kind_name(BackwardKind kind);
 
+// A problem's extents: queries, keys and the head dimension (the value dimension equals it).
+struct BackwardShape {
+  std::size_t queries = 0, keys = 0, dim = 0;
+};
+[[nodiscard]] BackwardShape backward_shape(BackwardKind kind);
+
 struct BackwardInputs {
   Matrix queries, keys, values, d_out;
   std::vector<double> d_lse;  // empty unless the kind has a gradient through the log-sum-exp
