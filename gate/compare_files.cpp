@@ -119,8 +119,6 @@ CaseOutcome compare_attention(const CompareRequest& request, const StoredFormat&
 
 CaseOutcome compare_attention_backward(const CompareRequest& request, const StoredFormat& output,
                                        const StoredFormat& input) {
-  if (!request.alibi_slopes.empty())
-    refuse(InputProblem::out_of_range, "the attention backward does not support ALiBi yet (--alibi-slopes)");
   if (request.q_descale != 1 || request.k_descale != 1 || request.v_descale != 1)
     refuse(InputProblem::out_of_range, "the attention backward takes no fp8 descales");
   for (const auto& [path, option] : {std::pair{&request.k, "--k"},
@@ -140,8 +138,9 @@ CaseOutcome compare_attention_backward(const CompareRequest& request, const Stor
   if (!request.d.empty()) d.emplace("--d", request.d, StoredFormat{&fp32, std::nullopt, "fp32"});
   BackwardArrays arrays{&q, &k, &v, &dout, &dq, &dk, &dv, d_lse ? &*d_lse : nullptr, d ? &*d : nullptr,
                         {}, {}};
-  if (!request.sinks.empty())
-    arrays.sinks = read_values(request.sinks, StoredFormat{&fp64, std::nullopt, "fp64"});
+  const StoredFormat plain{&fp64, std::nullopt, "fp64"};
+  if (!request.sinks.empty()) arrays.scores.sinks = read_values(request.sinks, plain);
+  if (!request.alibi_slopes.empty()) arrays.scores.alibi_slopes = read_values(request.alibi_slopes, plain);
   return judge_attention_backward_arrays(options_of(request), arrays);
 }
 

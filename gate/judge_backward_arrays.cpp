@@ -16,36 +16,25 @@ std::vector<double> read_all(const Array& array) {
   return values;
 }
 
-// The problem, refusing what the backward reference does not support yet.
+// The problem the arrays and options describe (every layout, padding, mask, bias and modifier of
+// the forward), with dO's size checked.
 tensor::AttentionProblem backward_problem(const JudgeOptions& options, const BackwardArrays& arrays) {
   if (!arrays.q || !arrays.k || !arrays.v || !arrays.d_out)
     refuse(InputProblem::out_of_range, "the attention backward needs q, k, v and dout");
   for (const Array* array : {arrays.q, arrays.k, arrays.v, arrays.d_out}) {
     if (array->size() == 0) refuse(InputProblem::empty_input, array->name() + " holds no element");
   }
-  AttentionArrays shapes;
+  AttentionArrays shapes = arrays.scores;
   shapes.q = arrays.q;
   shapes.k = arrays.k;
   shapes.v = arrays.v;
-  shapes.sinks = arrays.sinks;
   const tensor::AttentionProblem problem = attention_problem_of(options, shapes);
-  if (problem.layout == tensor::Layout::packed || !problem.query_lengths.empty() ||
-      !problem.key_lengths.empty())
-    refuse(InputProblem::out_of_range,
-           "the attention backward supports the bhsd and bshd layouts without padding");
-  if (problem.shape.kv_heads == 0 || problem.shape.heads % problem.shape.kv_heads != 0)
-    refuse(InputProblem::shape_mismatch, std::to_string(problem.shape.heads) + " heads do not share " +
-                                             std::to_string(problem.shape.kv_heads) + " KV heads evenly");
-  if (options.scores.has_bias())
-    refuse(InputProblem::out_of_range, "the attention backward does not support a bias yet");
+  problem.validate();
   if (arrays.d_out->size() != problem.output_elements())
     refuse(InputProblem::shape_mismatch, arrays.d_out->name() + " holds " +
                                              std::to_string(arrays.d_out->size()) +
                                              " elements, the output of " + problem.describe() + " has " +
                                              std::to_string(problem.output_elements()));
-  if (!arrays.sinks.empty() && arrays.sinks.size() != problem.shape.heads)
-    refuse(InputProblem::shape_mismatch,
-           "one sink per head is needed, got " + std::to_string(arrays.sinks.size()));
   return problem;
 }
 
@@ -62,57 +51,60 @@ struct Tensors {
   std::vector<double> q, k, v, d_out, d_lse;
 };
 
-// The query heads that share KV head `kv` (GQA: heads kv G .. kv G + G - 1), their queries, dO and
-// dLSE stacked head after head, with that KV head's keys and values and the heads' sinks.
+// The query heads that share KV head `kv` of batch element b (GQA: heads kv G .. kv G + G - 1):
+// their valid queries, dO and dLSE stacked head after head, with that KV head's valid keys and
+// values and each head's scores (its lengths, mask, bias, ALiBi slope and sink).
 struct Group {
-  std::size_t first_head = 0, heads = 1;
+  std::size_t first_head = 0, heads = 1, positions = 0, keys = 0;
   Matrix q, k, v, d_out;
-  std::vector<double> d_lse, sinks;
-  [[nodiscard]] std::size_t head_of_row(std::size_t row) const { return first_head + row / (q.rows / heads); }
+  std::vector<double> d_lse;
+  std::vector<tensor::HeadScores> scores;
+  [[nodiscard]] tensor::AttentionBackwardProblem problem() const {
+    return {q, k, v, d_out, d_lse, scores.front(), heads, {}, scores};
+  }
 };
-
-Group group_of(const tensor::AttentionProblem& p, const Tensors& t, const BackwardArrays& arrays,
-               std::size_t b, std::size_t kv) {
-  const auto& s = p.shape;
-  const std::size_t heads = s.heads / s.kv_heads, m = s.queries;
-  const auto head = [&](std::size_t row) { return kv * heads + row / m; };
-  Group g{kv * heads,
-          heads,
-          gather(t.q, heads * m, s.head_dim,
-                 [&](auto r, auto c) { return p.query_offset(b, head(r), r % m, c); }),
-          gather(t.k, s.keys, s.head_dim, [&](auto r, auto c) { return p.key_offset(b, kv, r, c); }),
-          gather(t.v, s.keys, s.value_dim, [&](auto r, auto c) { return p.value_offset(b, kv, r, c); }),
-          gather(t.d_out, heads * m, s.value_dim,
-                 [&](auto r, auto c) { return p.output_offset(b, head(r), r % m, c); }),
-          {},
-          {}};
-  for (std::size_t r = 0; r < heads * m && !t.d_lse.empty(); ++r)
-    g.d_lse.push_back(t.d_lse[p.lse_offset(b, head(r), r % m)]);
-  for (std::size_t h = 0; h < heads && !arrays.sinks.empty(); ++h)
-    g.sinks.push_back(arrays.sinks[kv * heads + h]);
-  return g;
-}
 
 // Offsets of a group's stacked rows and its keys in the whole tensors.
 struct GroupOffsets {
   const tensor::AttentionProblem& p;
-  std::size_t b, kv, heads;
+  std::size_t b, kv, heads, positions;
+  [[nodiscard]] std::size_t head(std::size_t row) const { return kv * heads + row / positions; }
   [[nodiscard]] std::size_t query(std::size_t row, std::size_t c) const {
-    return p.query_offset(b, kv * heads + row / p.shape.queries, row % p.shape.queries, c);
+    return p.query_offset(b, head(row), row % positions, c);
+  }
+  [[nodiscard]] std::size_t output(std::size_t row, std::size_t c) const {
+    return p.output_offset(b, head(row), row % positions, c);
   }
   [[nodiscard]] std::size_t key(std::size_t row, std::size_t c) const { return p.key_offset(b, kv, row, c); }
   [[nodiscard]] std::size_t value(std::size_t row, std::size_t c) const {
     return p.value_offset(b, kv, row, c);
   }
   [[nodiscard]] std::size_t lse(std::size_t row) const {
-    return p.lse_offset(b, kv * heads + row / p.shape.queries, row % p.shape.queries);
+    return p.lse_offset(b, head(row), row % positions);
   }
 };
 
-tensor::HeadScores scores_of(const JudgeOptions& options) {
-  tensor::HeadScores scores = options.scores;
-  scores.theta = options.theta;
-  return scores;
+GroupOffsets offsets_of(const tensor::AttentionProblem& p, std::size_t b, std::size_t kv) {
+  return {p, b, kv, p.group_size(), p.query_length(b)};
+}
+
+Group group_of(const tensor::AttentionProblem& p, const Tensors& t, std::size_t b, std::size_t kv) {
+  const auto& s = p.shape;
+  const GroupOffsets at = offsets_of(p, b, kv);
+  const std::size_t rows = at.heads * at.positions, keys = p.key_length(b);
+  Group g{kv * at.heads,
+          at.heads,
+          at.positions,
+          keys,
+          gather(t.q, rows, s.head_dim, [&](auto r, auto c) { return at.query(r, c); }),
+          gather(t.k, keys, s.head_dim, [&](auto r, auto c) { return at.key(r, c); }),
+          gather(t.v, keys, s.value_dim, [&](auto r, auto c) { return at.value(r, c); }),
+          gather(t.d_out, rows, s.value_dim, [&](auto r, auto c) { return at.output(r, c); }),
+          {},
+          {}};
+  for (std::size_t r = 0; r < rows && !t.d_lse.empty(); ++r) g.d_lse.push_back(t.d_lse[at.lse(r)]);
+  for (std::size_t h = 0; h < at.heads; ++h) g.scores.push_back(p.head(b, g.first_head + h));
+  return g;
 }
 
 Tensors read_tensors(const BackwardArrays& arrays, const tensor::AttentionProblem& problem) {
@@ -149,25 +141,24 @@ BackwardGradients attention_backward_of_arrays(const JudgeOptions& options, cons
   const FloatFormat& target = *stored_format(options.format).format;
   const Tensors t = read_tensors(arrays, p);
   const auto& s = p.shape;
-  if (!arrays.sinks.empty() && s.batch > 1)  // a sink's gradient sums over the batch: rounded per element
-    refuse(InputProblem::out_of_range, "the sinks' gradients are correctly rounded for a batch of 1 only");
+  // A sink's gradient sums over the batch: each batch element's part is rounded, not the sum.
+  const bool sink_gradients = !p.sinks.empty() && s.batch == 1;
   BackwardGradients g{std::vector<double>(p.query_elements()), std::vector<double>(p.key_elements()),
-                      std::vector<double>(p.value_elements()), std::vector<double>(arrays.sinks.size())};
-  const tensor::HeadScores scores = scores_of(options);
+                      std::vector<double>(p.value_elements()),
+                      std::vector<double>(sink_gradients ? p.sinks.size() : 0)};
   for (std::size_t b = 0; b < s.batch; ++b) {
-    for (std::size_t kv = 0; kv < s.kv_heads; ++kv) {
-      const Group group = group_of(p, t, arrays, b, kv);
-      const GroupOffsets at{p, b, kv, group.heads};
-      const auto exact = reference::attention_backward(
-          {group.q, group.k, group.v, group.d_out, group.d_lse, scores, group.heads, group.sinks}, target);
+    for (std::size_t kv = 0; kv < s.kv_heads && p.query_length(b) > 0; ++kv) {
+      const Group group = group_of(p, t, b, kv);
+      const GroupOffsets at = offsets_of(p, b, kv);
+      const auto exact = reference::attention_backward(group.problem(), target);
       for (std::size_t r = 0; r < group.q.rows; ++r) {
         for (std::size_t c = 0; c < s.head_dim; ++c) g.dq[at.query(r, c)] = exact.d_queries(r, c);
       }
-      for (std::size_t r = 0; r < s.keys; ++r) {
+      for (std::size_t r = 0; r < group.keys; ++r) {
         for (std::size_t c = 0; c < s.head_dim; ++c) g.dk[at.key(r, c)] = exact.d_keys(r, c);
         for (std::size_t c = 0; c < s.value_dim; ++c) g.dv[at.value(r, c)] = exact.d_values(r, c);
       }
-      for (std::size_t h = 0; h < exact.d_sinks.size(); ++h)
+      for (std::size_t h = 0; h < exact.d_sinks.size() && sink_gradients; ++h)
         g.d_sinks[group.first_head + h] = exact.d_sinks[h];
     }
   }
@@ -191,23 +182,20 @@ void judge_group(const JudgeOptions& options, const BackwardArrays& arrays, cons
                  const kernels::AttentionBackwardKernel& kernel, std::size_t b, std::size_t kv,
                  CaseOutcome& outcome, Worst& worst) {
   const auto& s = p.shape;
-  const Group group = group_of(p, t, arrays, b, kv);
-  const GroupOffsets at{p, b, kv, group.heads};
+  const Group group = group_of(p, t, b, kv);
+  const GroupOffsets at = offsets_of(p, b, kv);
   kernels::KernelGradients got{
       gather(given.dq, group.q.rows, s.head_dim, [&](auto r, auto c) { return at.query(r, c); }),
-      gather(given.dk, s.keys, s.head_dim, [&](auto r, auto c) { return at.key(r, c); }),
-      gather(given.dv, s.keys, s.value_dim, [&](auto r, auto c) { return at.value(r, c); }),
+      gather(given.dk, group.keys, s.head_dim, [&](auto r, auto c) { return at.key(r, c); }),
+      gather(given.dv, group.keys, s.value_dim, [&](auto r, auto c) { return at.value(r, c); }),
       {},
       {}};
   for (std::size_t h = 0; h < group.heads && !arrays.d_sinks.empty(); ++h)
     got.d_sinks.push_back(arrays.d_sinks[group.first_head + h]);
   for (std::size_t r = 0; r < group.q.rows && !given.d_rows.empty(); ++r)
     got.d_rows.push_back(given.d_rows[at.lse(r)]);
-  const tensor::HeadScores scores = scores_of(options);
-  const kernels::BackwardProblem problem{group.q,     group.k, group.v,     group.d_out,
-                                         group.d_lse, scores,  group.heads, group.sinks};
   const auto judgement = metrics::judge_attention_backward(
-      kernel.tolerance, *stored_format(options.format).format, problem, got);
+      kernel.tolerance, *stored_format(options.format).format, group.problem(), got);
   const auto where = [&] { return "batch " + std::to_string(b) + " KV head " + std::to_string(kv) + ": "; };
   const std::tuple<const metrics::Comparison*, const Array*, int> parts[] = {
       {&judgement.d_queries, arrays.dq, 0},
@@ -242,7 +230,7 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   if (kernel == nullptr)
     refuse(InputProblem::out_of_range, "no backward tolerance entry named '" + entry +
                                            "' (attention_backward_plain, attention_backward_flash, ...)");
-  if (!arrays.d_sinks.empty() && (arrays.sinks.size() != arrays.d_sinks.size() || p.shape.batch != 1))
+  if (!arrays.d_sinks.empty() && (p.sinks.size() != arrays.d_sinks.size() || p.shape.batch != 1))
     refuse(InputProblem::out_of_range, "sink gradients are judged with one per head's sink and a batch of 1");
   const Tensors t = read_tensors(arrays, p);
   GradientTensors given{read_gradient(arrays.dq, "dq", p.query_elements(), output),
@@ -259,7 +247,7 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   Worst worst;
   for (std::size_t b = 0; b < p.shape.batch; ++b) {
     for (std::size_t kv = 0; kv < p.shape.kv_heads; ++kv)
-      judge_group(options, arrays, p, t, given, *kernel, b, kv, outcome, worst);
+      if (p.query_length(b) > 0) judge_group(options, arrays, p, t, given, *kernel, b, kv, outcome, worst);
   }
   if (!outcome.comparison.passed(options.strictest)) {
     outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest) + " in " + p.describe() +

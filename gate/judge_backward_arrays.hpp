@@ -1,5 +1,6 @@
 // Judging attention backward gradients computed elsewhere (a GPU kernel, PyTorch autograd): dQ,
-// dK, dV (and the sinks' gradients) of whole bhsd/bshd tensors, head by head, against the
+// dK, dV (and the sinks' gradients, and D) of whole tensors in any layout of
+// tensor/attention_problem.hpp (padded, packed, GQA, masks, bias, ALiBi, sinks), group by group, against the
 // correctly rounded gradients (reference/attention_backward.hpp) under a backward tolerance entry
 // (kernels/attention_backward_registry.cpp). The path shared by `compare --dout` and Python.
 #pragma once
@@ -22,8 +23,10 @@ struct BackwardArrays {
   const Array* dv = nullptr;
   const Array* d_lse = nullptr;
   const Array* d = nullptr;     // the kernel's D = rowsum(dO * O) in fp32, laid out as the log-sum-exp
-  std::vector<double> sinks;    // per head, when the scores have sinks
   std::vector<double> d_sinks;  // the kernel's gradients of the sinks, per head (judged when given)
+  // The scores' per-head values and masks as the forward takes them: sinks, ALiBi slopes, an
+  // explicit mask, an additive bias (its q, k, v, out and lse are not read).
+  AttentionArrays scores;
 };
 
 struct BackwardGradients {
@@ -31,13 +34,13 @@ struct BackwardGradients {
   std::vector<double> d_sinks;     // per head, when there are sinks
 };
 
-// The correctly rounded gradients in `format` (dq, dk, dv and d_sinks of `arrays` are not read).
-// InputError for what the backward does not support yet: padded or packed layouts, GQA (KV heads
-// fewer than heads), a bias or ALiBi; and as judge_attention_arrays for shapes.
+// The correctly rounded gradients in `format` (dq, dk, dv and d_sinks of `arrays` are not read);
+// padded queries and keys get 0. The sinks' gradients only for a batch of 1 (each sums over the
+// batch, which is not rounded once): empty otherwise. InputError as judge_attention_arrays.
 [[nodiscard]] BackwardGradients attention_backward_of_arrays(const JudgeOptions& options,
                                                              const BackwardArrays& arrays);
 
-// Judges dq, dk and dv (and d_sinks) head by head; the tolerance entry is options.tolerance_entry
+// Judges dq, dk and dv (and d_sinks, and D) group by group, padded positions not judged; the tolerance entry is options.tolerance_entry
 // (default attention_backward_flash). The worst element is named by gradient and full index.
 [[nodiscard]] CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options,
                                                           const BackwardArrays& arrays);

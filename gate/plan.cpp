@@ -158,7 +158,7 @@ void add_backward_cases(const Wanted& wanted, const GateSettings& settings, std:
 }
 
 // A plugin that declares the backward (ABI version 4) runs the backward sweep's problems whose
-// masks and modifiers it declares (not the sink with a log-sum-exp gradient: the ABI has neither).
+// masks and modifiers it declares; the sink with a log-sum-exp gradient needs version 5's entry.
 void add_plugin_backward_cases(const GateSettings& settings, const std::string& prefix,
                                std::vector<GateCase>& cases) {
   const std::uint32_t features = settings.plugin->features();
@@ -172,7 +172,9 @@ void add_plugin_backward_cases(const GateSettings& settings, const std::string& 
       case inputs::BackwardKind::fully_masked_rows:
         return SHARPCHECK_ATTENTION_CAUSAL | SHARPCHECK_ATTENTION_BOTTOM_RIGHT;
       case inputs::BackwardKind::sink_and_lse:
-        return ~0U;
+        return SHARPCHECK_ATTENTION_SINK | SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK;
+      case inputs::BackwardKind::alibi_window:
+        return SHARPCHECK_ATTENTION_ALIBI | SHARPCHECK_ATTENTION_WINDOW | SHARPCHECK_ATTENTION_BOTTOM_RIGHT;
       default:
         return 0;
     }

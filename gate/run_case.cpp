@@ -177,8 +177,9 @@ void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const Gat
       outcome);
 }
 
-// A plugin's sharpcheck_attention_backward (ABI version 4) on one problem of the backward sweep,
-// judged by attention_backward_flash's entry (D from O in the format), D too.
+// A plugin's sharpcheck_attention_backward (ABI version 4; _lse, version 5, with a sink or a
+// log-sum-exp gradient) on one problem of the backward sweep, judged by attention_backward_flash's
+// entry (D from O in the format), D and the sink's gradient too.
 void run_plugin_backward_case(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) {
   const FloatFormat& format = *gate_case.plugin_format;
   outcome.format = std::string(format.name);
@@ -201,6 +202,8 @@ void run_plugin_backward_case(const GateCase& gate_case, const GateSettings& set
     next += static_cast<std::ptrdiff_t>(gradient->values.size());
   }
   got.d_rows.assign(next, next + static_cast<std::ptrdiff_t>(m));
+  next += static_cast<std::ptrdiff_t>(m);
+  got.d_sinks.assign(next, run.out.values.end());
   const auto* entry = kernels::find_attention_backward_kernel("attention_backward_flash");
   record_backward(metrics::judge_attention_backward(entry->tolerance, format, problem, got), outcome);
 }

@@ -69,6 +69,8 @@ std::string_view backward_kind_name(BackwardKind kind) {
       return "fully_masked_rows";
     case BackwardKind::sink_and_lse:
       return "sink_and_lse";
+    case BackwardKind::alibi_window:
+      return "alibi_window";
   }
   return "?";
 }
@@ -86,6 +88,8 @@ BackwardShape backward_shape(BackwardKind kind) {
       return {8, 1024, 64};
     case BackwardKind::fully_masked_rows:
       return {40, 24, 32};
+    case BackwardKind::alibi_window:
+      return {64, 160, 32};
     case BackwardKind::near_softcap:
     case BackwardKind::sink_and_lse:
       break;
@@ -132,6 +136,12 @@ BackwardInputs make_backward_inputs(BackwardKind kind, const FloatFormat& format
     case BackwardKind::sink_and_lse:
       in.scores.sink = 1.0;
       for (std::size_t i = 0; i < shape.queries; ++i) in.d_lse.push_back(random.normal(0, 1));
+      break;
+    case BackwardKind::alibi_window:
+      in.scores.alibi_slope = 0.25;
+      in.scores.window_left = 48;
+      in.scores.window_right = 0;
+      in.scores.alignment = tensor::DiagonalAlignment::bottom_right;
       break;
   }
   round_all(in, format);

@@ -1,8 +1,8 @@
 // The attention backward sweep's inputs: problems that find the bugs backward ports had, not only
 // Gaussian ones (issue 17): realistic activations (low-rank Q and K with a few large singular
 // values; heavy-tailed outliers, 1e-3 of the entries times 10..100), repeated maxima, scores near a
-// soft-cap, a long row with one dominant key, queries that see no key, and a sink with a gradient
-// through the log-sum-exp. Every problem is a function of (kind, format, seed) alone, its entries
+// soft-cap, a long row with one dominant key, queries that see no key, a sink with a gradient
+// through the log-sum-exp, and ALiBi in a sliding window. Every problem is a function of (kind, format, seed) alone, its entries
 // values of the format.
 #pragma once
 
@@ -26,12 +26,13 @@ enum class BackwardKind {
   one_dominant_key,   // 8 queries x 1,024 keys, each query's own key about 6 above the rest
   fully_masked_rows,  // causal bottom-right with 40 queries and 24 keys: 16 queries see nothing
   sink_and_lse,       // a sink of 1.0 and a gradient through the log-sum-exp, 64 x 128
+  alibi_window,       // ALiBi slope 1/4 and a sliding window (48, 0) bottom-right, 64 x 160
 };
 
 inline constexpr BackwardKind all_backward_kinds[] = {
     BackwardKind::normal_causal,     BackwardKind::low_rank,     BackwardKind::outliers,
     BackwardKind::repeated_maxima,   BackwardKind::near_softcap, BackwardKind::one_dominant_key,
-    BackwardKind::fully_masked_rows, BackwardKind::sink_and_lse};
+    BackwardKind::fully_masked_rows, BackwardKind::sink_and_lse, BackwardKind::alibi_window};
 
 [[nodiscard]] std::string_view backward_kind_name(BackwardKind kind);
 

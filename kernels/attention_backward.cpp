@@ -38,21 +38,16 @@ struct Floats {
         k(floats_of(p.keys)),
         v(floats_of(p.values)),
         dout(floats_of(p.d_out)),
-        head(p.scores),
-        logit((fill(head, m, n), head), d) {
-    if (p.scores.has_bias() || p.group != 1)
-      throw InputError(InputProblem::out_of_range, "attention backward kernels: one head without a bias");
+        head(p.head(0)),
+        logit(head, d) {
+    if (p.group != 1)
+      throw InputError(InputProblem::out_of_range, "attention backward kernels: one head at a time");
     for (std::size_t i = 0; i < m; ++i)
       d_lse.push_back(p.d_lse.empty() ? 0.0F : static_cast<float>(p.d_lse[i]));
     const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(d));
     scale_ = static_cast<float>(scale);
     inverse_theta_ = static_cast<float>(1.0 / head.theta);
     cap_ = static_cast<float>(head.softcap);
-  }
-  static void fill(tensor::HeadScores& h, std::size_t queries, std::size_t keys) {
-    if (h.queries == 0) h.queries = queries;
-    if (h.keys == 0) h.keys = keys;
-    if (h.row_stride == 0) h.row_stride = keys;
   }
   [[nodiscard]] float raw(std::size_t i, std::size_t j) const { return dot(&q[i * d], &k[j * d], d); }
   // dz/dr at raw score r: scale (1 - tanh^2(scale r / cap)) / theta, or scale / theta.
@@ -194,6 +189,7 @@ KernelGradients attention_backward_math_lowp(const BackwardProblem& problem, con
       float s = rn(rn(f.raw(i, j)) * rn(f.scale_));
       tanh_of.push_back(f.cap_ != 0 ? rn(std::tanh(rn(s / f.cap_))) : 0.0F);
       if (f.cap_ != 0) s = rn(f.cap_ * tanh_of.back());
+      if (f.head.has_bias()) s = rn(s + rn(static_cast<float>(f.head.bias_of(i, j))));
       z.push_back(rn(s * f.inverse_theta_));
     }
     const float sink = f.logit.has_sink() ? rn(f.logit.sink()) : minus_infinity;

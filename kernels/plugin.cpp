@@ -24,6 +24,8 @@ using AttentionEntry = int (*)(uint32_t, const void*, const void*, const void*, 
                                size_t, float, int);
 using BackwardEntry = int (*)(uint32_t, const void*, const void*, const void*, const void*, void*, void*,
                               void*, float*, const sharpcheck_attention_call*);
+using BackwardLseEntry = int (*)(uint32_t, const void*, const void*, const void*, const void*, const float*,
+                                 void*, void*, void*, float*, float*, const sharpcheck_attention_call*);
 using LayerEntry = int (*)(uint32_t, const void*, const void*, const void*, void*,
                            const sharpcheck_attention_call*);
 using InfoEntry = const sharpcheck_plugin_description* (*)();
@@ -201,19 +203,38 @@ std::pair<std::string, int> call_attention_layer(LayerEntry entry, const FloatFo
   return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
 }
 
-// Runs in the child: one head's gradients through sharpcheck_attention_backward, returned as
-// doubles: dQ, dK, dV (row-major), then D per query.
-std::pair<std::string, int> call_attention_backward(BackwardEntry entry, const FloatFormat& format,
+// Whether a backward problem needs version 5's entry: a sink or a gradient through the log-sum-exp.
+bool needs_lse_entry(const tensor::AttentionBackwardProblem& p) {
+  return !p.d_lse.empty() || p.head(0).sink.has_value();
+}
+
+// Runs in the child: one head's gradients through sharpcheck_attention_backward (or, with a sink
+// or a log-sum-exp gradient, sharpcheck_attention_backward_lse), returned as doubles: dQ, dK, dV
+// (row-major), D per query, then the sink's gradient when there is a sink.
+std::pair<std::string, int> call_attention_backward(void* symbol, const FloatFormat& format,
                                                     const tensor::AttentionBackwardProblem& p) {
   const std::size_t m = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
-  const sharpcheck_attention_call call = scores_call(p.scores, 1, 1, m, n, n, d, dv);
+  const tensor::HeadScores head = p.head(0);
+  sharpcheck_attention_call call = scores_call(head, 1, 1, m, n, n, d, dv);
+  const std::vector<float> slope(1, static_cast<float>(head.alibi_slope));
+  const std::vector<float> sink(1, static_cast<float>(head.sink.value_or(0.0)));
+  const std::vector<float> d_lse(p.d_lse.begin(), p.d_lse.end());
+  if (head.alibi_slope != 0) call.alibi_slopes = slope.data();
+  if (head.sink) call.sinks = sink.data();
   const std::size_t width = format == fp32 ? sizeof(float) : sizeof(std::uint16_t);
   std::vector<char> dq(m * d * width), dk(n * d * width), dvv(n * dv * width);
-  std::vector<float> d_rows(m, 0.0F);
+  std::vector<float> d_rows(m, 0.0F), d_sinks(1, 0.0F);
+  const auto q = to_storage(p.queries, format), k = to_storage(p.keys, format),
+             v = to_storage(p.values, format), dout = to_storage(p.d_out, format);
   const int code =
-      entry(format_code(format), to_storage(p.queries, format).data(), to_storage(p.keys, format).data(),
-            to_storage(p.values, format).data(), to_storage(p.d_out, format).data(), dq.data(), dk.data(),
-            dvv.data(), d_rows.data(), &call);
+      needs_lse_entry(p)
+          ? reinterpret_cast<BackwardLseEntry>(symbol)(format_code(format), q.data(), k.data(), v.data(),
+                                                       dout.data(), d_lse.empty() ? nullptr : d_lse.data(),
+                                                       dq.data(), dk.data(), dvv.data(), d_rows.data(),
+                                                       d_sinks.data(), &call)
+          : reinterpret_cast<BackwardEntry>(symbol)(format_code(format), q.data(), k.data(), v.data(),
+                                                    dout.data(), dq.data(), dk.data(), dvv.data(),
+                                                    d_rows.data(), &call);
   if (code != 0) return {"", 10 + (code & 0x7F)};
   std::vector<double> result = from_storage(dq, m * d, format);
   for (const auto& [bytes, count] : {std::pair{&dk, n * d}, std::pair{&dvv, n * dv}}) {
@@ -221,6 +242,7 @@ std::pair<std::string, int> call_attention_backward(BackwardEntry entry, const F
     result.insert(result.end(), values.begin(), values.end());
   }
   result.insert(result.end(), d_rows.begin(), d_rows.end());
+  if (head.sink) result.push_back(d_sinks[0]);
   return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
 }
 
@@ -294,18 +316,25 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   }
   // A v1 struct has no field; a v2 plugin knows only the first three bits.
   // A v3 plugin knows the bits below SHARPCHECK_ATTENTION_BACKWARD.
-  const std::uint32_t known = info->abi_version >= 4   ? ~0U
+  const std::uint32_t known = info->abi_version >= 5   ? ~0U
+                              : info->abi_version == 4 ? SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK - 1U
                               : info->abi_version == 3 ? SHARPCHECK_ATTENTION_BACKWARD - 1U
                               : info->abi_version == 2 ? 7U
                                                        : 0U;
   const std::uint32_t features = info->abi_version >= 2 ? info->features & known : 0U;
-  if ((features & ~7U & ~SHARPCHECK_ATTENTION_BACKWARD) != 0 &&
+  if ((features & ~7U & ~SHARPCHECK_ATTENTION_BACKWARD & ~SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK) != 0 &&
       dlsym(handle, "sharpcheck_attention_layer") == nullptr) {
     return {"error\ndeclares version-3 attention features but does not export sharpcheck_attention_layer", 0};
   }
   if ((features & SHARPCHECK_ATTENTION_BACKWARD) != 0 &&
       dlsym(handle, "sharpcheck_attention_backward") == nullptr) {
     return {"error\ndeclares the attention backward but does not export sharpcheck_attention_backward", 0};
+  }
+  if ((features & SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK) != 0 &&
+      dlsym(handle, "sharpcheck_attention_backward_lse") == nullptr) {
+    return {"error\ndeclares the backward through the log-sum-exp and sinks but does not export "
+            "sharpcheck_attention_backward_lse",
+            0};
   }
   if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
     return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};
@@ -430,16 +459,20 @@ PluginRun Plugin::run_attention_layer(const FloatFormat& format, const tensor::A
 
 PluginRun Plugin::run_attention_backward(const FloatFormat& format,
                                          const tensor::AttentionBackwardProblem& problem) const {
+  const bool lse_entry = needs_lse_entry(problem);
+  const char* name = lse_entry ? "sharpcheck_attention_backward_lse" : "sharpcheck_attention_backward";
+  if (problem.group != 1 || !problem.head(0).bias.empty())
+    throw InputError(InputProblem::out_of_range,
+                     "plugin backward: one head at a time, and the ABI has no additive bias");
+  if (lse_entry && (features_ & SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK) == 0)
+    throw InputError(InputProblem::out_of_range,
+                     "plugin " + name_ + " does not declare the backward through the log-sum-exp and sinks");
   const ChildOutcome child = run_in_child(
-      [&] {
-        const auto entry =
-            reinterpret_cast<BackwardEntry>(symbol_in_child(path_, "sharpcheck_attention_backward"));
-        return call_attention_backward(entry, format, problem);
-      },
-      limits_);
+      [&] { return call_attention_backward(symbol_in_child(path_, name), format, problem); }, limits_);
   const std::size_t count = (problem.queries.rows + problem.keys.rows) * problem.queries.cols +
-                            problem.keys.rows * problem.values.cols + problem.queries.rows;
-  return interpret(child, limits_, count, 1, count, "sharpcheck_attention_backward");
+                            problem.keys.rows * problem.values.cols + problem.queries.rows +
+                            (problem.head(0).sink ? 1 : 0);
+  return interpret(child, limits_, count, 1, count, name);
 }
 
 }  // namespace sharpcheck::kernels

@@ -60,8 +60,10 @@ class Plugin {
                                               const tensor::AttentionProblem& problem,
                                               std::span<const double> q, std::span<const double> k,
                                               std::span<const double> v, bool want_lse) const;
-  // ABI version 4: one head's attention backward (group 1, no bias or sink): `out` is one row of
-  // dQ, dK, dV (row-major) and then D per query.
+  // ABI version 4: one head's attention backward (group 1, ALiBi but no additive bias): `out` is
+  // one row of dQ, dK, dV (row-major), D per query, then (with a sink) the sink's gradient. A sink
+  // or a log-sum-exp gradient goes through version 5's sharpcheck_attention_backward_lse
+  // (InputError if the plugin does not declare it).
   [[nodiscard]] PluginRun run_attention_backward(const FloatFormat& format,
                                                  const tensor::AttentionBackwardProblem& problem) const;
 

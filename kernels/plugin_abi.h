@@ -18,8 +18,10 @@ extern "C" {
 
 /* Version 2 added `features`; version 3 the attention features below 1u << 3 and
  * sharpcheck_attention_layer; version 4 the attention backward (SHARPCHECK_ATTENTION_BACKWARD and
- * sharpcheck_attention_backward). The gate still loads version-1, -2 and -3 plugins. */
-#define SHARPCHECK_PLUGIN_ABI_VERSION 4u
+ * sharpcheck_attention_backward); version 5 the backward through the log-sum-exp and the sinks
+ * (SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK and sharpcheck_attention_backward_lse). The gate still
+ * loads plugins of every earlier version. */
+#define SHARPCHECK_PLUGIN_ABI_VERSION 5u
 
 enum sharpcheck_format {
   SHARPCHECK_FP32 = 1u << 0,
@@ -44,7 +46,10 @@ enum sharpcheck_feature {
   SHARPCHECK_ATTENTION_LSE = 1u << 9, /* writes the natural log-sum-exp per query row */
   SHARPCHECK_ATTENTION_KEY_PADDING = 1u << 10, /* valid_keys < keys: keys past it are never seen */
   /* Version 4: sharpcheck_attention_backward (the gate runs its backward sweep on it). */
-  SHARPCHECK_ATTENTION_BACKWARD = 1u << 11
+  SHARPCHECK_ATTENTION_BACKWARD = 1u << 11,
+  /* Version 5: sharpcheck_attention_backward_lse (a gradient reaching the log-sum-exp; the sinks'
+   * gradients). With SHARPCHECK_ATTENTION_SINK the gate's sink case runs on it. */
+  SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK = 1u << 12
 };
 
 /* One batch element of a multi-head attention layer (version 3). Tensors are [heads, seq, dim]
@@ -92,13 +97,23 @@ int sharpcheck_attention_layer(uint32_t format, const void* q, const void* k, co
                                const struct sharpcheck_attention_call* call);
 
 /* Required when SHARPCHECK_ATTENTION_BACKWARD is declared: the gradients of one batch element's
- * attention (the call as sharpcheck_attention_layer's; the gate's backward sweep uses one head,
- * no ALiBi, no sink, valid_keys == keys) given dout (heads x queries x value_dim, in `format`):
- * dq, dk, dv in q's, k's and v's shapes and `format`, and, when d is not null, D = rowsum(dO * O)
- * per head and query (float), which the gate judges too. */
+ * attention (the call as sharpcheck_attention_layer's, with the features declared; the gate's
+ * backward sweep uses one head and valid_keys == keys, and never a sink here) given dout (heads x
+ * queries x value_dim, in `format`): dq, dk, dv in q's, k's and v's shapes and `format`, and, when
+ * d is not null, D = rowsum(dO * O) per head and query (float), which the gate judges too. */
 int sharpcheck_attention_backward(uint32_t format, const void* q, const void* k, const void* v,
                                   const void* dout, void* dq, void* dk, void* dv, float* d,
                                   const struct sharpcheck_attention_call* call);
+
+/* Required when SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK is declared (version 5): as
+ * sharpcheck_attention_backward, and also d_lse (heads x queries floats, or null: no gradient
+ * reaches the log-sum-exp), the gradient reaching the natural log-sum-exp of each query, and, when
+ * call->sinks is not null, d_sinks (heads floats written): the gradient of each head's sink logit
+ * call->sinks[h]. The gate calls this entry for every problem with a sink or a log-sum-exp
+ * gradient, and the version-4 entry for the others. */
+int sharpcheck_attention_backward_lse(uint32_t format, const void* q, const void* k, const void* v,
+                                      const void* dout, const float* d_lse, void* dq, void* dk, void* dv,
+                                      float* d, float* d_sinks, const struct sharpcheck_attention_call* call);
 
 #ifdef __cplusplus
 }

@@ -51,12 +51,15 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
       s = head.softcap * t;
       slope = scale * (1 - t * t);
     }
-    g.z.push_back(s / head.theta);
+    // A bias is rounded to the kernel's format and added: errors u |b| and u |s + b|, the second
+    // within the 4 |z| below, the first charged as 2 |b / theta|.
+    const double bias = head.has_bias() ? head.bias_of(i % p.positions(), j) : 0.0;
+    g.z.push_back((s + bias) / head.theta);
     g.slope.push_back(std::fabs(slope / head.theta));
     top = std::max(top, g.z.back());
     m.logit_rounding =
         std::max(m.logit_rounding, static_cast<double>(d) * absolute * std::fabs(scale / head.theta) +
-                                       4 * std::fabs(g.z.back()));
+                                       4 * std::fabs(g.z.back()) + 2 * std::fabs(bias / head.theta));
   }
   double sum = head.sink ? std::exp(*head.sink / head.theta - top) : 0.0;
   for (const double z : g.z) sum += std::exp(z - top);
@@ -72,19 +75,15 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
 // sizes judged, covered by the 1e-9 they are inflated by).
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
-  tensor::HeadScores head = p.scores;
-  const std::size_t positions = mq / std::max<std::size_t>(p.group, 1);
-  if (head.queries == 0) head.queries = positions;
-  if (head.keys == 0) head.keys = n;
-  if (head.row_stride == 0) head.row_stride = n;
+  const std::size_t positions = p.positions();
   Magnitudes m{Matrix(mq, d), Matrix(n, d),       Matrix(n, dv), Matrix(p.group, 1), Matrix(mq, d),
                Matrix(n, d),  Matrix(p.group, 1), Matrix(mq, 1), Matrix(mq, 1)};
   std::vector<std::size_t> visible;
   std::vector<double> weight, dp_mag, out_row;
-  tensor::HeadScores row_head = head;  // row i: head i / positions, at position i mod positions
+  tensor::HeadScores row_head;  // row i: head i / positions, at position i mod positions
   for (std::size_t i = 0; i < mq; ++i) {
     const std::size_t h = i / positions;
-    if (!p.group_sinks.empty()) row_head.sink = p.group_sinks[h];
+    if (i % positions == 0) row_head = p.head(h);
     row_head.visible_keys(i % positions, visible);
     if (visible.empty() && !row_head.sink) continue;
     const RowGeometry g = row_geometry(p, row_head, i, visible, m);
@@ -119,7 +118,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
       for (std::size_t c = 0; c < dv; ++c) m.dv(j, c) += weight[a] * std::fabs(p.d_out(i, c));
     }
     if (row_head.sink) {
-      const double sink_weight = std::exp(*row_head.sink / head.theta - g.lse) / std::fabs(head.theta);
+      const double sink_weight = std::exp(*row_head.sink / row_head.theta - g.lse) / std::fabs(row_head.theta);
       m.d_sinks(h, 0) += sink_weight * (a_i + lse_gradient);
       m.d_sinks_from_d(h, 0) += sink_weight * b_i;
     }
@@ -188,8 +187,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   judgement.expected =
       expected != nullptr
           ? *expected
-          : reference::attention_backward(
-                {p.queries, p.keys, p.values, p.d_out, p.d_lse, p.scores, p.group, p.group_sinks}, output);
+          : reference::attention_backward(p, output);
   const Magnitudes m = magnitudes_of(p);
   Tolerance entry;
   entry.accumulation = &fp32;

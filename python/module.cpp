@@ -210,9 +210,9 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
   if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
   const AttentionExtras extras = options.attention_extras();
   options.require_all_used();
-  gate::BackwardArrays arrays{&queries, &keys,        &values, &d_out,
-                              nullptr,  nullptr,      nullptr, lse_gradient ? &*lse_gradient : nullptr,
-                              nullptr,  extras.sinks, {}};
+  gate::BackwardArrays arrays{&queries, &keys,   &values, &d_out, nullptr, nullptr, nullptr,
+                              lse_gradient ? &*lse_gradient : nullptr,
+                              nullptr,  {},      extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
   gate::BackwardGradients g;
   {
     const py::gil_scoped_release release;
@@ -250,8 +250,8 @@ std::string judge_attention_backward(const py::object& dq, const py::object& dk,
                               &grad_v,
                               lse_gradient ? &*lse_gradient : nullptr,
                               d_array ? &*d_array : nullptr,
-                              extras.sinks,
-                              {}};
+                              {},
+                              extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
   if (!d_sinks.is_none()) arrays.d_sinks = d_sinks.cast<std::vector<double>>();
   gate::CaseOutcome outcome;
   {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -58,12 +59,18 @@ void check(const AttentionBackwardInputs& in) {
     if (!std::isfinite(in.d_lse[i]))
       refuse(InputProblem::non_finite_value, "dLSE " + std::to_string(i) + " is not finite");
   }
-  if (!std::isfinite(in.scores.theta) || in.scores.theta == 0)
-    refuse(InputProblem::bad_temperature, "theta must be finite and nonzero");
-  if (in.scores.has_bias())
-    refuse(InputProblem::out_of_range, "a bias (ALiBi or an additive mask) is not supported yet");
-  if (in.scores.softcap < 0 || !std::isfinite(in.scores.softcap))
-    refuse(InputProblem::out_of_range, "soft-cap must be >= 0");
+  if (!in.per_head.empty() && in.per_head.size() != in.group)
+    refuse(InputProblem::shape_mismatch, "one HeadScores per query head of the group is needed");
+  for (std::size_t h = 0; h < in.group; ++h) {
+    const tensor::HeadScores head = in.head(h);
+    if (head.queries > in.positions() || head.keys > in.keys.rows)
+      refuse(InputProblem::shape_mismatch, "head " + std::to_string(h) + " computes " +
+                                               std::to_string(head.queries) + " queries of " +
+                                               std::to_string(in.positions()) + " and " +
+                                               std::to_string(head.keys) + " keys of " +
+                                               std::to_string(in.keys.rows));
+    head.validate("attention_backward head " + std::to_string(h));  // theta, cap, masks, bias
+  }
 }
 
 // The inputs as exact balls, row-major like the matrices.
@@ -102,30 +109,26 @@ struct ScoreConstants {
 
 class BackwardPass {
  public:
-  BackwardPass(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision)
-      : in_(in),
-        head_(head),
-        p_(precision),
-        q_(in.queries),
-        k_(in.keys),
-        v_(in.values),
-        dout_(in.d_out),
-        constants_(head, in.queries.cols, precision) {}
+  BackwardPass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads, slong precision)
+      : in_(in), heads_(heads), p_(precision), q_(in.queries), k_(in.keys), v_(in.values), dout_(in.d_out) {
+    for (const tensor::HeadScores& head : heads) constants_.emplace_back(head, in.queries.cols, precision);
+  }
 
   // Adds query row i's contributions to `out` (head i / positions, at position i mod positions).
   void add_query(std::size_t i, GradientBalls& out) {
-    const std::size_t positions = in_.queries.rows / in_.group, h = i / positions;
-    head_.visible_keys(i % positions, visible_);
+    const std::size_t positions = in_.positions(), h = i / positions;
+    const tensor::HeadScores& head = heads_[h];
+    const ScoreConstants& constants = constants_[h];
+    head.visible_keys(i % positions, visible_);
     const std::size_t count = visible_.size();
-    const std::optional<double> sink =
-        in_.group_sinks.empty() ? head_.sink : std::optional(in_.group_sinks[h]);
+    const std::optional<double> sink = head.sink;
     if (count == 0 && !sink) return;
     BallVector z(count), slope(count), weight(count), dp(count);
-    for (std::size_t a = 0; a < count; ++a) logit(i, visible_[a], z[a], slope[a]);
+    for (std::size_t a = 0; a < count; ++a) logit(head, constants, i, visible_[a], z[a], slope[a]);
     Ball sink_z, lse, total, scratch;
     if (sink) {
       arb_set_d(sink_z.get(), *sink);
-      arb_mul(sink_z.get(), sink_z.get(), constants_.inverse_theta.get(), p_);
+      arb_mul(sink_z.get(), sink_z.get(), constants.inverse_theta.get(), p_);
     }
     log_sum_exp(z, sink ? sink_z.get() : nullptr, lse.get());
     const std::size_t dv = in_.values.cols, d = in_.queries.cols;
@@ -165,29 +168,40 @@ class BackwardPass {
       arb_sub(scratch.get(), sink_z.get(), lse.get(), p_);
       arb_exp(scratch.get(), scratch.get(), p_);
       arb_mul(scratch.get(), scratch.get(), g.get(), p_);
-      arb_addmul(out.d_sinks[h], scratch.get(), constants_.inverse_theta.get(), p_);
+      arb_addmul(out.d_sinks[h], scratch.get(), constants.inverse_theta.get(), p_);
     }
   }
 
  private:
-  // z_ij and dz/dr at query i, key j.
-  void logit(std::size_t i, std::size_t j, arb_ptr z, arb_ptr slope) {
+  // z_ij and dz/dr at query row i (position i mod positions of its head), key j. The bias does
+  // not depend on Q or K, so it moves z but not dz/dr.
+  void logit(const tensor::HeadScores& head, const ScoreConstants& constants, std::size_t i, std::size_t j,
+             arb_ptr z, arb_ptr slope) {
     const std::size_t d = in_.queries.cols;
     arb_dot(z, nullptr, 0, q_.balls[i * d], 1, k_.balls[j * d], 1, static_cast<slong>(d), p_);
-    arb_mul(z, z, constants_.scale.get(), p_);
-    arb_set(slope, constants_.scale.get());
-    if (constants_.capped) {
+    arb_mul(z, z, constants.scale.get(), p_);
+    arb_set(slope, constants.scale.get());
+    if (constants.capped) {
       Ball t;
-      arb_div(t.get(), z, constants_.cap.get(), p_);
+      arb_div(t.get(), z, constants.cap.get(), p_);
       arb_tanh(t.get(), t.get(), p_);
-      arb_mul(z, t.get(), constants_.cap.get(), p_);
+      arb_mul(z, t.get(), constants.cap.get(), p_);
       arb_sqr(t.get(), t.get(), p_);
       arb_sub_ui(t.get(), t.get(), 1, p_);
       arb_neg(t.get(), t.get());  // 1 - tanh^2
       arb_mul(slope, slope, t.get(), p_);
     }
-    arb_mul(z, z, constants_.inverse_theta.get(), p_);
-    arb_mul(slope, slope, constants_.inverse_theta.get(), p_);
+    if (head.has_bias()) {  // additive - slope * distance, exact inputs, enclosed
+      const tensor::HeadScores::BiasTerms terms = head.bias_terms(i % in_.positions(), j);
+      Ball alibi, additive;
+      arb_set_d(alibi.get(), terms.slope);
+      arb_mul_si(alibi.get(), alibi.get(), static_cast<slong>(terms.distance), p_);
+      arb_set_d(additive.get(), terms.additive);
+      arb_add(z, z, additive.get(), p_);
+      arb_sub(z, z, alibi.get(), p_);
+    }
+    arb_mul(z, z, constants.inverse_theta.get(), p_);
+    arb_mul(slope, slope, constants.inverse_theta.get(), p_);
   }
 
   // L = m + ln(sum e^{z - m} [+ e^{sink - m}]), m the largest midpoint (any m gives the same L).
@@ -209,10 +223,10 @@ class BackwardPass {
   }
 
   const AttentionBackwardInputs& in_;
-  const tensor::HeadScores& head_;
+  const std::vector<tensor::HeadScores>& heads_;
   slong p_;
   ExactBalls q_, k_, v_, dout_;
-  ScoreConstants constants_;
+  std::deque<ScoreConstants> constants_;  // per head (a Ball does not move)
   std::vector<std::size_t> visible_;
 };
 
@@ -220,8 +234,8 @@ using Partials = std::vector<std::unique_ptr<GradientBalls>>;
 
 // Every gradient ball at `precision`, summed into partials[0]: the queries are split over workers,
 // each with its own dK and dV (ball sums enclose whatever the order).
-GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision,
-                          Partials& partials) {
+GradientBalls& compute_at(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
+                          slong precision, Partials& partials) {
   const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
   const std::size_t workers =
       std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, std::max<std::size_t>(m, 1));
@@ -229,7 +243,7 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const tensor::HeadS
   partials.resize(workers);
   parallel_for(workers, 0, [&](std::size_t w) {
     partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m, in.group);
-    BackwardPass pass(in, head, precision);
+    BackwardPass pass(in, heads, precision);
     for (std::size_t i = w; i < m; i += workers) pass.add_query(i, *partials[w]);
   });
   GradientBalls& sum = *partials[0];
@@ -281,11 +295,12 @@ struct Undecided {
 };
 
 // One Ziv pass: decides what the balls at `precision` decide; names the first undecided output.
-Undecided decide_pass(const AttentionBackwardInputs& in, const tensor::HeadScores& head, slong precision,
+Undecided decide_pass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
+                      slong precision,
                       const FloatFormat& target, AttentionGradients& out,
                       std::vector<std::vector<bool>>& done) {
   Partials partials;
-  GradientBalls& balls = compute_at(in, head, precision, partials);
+  GradientBalls& balls = compute_at(in, heads, precision, partials);
   Undecided undecided;
   const auto name = [&](const char* what, const Matrix& m, std::size_t e) {
     if (undecided.any()) return;
@@ -312,12 +327,10 @@ Undecided decide_pass(const AttentionBackwardInputs& in, const tensor::HeadScore
 AttentionGradients attention_backward(const AttentionBackwardInputs& in, const FloatFormat& target,
                                       ZivStatistics* statistics) {
   check(in);
-  tensor::HeadScores head = in.scores;
-  if (head.queries == 0) head.queries = in.queries.rows / std::max<std::size_t>(in.group, 1);
-  if (head.keys == 0) head.keys = in.keys.rows;
-  if (head.row_stride == 0) head.row_stride = in.keys.rows;
+  std::vector<tensor::HeadScores> heads;
+  for (std::size_t h = 0; h < in.group; ++h) heads.push_back(in.head(h));
   const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
-  const bool sinks = head.sink.has_value() || !in.group_sinks.empty();
+  const bool sinks = std::any_of(heads.begin(), heads.end(), [](const auto& h) { return h.sink.has_value(); });
   AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::vector<double>(sinks ? in.group : 0),
                          std::vector<double>(m)};
   std::vector<std::vector<bool>> done{std::vector<bool>(m * d), std::vector<bool>(n * d),
@@ -330,7 +343,7 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
       if (precision != schedule.initial) ++statistics->escalations;
       statistics->highest_precision = std::max(statistics->highest_precision, precision);
     }
-    const Undecided undecided = decide_pass(in, head, static_cast<slong>(precision), target, out, done);
+    const Undecided undecided = decide_pass(in, heads, static_cast<slong>(precision), target, out, done);
     if (!undecided.any()) return out;
     if (ZivSchedule::next(precision) > schedule.cap) {
       throw UndecidedRounding("attention_backward: " + undecided.where + " undecided at " +

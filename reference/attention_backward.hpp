@@ -10,7 +10,10 @@
 //   dr_ij = dz_ij dz/dr = dz_ij scale (1 - tanh^2(scale r_ij / cap)) / theta   (scale / theta uncapped)
 //   dQ_i = sum_j dr_ij k_j,  dK_j = sum_i dr_ij q_i,  dV_j = sum_i P_ij dO_i,  dsink = sum_i dz_i,sink /
 //   theta.
-// A query that sees no key and has no sink contributes nothing (its gradients are 0).
+// A query that sees no key and has no sink contributes nothing (its gradients are 0); so do padded
+// queries and keys (past HeadScores::queries and ::keys). Grouped heads may each have their own
+// bias, ALiBi slope, mask and sink (AttentionBackwardProblem::per_head); the bias is exact
+// (additive - slope distance) and moves z but not dz/dr.
 //
 // Accuracy contract: every returned value is the exact real result rounded to nearest-even in the
 // target format, by Ziv's strategy on Arb balls (every operation's error enclosed) at doubling

@@ -1,6 +1,7 @@
 // The attention backward reference against the independent 320-bit backend (tests/support: Boost's
 // cpp_bin_float, no MPFR or Arb), in every format: plain, causal, soft-capped, with a sink, a
-// negative temperature and an explicit scale, a gradient through the log-sum-exp; the exact zeros
+// negative temperature and an explicit scale, a gradient through the log-sum-exp, ALiBi with an
+// additive bias (and -inf entries), padded queries and keys, grouped heads each with its own slope; the exact zeros
 // (dO = 0; equal value rows, which make dP - D vanish); bad input named.
 #include <gtest/gtest.h>
 
@@ -32,9 +33,9 @@ struct ExactGradients {
 ExactGradients independent_backward(const Problem& p) {
   const std::size_t m = p.q.rows, n = p.k.rows, d = p.q.cols, dv = p.v.cols;
   tensor::HeadScores head = p.scores;
-  head.queries = m;
-  head.keys = n;
-  head.row_stride = n;
+  if (head.queries == 0) head.queries = m;
+  if (head.keys == 0) head.keys = n;
+  if (head.row_stride == 0) head.row_stride = n;
   const Exact scale = head.scale ? Exact(*head.scale) : Exact(1) / sqrt(Exact(d));
   const Exact theta(head.theta), cap(head.softcap);
   ExactGradients g{std::vector<Exact>(m * d, Exact(0)), std::vector<Exact>(n * d, Exact(0)),
@@ -52,6 +53,8 @@ ExactGradients independent_backward(const Problem& p) {
         s = cap * t;
         ds = scale * (1 - t * t);
       }
+      const tensor::HeadScores::BiasTerms bias = head.bias_terms(i, j);
+      s += Exact(bias.additive) - Exact(bias.slope) * Exact(static_cast<double>(bias.distance));
       z.push_back(s / theta);
       slope.push_back(ds / theta);
     }
@@ -179,6 +182,21 @@ TEST_P(EveryFormat, GradientsAreCorrectlyRoundedAgainstTheIndependentBackend) {
     p.scores.theta = -0.7;
     p.scores.scale = 0.3;
     expect_correctly_rounded(p, format, "theta -0.7, scale 0.3");
+    p.scores = {};
+    p.d_lse.clear();
+    std::vector<double> bias(m * n);
+    for (double& x : bias) x = round_to_format(random.normal(0, 2), fp32);
+    bias[n - 1] = -INFINITY;  // an additive mask's hidden key
+    p.scores.bias = bias;
+    p.scores.alibi_slope = 0.375;
+    p.scores.causal = true;
+    p.scores.alignment = tensor::DiagonalAlignment::bottom_right;
+    expect_correctly_rounded(p, format, "ALiBi, additive bias, causal");
+    p.scores = {};
+    p.scores.queries = m - 1;  // the last query and the last two keys are padding
+    p.scores.keys = n - 2;
+    p.scores.row_stride = n;
+    expect_correctly_rounded(p, format, "padded queries and keys");
   }
 }
 
@@ -217,6 +235,48 @@ TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
   expect_correctly_rounded(p, fp32, "equal value rows");
 }
 
+// Grouped heads that score differently (each its own ALiBi slope and bias, one with a sink): each
+// head's dQ is its own, dK and dV the sums, all against the independent backend per head.
+TEST(AttentionBackwardReference, GroupedHeadsEachScoreWithTheirOwnSlopeAndBias) {
+  DeterministicRandom random(43);
+  const std::size_t m = 4, n = 6, d = 3, dv = 2;
+  const Matrix k = random_matrix(n, d, 1.5, fp32, random), v = random_matrix(n, dv, 1, fp32, random);
+  Matrix q(2 * m, d), d_out(2 * m, dv);
+  std::vector<double> bias(m * n);
+  for (double& x : bias) x = round_to_format(random.normal(0, 1), fp32);
+  Problem heads[2];
+  std::vector<tensor::HeadScores> scores(2);
+  for (std::size_t h = 0; h < 2; ++h) {
+    heads[h] = Problem{random_matrix(m, d, 1.5, fp32, random), k, v, random_matrix(m, dv, 1, fp32, random),
+                       {}, {}};
+    scores[h].alibi_slope = h == 0 ? 0.5 : 0.0625;
+    scores[h].bias = h == 0 ? std::span<const double>() : std::span<const double>(bias);
+    if (h == 1) scores[h].sink = 0.25;
+    heads[h].scores = scores[h];
+    for (std::size_t i = 0; i < m; ++i) {
+      for (std::size_t t = 0; t < d; ++t) q(h * m + i, t) = heads[h].q(i, t);
+      for (std::size_t c = 0; c < dv; ++c) d_out(h * m + i, c) = heads[h].d_out(i, c);
+    }
+  }
+  const AttentionGradients got = attention_backward({q, k, v, d_out, {}, scores[0], 2, {}, scores}, bf16);
+  const ExactGradients first = independent_backward(heads[0]), second = independent_backward(heads[1]);
+  for (std::size_t e = 0; e < n * d; ++e)
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_keys.values[e], first.dk[e] + second.dk[e], bf16)) << e;
+  for (std::size_t e = 0; e < n * dv; ++e)
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_values.values[e], first.dv[e] + second.dv[e], bf16)) << e;
+  for (std::size_t e = 0; e < m * d; ++e) {
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_queries.values[e], first.dq[e], bf16)) << e;
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_queries.values[m * d + e], second.dq[e], bf16)) << e;
+  }
+  ASSERT_EQ(got.d_sinks.size(), 2u);
+  EXPECT_EQ(got.d_sinks[0], 0.0);  // the first head has no sink
+  EXPECT_TRUE(testing::is_nearest_in_format(got.d_sinks[1], second.d_sink, bf16));
+  // Swapping the heads' scores must change dQ: each head is read with its own.
+  std::vector<tensor::HeadScores> swapped{scores[1], scores[0]};
+  const AttentionGradients wrong = attention_backward({q, k, v, d_out, {}, scores[0], 2, {}, swapped}, bf16);
+  EXPECT_NE(wrong.d_queries.values, got.d_queries.values);
+}
+
 TEST(AttentionBackwardReference, BadInputIsNamed) {
   DeterministicRandom random(37);
   const Matrix q = random_matrix(2, 3, 1, fp32, random), k = random_matrix(4, 3, 1, fp32, random),
@@ -241,9 +301,20 @@ TEST(AttentionBackwardReference, BadInputIsNamed) {
   tensor::HeadScores zero_theta;
   zero_theta.theta = 0;
   EXPECT_THROW((void)call(d_out, zero_theta), InputError);
-  tensor::HeadScores alibi;
-  alibi.alibi_slope = 0.5;
-  EXPECT_THROW((void)call(d_out, alibi), InputError);
+  const std::vector<double> nan_bias{0, 0, 0, NAN, 0, 0, 0, 0};
+  tensor::HeadScores biased;
+  biased.bias = nan_bias;
+  try {
+    (void)call(d_out, biased);
+    FAIL() << "NaN bias accepted";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("bias[0][3] is NaN"), std::string::npos) << error.what();
+  }
+  biased.bias = std::span(nan_bias).first(5);  // does not cover 2 x 4
+  EXPECT_THROW((void)call(d_out, biased), InputError);
+  tensor::HeadScores too_long;
+  too_long.queries = 3;  // more than Q's 2 rows
+  EXPECT_THROW((void)call(d_out, too_long), InputError);
 }
 
 }  // namespace

@@ -180,7 +180,9 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
                                     d_lse: Any = None, d_sinks: Any = None, d: Any = None, causal: bool = False,
                                     align: str = "top-left", scale: Optional[float] = None,
                                     window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-                                    sinks: Any = None, layout: str = "bhsd", theta: float = 1.0,
+                                    sinks: Any = None, alibi_slopes: Any = None, attn_mask: Any = None,
+                                    layout: str = "bhsd", query_lengths: Any = None, key_lengths: Any = None,
+                                    cu_seqlens_q: Any = None, cu_seqlens_k: Any = None, theta: float = 1.0,
                                     format: Optional[str] = None, input_format: Optional[str] = None,
                                     tolerance: Optional[str] = None, proven_only: bool = False,
                                     name: Optional[str] = None, msg: Optional[str] = None,
@@ -189,16 +191,18 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
     d_lse), and D = rowsum(dO * O) in fp32 if the kernel exposes it (d, laid out as the log-sum-exp),
     judged head by head against the correctly rounded gradients under a backward tolerance
     entry: attention_backward_flash (default: FlashAttention 2, D from O in the format) or
-    attention_backward_plain (P materialised in fp32). Layouts as sharpcheck.attention_backward."""
+    attention_backward_plain (P materialised in fp32). Layouts, masks and modifiers as
+    sharpcheck.attention_backward; padded positions are not judged."""
     notes: List[str] = []
     fmt = check_format(format or format_of(dq, "dq"))
     grads = [host(a, n, notes) for a, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
     inputs = [host(a, n, notes) for a, n in ((q, "q"), (k, "k"), (v, "v"), (dout, "dout"))]
     lse_gradient = None if d_lse is None else host(d_lse, "d_lse", notes)
     options = attention_options(causal=causal, align=align, scale=scale, window=window, softcap=softcap,
-                                sinks=sinks, alibi_slopes=None, attn_mask=None, layout=layout, query_lengths=None,
-                                key_lengths=None, cu_seqlens_q=None, cu_seqlens_k=None, lse_base2=False,
-                                theta=theta, fully_masked="zeros", threads=threads, notes=notes)
+                                sinks=sinks, alibi_slopes=alibi_slopes, attn_mask=attn_mask, layout=layout,
+                                query_lengths=query_lengths, key_lengths=key_lengths, cu_seqlens_q=cu_seqlens_q,
+                                cu_seqlens_k=cu_seqlens_k, lse_base2=False, theta=theta, fully_masked="zeros",
+                                threads=threads, notes=notes)
     entry = tolerance or "attention_backward_flash"
     extra = {"format": fmt, "tolerance": entry, "proven_only": proven_only, "input_format": input_format,
              "name": name}

@@ -123,18 +123,22 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, align: str = "top
 def attention_backward(q: Any, k: Any, v: Any, dout: Any, *, d_lse: Any = None, causal: bool = False,
                        align: str = "top-left", scale: Optional[float] = None,
                        window: Optional[Tuple[int, int]] = None, softcap: float = 0.0, sinks: Any = None,
-                       layout: str = "bhsd", theta: float = 1.0, format: Optional[str] = None,
+                       alibi_slopes: Any = None, attn_mask: Any = None, layout: str = "bhsd",
+                       query_lengths: Any = None, key_lengths: Any = None, cu_seqlens_q: Any = None,
+                       cu_seqlens_k: Any = None, theta: float = 1.0, format: Optional[str] = None,
                        threads: int = 0) -> Tuple[Any, Any, Any, Any]:
     """(dq, dk, dv, d_sinks): the gradients of attention's output against dout (and of its
-    log-sum-exp against d_lse, if given), correctly rounded to format, for one head's 2-D matrices
-    or bhsd / bshd tensors with as many KV heads as heads; d_sinks (per head) is None without sinks.
-    Not yet: GQA, padding, packed layouts, masks and biases beyond causal and windows."""
+    log-sum-exp against d_lse, if given), correctly rounded to format, with every layout, mask and
+    modifier of sharpcheck.attention (GQA: dk and dv sum over the heads sharing them). Padded
+    positions get 0, and so do queries that see no key. d_sinks (per head) is None without sinks,
+    and for a batch above 1 (each sums over the batch and would not be rounded once)."""
     notes: List[str] = []
     fmt = check_format(format or format_of(q, "q"))
     options = attention_options(causal=causal, align=align, scale=scale, window=window, softcap=softcap,
-                                sinks=sinks, alibi_slopes=None, attn_mask=None, layout=layout, query_lengths=None,
-                                key_lengths=None, cu_seqlens_q=None, cu_seqlens_k=None, lse_base2=False,
-                                theta=theta, fully_masked="zeros", threads=threads, notes=notes)
+                                sinks=sinks, alibi_slopes=alibi_slopes, attn_mask=attn_mask, layout=layout,
+                                query_lengths=query_lengths, key_lengths=key_lengths, cu_seqlens_q=cu_seqlens_q,
+                                cu_seqlens_k=cu_seqlens_k, lse_base2=False, theta=theta, fully_masked="zeros",
+                                threads=threads, notes=notes)
     options.update(format=fmt)
     lse_gradient = None if d_lse is None else host(d_lse, "d_lse", notes)
     dq, dk, dv, d_sinks = _sharpcheck.reference_attention_backward(

@@ -119,6 +119,84 @@ def test_grouped_query_attention_gradients_from_torch_pass():
         sharpcheck.assert_attention_backward_close(grads[0], wrong, grads[2], q, k, v, dout, causal=True)
 
 
+def alibi_bias(slopes, queries, keys):
+    """-slope_h |i + keys - queries - j| (bottom-right aligned), [heads, queries, keys]."""
+    i = torch.arange(queries, dtype=torch.float64)[:, None] + (keys - queries)
+    j = torch.arange(keys, dtype=torch.float64)[None, :]
+    return -torch.tensor(slopes, dtype=torch.float64)[:, None, None] * (i - j).abs()
+
+
+def test_alibi_bias_padding_and_gqa_gradients_from_torch_pass():
+    """Torch autograd of scores + ALiBi + an additive bias (with -inf), keys padded per batch
+    element and queries padded (dO zero there: a padded query contributes nothing), 4 heads over
+    2 KV heads: torch's fp32 gradients pass, its fp64 ones agree with the fp64 reference, and a
+    kernel that forgets the bias fails."""
+    torch.manual_seed(5)
+    b, h, kvh, m, n, d = 2, 4, 2, 9, 11, 16
+    q, dout = torch.randn(b, h, m, d), torch.randn(b, h, m, d)
+    k, v = torch.randn(b, kvh, n, d), torch.randn(b, kvh, n, d)
+    slopes = [0.5, 0.25, 0.125, 0.0625]
+    bias = torch.randn(1, h, m, n).double()
+    bias[0, 1, 2, 3] = float("-inf")
+    query_lengths, key_lengths = [9, 6], [11, 8]
+    for batch, (ql, kl) in enumerate(zip(query_lengths, key_lengths)):
+        dout[batch, :, ql:] = 0
+
+    def torch_grads(dtype, with_bias=True):
+        leaves = [x.to(dtype).clone().requires_grad_(True) for x in (q, k, v)]
+        kk, vv = (x.repeat_interleave(h // kvh, dim=1) for x in leaves[1:])
+        scores = leaves[0] @ kk.transpose(-1, -2) / math.sqrt(d) + alibi_bias(slopes, m, n).to(dtype)
+        if with_bias:
+            scores = scores + bias.to(dtype)
+        for batch, kl in enumerate(key_lengths):
+            scores[batch, :, :, kl:] = float("-inf")
+        (torch.softmax(scores, -1) @ vv).backward(dout.to(dtype))
+        return [x.grad for x in leaves]
+
+    options = dict(alibi_slopes=slopes, attn_mask=bias, query_lengths=query_lengths, key_lengths=key_lengths,
+                   align="bottom-right")
+    grads = torch_grads(torch.float32)
+    report = sharpcheck.assert_attention_backward_close(*grads, q, k, v, dout, tolerance="attention_backward_plain",
+                                                        **options)
+    assert report.bound_ratio < 1
+    exact = sharpcheck.attention_backward(*(x.double() for x in (q, k, v, dout)), **options)
+    grads64 = torch_grads(torch.float64)
+    for batch, (ql, kl) in enumerate(zip(query_lengths, key_lengths)):
+        assert torch.allclose(exact[0][batch, :, :ql], grads64[0][batch, :, :ql], rtol=1e-9, atol=1e-11)
+        assert torch.all(exact[0][batch, :, ql:] == 0) and torch.all(exact[1][batch, :, kl:] == 0)
+        for ours, theirs in zip(exact[1:3], grads64[1:3]):
+            assert torch.allclose(ours[batch, :, :kl], theirs[batch, :, :kl], rtol=1e-9, atol=1e-11)
+    with pytest.raises(AssertionError, match="Attention gradients"):
+        sharpcheck.assert_attention_backward_close(*torch_grads(torch.float32, with_bias=False), q, k, v, dout,
+                                                   tolerance="attention_backward_plain", **options)
+
+
+def test_packed_variable_length_gradients_from_torch_pass():
+    """flash_attn_varlen's layout: two sequences of 5 and 9 queries (7 and 9 keys) packed into
+    [total, heads, dim], causal bottom-right; torch computes each sequence alone."""
+    torch.manual_seed(6)
+    heads, d, lengths_q, lengths_k = 2, 8, [5, 9], [7, 9]
+    q, dout = torch.randn(sum(lengths_q), heads, d), torch.randn(sum(lengths_q), heads, d)
+    k, v = torch.randn(sum(lengths_k), heads, d), torch.randn(sum(lengths_k), heads, d)
+    cu_q, cu_k = [0, 5, 14], [0, 7, 16]
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    for s in range(2):
+        part = lambda x, cu: x[cu[s]:cu[s + 1]].transpose(0, 1)  # noqa: E731
+        qs, ks, vs = part(leaves[0], cu_q), part(leaves[1], cu_k), part(leaves[2], cu_k)
+        scores = qs @ ks.transpose(-1, -2) / math.sqrt(d)
+        keep = torch.ones(lengths_q[s], lengths_k[s], dtype=torch.bool).tril(lengths_k[s] - lengths_q[s])
+        out = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1) @ vs
+        out.backward(part(dout, cu_q))
+    grads = [x.grad for x in leaves]
+    options = dict(layout="packed", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, align="bottom-right")
+    sharpcheck.assert_attention_backward_close(*grads, q, k, v, dout, tolerance="attention_backward_plain",
+                                               **options)
+    wrong = grads[1].clone()
+    wrong[7:] = grads[1][7:].roll(1, dims=0)  # the second sequence's dK shifted by one key
+    with pytest.raises(AssertionError, match="dk"):
+        sharpcheck.assert_attention_backward_close(grads[0], wrong, grads[2], q, k, v, dout, **options)
+
+
 def test_a_partial_tile_d_fails_naming_the_gradient():
     torch.manual_seed(1)
     q, k, v, dout = (torch.randn(32, 16) for _ in range(4))
