@@ -79,9 +79,7 @@ struct GroupOffsets {
   [[nodiscard]] std::size_t value(std::size_t row, std::size_t c) const {
     return p.value_offset(b, kv, row, c);
   }
-  [[nodiscard]] std::size_t lse(std::size_t row) const {
-    return p.lse_offset(b, head(row), row % positions);
-  }
+  [[nodiscard]] std::size_t lse(std::size_t row) const { return p.lse_offset(b, head(row), row % positions); }
 };
 
 GroupOffsets offsets_of(const tensor::AttentionProblem& p, std::size_t b, std::size_t kv) {

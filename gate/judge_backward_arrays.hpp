@@ -40,8 +40,9 @@ struct BackwardGradients {
 [[nodiscard]] BackwardGradients attention_backward_of_arrays(const JudgeOptions& options,
                                                              const BackwardArrays& arrays);
 
-// Judges dq, dk and dv (and d_sinks, and D) group by group, padded positions not judged; the tolerance entry is options.tolerance_entry
-// (default attention_backward_flash). The worst element is named by gradient and full index.
+// Judges dq, dk and dv (and d_sinks, and D) group by group, padded positions not judged; the tolerance entry
+// is options.tolerance_entry (default attention_backward_flash). The worst element is named by gradient and
+// full index.
 [[nodiscard]] CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options,
                                                           const BackwardArrays& arrays);
 

@@ -2,8 +2,8 @@
 // Gaussian ones (issue 17): realistic activations (low-rank Q and K with a few large singular
 // values; heavy-tailed outliers, 1e-3 of the entries times 10..100), repeated maxima, scores near a
 // soft-cap, a long row with one dominant key, queries that see no key, a sink with a gradient
-// through the log-sum-exp, and ALiBi in a sliding window. Every problem is a function of (kind, format, seed) alone, its entries
-// values of the format.
+// through the log-sum-exp, and ALiBi in a sliding window. Every problem is a function of (kind, format, seed)
+// alone, its entries values of the format.
 #pragma once
 
 #include <cstdint>

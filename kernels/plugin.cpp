@@ -226,15 +226,13 @@ std::pair<std::string, int> call_attention_backward(void* symbol, const FloatFor
   std::vector<float> d_rows(m, 0.0F), d_sinks(1, 0.0F);
   const auto q = to_storage(p.queries, format), k = to_storage(p.keys, format),
              v = to_storage(p.values, format), dout = to_storage(p.d_out, format);
-  const int code =
-      needs_lse_entry(p)
-          ? reinterpret_cast<BackwardLseEntry>(symbol)(format_code(format), q.data(), k.data(), v.data(),
-                                                       dout.data(), d_lse.empty() ? nullptr : d_lse.data(),
-                                                       dq.data(), dk.data(), dvv.data(), d_rows.data(),
-                                                       d_sinks.data(), &call)
-          : reinterpret_cast<BackwardEntry>(symbol)(format_code(format), q.data(), k.data(), v.data(),
-                                                    dout.data(), dq.data(), dk.data(), dvv.data(),
-                                                    d_rows.data(), &call);
+  const int code = needs_lse_entry(p) ? reinterpret_cast<BackwardLseEntry>(symbol)(
+                                            format_code(format), q.data(), k.data(), v.data(), dout.data(),
+                                            d_lse.empty() ? nullptr : d_lse.data(), dq.data(), dk.data(),
+                                            dvv.data(), d_rows.data(), d_sinks.data(), &call)
+                                      : reinterpret_cast<BackwardEntry>(symbol)(
+                                            format_code(format), q.data(), k.data(), v.data(), dout.data(),
+                                            dq.data(), dk.data(), dvv.data(), d_rows.data(), &call);
   if (code != 0) return {"", 10 + (code & 0x7F)};
   std::vector<double> result = from_storage(dq, m * d, format);
   for (const auto& [bytes, count] : {std::pair{&dk, n * d}, std::pair{&dvv, n * dv}}) {
@@ -332,9 +330,10 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   }
   if ((features & SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK) != 0 &&
       dlsym(handle, "sharpcheck_attention_backward_lse") == nullptr) {
-    return {"error\ndeclares the backward through the log-sum-exp and sinks but does not export "
-            "sharpcheck_attention_backward_lse",
-            0};
+    return {
+        "error\ndeclares the backward through the log-sum-exp and sinks but does not export "
+        "sharpcheck_attention_backward_lse",
+        0};
   }
   if (info->attention_formats != 0 && dlsym(handle, "sharpcheck_attention") == nullptr) {
     return {"error\ndeclares attention formats but does not export sharpcheck_attention", 0};

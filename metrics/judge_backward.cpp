@@ -118,7 +118,8 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
       for (std::size_t c = 0; c < dv; ++c) m.dv(j, c) += weight[a] * std::fabs(p.d_out(i, c));
     }
     if (row_head.sink) {
-      const double sink_weight = std::exp(*row_head.sink / row_head.theta - g.lse) / std::fabs(row_head.theta);
+      const double sink_weight =
+          std::exp(*row_head.sink / row_head.theta - g.lse) / std::fabs(row_head.theta);
       m.d_sinks(h, 0) += sink_weight * (a_i + lse_gradient);
       m.d_sinks_from_d(h, 0) += sink_weight * b_i;
     }
@@ -184,10 +185,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
                                            const kernels::KernelGradients& actual,
                                            const reference::AttentionGradients* expected) {
   BackwardJudgement judgement;
-  judgement.expected =
-      expected != nullptr
-          ? *expected
-          : reference::attention_backward(p, output);
+  judgement.expected = expected != nullptr ? *expected : reference::attention_backward(p, output);
   const Magnitudes m = magnitudes_of(p);
   Tolerance entry;
   entry.accumulation = &fp32;

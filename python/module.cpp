@@ -210,9 +210,17 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
   if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
   const AttentionExtras extras = options.attention_extras();
   options.require_all_used();
-  gate::BackwardArrays arrays{&queries, &keys,   &values, &d_out, nullptr, nullptr, nullptr,
+  gate::BackwardArrays arrays{&queries,
+                              &keys,
+                              &values,
+                              &d_out,
+                              nullptr,
+                              nullptr,
+                              nullptr,
                               lse_gradient ? &*lse_gradient : nullptr,
-                              nullptr,  {},      extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
+                              nullptr,
+                              {},
+                              extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
   gate::BackwardGradients g;
   {
     const py::gil_scoped_release release;

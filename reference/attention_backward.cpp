@@ -64,11 +64,10 @@ void check(const AttentionBackwardInputs& in) {
   for (std::size_t h = 0; h < in.group; ++h) {
     const tensor::HeadScores head = in.head(h);
     if (head.queries > in.positions() || head.keys > in.keys.rows)
-      refuse(InputProblem::shape_mismatch, "head " + std::to_string(h) + " computes " +
-                                               std::to_string(head.queries) + " queries of " +
-                                               std::to_string(in.positions()) + " and " +
-                                               std::to_string(head.keys) + " keys of " +
-                                               std::to_string(in.keys.rows));
+      refuse(InputProblem::shape_mismatch,
+             "head " + std::to_string(h) + " computes " + std::to_string(head.queries) + " queries of " +
+                 std::to_string(in.positions()) + " and " + std::to_string(head.keys) + " keys of " +
+                 std::to_string(in.keys.rows));
     head.validate("attention_backward head " + std::to_string(h));  // theta, cap, masks, bias
   }
 }
@@ -109,7 +108,8 @@ struct ScoreConstants {
 
 class BackwardPass {
  public:
-  BackwardPass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads, slong precision)
+  BackwardPass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
+               slong precision)
       : in_(in), heads_(heads), p_(precision), q_(in.queries), k_(in.keys), v_(in.values), dout_(in.d_out) {
     for (const tensor::HeadScores& head : heads) constants_.emplace_back(head, in.queries.cols, precision);
   }
@@ -296,8 +296,7 @@ struct Undecided {
 
 // One Ziv pass: decides what the balls at `precision` decide; names the first undecided output.
 Undecided decide_pass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
-                      slong precision,
-                      const FloatFormat& target, AttentionGradients& out,
+                      slong precision, const FloatFormat& target, AttentionGradients& out,
                       std::vector<std::vector<bool>>& done) {
   Partials partials;
   GradientBalls& balls = compute_at(in, heads, precision, partials);
@@ -330,7 +329,8 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
   std::vector<tensor::HeadScores> heads;
   for (std::size_t h = 0; h < in.group; ++h) heads.push_back(in.head(h));
   const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
-  const bool sinks = std::any_of(heads.begin(), heads.end(), [](const auto& h) { return h.sink.has_value(); });
+  const bool sinks =
+      std::any_of(heads.begin(), heads.end(), [](const auto& h) { return h.sink.has_value(); });
   AttentionGradients out{Matrix(m, d), Matrix(n, d), Matrix(n, dv), std::vector<double>(sinks ? in.group : 0),
                          std::vector<double>(m)};
   std::vector<std::vector<bool>> done{std::vector<bool>(m * d), std::vector<bool>(n * d),

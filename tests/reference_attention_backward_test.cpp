@@ -1,8 +1,8 @@
 // The attention backward reference against the independent 320-bit backend (tests/support: Boost's
 // cpp_bin_float, no MPFR or Arb), in every format: plain, causal, soft-capped, with a sink, a
 // negative temperature and an explicit scale, a gradient through the log-sum-exp, ALiBi with an
-// additive bias (and -inf entries), padded queries and keys, grouped heads each with its own slope; the exact zeros
-// (dO = 0; equal value rows, which make dP - D vanish); bad input named.
+// additive bias (and -inf entries), padded queries and keys, grouped heads each with its own slope; the exact
+// zeros (dO = 0; equal value rows, which make dP - D vanish); bad input named.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -247,8 +247,8 @@ TEST(AttentionBackwardReference, GroupedHeadsEachScoreWithTheirOwnSlopeAndBias) 
   Problem heads[2];
   std::vector<tensor::HeadScores> scores(2);
   for (std::size_t h = 0; h < 2; ++h) {
-    heads[h] = Problem{random_matrix(m, d, 1.5, fp32, random), k, v, random_matrix(m, dv, 1, fp32, random),
-                       {}, {}};
+    heads[h] =
+        Problem{random_matrix(m, d, 1.5, fp32, random), k, v, random_matrix(m, dv, 1, fp32, random), {}, {}};
     scores[h].alibi_slope = h == 0 ? 0.5 : 0.0625;
     scores[h].bias = h == 0 ? std::span<const double>() : std::span<const double>(bias);
     if (h == 1) scores[h].sink = 0.25;

@@ -100,7 +100,8 @@ const sharpcheck_plugin_description info{
     SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL | SHARPCHECK_ATTENTION_BOTTOM_RIGHT |
         SHARPCHECK_ATTENTION_WINDOW | SHARPCHECK_ATTENTION_SOFTCAP | SHARPCHECK_ATTENTION_ALIBI |
         SHARPCHECK_ATTENTION_SINK | SHARPCHECK_ATTENTION_GQA | SHARPCHECK_ATTENTION_LSE |
-        SHARPCHECK_ATTENTION_KEY_PADDING | SHARPCHECK_ATTENTION_BACKWARD | SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK};
+        SHARPCHECK_ATTENTION_KEY_PADDING | SHARPCHECK_ATTENTION_BACKWARD |
+        SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK};
 
 // One query row's softmax weights (one head; ALiBi and the sink as attend_row), each logit's
 // slope d logit / d (q . k), and the sink's weight.
@@ -125,8 +126,8 @@ float row_weights(uint32_t format, const void* q, const void* k, const sharpchec
       slope[j] = c.scale * (1 - t * t);
     }
     if (c.alibi_slopes != nullptr && mutant != 6)
-      s -= c.alibi_slopes[0] * static_cast<float>(std::llabs(static_cast<int64_t>(i) + diagonal -
-                                                              static_cast<int64_t>(j)));
+      s -= c.alibi_slopes[0] *
+           static_cast<float>(std::llabs(static_cast<int64_t>(i) + diagonal - static_cast<int64_t>(j)));
     logits[j] = s;
     largest = std::fmax(largest, s);
   }
@@ -165,8 +166,9 @@ namespace {
 
 // One head's gradients, P recomputed per query row, D = rowsum(dO * O), fp32 sums; with d_lse
 // the gradient reaching the log-sum-exp (dz += P g), with a sink its gradient P_sink (g - D).
-int backward(uint32_t format, const void* q, const void* k, const void* v, const void* dout, const float* d_lse,
-             void* dq, void* dk, void* dv, float* d, float* d_sinks, const sharpcheck_attention_call& c) {
+int backward(uint32_t format, const void* q, const void* k, const void* v, const void* dout,
+             const float* d_lse, void* dq, void* dk, void* dv, float* d, float* d_sinks,
+             const sharpcheck_attention_call& c) {
   if (format != SHARPCHECK_FP32 && format != SHARPCHECK_BF16) return 1;
   if (c.heads != 1 || c.kv_heads != 1) return 2;
   std::vector<float> gq(c.queries * c.dim, 0.0F), gk(c.keys * c.dim, 0.0F), gv(c.keys * c.value_dim, 0.0F);
