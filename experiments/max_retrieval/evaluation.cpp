@@ -8,12 +8,6 @@
 namespace max_retrieval {
 namespace {
 
-// Sets are drawn 64 at a time (the same random stream whatever the memory budget) and read a few
-// at a time, so each activation tensor stays near 8 MiB instead of 64 x n x 128 floats (512 MiB at
-// n = 16,384, whose page faults cost more than the arithmetic).
-constexpr int sets_per_draw = 64;
-constexpr long items_per_pass = 16384;
-
 // Correct answers of one evaluation seed, and the running sums over every row of the size (summed
 // in row order, as one pass over all seeds).
 struct BatchTally {
@@ -97,7 +91,7 @@ SizeResult evaluate_size(Retriever& model, const FoldedHead& head, int n, int ev
   result.n = n;
   RowSums total;
   for (int seed = 0; seed < evaluation_seeds; ++seed) {
-    auto generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(1000003 * (seed + 1) + n));
+    auto generator = at::detail::createCPUGenerator(evaluation_stream(seed, n));
     BatchTally tally;
     for (int first = 0; first < samples; first += sets_per_draw) {
       const Batch batch = make_batch(std::min(sets_per_draw, samples - first), n, generator);

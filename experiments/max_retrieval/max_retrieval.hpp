@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +17,15 @@ namespace max_retrieval {
 
 constexpr int classes = 10;
 constexpr int width = 128;
+// Evaluation sets are drawn 64 at a time (the same random stream whatever the memory budget) and
+// read a few at a time, so each activation tensor stays near 8 MiB instead of 64 x n x 128 floats
+// (512 MiB at n = 16,384, whose page faults cost more than the arithmetic).
+constexpr int sets_per_draw = 64;
+constexpr long items_per_pass = 16384;
+// The generator of evaluation seed `seed` at set size n: every model is read on the same sets.
+[[nodiscard]] inline std::uint64_t evaluation_stream(int seed, int n) {
+  return static_cast<std::uint64_t>(1000003 * (seed + 1) + n);
+}
 
 // data.cpp. Items: priority u ~ U(0, 1) and a one-hot class; the label is the class of the top priority.
 struct Batch {
@@ -51,6 +62,9 @@ struct FoldedHead {
 // AdamW training on sets of 16 (returns the seconds it took).
 [[nodiscard]] std::string configure_runtime(int threads);
 double train(Retriever& model, int steps, int seed);
+// Any model whose forward maps a batch of sets to class logits, by the same protocol.
+double train_module(torch::nn::Module& model,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& forward, int steps, int seed);
 
 // evaluation.cpp: accuracy of plain and adaptive softmax at one set size, with the spreads and
 // largest coefficients against Lemma 2.1.

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "experiments/max_retrieval/max_retrieval.hpp"
+#include "experiments/max_retrieval/operators.hpp"
 
 namespace max_retrieval {
 namespace {
@@ -37,17 +38,28 @@ std::string configure_runtime(int threads) {
 }
 
 double train(Retriever& model, int steps, int seed) {
+  return train_module(
+      *model, [&](const torch::Tensor& items) { return model->forward(items); }, steps, seed);
+}
+
+double train(OperatorRetriever& model, int steps, int seed) {
+  return train_module(
+      *model, [&](const torch::Tensor& items) { return model->forward(items); }, steps, seed);
+}
+
+double train_module(torch::nn::Module& model,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& forward, int steps, int seed) {
   using Clock = std::chrono::steady_clock;
   // AdamW (decoupled weight decay): with Adam's L2 decay the query collapsed to 0 and the head stayed
   // uniform (loss ln 10 after 3,000 steps).
-  torch::optim::AdamW optimiser(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(1e-3));
+  torch::optim::AdamW optimiser(model.parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(1e-3));
   auto generator = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
   const auto start = Clock::now();
   const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   for (int step = 1; step <= steps; ++step) {
     const Batch batch = make_batch(128, 16, generator);
     optimiser.zero_grad();
-    const auto loss = torch::nn::functional::cross_entropy(model->forward(batch.items), batch.labels);
+    const auto loss = torch::nn::functional::cross_entropy(forward(batch.items), batch.labels);
     loss.backward();
     optimiser.step();
     if (step % 1000 == 0 || step == steps)
