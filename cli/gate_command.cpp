@@ -16,6 +16,7 @@
 #include "gate/verdict.hpp"
 #include "io/atomic_file.hpp"
 #include "kernels/attention_backward.hpp"
+#include "kernels/attention_escape_kernels.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_backward.hpp"
 
@@ -46,6 +47,11 @@ void print_kernel_list() {
   for (const auto& k : kernels::softmax_kernels()) row(k);
   for (const auto& k : kernels::attention_kernels()) row(k);
   for (const auto& k : kernels::softmax_backward_kernels()) {
+    const std::string format(k.format->name);
+    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
+                "fp32", std::string(k.description).c_str());
+  }
+  for (const auto& k : kernels::attention_escape_kernels()) {
     const std::string format(k.format->name);
     std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
                 "fp32", std::string(k.description).c_str());

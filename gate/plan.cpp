@@ -6,8 +6,10 @@
 #include "gate/case_inputs.hpp"
 #include "gate/cases.hpp"
 #include "inputs/attention_backward_cases.hpp"
+#include "inputs/attention_escape_cases.hpp"
 #include "inputs/rows.hpp"
 #include "kernels/attention_backward.hpp"
+#include "kernels/attention_escape_kernels.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_backward.hpp"
@@ -43,6 +45,7 @@ void check_kernel_names(const GateSettings& settings) {
     if (name != "all" && name != "none" && kernels::find_softmax_kernel(name) == nullptr &&
         kernels::find_attention_kernel(name) == nullptr &&
         kernels::find_attention_backward_kernel(name) == nullptr &&
+        kernels::find_attention_escape_kernel(name) == nullptr &&
         kernels::find_softmax_backward_kernel(name) == nullptr) {
       throw InputError(InputProblem::out_of_range,
                        "gate: no built-in kernel named '" + name + "' (sharpcheck gate --list shows them)");
@@ -143,6 +146,15 @@ void add_backward_cases(const Wanted& wanted, const GateSettings& settings, std:
         cases.push_back(make_case(std::string(kernel.name), std::string(inputs::row_kind_name(kind)), n,
                                   settings, kernel.deliberately_broken, nullptr));
       }
+    }
+  }
+  for (const auto& kernel : kernels::attention_escape_kernels()) {
+    if (!wanted(kernel.name)) continue;
+    for (const inputs::EscapeKind kind : inputs::all_escape_kinds) {
+      if (inputs::escape_kind_operation(kind) != kernel.operation) continue;
+      cases.push_back(make_case(std::string(kernel.name), std::string(inputs::escape_kind_name(kind)),
+                                inputs::escape_kind_keys(kind), settings, kernel.deliberately_broken,
+                                nullptr));
     }
   }
   for (const auto& kernel : kernels::attention_backward_kernels()) {

@@ -9,15 +9,18 @@
 #include "gate/case_inputs.hpp"
 #include "gate/cases.hpp"
 #include "inputs/attention_backward_cases.hpp"
+#include "inputs/attention_escape_cases.hpp"
 #include "inputs/rows.hpp"
 #include "io/atomic_file.hpp"
 #include "io/npy.hpp"
 #include "kernels/attention_backward.hpp"
+#include "kernels/attention_escape_kernels.hpp"
 #include "kernels/attention_layer.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_backward.hpp"
 #include "metrics/evaluate.hpp"
+#include "metrics/judge_attention_escapes.hpp"
 #include "metrics/judge_backward.hpp"
 #include "metrics/judge_tensors.hpp"
 
@@ -208,6 +211,23 @@ void run_plugin_backward_case(const GateCase& gate_case, const GateSettings& set
   record_backward(metrics::judge_attention_backward(entry->tolerance, format, problem, got), outcome);
 }
 
+// A linear, selective or Differential attention kernel on one of its problems
+// (inputs/attention_escape_cases.hpp), judged against the correctly rounded reference.
+void run_escape_case(const kernels::AttentionEscapeKernel& kernel, const GateCase& gate_case,
+                     CaseOutcome& outcome) {
+  outcome.format = std::string(kernel.format->name);
+  for (const inputs::EscapeKind kind : inputs::all_escape_kinds) {
+    if (inputs::escape_kind_name(kind) != gate_case.input) continue;
+    const auto problem = inputs::make_escape_problem(kind, *kernel.format, gate_case.seed);
+    outcome.comparison =
+        metrics::judge_attention_escape(problem, *kernel.format, kernel.run(problem)).comparison;
+    outcome.worst_array = problem.operation == tensor::EscapeOperation::linear ? "out" : "weights";
+    outcome.worst_index = {outcome.comparison.worst.row, outcome.comparison.worst.index};
+    return;
+  }
+  throw InputError(InputProblem::out_of_range, "gate: no escape input named '" + gate_case.input + "'");
+}
+
 // A softmax-level backward kernel: row 0 the generated logits, row 1 fully masked; dy normal.
 void run_softmax_backward_case(const kernels::SoftmaxBackwardKernel& kernel, const GateCase& gate_case,
                                CaseOutcome& outcome) {
@@ -230,6 +250,10 @@ void run_builtin_case(const GateCase& gate_case, CaseOutcome& outcome) {
   }
   if (const auto* backward = kernels::find_attention_backward_kernel(gate_case.kernel)) {
     run_backward_case(*backward, gate_case, outcome);
+    return;
+  }
+  if (const auto* escape = kernels::find_attention_escape_kernel(gate_case.kernel)) {
+    run_escape_case(*escape, gate_case, outcome);
     return;
   }
   if (const auto* kernel = kernels::find_softmax_kernel(gate_case.kernel)) {
