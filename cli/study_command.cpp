@@ -112,7 +112,12 @@ std::string dispersion_summary(const studies::DispersionStudy& study) {
          "stick-breaking's nearest key), exact and rounded to fp64; the first n of the study (powers of two "
          "up to "
       << largest_size << ") at which it falls below 1/2 and below 1/10. SSMax s = " << study.settings.ssmax_s
-      << ", length-scaled L = " << study.settings.training_length << ".\n\n| operator |";
+      << ", length-scaled L = " << study.settings.training_length << ", selective: every token selects every "
+      << "earlier distractor with logit " << study.settings.selection
+      << " (selective_weak: " << study.settings.weak_selection
+      << "), Differential lambda = " << study.settings.differential_lambda
+      << " (lambda_init of layer 12); linear and Differential up to n = " << study.settings.matrix_size_limit
+      << ".\n\n| operator |";
   for (const double delta : study.settings.spreads) summary << " delta " << delta << ": < 1/2 | < 1/10 |";
   summary << "\n|---|";
   for (std::size_t i = 0; i < study.settings.spreads.size(); ++i) summary << "---:|---:|";
@@ -120,8 +125,12 @@ std::string dispersion_summary(const studies::DispersionStudy& study) {
   for (const auto escape : studies::all_escapes) {
     summary << "| " << studies::escape_name(escape) << " |";
     for (const double delta : study.settings.spreads) {
-      summary << " " << size_text(studies::first_size_below(study, escape, delta, 0.5), largest_size) << " | "
-              << size_text(studies::first_size_below(study, escape, delta, 0.1), largest_size) << " |";
+      std::uint64_t computed = 0;  // the matrix-level escapes stop at settings.matrix_size_limit
+      for (const auto* point : studies::series_of(study, escape, delta)) {
+        if (!std::isnan(point->spike_weight[0])) computed = point->n;
+      }
+      summary << " " << size_text(studies::first_size_below(study, escape, delta, 0.5), computed) << " | "
+              << size_text(studies::first_size_below(study, escape, delta, 0.1), computed) << " |";
     }
     summary << "\n";
   }
@@ -139,8 +148,8 @@ std::string dispersion_summary(const studies::DispersionStudy& study) {
   return summary.str();
 }
 
-const char* const escape_colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                      "#9467bd", "#8c564b", "#e377c2"};
+const char* const escape_colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                      "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000080"};
 
 // One plot for a spread: every operator (fp64 values), Lemma 2.1 and the tight bound, and where
 // softmax's spike underflows in each format.
@@ -167,10 +176,11 @@ io::Chart escapes_chart(const studies::DispersionStudy& study, double delta) {
   chart.series.push_back(tight);
   std::size_t c = 0;
   for (const auto escape : studies::all_escapes) {
-    io::Series series{
-        std::string(studies::escape_name(escape)), {}, {}, escape_colours[c++ % 7], false, true};
+    io::Series series{std::string(studies::escape_name(escape)),       {},    {},
+                      escape_colours[c++ % std::size(escape_colours)], false, true};
     for (const auto* point : studies::series_of(study, escape, delta)) {
-      if (point->spike_weight[0] < 1e-7) continue;  // stick-breaking's far key: 2^-(n-1), in the CSV
+      // stick-breaking's far key (2^-(n-1), in the CSV), and sizes a matrix reference was not run at
+      if (!(point->spike_weight[0] >= 1e-7)) continue;
       series.x.push_back(static_cast<double>(point->n));
       series.y.push_back(point->spike_weight[0]);
     }
@@ -198,7 +208,8 @@ io::Chart adaptive_entropy_chart(const studies::DispersionStudy& study) {
   entropy_chart.series.push_back(threshold);
   std::size_t c = 0;
   for (const double delta : study.settings.spreads) {
-    io::Series series{"delta " + spread_text(delta), {}, {}, escape_colours[c++ % 7], false, true};
+    io::Series series{
+        "delta " + spread_text(delta), {}, {}, escape_colours[c++ % std::size(escape_colours)], false, true};
     for (const auto& point : study.entropies) {
       if (point.delta != delta) continue;
       series.x.push_back(static_cast<double>(point.n));

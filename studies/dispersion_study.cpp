@@ -12,6 +12,7 @@
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
+#include "reference/attention_escapes.hpp"
 #include "reference/dispersion_escapes.hpp"
 #include "reference/softmax.hpp"
 
@@ -28,10 +29,42 @@ std::vector<double> extremal_row(Escape escape, double delta, std::uint64_t n) {
   return row;
 }
 
+// The selective readout row: z_0 = delta (the spike, token 0, never masked), z_j = -selection
+// (n - 2 - j) for the distractors 1 <= j <= n - 2 (each masked by every later token but the
+// readout), z_{n-1} = 0 (the token just before the readout). Exactly the last row of
+// reference::selective_attention_weights for that selection (tests/dispersion_study_test.cpp).
+std::vector<double> selective_readout_row(const std::vector<double>& row, double selection) {
+  std::vector<double> z(row);
+  const std::size_t n = row.size();
+  for (std::size_t j = 1; j + 1 < n; ++j) z[j] = -selection * static_cast<double>(n - 2 - j);
+  return z;
+}
+
+double matrix_escape_weight(Escape escape, const std::vector<double>& row, const FloatFormat& format,
+                            const DispersionSettings& settings) {
+  const std::size_t n = row.size();
+  if (n > settings.matrix_size_limit) return std::nan("");
+  Matrix spike(n, 1), column(1, n);
+  column.values = row;
+  if (escape == Escape::linear) {
+    spike.values = row;
+    return reference::linear_attention(Matrix(1, 1, 1.0), spike, Matrix(n, 1), false, format).weights(0, 0);
+  }
+  return reference::differential_attention_weights(column, Matrix(1, n), settings.differential_lambda,
+                                                   format)(0, 0);
+}
+
 double spike_weight(Escape escape, const std::vector<double>& row, const FloatFormat& format,
                     const DispersionSettings& settings) {
   reference::RowOptions options;
   switch (escape) {
+    case Escape::linear:
+    case Escape::differential:
+      return matrix_escape_weight(escape, row, format, settings);
+    case Escape::selective:
+      return reference::softmax(selective_readout_row(row, settings.selection), format)[0];
+    case Escape::selective_weak:
+      return reference::softmax(selective_readout_row(row, settings.weak_selection), format)[0];
     case Escape::softmax:
       return reference::softmax(row, format)[0];
     case Escape::adaptive_temperature:
@@ -98,6 +131,14 @@ std::string_view escape_name(Escape escape) {
       return "stick_breaking_nearest";
     case Escape::stick_breaking_farthest:
       return "stick_breaking_farthest";
+    case Escape::linear:
+      return "linear";
+    case Escape::selective:
+      return "selective";
+    case Escape::selective_weak:
+      return "selective_weak";
+    case Escape::differential:
+      return "differential";
   }
   return "?";
 }

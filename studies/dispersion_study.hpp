@@ -21,10 +21,23 @@ enum class Escape {
   sigmoid,
   stick_breaking_nearest,   // the spike is the key nearest the query (breaks the stick first)
   stick_breaking_farthest,  // the spike is the key farthest from it
+  // Issue 19's matrix-level escapes (reference/attention_escapes.hpp), on the same extremal row:
+  linear,          // normalised linear attention, d = 1: q = 1, keys (delta, 0, ..., 0)
+  selective,       // the readout query after n tokens, each selecting every earlier distractor
+  selective_weak,  // the same with settings.weak_selection: disperses until n ~ 1 / selection
+  differential,    // softmax(delta, 0, ..., 0) - lambda softmax(0, ..., 0)
 };
-inline constexpr Escape all_escapes[] = {
-    Escape::softmax, Escape::adaptive_temperature,   Escape::scalable_softmax,       Escape::length_scaled,
-    Escape::sigmoid, Escape::stick_breaking_nearest, Escape::stick_breaking_farthest};
+inline constexpr Escape all_escapes[] = {Escape::softmax,
+                                         Escape::adaptive_temperature,
+                                         Escape::scalable_softmax,
+                                         Escape::length_scaled,
+                                         Escape::sigmoid,
+                                         Escape::stick_breaking_nearest,
+                                         Escape::stick_breaking_farthest,
+                                         Escape::linear,
+                                         Escape::selective,
+                                         Escape::selective_weak,
+                                         Escape::differential};
 [[nodiscard]] std::string_view escape_name(Escape escape);
 
 // The output formats of the study, in column order; q8_probabilities is the uint8 output grid.
@@ -37,14 +50,25 @@ struct DispersionSettings {
   std::vector<std::uint64_t> sizes;                // empty: 16, 32, ..., 1,048,576
   double ssmax_s = 1.0;                            // SSMax's per-head scalar
   std::uint64_t training_length = 16;              // L of the length-scaled logits
-  unsigned threads = 0;                            // 0: every core; results do not depend on it
+  // Selective attention: the selection logit every token gives every earlier distractor (so the
+  // readout sees F_j = selection (n - 2 - j) for 1 <= j <= n - 2; the spike is token 0, which is
+  // never masked).
+  double selection = 1.0;
+  double weak_selection = 1.0 / 64;
+  // Differential attention's lambda: lambda_init of layer 12, 0.8 - 0.6 e^-3.3 (lambda's learned
+  // part 0), and the largest n its (and linear attention's) matrix references are run at: they
+  // cost O(n) balls per row where the row-level references group equal logits.
+  double differential_lambda = 0.777870099559256;  // reference::differential_lambda_init(12)
+  std::uint64_t matrix_size_limit = 16384;
+  unsigned threads = 0;  // 0: every core; results do not depend on it
 };
 
 // One operator at one (delta, n): the spike's weight on the extremal row, correctly rounded to
 // each study format. The row is (delta, 0, ..., 0), the spike first (last for stick-breaking's
 // nearest key): for the shift-invariant operators the row that maximises the largest weight at
 // spread delta; for sigmoid and stick-breaking, which see logits themselves, the one whose
-// smallest logit is 0.
+// smallest logit is 0. Linear and Differential points past settings.matrix_size_limit are NaN (not
+// computed).
 struct DispersionPoint {
   Escape escape = Escape::softmax;
   double delta = 0;

@@ -10,6 +10,7 @@
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
+#include "reference/attention_escapes.hpp"
 
 namespace sharpcheck::studies {
 namespace {
@@ -94,11 +95,66 @@ TEST(DispersionStudy, TheDefaultStudysNumbersShowDispersionAndItsEscapes) {
   // Rounding into a narrower format never moves a weight across a representable threshold the
   // wrong way: each column is within one of its ulps of the fp64 value.
   for (const auto& point : study.points) {
+    if (std::isnan(point.spike_weight[0])) continue;  // a matrix-level escape past its size limit
     for (std::size_t f = 1; f < study_format_count; ++f) {
       const auto& format = *study_formats[f];
       const double rounded = round_to_format(point.spike_weight[0], format);
       EXPECT_LE(ulp_distance(point.spike_weight[f], rounded, format), 1u)
           << escape_name(point.escape) << " " << format.name << " n " << point.n;
+    }
+  }
+}
+
+// Issue 19's escapes, from the study's own numbers: linear attention's spike is (delta + 1) /
+// (delta + n) (normalised feature sums disperse as 1/n); Differential attention disperses like
+// softmax, lying exactly lambda / n below it (the second map is uniform here); selective attention
+// with every distractor selected stays above its limit e^delta / (e^delta + 1 + 1 / (1 - e^-s)) at
+// every n, and the weak selection falls like softmax until n ~ 1 / s, then stops. The selective
+// numbers are the matrix reference's last row.
+TEST(DispersionStudy, LinearAndDifferentialDisperseSelectiveEscapes) {
+  DispersionSettings settings;
+  settings.sizes = {16, 32, 64, 1024, 16384, 65536};
+  const DispersionStudy study = run_dispersion_study(settings);
+  EXPECT_NEAR(settings.differential_lambda, reference::differential_lambda_init(12), 1e-15);
+  for (const double delta : settings.spreads) {
+    SCOPED_TRACE("delta " + std::to_string(delta));
+    const Series linear = series_of(study, Escape::linear, delta),
+                 soft = series_of(study, Escape::softmax, delta),
+                 differential = series_of(study, Escape::differential, delta);
+    for (std::size_t i = 0; i < linear.size(); ++i) {
+      const double n = static_cast<double>(linear[i]->n);
+      if (linear[i]->n > settings.matrix_size_limit) {
+        EXPECT_TRUE(std::isnan(linear[i]->spike_weight[0]));
+        EXPECT_TRUE(std::isnan(differential[i]->spike_weight[0]));
+        continue;
+      }
+      EXPECT_NEAR(linear[i]->spike_weight[0], (delta + 1) / (delta + n), 1e-15);
+      EXPECT_NEAR(differential[i]->spike_weight[0],
+                  soft[i]->spike_weight[0] - settings.differential_lambda / n, 1e-15);
+      EXPECT_LE(differential[i]->spike_weight[0], bounds::lemma_2_1(n, delta, 1.0).upper);
+    }
+    const double e = std::exp(delta);
+    const auto limit = [&](double s) { return e / (e + 1 + 1 / (1 - std::exp(-s))); };
+    EXPECT_TRUE(stays_at_least(series_of(study, Escape::selective, delta), limit(settings.selection)));
+    EXPECT_TRUE(
+        stays_at_least(series_of(study, Escape::selective_weak, delta), limit(settings.weak_selection)));
+    // Mutation check: softmax's own numbers do not stay above the strong selection's limit.
+    if (delta < 10) {
+      EXPECT_FALSE(stays_at_least(soft, limit(settings.selection)));
+    }
+  }
+  // The selective row is the matrix reference's: token k selects every distractor 1 <= j < k.
+  for (const std::uint64_t n : {16u, 32u}) {
+    Matrix logits(n, n, 0.0), selection(n, n, 0.0);
+    logits(n - 1, 0) = settings.spreads[1];
+    for (std::size_t k = 0; k < n; ++k) {
+      for (std::size_t j = 1; j < k; ++j) selection(k, j) = settings.selection;
+    }
+    const double last_row = reference::selective_attention_weights(logits, selection, fp64)(n - 1, 0);
+    for (const auto* point : series_of(study, Escape::selective, settings.spreads[1])) {
+      if (point->n == n) {
+        EXPECT_EQ(point->spike_weight[0], last_row) << n;
+      }
     }
   }
 }
