@@ -234,4 +234,11 @@ torch::Tensor OperatorRetrieverImpl::forward(const torch::Tensor& batch_items) {
   return classify(hidden, read(hidden).weights);
 }
 
+double spread_bound(OperatorRetriever& model) {
+  if (model->op == Operator::softcap) return 100;
+  if (model->op != Operator::qk_norm) return INFINITY;
+  return 2 * std::sqrt(static_cast<double>(width)) * model->gain_q.abs().max().item<double>() *
+         model->gain_k.abs().max().item<double>();
+}
+
 }  // namespace max_retrieval

@@ -93,7 +93,13 @@ struct OperatorSizeResult {
 // every such CSV in a directory (escapes_trained.{csv,md,svg}).
 void write_operator_run(const std::vector<OperatorSizeResult>& results, Operator op, int training_seed,
                         const std::string& out);
-[[nodiscard]] bool passes_operator_check(const std::vector<OperatorSizeResult>& results, Operator op);
+[[nodiscard]] bool passes_operator_check(const std::vector<OperatorSizeResult>& results, Operator op,
+                                         double spread_bound);
+
+// The spread every row's logits must stay within, whatever the inputs: QK-norm's 2 sqrt(width)
+// max|g_q| max|g_k| (|q^ . k^| <= |g_q|_inf |g_k|_inf |q / rms(q)| |k / rms(k)| = width max max,
+// divided by sqrt(width)); the soft-cap's 2 x 50; +inf for the others.
+[[nodiscard]] double spread_bound(OperatorRetriever& model);
 void summarise_operator_runs(const std::string& directory);
 
 }  // namespace max_retrieval

@@ -207,7 +207,7 @@ void write_operator_run(const std::vector<OperatorSizeResult>& results, Operator
   std::printf("written %s\n", path.c_str());
 }
 
-bool passes_operator_check(const std::vector<OperatorSizeResult>& results, Operator op) {
+bool passes_operator_check(const std::vector<OperatorSizeResult>& results, Operator op, double spread_bound) {
   bool ok = true;
   const double first = mean_of(results.front().accuracy);
   if (!(first > 0.5)) {
@@ -220,6 +220,12 @@ bool passes_operator_check(const std::vector<OperatorSizeResult>& results, Opera
       std::printf("CHECK FAILED: no spread measured at n = %d\n", r.n);
       ok = false;
     }
+    // The logits' fp32 rounding is far below 1e-4 of a spread of at most 100 here.
+    if (r.largest_spread > spread_bound * (1 + 1e-4)) {
+      std::printf("CHECK FAILED: at n = %d a row's spread %.6g exceeds the operator's bound %.6g\n", r.n,
+                  r.largest_spread, spread_bound);
+      ok = false;
+    }
     // fp32 weights may exceed the exact bound by rounding only (relative 1e-5 is far above it).
     if (is_softmax_of_logits(op) && r.worst_lemma_ratio > 1 + 1e-5) {
       std::printf("CHECK FAILED: at n = %d a weight is %.6g times Lemma 2.1's bound\n", r.n,
@@ -227,7 +233,8 @@ bool passes_operator_check(const std::vector<OperatorSizeResult>& results, Opera
       ok = false;
     }
   }
-  std::printf("%s\n", ok ? "check passed: learned at 16, spread reported, within Lemma 2.1 where a softmax"
+  std::printf("%s\n", ok ? "check passed: learned at 16, spread reported and within the operator's bound, "
+                           "within Lemma 2.1 where a softmax"
                          : "check failed");
   return ok;
 }
