@@ -35,6 +35,8 @@ struct Batch {
 [[nodiscard]] Batch make_batch(int batch, int n, torch::Generator& generator);
 
 // model.cpp: item MLP, one softmax attention head with a learned query, and a predictor MLP.
+// in -> width -> width -> width -> out, GELU between (the items' and the predictor's MLP).
+[[nodiscard]] torch::nn::Sequential deep_mlp(int in, int out);
 struct RetrieverImpl : torch::nn::Module {
   RetrieverImpl();
   // Logits e_i = q . k_i / sqrt(width) and values v_i for every item.

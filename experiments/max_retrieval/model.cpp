@@ -3,15 +3,12 @@
 #include "experiments/max_retrieval/max_retrieval.hpp"
 
 namespace max_retrieval {
-namespace {
 
 torch::nn::Sequential deep_mlp(int in, int out) {
   return torch::nn::Sequential(
       torch::nn::Linear(in, width), torch::nn::GELU(), torch::nn::Linear(width, width), torch::nn::GELU(),
       torch::nn::Linear(width, width), torch::nn::GELU(), torch::nn::Linear(width, out));
 }
-
-}  // namespace
 
 RetrieverImpl::RetrieverImpl()
     : items(register_module("items", deep_mlp(1 + classes, width))),

@@ -11,12 +11,6 @@ constexpr int selection_width = 16;  // the selection head's query and key width
 constexpr int lambda_width = 16;     // Differential's lambda vectors
 constexpr double training_size = 16;
 
-torch::nn::Sequential deep_mlp(int in, int out) {
-  return torch::nn::Sequential(
-      torch::nn::Linear(in, width), torch::nn::GELU(), torch::nn::Linear(width, width), torch::nn::GELU(),
-      torch::nn::Linear(width, width), torch::nn::GELU(), torch::nn::Linear(width, out));
-}
-
 torch::Tensor small_normal(std::initializer_list<int64_t> shape, double sigma) {
   return torch::randn(shape) * sigma;
 }
