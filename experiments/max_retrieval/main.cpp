@@ -31,6 +31,14 @@ int run_operator(const std::string& name, int steps, int evaluation_seeds, int s
   for (const auto& r : results) evaluation_seconds += r.seconds;
   std::printf("training %.1f s, evaluation %.1f s\n", training_seconds, evaluation_seconds);
   max_retrieval::write_operator_run(results, *op, training_seed, out);
+  if (*op == max_retrieval::Operator::selective) {
+    const double discrepancy = max_retrieval::selective_penalty_discrepancy();
+    std::printf("selective penalty, blocked against direct: %.3g of its scale\n", discrepancy);
+    if (check && !(discrepancy < 1e-5)) {
+      std::printf("CHECK FAILED: the blocked selective penalty differs from the direct one\n");
+      return 1;
+    }
+  }
   const double bound = max_retrieval::spread_bound(model);
   if (std::isfinite(bound)) std::printf("spread bound of the trained head: %.4g\n", bound);
   return !check || max_retrieval::passes_operator_check(results, *op, bound) ? 0 : 1;

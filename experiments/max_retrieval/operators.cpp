@@ -35,23 +35,42 @@ torch::Tensor stick_breaking(const torch::Tensor& e) {
 // Selective attention's penalty at the readout position, after all n items (Leviathan et al.
 // 2024): S_ij = ReLU(a_i . b_j / sqrt(w)) for item i selecting an earlier item j, with the first
 // column and the diagonal zeroed and the row shift (item i masks j from i + 1 on), so the readout
-// sees F_j = sum_{i > j} S_ij for j >= 1 and F_0 = 0. Blocks of rows keep the n x n matrix out of
-// memory.
-torch::Tensor selective_penalty(const torch::Tensor& a, const torch::Tensor& b) {
+// sees F_j = sum_{i > j} S_ij for j >= 1 and F_0 = 0. This is the definition as written: a masked
+// n x n matrix, used in training (n = 16, with gradients).
+torch::Tensor selective_penalty_direct(const torch::Tensor& a, const torch::Tensor& b) {
   const int64_t n = a.size(1);
+  const auto s =
+      torch::relu(torch::bmm(a, b.transpose(1, 2)) / std::sqrt(static_cast<double>(selection_width)));
+  const auto j = torch::arange(n, torch::kLong).view({1, 1, n}),
+             i = torch::arange(n, torch::kLong).view({1, n, 1});
+  return (s * ((j < i) & (j >= 1)).to(s.dtype())).sum(1);
+}
+
+// The same sum without gradients, in blocks of rows: only the lower triangle is formed (row block
+// against the columns before it, then its own strictly lower triangle), so reading at n = 16,384
+// costs n^2 w / 2 and never holds the n x n matrix. --check compares it with the direct form.
+torch::Tensor selective_penalty_blocked(const torch::Tensor& a, const torch::Tensor& b) {
+  const int64_t n = a.size(1);
+  const double root = std::sqrt(static_cast<double>(selection_width));
   auto penalty = torch::zeros({a.size(0), n}, a.options());
-  const auto j = torch::arange(n, torch::kLong).view({1, 1, n});
   constexpr int64_t block = 1024;
   for (int64_t first = 0; first < n; first += block) {
     const int64_t count = std::min(block, n - first);
     const auto rows = a.narrow(1, first, count);
-    auto s =
-        torch::relu(torch::bmm(rows, b.transpose(1, 2)) / std::sqrt(static_cast<double>(selection_width)));
-    const auto i = torch::arange(first, first + count, torch::kLong).view({1, count, 1});
-    s = s * ((j < i) & (j >= 1)).to(s.dtype());
-    penalty = penalty + s.sum(1);
+    if (first > 0) {
+      penalty.narrow(1, 0, first)
+          .add_(torch::relu(torch::bmm(rows, b.narrow(1, 0, first).transpose(1, 2))).sum(1) / root);
+    }
+    const auto own = torch::relu(torch::bmm(rows, b.narrow(1, first, count).transpose(1, 2))) *
+                     torch::ones({count, count}, a.options()).tril(-1);  // j < i
+    penalty.narrow(1, first, count).add_(own.sum(1) / root);
   }
+  penalty.select(1, 0).zero_();
   return penalty;
+}
+
+torch::Tensor selective_penalty(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::GradMode::is_enabled() ? selective_penalty_direct(a, b) : selective_penalty_blocked(a, b);
 }
 
 // 1.5-entmax, the exact sort-based threshold of Peters, Niculae and Martins 2019 (Algorithm 2):
@@ -233,6 +252,15 @@ double spread_bound(OperatorRetriever& model) {
   if (model->op != Operator::qk_norm) return INFINITY;
   return 2 * std::sqrt(static_cast<double>(width)) * model->gain_q.abs().max().item<double>() *
          model->gain_k.abs().max().item<double>();
+}
+
+double selective_penalty_discrepancy() {
+  const torch::NoGradGuard no_gradients;
+  auto generator = at::detail::createCPUGenerator(7);
+  const auto a = torch::randn({2, 2500, selection_width}, generator),
+             b = torch::randn({2, 2500, selection_width}, generator);
+  const auto direct = selective_penalty_direct(a, b), blocked = selective_penalty_blocked(a, b);
+  return ((direct - blocked).abs().max() / direct.abs().max()).item<double>();
 }
 
 }  // namespace max_retrieval

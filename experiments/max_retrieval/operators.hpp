@@ -100,6 +100,10 @@ void write_operator_run(const std::vector<OperatorSizeResult>& results, Operator
 // max|g_q| max|g_k| (|q^ . k^| <= |g_q|_inf |g_k|_inf |q / rms(q)| |k / rms(k)| = width max max,
 // divided by sqrt(width)); the soft-cap's 2 x 50; +inf for the others.
 [[nodiscard]] double spread_bound(OperatorRetriever& model);
+
+// Selective attention reads with a blocked penalty (no gradients) and trains with the direct masked
+// form: their largest difference on random 2,500-item sets, relative to the largest penalty.
+[[nodiscard]] double selective_penalty_discrepancy();
 void summarise_operator_runs(const std::string& directory);
 
 }  // namespace max_retrieval
