@@ -133,12 +133,13 @@ void print_outcome(const gate::CaseOutcome& outcome) {
       static_cast<unsigned long long>(c.max_ulps), c.mean_ulps, c.max_bound_ratio, c.max_sum_error,
       c.false_zeros, c.non_finite);
   std::printf("worst: %s\n", c.worst.describe().c_str());
-  std::printf("statistical tier: bound ratio %.3g, bias ratio %.3g, %zu violations%s\n",
-              c.max_statistical_ratio, c.max_bias_ratio, c.statistical_violation_count,
+  std::printf("statistical tier: bound ratio %.3g, bias ratio %.3g, row-scale ratio %.3g, %zu violations%s\n",
+              c.max_statistical_ratio, c.max_bias_ratio, c.max_row_scale_ratio, c.statistical_violation_count,
               outcome.passed() || c.violation_count > 0 || c.statistical_violation_count == 0
                   ? ""
                   : " (within the proven bound; outside the statistical tier)");
   for (const auto& failure : outcome.failures) std::printf("FAIL %s\n", failure.c_str());
+  if (outcome.passed() && !outcome.recipe_note.empty()) std::printf("%s\n", outcome.recipe_note.c_str());
   if (outcome.inconclusive()) {
     std::printf(
         "inconclusive: only %zu of %zu expected values can discriminate (the rest are 0, 1 or at the "
@@ -216,8 +217,10 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
                       "How bit patterns in the inputs are read (default --format)");
   command->add_option(
       "--tolerance-of", r.tolerance_entry,
-      "Judge by this tolerance entry: a kernel's name, plugin_softmax, or an attention precision "
-      "model (attention_fp32, attention_p_rounded, attention_math_lowp)");
+      "Judge by this recipe or tolerance entry: an attention recipe (attention_fp32, flash_bf16, flash_fp16, "
+      "math_bf16, math_fp16, attention_p_rounded, attention_math_lowp; backward: attention_backward_flash, "
+      "backward_flash_bf16, backward_flash_fp16, backward_math_bf16, backward_math_fp16), a kernel's name or "
+      "plugin_softmax. Attention default: every recipe the formats allow, the first that fits");
   command->add_option("--name", r.name,
                       "The kernel's name in reports, budgets and baselines (default compare:<file name>)");
   add_real_option(command, "--theta", r.theta, "Temperature");

@@ -51,6 +51,10 @@ struct CaseOutcome {
   // it ("out" or "lse" for attention, the outputs' name for softmax); empty for generated cases.
   std::string worst_array;
   std::vector<std::size_t> worst_index;
+  // Judged attention arrays: the precision recipe the verdict is under (metrics/recipes.hpp) and
+  // how it was chosen ("pass as flash_bf16: ..." when no recipe was named); empty elsewhere.
+  std::string recipe;
+  std::string recipe_note;
   [[nodiscard]] bool passed() const { return failures.empty(); }
   // Passed, but the case cannot discriminate (metrics::Comparison::inconclusive): not a plain pass.
   [[nodiscard]] bool inconclusive() const { return !crashed && passed() && comparison.inconclusive(); }

@@ -26,7 +26,6 @@ struct CompareRequest : JudgeOptions {
   // and the gradient reaching the log-sum-exp, if any (gate/judge_backward_arrays.hpp).
   std::string dout, dq, dk, dv, d_lse;
   std::string d;  // the kernel's D = rowsum(dO * O) in fp32, laid out as the log-sum-exp (judged when given)
-  std::string input_format;         // how bit patterns in q, k, v or logits are read (default: as format)
   std::string sinks, alibi_slopes;  // .npy files of one value per query head
   // FlashAttention 3's per-tensor descale factors of fp8 inputs: the real inputs are the stored
   // values times these. Q's and K's fold into the scale, V's into V; each product must be exact.

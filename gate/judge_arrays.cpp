@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <optional>
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
@@ -9,6 +11,7 @@
 #include "kernels/registry.hpp"
 #include "metrics/evaluate.hpp"
 #include "metrics/judge_tensors.hpp"
+#include "metrics/recipes.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -277,31 +280,39 @@ CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logit
 
 namespace {
 
-// For a failing attention judgement: the first precision model looser than the one judged by under
-// which the same outputs pass (each model is looser than the one before it), said in a line.
-// Costs one more judgement per model tried, and only on failure.
-std::string precision_model_line(const JudgeOptions& options, const metrics::JudgeSpec& judged,
-                                 const tensor::AttentionProblem& problem, const AttentionArrays& arrays,
-                                 const tensor::TensorSource& out, const std::string& entry) {
-  const auto& models = metrics::attention_precision_models;
-  auto first =
-      std::find(std::begin(models), std::end(models), entry == "attention_flash" ? "attention_fp32" : entry);
-  first = first == std::end(models) ? std::begin(models) : first + 1;
-  std::string tried;
-  for (auto model = first; model != std::end(models); ++model) {
-    metrics::JudgeSpec spec = judged;
-    spec.tolerance = &metrics::tolerance_for(*model);
-    const auto judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v,
-                                                            out, arrays.lse, options.threads);
-    if (judgement.output.passed(options.strictest) &&
-        (!judgement.lse || judgement.lse->passed(options.strictest))) {
-      return "the outputs pass under the looser precision model " + std::string(*model) + " (" +
-             std::string(spec.tolerance->reason) + ")";
-    }
-    tried += (tried.empty() ? "" : ", ") + std::string(*model);
-  }
-  return tried.empty() ? "no precision model is looser than " + entry
-                       : "the outputs pass under no looser precision model (tried " + tried + ")";
+// One recipe's judgement of the arrays, and how far it is from passing (the larger of the proven
+// and statistical ratios, the row-scale test's included).
+struct RecipeJudgement {
+  const char* name = nullptr;
+  std::string summary;
+  metrics::TensorJudgement judgement;
+  double closeness = 0;
+};
+
+double worst_ratio(const metrics::Comparison& c, metrics::Tier strictest) {
+  double ratio = c.max_bound_ratio;
+  if (strictest == metrics::Tier::statistical)
+    ratio = std::max({ratio, c.max_statistical_ratio, c.max_bias_ratio, c.max_row_scale_ratio});
+  return c.non_finite > 0 ? INFINITY : ratio;
+}
+
+RecipeJudgement judge_under(const JudgeOptions& options, metrics::JudgeSpec spec, const std::string& entry,
+                            const tensor::AttentionProblem& problem, const AttentionArrays& arrays,
+                            const tensor::TensorSource& out) {
+  spec.tolerance = &metrics::tolerance_for(entry);
+  RecipeJudgement r;
+  r.summary = std::string(spec.tolerance->reason);
+  r.judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v, out, arrays.lse,
+                                                 options.threads);
+  r.closeness = worst_ratio(r.judgement.output, options.strictest);
+  if (r.judgement.lse) r.closeness = std::max(r.closeness, worst_ratio(*r.judgement.lse, options.strictest));
+  return r;
+}
+
+std::string ratio_text(double ratio) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", ratio);
+  return text;
 }
 
 }  // namespace
@@ -310,6 +321,7 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   if (!arrays.q || !arrays.k || !arrays.v || !arrays.out)
     refuse(InputProblem::out_of_range, "attention needs q, k, v and out");
   const StoredFormat output = stored_format(options.format);
+  const StoredFormat input = options.input_format.empty() ? output : stored_format(options.input_format);
   CaseOutcome outcome;
   outcome.format = output.name;
   outcome.gate_case.input = "arrays";
@@ -321,16 +333,41 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
                                              " elements, the problem (" + problem.describe() + ") has " +
                                              std::to_string(problem.output_elements()));
   }
-  const std::string entry = options.tolerance_entry.empty() ? "attention_flash" : options.tolerance_entry;
-  const auto& tolerance = metrics::tolerance_for(entry);
-  metrics::JudgeSpec spec{kernels::Operation::attention, output.format, &tolerance};
+  metrics::JudgeSpec spec{kernels::Operation::attention, output.format, nullptr};
   spec.lse_base2 = options.lse_base2;
   const CheckedOutput out(*arrays.out, output);
-  const auto judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v, out,
-                                                          arrays.lse, options.threads);
-  record_attention(options, arrays, problem, judgement, outcome);
-  if (!outcome.passed())
-    outcome.failures.push_back(precision_model_line(options, spec, problem, arrays, out, entry));
+  // A named recipe (or kernel entry) is the verdict's; with none, every recipe the formats allow is
+  // tried from the tightest, and the first that fits is the verdict's (metrics/recipes.hpp).
+  std::vector<std::string> entries;
+  if (!options.tolerance_entry.empty()) {
+    entries.push_back(options.tolerance_entry == "attention_flash" ? "attention_fp32" : options.tolerance_entry);
+  } else {
+    for (const auto* recipe : metrics::default_recipes(*input.format, *output.format, false))
+      entries.emplace_back(recipe->name);
+  }
+  std::optional<RecipeJudgement> closest;
+  std::string tried;
+  for (const std::string& entry : entries) {
+    RecipeJudgement r = judge_under(options, spec, entry, problem, arrays, out);
+    r.name = entry.c_str();
+    const bool fits = r.closeness <= 1;
+    if (!closest || r.closeness < closest->closeness || fits) closest = std::move(r);
+    tried += (tried.empty() ? "" : ", ") + entry;
+    if (fits) break;
+  }
+  record_attention(options, arrays, problem, closest->judgement, outcome);
+  outcome.recipe = closest->name;
+  const bool named = !options.tolerance_entry.empty();
+  if (outcome.passed()) {
+    outcome.recipe_note = (named ? "pass under " : "pass as ") + outcome.recipe + ": " + closest->summary;
+  } else {
+    outcome.recipe_note = named ? "fails the named recipe " + outcome.recipe + " (" + closest->summary +
+                                      ") at ratio " + ratio_text(closest->closeness)
+                                : "fits no recipe the formats allow (tried " + tried + "); closest: " +
+                                      outcome.recipe + " (" + closest->summary + ") at ratio " +
+                                      ratio_text(closest->closeness);
+    outcome.failures.push_back(outcome.recipe_note);
+  }
   return outcome;
 }
 

@@ -62,7 +62,12 @@ struct JudgeOptions {
   int dim = -1;              // the softmax axis (negative: from the end, as torch's dim)
   std::string format =
       "fp32";  // the outputs' format (fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
-  std::string tolerance_entry;  // default: plugin_softmax (softmax), the grid's name, or attention_flash
+  // default: plugin_softmax (softmax), the grid's name; attention: every recipe the formats allow
+  // (metrics/recipes.hpp), the verdict under the first that fits
+  std::string tolerance_entry;
+  // How bit patterns in q, k, v or logits are read (default: as format); for attention also which
+  // recipes a judgement with no recipe named tries.
+  std::string input_format;
   double theta = 1.0;
   // Attention: the layout and scores; shapes, heads and KV heads come from the arrays.
   std::string layout = "bhsd";

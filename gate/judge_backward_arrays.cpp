@@ -1,10 +1,15 @@
 #include "gate/judge_backward_arrays.hpp"
 
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
 #include <string>
 #include <tuple>
 
 #include "gate/array_checks.hpp"
 #include "kernels/attention_backward.hpp"
+#include "metrics/recipes.hpp"
 #include "metrics/judge_backward.hpp"
 
 namespace sharpcheck::gate {
@@ -219,15 +224,62 @@ void judge_group(const JudgeOptions& options, const BackwardArrays& arrays, cons
 
 }  // namespace
 
+namespace {
+
+// The backward tolerance a name stands for: a recipe (metrics/recipes.hpp) or a built-in backward
+// kernel's entry; InputError naming the choices for any other.
+const kernels::BackwardTolerance& backward_entry(const std::string& name) {
+  if (const auto* recipe = metrics::find_recipe(name); recipe != nullptr && recipe->backward)
+    return metrics::backward_tolerance(*recipe);
+  if (const auto* kernel = kernels::find_attention_backward_kernel(name)) return kernel->tolerance;
+  refuse(InputProblem::out_of_range, "no backward recipe or tolerance entry named '" + name + "' (the recipes: " +
+                                         metrics::recipe_names(true) + "; or a backward kernel's name)");
+}
+
+// The largest ratio of a judged outcome (both tiers unless the proven one alone is asked for).
+double closeness_of(const CaseOutcome& outcome, metrics::Tier strictest) {
+  const auto& c = outcome.comparison;
+  if (c.non_finite > 0) return INFINITY;
+  return strictest == metrics::Tier::proven ? c.max_bound_ratio : std::max(c.max_bound_ratio, c.max_statistical_ratio);
+}
+
+CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArrays& arrays,
+                                 const tensor::AttentionProblem& p, const Tensors& t, const GradientTensors& given,
+                                 const std::string& entry) {
+  kernels::AttentionBackwardKernel kernel{};
+  kernel.tolerance = backward_entry(entry);
+  CaseOutcome outcome;
+  outcome.format = stored_format(options.format).name;
+  outcome.gate_case.input = "arrays";
+  outcome.gate_case.kernel = kernel_name(options, *arrays.dq);
+  outcome.gate_case.n = p.shape.keys;
+  Worst worst;
+  for (std::size_t b = 0; b < p.shape.batch; ++b) {
+    for (std::size_t kv = 0; kv < p.shape.kv_heads; ++kv)
+      if (p.query_length(b) > 0) judge_group(options, arrays, p, t, given, kernel, b, kv, outcome, worst);
+  }
+  outcome.recipe = entry;
+  if (!outcome.comparison.passed(options.strictest)) {
+    outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest) + " in " + p.describe() +
+                               " (recipe " + entry + "); worst: " + worst.text);
+  }
+  return outcome;
+}
+
+}  // namespace
+
 CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const BackwardArrays& arrays) {
   const tensor::AttentionProblem p = backward_problem(options, arrays);
   const StoredFormat output = stored_format(options.format);
-  const std::string entry =
-      options.tolerance_entry.empty() ? "attention_backward_flash" : options.tolerance_entry;
-  const auto* kernel = kernels::find_attention_backward_kernel(entry);
-  if (kernel == nullptr)
-    refuse(InputProblem::out_of_range, "no backward tolerance entry named '" + entry +
-                                           "' (attention_backward_plain, attention_backward_flash, ...)");
+  const StoredFormat input = options.input_format.empty() ? output : stored_format(options.input_format);
+  std::vector<std::string> entries;
+  if (!options.tolerance_entry.empty()) {
+    entries.push_back(options.tolerance_entry);
+    (void)backward_entry(options.tolerance_entry);  // an unknown name is refused before any work
+  } else {
+    for (const auto* recipe : metrics::default_recipes(*input.format, *output.format, true))
+      entries.emplace_back(recipe->name);
+  }
   if (!arrays.d_sinks.empty() && (p.sinks.size() != arrays.d_sinks.size() || p.shape.batch != 1))
     refuse(InputProblem::out_of_range, "sink gradients are judged with one per head's sink and a batch of 1");
   const Tensors t = read_tensors(arrays, p);
@@ -237,21 +289,35 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
                         {}};
   if (arrays.d != nullptr)
     given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(), stored_format("fp32"));
-  CaseOutcome outcome;
-  outcome.format = output.name;
-  outcome.gate_case.input = "arrays";
-  outcome.gate_case.kernel = kernel_name(options, *arrays.dq);
-  outcome.gate_case.n = p.shape.keys;
-  Worst worst;
-  for (std::size_t b = 0; b < p.shape.batch; ++b) {
-    for (std::size_t kv = 0; kv < p.shape.kv_heads; ++kv)
-      if (p.query_length(b) > 0) judge_group(options, arrays, p, t, given, *kernel, b, kv, outcome, worst);
+  std::optional<CaseOutcome> closest;
+  double closest_ratio = INFINITY;
+  std::string tried;
+  for (const std::string& entry : entries) {
+    CaseOutcome outcome = judge_backward_under(options, arrays, p, t, given, entry);
+    const double ratio = closeness_of(outcome, options.strictest);
+    tried += (tried.empty() ? "" : ", ") + entry;
+    const bool fits = outcome.passed();
+    if (!closest || ratio < closest_ratio || fits) {
+      closest = std::move(outcome);
+      closest_ratio = ratio;
+    }
+    if (fits) break;
   }
-  if (!outcome.comparison.passed(options.strictest)) {
-    outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest) + " in " + p.describe() +
-                               " (tolerance entry " + entry + "); worst: " + worst.text);
+  const auto* recipe = metrics::find_recipe(closest->recipe);
+  const std::string summary = recipe != nullptr ? std::string(recipe->summary) : "a backward kernel's entry";
+  const bool named = !options.tolerance_entry.empty();
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.3g", closest_ratio);
+  if (closest->passed()) {
+    closest->recipe_note = (named ? "pass under " : "pass as ") + closest->recipe + ": " + summary;
+  } else {
+    closest->recipe_note = (named ? "fails the named recipe " + closest->recipe
+                                  : "fits no recipe the formats allow (tried " + tried + "); closest: " +
+                                        closest->recipe) +
+                           " (" + summary + ") at ratio " + ratio;
+    closest->failures.push_back(closest->recipe_note);
   }
-  return outcome;
+  return *closest;
 }
 
 }  // namespace sharpcheck::gate

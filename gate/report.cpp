@@ -159,6 +159,11 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
     record["worst"]["array"] = outcome.worst_array;
     record["worst"]["full_index"] = outcome.worst_index;
   }
+  if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
+    record["recipe"] = outcome.recipe;
+    record["recipe_note"] = outcome.recipe_note;
+    record["max_row_scale_ratio"] = c.max_row_scale_ratio;
+  }
   return record;
 }
 

@@ -44,6 +44,14 @@ struct Tolerance {
   // Attention: an absolute error per key's probability (an e4m3 P's subnormal step), charged
   // times sum_j |v_j| (RowScale::value_mass), since a tiny weight's error is not relative to it.
   double probability_floor = 0;
+  // The formats the two counts above are charged in: where a precision recipe rounds P (or the
+  // scores) inside the kernel (metrics/recipes.hpp). nullptr: the output's format, which is what
+  // the names that predate recipes (attention_p_rounded, attention_math_lowp) mean.
+  const FloatFormat* probability_format = nullptr;
+  const FloatFormat* score_format = nullptr;
+  // Whether the softmax denominator may be summed from the rounded P (then the log-sum-exp moves
+  // with P's rounding too). Recipes that sum the fp32 exponentials say false.
+  bool row_sum_of_rounded_probabilities = true;
 };
 
 // An attention backward kernel's tolerance (metrics/judge_backward.hpp): each gradient element
@@ -64,6 +72,15 @@ struct BackwardTolerance {
   double output_units = 0;
   std::string_view basis;
   std::string_view reason;
+  // Precision recipes (metrics/recipes.hpp): intermediates a kernel rounds to `intermediate_format`
+  // before a product. `intermediates` counts roundings of P (before dV = P^T dO), of dP and of
+  // dS (before dQ = dS K and dK = dS^T Q), each relative error u_i moving the gradient by at most
+  // u_i times its magnitude (the magnitudes above bound |P| |dO|, |dS| |K| and |dS| |Q|);
+  // `score_roundings` counts roundings of the scores s (as the forward's scores_in_output: each
+  // moves P relatively by 2 u_i max|s|, so every gradient by as much relative to its magnitude).
+  double intermediates = 0;
+  double score_roundings = 0;
+  const FloatFormat* intermediate_format = nullptr;
 };
 
 }  // namespace sharpcheck::kernels

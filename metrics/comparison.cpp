@@ -72,6 +72,7 @@ void Comparison::merge(const Comparison& other) {
   if (take_worst_statistical) worst_statistical = other.worst_statistical;
   max_statistical_ratio = std::max(max_statistical_ratio, other.max_statistical_ratio);
   max_bias_ratio = std::max(max_bias_ratio, other.max_bias_ratio);
+  max_row_scale_ratio = std::max(max_row_scale_ratio, other.max_row_scale_ratio);
   statistical_violation_count += other.statistical_violation_count;
   for (const auto& text : other.statistical_violations) {
     if (statistical_violations.size() < max_described_violations) statistical_violations.push_back(text);
@@ -193,6 +194,23 @@ double bound_ratio(double expected, double actual, double allowed) {
   return error == 0 ? 0 : error / allowed;
 }
 
+// The statistical allowance with P's rounding charged for this element's data: the recipe's other
+// terms (statistical tier), plus lambda u_P spread (Hoeffding, metrics/recipes.cpp), plus the
+// second-order terms of a rounded P (a product of two roundings, at most 4 u_P^2 M).
+double probability_charge(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output,
+                          std::size_t r, std::size_t j) {
+  Tolerance rest = tolerance;
+  rest.probabilities_in_output = 0;
+  const double magnitude = (*input.magnitudes)(r, j);
+  const double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;
+  const FloatFormat& p_format = tolerance.probability_format != nullptr ? *tolerance.probability_format : output;
+  const double u_p = p_format.unit_roundoff();
+  const double spread = (*input.probability_spread)(r, j);
+  return allowed_error(rest, magnitude, (*input.z_magnitudes)(r, j), input.scales[r], output, Tier::statistical,
+                       rounded) +
+         (statistical_lambda * u_p * spread + 4 * u_p * u_p * magnitude) * (1 + 0x1p-20);
+}
+
 JudgedElement judge_element(const ComparisonInput& input, const Tolerance& tolerance,
                             const FloatFormat& output, std::size_t r, std::size_t j) {
   const double e = (*input.expected)(r, j);
@@ -214,6 +232,11 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
           ? allowed
           : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical, rounded) +
                 additional;
+  if (input.probability_spread != nullptr && tolerance.probabilities_in_output > 0) {
+    judged.statistical_allowed =
+        std::min(judged.statistical_allowed,
+                 probability_charge(input, tolerance, output, r, j) + additional);
+  }
   judged.statistical_ratio = bound_ratio(e, a, judged.statistical_allowed);
   return judged;
 }
@@ -264,6 +287,17 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
 }
 
 }  // namespace
+
+void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed) {
+  const double ratio = std::isnan(deviation) ? INFINITY : deviation / allowed;
+  comparison.max_row_scale_ratio = std::max(comparison.max_row_scale_ratio, ratio);
+  if (ratio <= 1) return;
+  std::ostringstream text;
+  text << "row " << row_number << ": the row's scale is off by " << deviation * 100
+       << "% (allowed " << allowed * 100 << "% for the recipe's roundings; row-scale ratio " << ratio
+       << "): a mis-normalised row (a denominator summed in low precision, a missed rescale?)";
+  add_statistical_violation(comparison, text.str());
+}
 
 Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output) {
   const Matrix& expected = *input.expected;

@@ -51,6 +51,8 @@ struct Comparison {
   double max_statistical_ratio = 0;
   ElementReport worst_statistical;  // the element with the largest statistical bound ratio
   double max_bias_ratio = 0;        // the worst row's |signed error sum| over its allowance
+  // Attention: the worst row's scale error over its allowance (the row-scale test, evaluate.cpp).
+  double max_row_scale_ratio = 0;
 
   // Elements whose expected value can tell a right output from a wrong one: not 0, not +-1, and
   // above the smallest few subnormals of the output format (where the absolute floor decides).
@@ -86,7 +88,15 @@ struct ComparisonInput {
   // Attention: the output rounding is charged relative to |expected|, not to the magnitude
   // (allowed_error's rounded_value; derivation in tolerance_table.cpp).
   bool output_rounding_of_expected = false;
+  // Optional (attention under a recipe that rounds P): per element, the spread of P's rounding for
+  // this row's exact P and V (metrics/recipes.cpp); the statistical tier charges
+  // lambda u_P spread for it in place of the worst case u_P M, where that is smaller.
+  const Matrix* probability_spread = nullptr;
 };
+
+// Records a row's scale error against its allowance (the row-scale test of evaluate.cpp) as a
+// statistical-tier finding of `comparison`.
+void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed);
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,
                                  const FloatFormat& output);

@@ -206,7 +206,8 @@ namespace {
 // magnitudes are inflated by for n up to 2^20 keys.
 RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                 const tensor::HeadScores& scores, std::size_t query,
-                                std::span<const std::size_t> visible, std::span<double> magnitudes) {
+                                std::span<const std::size_t> visible, std::span<double> magnitudes,
+                                std::vector<double>& probabilities) {
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   const double theta = std::fabs(scores.theta);
   thread_local std::vector<double> logits, roundings, weights, sums;
@@ -234,6 +235,7 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   }
   RowScale row_scale;
   std::fill(magnitudes.begin(), magnitudes.end(), 0.0);
+  probabilities.clear();
   if (logits.empty()) return row_scale;
   const double largest = *std::max_element(logits.begin(), logits.end());
   double smallest = largest;
@@ -258,6 +260,7 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += weight * std::fabs(v[c]);
   }
   for (std::size_t c = 0; c < sums.size(); ++c) magnitudes[c] = sums[c] / sum * (1 + 1e-9);
+  for (std::size_t a = 0; a < visible.size(); ++a) probabilities.push_back(weights[a] / sum);
   sums.assign(magnitudes.size(), 0.0);
   for (const std::size_t key : visible) {
     const double* v = values.row(key).data();
@@ -265,6 +268,93 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   }
   for (const double mass : sums) row_scale.value_mass = std::max(row_scale.value_mass, mass * (1 + 1e-9));
   return row_scale;
+}
+
+// What P's rounding inside the kernel can do to one row, for this row's exact weights p_j (in
+// double, relative error below (n + 10) 2^-53) and values (derivation in metrics/recipes.cpp).
+struct ProbabilityRounding {
+  std::vector<double> exact;   // o_c = sum_j p_j v_jc, in double
+  std::vector<double> spread;  // max(sqrt(sum_j p_j^2 v_jc^2), sqrt(sum_j p_j^2 (v_jc - o_c)^2))
+  double scale_spread = 0;     // the same for the row's scale statistic (judge_row_scale)
+};
+
+ProbabilityRounding probability_rounding(const Matrix& values, std::span<const std::size_t> visible,
+                                         std::span<const double> p) {
+  const std::size_t columns = values.cols;
+  ProbabilityRounding r{std::vector<double>(columns, 0.0), std::vector<double>(columns, 0.0), 0};
+  std::vector<double> squares(columns, 0.0), linear(columns, 0.0);
+  double weight_squares = 0;
+  for (std::size_t a = 0; a < visible.size(); ++a) {
+    const double* v = values.row(visible[a]).data();
+    const double p2 = p[a] * p[a];
+    weight_squares += p2;
+    for (std::size_t c = 0; c < columns; ++c) {
+      r.exact[c] += p[a] * v[c];
+      squares[c] += p2 * v[c] * v[c];
+      linear[c] += p2 * v[c];
+    }
+  }
+  for (std::size_t c = 0; c < columns; ++c) {  // sum p^2 (v - o)^2 expanded; its cancellation charged
+    const double o = r.exact[c];
+    const double centred = squares[c] - 2 * o * linear[c] + o * o * weight_squares;
+    const double slack = 0x1p-40 * (squares[c] + 2 * std::fabs(o * linear[c]) + o * o * weight_squares);
+    r.spread[c] = std::sqrt(std::max(squares[c], std::max(centred, 0.0) + slack));
+  }
+  // The scale statistic's projections sum_c sign(o_c) v_jc and sum_c sign(o_c) (v_jc - o_c).
+  double signed_exact = 0, plain = 0, centred = 0;
+  for (std::size_t c = 0; c < columns; ++c) signed_exact += std::fabs(r.exact[c]);
+  for (std::size_t a = 0; a < visible.size(); ++a) {
+    const double* v = values.row(visible[a]).data();
+    double projection = 0;
+    for (std::size_t c = 0; c < columns; ++c) projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
+    plain += p[a] * p[a] * projection * projection;
+    const double moved = projection - signed_exact;
+    centred += p[a] * p[a] * moved * moved;
+  }
+  r.scale_spread = std::sqrt(std::max(plain, centred)) * (1 + 0x1p-30);
+  return r;
+}
+
+// The row-scale test (statistical tier). T = sum_c s_c (y_c - o_c) / sum_c |o_c|, s_c = sign(o_c),
+// is the row's output scale error seen through its own exact output o. An honest kernel's T is
+// its roundings' weighted sum: the output's own rounding (|delta_c| <= u_out |y_c|, one
+// independent rounding per element), P's roundings (projected: sum_j d_j p_j sum_c s_c v_jc, or
+// with a rounded row sum s_c (v_jc - o_c)), both bounded by Hoeffding's inequality at lambda
+// (false alarm below 2 exp(-lambda^2 / 2) per row, as the bias test of comparison.cpp), plus the
+// recipe's other terms charged in full (each element's allowance without P and without the
+// output rounding, summed with the weights s_c) and the double o_c's own error. A kernel whose
+// denominator is off (summed in bf16, a skipped rescale) moves every element of the row by the
+// same factor: T shows it at sqrt(d) times the sensitivity of any one element.
+void judge_row_scale(const Matrix& actual, std::size_t row, const ProbabilityRounding& rounding,
+                     std::span<const double> magnitudes, const Tolerance& tolerance, const RowScale& scale,
+                     const FloatFormat& output, Comparison& comparison) {
+  double weight = 0, deviation = 0, output_noise = 0, charged = 0;
+  const double u_out = output.unit_roundoff();
+  Tolerance rest = tolerance;
+  rest.probabilities_in_output = 0;
+  const FloatFormat& p_format = tolerance.probability_format != nullptr ? *tolerance.probability_format : output;
+  const double u_p = tolerance.probabilities_in_output > 0 ? p_format.unit_roundoff() : 0.0;
+  for (std::size_t c = 0; c < actual.cols; ++c) {
+    const double o = rounding.exact[c], y = actual(row, c);
+    if (!std::isfinite(y)) return;  // the element check has failed it already
+    if (o == 0) continue;
+    weight += std::fabs(o);
+    deviation += o > 0 ? y - o : o - y;
+    output_noise += u_out * u_out * y * y;
+    charged += allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
+               (0x1p-40 + 4 * u_p * u_p) * magnitudes[c];
+  }
+  if (weight == 0) return;
+  const double p_noise = u_p * rounding.scale_spread;
+  const double allowed =
+      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise) + charged) * (1 + 0x1p-20) / weight;
+  record_row_scale(comparison, row, std::fabs(deviation) / weight, allowed);
+}
+
+// Each element's statistical charge for P's rounding, lambda u_P spread (metrics/recipes.cpp),
+// in a matrix that compare() reads (ComparisonInput::probability_spread).
+void store_spread(const ProbabilityRounding& rounding, std::size_t row, Matrix& spread) {
+  for (std::size_t c = 0; c < spread.cols; ++c) spread(row, c) = rounding.spread[c];
 }
 
 }  // namespace
@@ -293,15 +383,25 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   if (head.queries == 0) head.queries = queries.rows;
   if (head.keys == 0) head.keys = keys.rows;
   if (head.row_stride == 0) head.row_stride = keys.rows;
+  Matrix spread(queries.rows, values.cols);
+  input.probability_spread = &spread;
+  std::vector<ProbabilityRounding> roundings(queries.rows);
   std::vector<std::size_t> visible;
+  std::vector<double> probabilities;
   for (std::size_t i = 0; i < queries.rows; ++i) {
     head.visible_keys(i, visible);
     const RowScale row_scale =
-        attention_row_geometry(queries, keys, values, head, i, visible, magnitudes.row(i));
+        attention_row_geometry(queries, keys, values, head, i, visible, magnitudes.row(i), probabilities);
     for (std::size_t c = 0; c < values.cols; ++c) z_magnitudes(i, c) = row_scale.largest_magnitude;
     input.scales.push_back(row_scale);
+    roundings[i] = probability_rounding(values, visible, probabilities);
+    store_spread(roundings[i], i, spread);
   }
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
+  for (std::size_t i = 0; i < queries.rows; ++i) {
+    judge_row_scale(evaluation.actual, i, roundings[i], magnitudes.row(i), *spec.tolerance, input.scales[i],
+                    *spec.output, evaluation.comparison);
+  }
   evaluation.row_scales = input.scales;
   return evaluation;
 }

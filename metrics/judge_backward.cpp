@@ -137,7 +137,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
 // compared values': fp32 for D); the from_d part is an absolute allowance (compare's `additional`).
 Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const Matrix& magnitudes,
                             const Matrix& from_d, double from_d_scale, const Tolerance& tolerance,
-                            const FloatFormat& output, std::size_t length) {
+                            const FloatFormat& output, std::size_t length, double largest_score) {
   const Matrix zeros(expected.rows, expected.cols);
   Matrix additional(expected.rows, expected.cols);
   for (std::size_t e = 0; e < additional.values.size(); ++e)
@@ -146,6 +146,7 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   // charges as min(n, 8 sqrt(n)) (tolerance_table.cpp).
   RowScale scale;
   scale.n = length;
+  scale.largest_score = largest_score;  // max |s / theta| <= max |L| + max |z - L|: the recipe's score roundings
   ComparisonInput input{&expected, &actual, &magnitudes, &zeros, std::vector<RowScale>(expected.rows, scale),
                         false};
   input.output_rounding_of_expected = true;
@@ -192,16 +193,27 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
                    tolerance.dims * static_cast<double>(p.queries.cols + p.values.cols) + tolerance.constant;
   entry.per_item = tolerance.length;
+  // A recipe's roundings of P, dP and dS (each at most its format's u times the gradient's
+  // magnitude) and of the scores (metrics/recipes.cpp).
+  entry.probabilities_in_output = tolerance.intermediates;
+  entry.scores_in_output = tolerance.score_roundings;
+  entry.probability_format = entry.score_format = tolerance.intermediate_format;
+  const double score = m.largest_lse + m.largest_gap;
   const std::size_t length = std::max(p.queries.rows, p.keys.rows);
-  const double units = tolerance.output_units * output.unit_roundoff();  // O kept in the kernel's format
+  // O kept in the kernel's format: the output's, or a recipe's coarser intermediate format (bf16
+  // inputs with fp32 gradients keep O in bf16).
+  const double o_unit = tolerance.intermediate_format != nullptr
+                            ? std::max(tolerance.intermediate_format->unit_roundoff(), output.unit_roundoff())
+                            : output.unit_roundoff();
+  const double units = tolerance.output_units * o_unit;
   const auto& e = judgement.expected;
   judgement.d_queries =
-      compare_gradient(e.d_queries, actual.d_queries, m.dq, m.dq_from_d, units, entry, output, length);
+      compare_gradient(e.d_queries, actual.d_queries, m.dq, m.dq_from_d, units, entry, output, length, score);
   judgement.d_keys =
-      compare_gradient(e.d_keys, actual.d_keys, m.dk, m.dk_from_d, units, entry, output, length);
+      compare_gradient(e.d_keys, actual.d_keys, m.dk, m.dk_from_d, units, entry, output, length, score);
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
   judgement.d_values =
-      compare_gradient(e.d_values, actual.d_values, m.dv, no_d, units, entry, output, length);
+      compare_gradient(e.d_values, actual.d_values, m.dv, no_d, units, entry, output, length, score);
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)
       throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +
@@ -211,7 +223,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     std::copy(e.d_rows.begin(), e.d_rows.end(), expected_d.values.begin());
     std::copy(actual.d_rows.begin(), actual.d_rows.end(), actual_d.values.begin());
     judgement.d_rows = compare_gradient(expected_d, actual_d, m.d_rows, m.d_rows_from_o, units, entry,
-                                        reference::d_format(output), length);
+                                        reference::d_format(output), length, score);
   }
   if (!e.d_sinks.empty() && !actual.d_sinks.empty()) {  // sink gradients judged when the kernel gives them
     if (actual.d_sinks.size() != e.d_sinks.size())
@@ -221,7 +233,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     Matrix sink(e.d_sinks.size(), 1), got(e.d_sinks.size(), 1);
     std::copy(e.d_sinks.begin(), e.d_sinks.end(), sink.values.begin());
     std::copy(actual.d_sinks.begin(), actual.d_sinks.end(), got.values.begin());
-    judgement.d_sink = compare_gradient(sink, got, m.d_sinks, m.d_sinks_from_d, units, entry, output, length);
+    judgement.d_sink = compare_gradient(sink, got, m.d_sinks, m.d_sinks_from_d, units, entry, output, length, score);
   }
   return judgement;
 }

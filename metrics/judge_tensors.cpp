@@ -24,22 +24,32 @@ Matrix gather(const tensor::TensorSource& stored, std::size_t rows, std::size_t 
   return matrix;
 }
 
-// The head's log-sum-exp against the reference's (allowance derived in the header).
+// The head's log-sum-exp against the reference's (allowance derived in the header): the recipe's
+// units at magnitude 1 (1 / ln 2 for a base-2 LSE), and the roundings of ln and of the addition,
+// and the reference's own, as an absolute (2 u_lse + u_acc) (|L| + ln n + 1). P's rounding counts
+// only where the recipe sums the rounded P.
 Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::vector<double> actual) {
   const std::size_t rows = actual.size();
-  Matrix expected(rows, 1), given(rows, 1), magnitudes(rows, 1), z_magnitudes(rows, 1);
+  Matrix expected(rows, 1), given(rows, 1), magnitudes(rows, 1), z_magnitudes(rows, 1), own(rows, 1);
   ComparisonInput input{&expected, &given, &magnitudes, &z_magnitudes, evaluation.row_scales,
-                        false,     0,      nullptr};
+                        false,     0,      nullptr,     &own};
+  Tolerance recipe = *spec.tolerance;
+  if (recipe.probability_format == nullptr) recipe.probability_format = spec.output;  // the output's, not the LSE's
+  if (recipe.score_format == nullptr) recipe.score_format = spec.output;
+  if (!recipe.row_sum_of_rounded_probabilities) recipe.probabilities_in_output = 0;
+  const double unit = spec.lse_base2 ? 1.0 / std::log(2.0) * (1 + 1e-9) : 1.0;
+  const double roundings = 2 * spec.lse_format->unit_roundoff() + spec.tolerance->accumulation->unit_roundoff();
   for (std::size_t i = 0; i < rows; ++i) {
     const double exact = evaluation.expected_lse[i];
     const bool empty = exact == -INFINITY;  // a fully masked row: -inf is the one right answer
     expected(i, 0) = empty ? 0.0 : exact;
     given(i, 0) = empty ? (actual[i] == -INFINITY ? 0.0 : NAN) : actual[i];
     const auto n = static_cast<double>(std::max<std::size_t>(evaluation.row_scales[i].n, 1));
-    magnitudes(i, 0) = empty ? 0.0 : 1 + std::fabs(exact) + std::log(n);
+    magnitudes(i, 0) = empty ? 0.0 : unit;
+    own(i, 0) = empty ? 0.0 : roundings * (std::fabs(exact) + std::log(n) + 1) * (1 + 0x1p-20);
     z_magnitudes(i, 0) = evaluation.row_scales[i].largest_magnitude;
   }
-  return compare(input, *spec.tolerance, *spec.lse_format);
+  return compare(input, recipe, *spec.lse_format);
 }
 
 HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& problem, std::size_t b,

@@ -8,6 +8,7 @@
 
 #include "core/errors.hpp"
 #include "kernels/registry.hpp"
+#include "metrics/recipes.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
@@ -16,47 +17,9 @@ namespace {
 // derivation is online2's in kernels/registry.cpp); the online normaliser's entry covers the
 // three-pass one, so it is the one used.
 //
-// Attention precision models: which computation a kernel port claims to do, each a named entry
-// (`compare --tolerance-of`, Python's tolerance=). They differ in what is rounded to the output's
-// format (bf16 or fp16; for fp32 outputs the three coincide up to a few u) inside the computation:
-//
-// attention_fp32: scores S and probabilities P kept in fp32, only the output rounded (FlashAttention
-//   with fp32 P, PyTorch's math path on fp32 tensors): attention_flash's entry (kernels/registry.cpp),
-//   which the other two models extend.
-//
-// attention_p_rounded: FlashAttention 2/3 round P to the output's format before the P V matmul,
-//   while the normaliser l = sum_j p~_j is summed from the fp32 p~_j. With p^_j = p~_j (1 + d_j),
-//   |d_j| <= u_out: sum_j p^_j v_j = sum_j p~_j v_j + sum_j d_j p~_j v_j, and the added term is at
-//   most u_out sum_j p~_j |v_j|, i.e. u_out relative to the element's magnitude. A kernel that sums
-//   l from the rounded p^_j instead moves l by at most u_out relative, one u_out more; so
-//   probabilities_in_output = 2 covers both, on top of attention_fp32's entry.
-//
-// attention_math_lowp: PyTorch's math path on bf16/fp16 tensors (q @ k^T rounded to the format,
-//   divided by sqrt(d) and rounded again, softmax computed in fp32 from those scores and rounded,
-//   P @ V accumulated in fp32 and rounded): each score s_j carries two roundings,
-//   |s^_j - s_j| <= (2 u_out + u_out^2) |s_j|, so every z_j moves by at most
-//   eps = 2.0001 u_out max_j |s_j / theta| (RowScale::largest_score). A softmax weight
-//   p_j = exp(z_j) / sum_i exp(z_i) moves relatively by at most exp(2 eps) - 1 (numerator and
-//   denominator each by exp(eps)), so the output moves by that times sum_j p_j |v_j|:
-//   scores_in_output = 2 (two roundings; allowed_error multiplies by 2 for numerator and
-//   denominator, and the exp form absorbs the u_out^2). P is rounded once before P V:
-//   probabilities_in_output = 2 as above. The fp32 parts (dot products, the fp32 softmax, the
-//   P V accumulation) keep attention_fp32's coefficients. Note the score term is relative to the
-//   scores' size, not their spread: bf16 scores of size 100 are off by up to 0.4 in the logit,
-//   which no kernel computing that way can avoid.
-//
-// Each model is looser than the one before it; a failing attention report names the first looser
-// model under which the output would pass (gate/judge_arrays.cpp).
-constexpr kernels::Tolerance with_output_roundings(kernels::Tolerance entry, double scores,
-                                                   double probabilities, std::string_view basis,
-                                                   std::string_view reason) {
-  entry.scores_in_output = scores;
-  entry.probabilities_in_output = probabilities;
-  entry.basis = basis;
-  entry.reason = reason;
-  return entry;
-}
-
+// Attention precision models are recipes now (metrics/recipes.hpp): attention_fp32,
+// attention_p_rounded and attention_math_lowp keep their meaning as recipes that round P (and the
+// scores) to the output's format; flash_bf16, math_bf16 and the rest name the format themselves.
 constexpr ContractEntry contracts[] = {
     {"plugin_softmax",
      {.accumulation = &fp32,
@@ -67,25 +30,6 @@ constexpr ContractEntry contracts[] = {
       .basis = "analysis: as online2 (covers safe3 and blocked)",
       .reason = "an unknown kernel is held to what any correct fp32-accumulating softmax achieves"}},
 };
-
-// The precision models, built once from attention_flash's registry entry (the fp32 model itself).
-const std::array<ContractEntry, 3>& precision_models() {
-  static const std::array<ContractEntry, 3> models = [] {
-    const kernels::Tolerance fp32_model = kernels::find_attention_kernel("attention_flash")->tolerance;
-    return std::array<ContractEntry, 3>{
-        ContractEntry{"attention_fp32", fp32_model},
-        ContractEntry{"attention_p_rounded",
-                      with_output_roundings(fp32_model, 0, 2,
-                                            "analysis: attention_fp32 plus P rounded to the output format",
-                                            "FlashAttention 2/3: P cast to bf16/fp16 before the P V matmul")},
-        ContractEntry{"attention_math_lowp",
-                      with_output_roundings(
-                          fp32_model, 2, 2,
-                          "analysis: attention_p_rounded plus scores rounded twice to the output format",
-                          "PyTorch's math path on bf16/fp16 tensors: scores and P in the tensors' format")}};
-  }();
-  return models;
-}
 
 }  // namespace
 
@@ -151,9 +95,13 @@ double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, c
       t.dot_product * row.logit_rounding + t.log_length * std::log(std::max(n, 1.0)) +
       (magnitude != 0 ? t.logarithm * charged_length(n + 1, tier) * std::fabs(std::log(std::fabs(magnitude)))
                       : 0.0);
-  const double output_units = t.scores_in_output * 2 * row.largest_score + t.probabilities_in_output;
+  // Roundings inside the kernel, in the units of the format they round to (the output's unless
+  // a recipe names another: P in bf16 under an fp32 output is charged 2^-8, not 2^-24).
+  const double u_scores = (t.score_format != nullptr ? *t.score_format : output).unit_roundoff();
+  const double u_probabilities = (t.probability_format != nullptr ? *t.probability_format : output).unit_roundoff();
+  const double inside = t.scores_in_output * 2 * row.largest_score * u_scores + t.probabilities_in_output * u_probabilities;
   const double negligible = static_cast<double>(row.negligible) * negligible_contribution;
-  const double computed = std::expm1(units * u + output_units * u_out) + negligible;
+  const double computed = std::expm1(units * u + inside) + negligible;
   // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors. An
   // element of magnitude 0 has no relative allowance (only the floor), also where `relative` is
   // infinite (a temperature so small that exp(units u) overflows), which gave NaN before.
@@ -171,14 +119,12 @@ const Tolerance& tolerance_for(std::string_view name) {
   for (const ContractEntry& entry : contracts) {
     if (entry.name == name) return entry.tolerance;
   }
-  for (const ContractEntry& entry : precision_models()) {
-    if (entry.name == name) return entry.tolerance;
-  }
+  if (const AttentionRecipe* recipe = find_recipe(name); recipe != nullptr && !recipe->backward)
+    return forward_tolerance(*recipe);
   throw InputError(InputProblem::out_of_range,
                    "no tolerance entry named '" + std::string(name) +
-                       "' (the entries: plugin_softmax, the attention precision models attention_fp32, "
-                       "attention_p_rounded and "
-                       "attention_math_lowp, and the kernels' names that `sharpcheck gate --list` shows)");
+                       "' (the entries: plugin_softmax, the attention recipes " + recipe_names(false) +
+                       ", and the kernels' names that `sharpcheck gate --list` shows)");
 }
 
 }  // namespace sharpcheck::metrics

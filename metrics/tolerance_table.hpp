@@ -74,12 +74,8 @@ struct ContractEntry {
 };
 [[nodiscard]] std::span<const ContractEntry> contract_entries();
 
-// The attention precision models, each looser than the one before (derivations in
-// tolerance_table.cpp): attention_fp32, attention_p_rounded, attention_math_lowp.
-inline constexpr std::string_view attention_precision_models[] = {"attention_fp32", "attention_p_rounded",
-                                                                  "attention_math_lowp"};
-
-// The entry of a built-in kernel (its registry row's) or a contract entry, by name; throws
+// The entry of a built-in kernel (its registry row's), a contract entry or a forward attention
+// recipe (metrics/recipes.hpp), by name; throws
 // std::out_of_range naming it if there is none.
 [[nodiscard]] const Tolerance& tolerance_for(std::string_view name);
 

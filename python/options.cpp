@@ -152,6 +152,7 @@ gate::JudgeOptions Options::judge_options() const {
   options.dim = dim();
   options.format = text("format", "fp32");
   options.tolerance_entry = text("tolerance", "");
+  options.input_format = text("input_format", "");
   options.theta = real("theta", 1.0);
   options.layout = text("layout", "bhsd");
   options.scores = scores();

@@ -46,7 +46,7 @@ if ((${#missing[@]} > 0)); then
   DEBIAN_FRONTEND=noninteractive "${sudo_prefix[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE="${SHARPCHECK_BUILD_TYPE:-RelWithDebInfo}" > build-configure.log 2>&1 ||
+cmake -S . -B build -DCMAKE_BUILD_TYPE="${SHARPCHECK_BUILD_TYPE:-RelWithDebInfo}" -DSHARPCHECK_WERROR=ON > build-configure.log 2>&1 ||
   { cat build-configure.log; exit 1; }
 cmake --build build -j"$(nproc)"
 if ((build_tests)); then
