@@ -194,21 +194,32 @@ double bound_ratio(double expected, double actual, double allowed) {
   return error == 0 ? 0 : error / allowed;
 }
 
-// The statistical allowance with P's rounding charged for this element's data: the recipe's other
-// terms (statistical tier), plus lambda u_P spread (Hoeffding, metrics/recipes.cpp), plus the
-// second-order terms of a rounded P (a product of two roundings, at most 4 u_P^2 M).
-double probability_charge(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output,
-                          std::size_t r, std::size_t j) {
+// The statistical allowance with the recipe's inside roundings charged for this element's data
+// (ComparisonInput::inside): the recipe's other terms (statistical tier), plus Hoeffding's charge
+// of P's roundings (lambda u_P spread, p grown by at most exp(2 eps) by the scores' roundings)
+// and of the scores' (lambda 2.0001 u_S spread plus the second order, over W >= exp(-eps)), plus
+// the second order of a rounded P (a product of two roundings, at most 4 u_P^2 M).
+double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output,
+                     std::size_t r, std::size_t j) {
+  const InsideSpreads& inside = *input.inside;
   Tolerance rest = tolerance;
-  rest.probabilities_in_output = 0;
+  const bool p_charged = tolerance.probabilities_in_output > 0 && inside.p.cols > 0;
+  const bool s_charged = tolerance.scores_in_output > 0 && inside.s.cols > 0;
+  if (p_charged) rest.probabilities_in_output = 0;
+  if (s_charged) rest.scores_in_output = 0;
   const double magnitude = (*input.magnitudes)(r, j);
   const double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;
-  const FloatFormat& p_format = tolerance.probability_format != nullptr ? *tolerance.probability_format : output;
-  const double u_p = p_format.unit_roundoff();
-  const double spread = (*input.probability_spread)(r, j);
+  const auto unit = [&](const FloatFormat* format) { return (format != nullptr ? *format : output).unit_roundoff(); };
+  const double u_p = p_charged ? unit(tolerance.probability_format) : 0.0;
+  const double u_s = s_charged ? unit(tolerance.score_format) : 0.0;
+  const double growth = std::exp(2.0001 * u_s * input.scales[r].largest_score);
+  double charge = 0;
+  if (p_charged) charge += statistical_lambda * u_p * inside.p(r, j) * growth * growth + 4 * u_p * u_p * magnitude;
+  if (s_charged)
+    charge += growth * (statistical_lambda * 2.0001 * u_s * inside.s(r, j) + inside.s_second(r, j));
   return allowed_error(rest, magnitude, (*input.z_magnitudes)(r, j), input.scales[r], output, Tier::statistical,
                        rounded) +
-         (statistical_lambda * u_p * spread + 4 * u_p * u_p * magnitude) * (1 + 0x1p-20);
+         charge * (1 + 0x1p-20);
 }
 
 JudgedElement judge_element(const ComparisonInput& input, const Tolerance& tolerance,
@@ -232,10 +243,9 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
           ? allowed
           : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical, rounded) +
                 additional;
-  if (input.probability_spread != nullptr && tolerance.probabilities_in_output > 0) {
+  if (input.inside != nullptr && (tolerance.probabilities_in_output > 0 || tolerance.scores_in_output > 0)) {
     judged.statistical_allowed =
-        std::min(judged.statistical_allowed,
-                 probability_charge(input, tolerance, output, r, j) + additional);
+        std::min(judged.statistical_allowed, inside_charge(input, tolerance, output, r, j) + additional);
   }
   judged.statistical_ratio = bound_ratio(e, a, judged.statistical_allowed);
   return judged;
@@ -288,15 +298,20 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
 
 }  // namespace
 
-void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed) {
+void record_scale(Comparison& comparison, const std::string& what, double deviation, double allowed) {
   const double ratio = std::isnan(deviation) ? INFINITY : deviation / allowed;
   comparison.max_row_scale_ratio = std::max(comparison.max_row_scale_ratio, ratio);
   if (ratio <= 1) return;
   std::ostringstream text;
-  text << "row " << row_number << ": the row's scale is off by " << deviation * 100
-       << "% (allowed " << allowed * 100 << "% for the recipe's roundings; row-scale ratio " << ratio
-       << "): a mis-normalised row (a denominator summed in low precision, a missed rescale?)";
+  text << what << ": the scale is off by " << deviation * 100 << "% (allowed " << allowed * 100
+       << "% for the recipe's roundings; scale ratio " << ratio
+       << "): mis-normalised or mis-scaled (a denominator summed in low precision, a missed rescale, a "
+          "scale applied twice?)";
   add_statistical_violation(comparison, text.str());
+}
+
+void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed) {
+  record_scale(comparison, "row " + std::to_string(row_number), deviation, allowed);
 }
 
 Comparison compare(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output) {

@@ -71,6 +71,15 @@ struct Comparison {
   void merge(const Comparison& other);
 };
 
+// What a recipe's roundings inside a kernel can do to each element, for the element's own data
+// (metrics/recipes.cpp): P's rounding moves it by at most lambda u_P p (statistical tier), the
+// scores' rounding by lambda 2.0001 u_S s plus s_second (first and second order; both over the
+// denominator's least value exp(-eps), eps = 2.0001 u_S max|z|). Matrices of the compared shape; a
+// matrix with no columns charges nothing of its kind.
+struct InsideSpreads {
+  Matrix p, s, s_second;
+};
+
 // The inputs of a comparison, row by row. `magnitudes` and `z_magnitudes` give, per element,
 // the magnitude its bound is relative to and |z_j| (see tolerance_table.hpp).
 struct ComparisonInput {
@@ -88,15 +97,17 @@ struct ComparisonInput {
   // Attention: the output rounding is charged relative to |expected|, not to the magnitude
   // (allowed_error's rounded_value; derivation in tolerance_table.cpp).
   bool output_rounding_of_expected = false;
-  // Optional (attention under a recipe that rounds P): per element, the spread of P's rounding for
-  // this row's exact P and V (metrics/recipes.cpp); the statistical tier charges
-  // lambda u_P spread for it in place of the worst case u_P M, where that is smaller.
-  const Matrix* probability_spread = nullptr;
+  // Optional (a recipe that rounds inside the kernel): per element, the spreads of those roundings
+  // for this row's data (InsideSpreads); the statistical tier charges them (Hoeffding) in place of
+  // the worst case where that is smaller.
+  const InsideSpreads* inside = nullptr;
 };
 
 // Records a row's scale error against its allowance (the row-scale test of evaluate.cpp) as a
 // statistical-tier finding of `comparison`.
 void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed);
+// The same for any group of elements, named in the message ("dQ as a whole").
+void record_scale(Comparison& comparison, const std::string& what, double deviation, double allowed);
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,
                                  const FloatFormat& output);

@@ -204,10 +204,15 @@ namespace {
 // Also each output column's magnitude sum_j p_j |v_jc|, with the weights p_j computed in double:
 // their relative error is below (n + 10) 2^-53 (exp, sum, division), far below the 1e-9 the
 // magnitudes are inflated by for n up to 2^20 keys.
+// The visible keys' exact weights p_j (in double) and |z_j| = |s_j / theta|, their scores' sizes.
+struct VisibleWeights {
+  std::vector<double> p, z;
+};
+
 RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                 const tensor::HeadScores& scores, std::size_t query,
                                 std::span<const std::size_t> visible, std::span<double> magnitudes,
-                                std::vector<double>& probabilities) {
+                                VisibleWeights& weights_out) {
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   const double theta = std::fabs(scores.theta);
   thread_local std::vector<double> logits, roundings, weights, sums;
@@ -235,7 +240,8 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   }
   RowScale row_scale;
   std::fill(magnitudes.begin(), magnitudes.end(), 0.0);
-  probabilities.clear();
+  weights_out.p.clear();
+  weights_out.z.clear();
   if (logits.empty()) return row_scale;
   const double largest = *std::max_element(logits.begin(), logits.end());
   double smallest = largest;
@@ -260,7 +266,10 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += weight * std::fabs(v[c]);
   }
   for (std::size_t c = 0; c < sums.size(); ++c) magnitudes[c] = sums[c] / sum * (1 + 1e-9);
-  for (std::size_t a = 0; a < visible.size(); ++a) probabilities.push_back(weights[a] / sum);
+  for (std::size_t a = 0; a < visible.size(); ++a) {
+    weights_out.p.push_back(weights[a] / sum);
+    weights_out.z.push_back(std::fabs(logits[a]));
+  }
   sums.assign(magnitudes.size(), 0.0);
   for (const std::size_t key : visible) {
     const double* v = values.row(key).data();
@@ -270,70 +279,136 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   return row_scale;
 }
 
-// What P's rounding inside the kernel can do to one row, for this row's exact weights p_j (in
-// double, relative error below (n + 10) 2^-53) and values (derivation in metrics/recipes.cpp).
-struct ProbabilityRounding {
-  std::vector<double> exact;   // o_c = sum_j p_j v_jc, in double
-  std::vector<double> spread;  // max(sqrt(sum_j p_j^2 v_jc^2), sqrt(sum_j p_j^2 (v_jc - o_c)^2))
-  double scale_spread = 0;     // the same for the row's scale statistic (judge_row_scale)
+// What the recipe's roundings inside the kernel can do to one row, for this row's exact weights
+// p_j (in double, relative error below (n + 10) 2^-53), scores z_j and values (derivations in
+// metrics/recipes.cpp). P's roundings d_j (|d_j| <= u_P) move o_c by sum_j d_j p_j v_jc, or with
+// a row sum of the rounded P by sum_j d_j p_j (v_jc - o_c): spread sqrt(sum_j p_j^2 v_jc^2), resp.
+// with v_jc - o_c, the larger taken. The scores' roundings e_j (|e_j| <= eps_j = 2.0001 u_S |z_j|)
+// move o_c to sum_j p_j w_j v_jc / W, w_j = exp(e_j), W = sum_j p_j w_j >= exp(-eps): the change
+// is (sum_j p_j e_j (v_jc - o_c) + sum_j p_j r_j (v_jc - o_c)) / W with |r_j| <= rho_j =
+// expm1(eps_j) - eps_j: a Hoeffding part of spread sqrt(sum_j p_j^2 z_j^2 (v_jc - o_c)^2) (times
+// 2.0001 u_S) and a second-order part at most sum_j p_j rho_j (|v_jc| + |o_c|), both over W.
+struct RowRounding {
+  std::vector<double> exact;     // o_c = sum_j p_j v_jc, in double
+  std::vector<double> p_spread;  // per column, P's rounding
+  std::vector<double> s_spread;  // per column, the scores' rounding (first order)
+  std::vector<double> s_second;  // per column, the scores' rounding (second order)
+  // The same for the row-scale statistic (judge_row_scale) and for the log-sum-exp, L moving by
+  // ln W (spread sqrt(sum_j p_j^2 z_j^2), second order sum_j p_j rho_j) or, with a row sum of the
+  // rounded P, by ln(1 + sum_j d_j p_j) (spread sqrt(sum_j p_j^2)).
+  double scale_p_spread = 0, scale_s_spread = 0, scale_s_second = 0;
+  double lse_p_spread = 0, lse_s_spread = 0, lse_s_second = 0;
 };
 
-ProbabilityRounding probability_rounding(const Matrix& values, std::span<const std::size_t> visible,
-                                         std::span<const double> p) {
+// rho_j: what a score's rounding does to its exponential beyond first order.
+double second_order(double z, double u_s) {
+  const double eps = 2.0001 * u_s * z;
+  return std::expm1(eps) - eps;
+}
+
+// The columns' sums: o, and the spreads' sums of squares expanded around o.
+void column_sums(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
+                 double u_s, RowRounding& r) {
   const std::size_t columns = values.cols;
-  ProbabilityRounding r{std::vector<double>(columns, 0.0), std::vector<double>(columns, 0.0), 0};
-  std::vector<double> squares(columns, 0.0), linear(columns, 0.0);
-  double weight_squares = 0;
+  std::vector<double> p_squares(columns, 0.0), p_linear(columns, 0.0), s_squares(columns, 0.0),
+      s_linear(columns, 0.0), second(columns, 0.0);
+  double p_weight = 0, s_weight = 0, rho_weight = 0;
   for (std::size_t a = 0; a < visible.size(); ++a) {
     const double* v = values.row(visible[a]).data();
-    const double p2 = p[a] * p[a];
-    weight_squares += p2;
+    const double p2 = w.p[a] * w.p[a], s2 = p2 * w.z[a] * w.z[a], rho = w.p[a] * second_order(w.z[a], u_s);
+    p_weight += p2;
+    s_weight += s2;
+    rho_weight += rho;
     for (std::size_t c = 0; c < columns; ++c) {
-      r.exact[c] += p[a] * v[c];
-      squares[c] += p2 * v[c] * v[c];
-      linear[c] += p2 * v[c];
+      r.exact[c] += w.p[a] * v[c];
+      p_squares[c] += p2 * v[c] * v[c];
+      p_linear[c] += p2 * v[c];
+      s_squares[c] += s2 * v[c] * v[c];
+      s_linear[c] += s2 * v[c];
+      second[c] += rho * std::fabs(v[c]);
     }
   }
-  for (std::size_t c = 0; c < columns; ++c) {  // sum p^2 (v - o)^2 expanded; its cancellation charged
+  const auto centred = [](double squares, double linear, double weight, double o) {
+    const double value = squares - 2 * o * linear + o * o * weight;  // its cancellation charged:
+    return std::max(value, 0.0) + 0x1p-40 * (squares + 2 * std::fabs(o * linear) + o * o * weight);
+  };
+  for (std::size_t c = 0; c < columns; ++c) {
     const double o = r.exact[c];
-    const double centred = squares[c] - 2 * o * linear[c] + o * o * weight_squares;
-    const double slack = 0x1p-40 * (squares[c] + 2 * std::fabs(o * linear[c]) + o * o * weight_squares);
-    r.spread[c] = std::sqrt(std::max(squares[c], std::max(centred, 0.0) + slack));
+    r.p_spread[c] = std::sqrt(std::max(p_squares[c], centred(p_squares[c], p_linear[c], p_weight, o)));
+    r.s_spread[c] = std::sqrt(centred(s_squares[c], s_linear[c], s_weight, o));
+    r.s_second[c] = (second[c] + rho_weight * std::fabs(o)) * (1 + 0x1p-30);
   }
-  // The scale statistic's projections sum_c sign(o_c) v_jc and sum_c sign(o_c) (v_jc - o_c).
-  double signed_exact = 0, plain = 0, centred = 0;
-  for (std::size_t c = 0; c < columns; ++c) signed_exact += std::fabs(r.exact[c]);
+  r.lse_p_spread = std::sqrt(p_weight) * (1 + 0x1p-30);
+  r.lse_s_spread = std::sqrt(s_weight) * (1 + 0x1p-30);
+  r.lse_s_second = rho_weight * (1 + 0x1p-30);
+}
+
+// The row-scale statistic's spreads: each key's projection sum_c sign(o_c) v_jc, centred by
+// sum_c |o_c|, weighted as above.
+void scale_sums(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
+                double u_s, RowRounding& r) {
+  double weight = 0;
+  for (const double o : r.exact) weight += std::fabs(o);
+  double plain = 0, centred = 0, scores = 0, second = 0;
   for (std::size_t a = 0; a < visible.size(); ++a) {
     const double* v = values.row(visible[a]).data();
-    double projection = 0;
-    for (std::size_t c = 0; c < columns; ++c) projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
-    plain += p[a] * p[a] * projection * projection;
-    const double moved = projection - signed_exact;
-    centred += p[a] * p[a] * moved * moved;
+    double projection = 0, absolute = 0;
+    for (std::size_t c = 0; c < values.cols; ++c) {
+      projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
+      absolute += std::fabs(v[c]);
+    }
+    const double p2 = w.p[a] * w.p[a], moved = projection - weight;
+    plain += p2 * projection * projection;
+    centred += p2 * moved * moved;
+    scores += p2 * w.z[a] * w.z[a] * moved * moved;
+    second += w.p[a] * second_order(w.z[a], u_s) * (absolute + weight);
   }
-  r.scale_spread = std::sqrt(std::max(plain, centred)) * (1 + 0x1p-30);
+  r.scale_p_spread = std::sqrt(std::max(plain, centred)) * (1 + 0x1p-30);
+  r.scale_s_spread = std::sqrt(scores) * (1 + 0x1p-30);
+  r.scale_s_second = second * (1 + 0x1p-30);
+}
+
+RowRounding row_rounding(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
+                         double u_s) {
+  const std::size_t columns = values.cols;
+  RowRounding r{std::vector<double>(columns, 0.0), std::vector<double>(columns, 0.0),
+                std::vector<double>(columns, 0.0), std::vector<double>(columns, 0.0)};
+  column_sums(values, visible, w, u_s, r);
+  scale_sums(values, visible, w, u_s, r);
   return r;
+}
+
+// The unit roundoffs a tolerance's inside roundings are charged in (0 where it has none).
+struct InsideUnits {
+  double p = 0, s = 0;
+};
+InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) {
+  InsideUnits units;
+  if (tolerance.probabilities_in_output > 0)
+    units.p = (tolerance.probability_format != nullptr ? *tolerance.probability_format : output).unit_roundoff();
+  if (tolerance.scores_in_output > 0)
+    units.s = (tolerance.score_format != nullptr ? *tolerance.score_format : output).unit_roundoff();
+  return units;
 }
 
 // The row-scale test (statistical tier). T = sum_c s_c (y_c - o_c) / sum_c |o_c|, s_c = sign(o_c),
 // is the row's output scale error seen through its own exact output o. An honest kernel's T is
 // its roundings' weighted sum: the output's own rounding (|delta_c| <= u_out |y_c|, one
-// independent rounding per element), P's roundings (projected: sum_j d_j p_j sum_c s_c v_jc, or
-// with a rounded row sum s_c (v_jc - o_c)), both bounded by Hoeffding's inequality at lambda
-// (false alarm below 2 exp(-lambda^2 / 2) per row, as the bias test of comparison.cpp), plus the
-// recipe's other terms charged in full (each element's allowance without P and without the
-// output rounding, summed with the weights s_c) and the double o_c's own error. A kernel whose
-// denominator is off (summed in bf16, a skipped rescale) moves every element of the row by the
-// same factor: T shows it at sqrt(d) times the sensitivity of any one element.
-void judge_row_scale(const Matrix& actual, std::size_t row, const ProbabilityRounding& rounding,
+// independent rounding per element), P's and the scores' roundings projected as in RowRounding,
+// bounded together by Hoeffding's inequality at lambda (false alarm below 2 exp(-lambda^2 / 2) per
+// row, as the bias test of comparison.cpp), plus the second-order parts and the recipe's other
+// terms charged in full (each element's statistical allowance without the inside roundings and
+// the output rounding, summed with the weights s_c) and the double o_c's own error. A kernel
+// whose denominator is off (summed in bf16, a skipped rescale) moves every element of the row by
+// the same factor: T shows it at about sqrt(d) times the sensitivity of any one element.
+void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
                      std::span<const double> magnitudes, const Tolerance& tolerance, const RowScale& scale,
                      const FloatFormat& output, Comparison& comparison) {
   double weight = 0, deviation = 0, output_noise = 0, charged = 0;
   const double u_out = output.unit_roundoff();
+  const InsideUnits u = inside_units(tolerance, output);
   Tolerance rest = tolerance;
-  rest.probabilities_in_output = 0;
-  const FloatFormat& p_format = tolerance.probability_format != nullptr ? *tolerance.probability_format : output;
-  const double u_p = tolerance.probabilities_in_output > 0 ? p_format.unit_roundoff() : 0.0;
+  rest.probabilities_in_output = rest.scores_in_output = 0;
   for (std::size_t c = 0; c < actual.cols; ++c) {
     const double o = rounding.exact[c], y = actual(row, c);
     if (!std::isfinite(y)) return;  // the element check has failed it already
@@ -342,19 +417,25 @@ void judge_row_scale(const Matrix& actual, std::size_t row, const ProbabilityRou
     deviation += o > 0 ? y - o : o - y;
     output_noise += u_out * u_out * y * y;
     charged += allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
-               (0x1p-40 + 4 * u_p * u_p) * magnitudes[c];
+               (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
   }
   if (weight == 0) return;
-  const double p_noise = u_p * rounding.scale_spread;
-  const double allowed =
-      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise) + charged) * (1 + 0x1p-20) / weight;
+  const double growth = std::exp(2.0001 * u.s * scale.largest_score);  // 1 / W and p's own growth
+  const double p_noise = u.p * rounding.scale_p_spread * growth * growth;
+  const double s_noise = 2.0001 * u.s * rounding.scale_s_spread * growth;
+  const double allowed = (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) +
+                          growth * rounding.scale_s_second + charged) *
+                         (1 + 0x1p-20) / weight;
   record_row_scale(comparison, row, std::fabs(deviation) / weight, allowed);
 }
 
-// Each element's statistical charge for P's rounding, lambda u_P spread (metrics/recipes.cpp),
-// in a matrix that compare() reads (ComparisonInput::probability_spread).
-void store_spread(const ProbabilityRounding& rounding, std::size_t row, Matrix& spread) {
-  for (std::size_t c = 0; c < spread.cols; ++c) spread(row, c) = rounding.spread[c];
+// Each element's inside-rounding spreads, in the matrices compare() reads (ComparisonInput).
+void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& spreads) {
+  for (std::size_t c = 0; c < spreads.p.cols; ++c) {
+    spreads.p(row, c) = rounding.p_spread[c];
+    spreads.s(row, c) = rounding.s_spread[c];
+    spreads.s_second(row, c) = rounding.s_second[c];
+  }
 }
 
 }  // namespace
@@ -383,19 +464,23 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   if (head.queries == 0) head.queries = queries.rows;
   if (head.keys == 0) head.keys = keys.rows;
   if (head.row_stride == 0) head.row_stride = keys.rows;
-  Matrix spread(queries.rows, values.cols);
-  input.probability_spread = &spread;
-  std::vector<ProbabilityRounding> roundings(queries.rows);
+  InsideSpreads spreads{Matrix(queries.rows, values.cols), Matrix(queries.rows, values.cols),
+                        Matrix(queries.rows, values.cols)};
+  input.inside = &spreads;
+  const double u_s = inside_units(*spec.tolerance, *spec.output).s;
+  std::vector<RowRounding> roundings(queries.rows);
   std::vector<std::size_t> visible;
-  std::vector<double> probabilities;
+  VisibleWeights weights;
   for (std::size_t i = 0; i < queries.rows; ++i) {
     head.visible_keys(i, visible);
     const RowScale row_scale =
-        attention_row_geometry(queries, keys, values, head, i, visible, magnitudes.row(i), probabilities);
+        attention_row_geometry(queries, keys, values, head, i, visible, magnitudes.row(i), weights);
     for (std::size_t c = 0; c < values.cols; ++c) z_magnitudes(i, c) = row_scale.largest_magnitude;
     input.scales.push_back(row_scale);
-    roundings[i] = probability_rounding(values, visible, probabilities);
-    store_spread(roundings[i], i, spread);
+    roundings[i] = row_rounding(values, visible, weights, u_s);
+    store_spreads(roundings[i], i, spreads);
+    evaluation.lse_spreads.push_back(
+        {roundings[i].lse_p_spread, roundings[i].lse_s_spread, roundings[i].lse_s_second});
   }
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   for (std::size_t i = 0; i < queries.rows; ++i) {

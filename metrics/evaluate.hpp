@@ -18,6 +18,12 @@ struct Evaluation {
   reference::ZivStatistics reference_statistics;  // how the reference decided (balls, MPFR loop, exact cases)
   std::vector<double> expected_lse;  // attention with spec.lse: the correctly rounded log-sum-exp per query
   std::vector<RowScale> row_scales;  // attention: each query's geometry (for judging the log-sum-exp)
+  // Attention: each query's log-sum-exp spreads of the recipe's inside roundings (P's with a row
+  // sum of the rounded P, the scores' first and second order; evaluate.cpp's RowRounding).
+  struct LseSpreads {
+    double p = 0, s = 0, s_second = 0;
+  };
+  std::vector<LseSpreads> lse_spreads;
 };
 
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits,

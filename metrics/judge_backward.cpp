@@ -1,6 +1,8 @@
 #include "metrics/judge_backward.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,6 +26,14 @@ struct Magnitudes {
   Matrix dq_from_d, dk_from_d;
   Matrix d_sinks_from_d;
   Matrix d_rows, d_rows_from_o;  // D_i's own: A_i, and B_i = sum_c |dO_ic O_ic|
+  // The statistical spreads of a recipe's intermediate roundings (metrics/recipes.cpp): the sums of
+  // squares under each gradient's magnitude, sum_j (bound of dS_ij dz/dr)^2 k_jc^2 for dQ, the same
+  // over queries with q_ic for dK, sum_i P_ij^2 dO_ic^2 for dV (square roots taken at the end).
+  Matrix dq_spread, dk_spread, dv_spread;
+  // The gradient-scale test's sums of squares (judge_gradient_scale): the intermediate roundings
+  // projected on each gradient's signs, and D's errors (one per query row) likewise.
+  double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;
+  double dq_scale_from_d = 0, dk_scale_from_d = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };
 
@@ -73,13 +83,34 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
 
 // The magnitudes kernels/tolerance.hpp defines, in double (relative error below 1e-12 for the
 // sizes judged, covered by the 1e-9 they are inflated by).
-Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
+// Sign of an expected gradient element (0 for 0): the weights of the gradient-scale statistic.
+double sign_of(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
+
+// Row i's pair (i, j)'s share of the gradient-scale sums (judge_gradient_scale): the intermediate
+// roundings of dS_ij (bounded by `mag`) and of P_ij, projected on the expected gradients' signs.
+// Returns the projection of dK's signs, which D's error in row i moves through.
+double add_scale_terms(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
+                       std::size_t i, std::size_t j, double mag, double weight, Magnitudes& m) {
+  double on_dq = 0, on_dk = 0, on_dv = 0;
+  for (std::size_t t = 0; t < p.queries.cols; ++t) {
+    on_dq += sign_of(e.d_queries(i, t)) * p.keys(j, t);
+    on_dk += sign_of(e.d_keys(j, t)) * p.queries(i, t);
+  }
+  for (std::size_t c = 0; c < p.values.cols; ++c) on_dv += sign_of(e.d_values(j, c)) * p.d_out(i, c);
+  m.dq_scale_inside += mag * mag * on_dq * on_dq;
+  m.dk_scale_inside += mag * mag * on_dk * on_dk;
+  m.dv_scale_inside += weight * weight * on_dv * on_dv;
+  return on_dk;
+}
+
+Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
   const std::size_t positions = p.positions();
   Magnitudes m{Matrix(mq, d), Matrix(n, d),       Matrix(n, dv), Matrix(p.group, 1), Matrix(mq, d),
-               Matrix(n, d),  Matrix(p.group, 1), Matrix(mq, 1), Matrix(mq, 1)};
+               Matrix(n, d),  Matrix(p.group, 1), Matrix(mq, 1), Matrix(mq, 1), Matrix(mq, d),
+               Matrix(n, d),  Matrix(n, dv)};
   std::vector<std::size_t> visible;
-  std::vector<double> weight, dp_mag, out_row;
+  std::vector<double> weight, dp_mag, out_row, signed_dq(d);
   tensor::HeadScores row_head;  // row i: head i / positions, at position i mod positions
   for (std::size_t i = 0; i < mq; ++i) {
     const std::size_t h = i / positions;
@@ -105,18 +136,36 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
     b_i += 1e-12 * a_i;
     m.d_rows(i, 0) = a_i;
     m.d_rows_from_o(i, 0) = b_i;
+    std::fill(signed_dq.begin(), signed_dq.end(), 0.0);
+    double d_on_dk = 0;  // D's error in row i projected on dK's signs, over u_o B_i
     for (std::size_t a = 0; a < visible.size(); ++a) {
       const std::size_t j = visible[a];
       const double mag = weight[a] * (dp_mag[a] + a_i + lse_gradient) * g.slope[a];
       const double from_d = weight[a] * b_i * g.slope[a];
+      d_on_dk += weight[a] * g.slope[a] * add_scale_terms(p, e, i, j, mag, weight[a], m);
+      for (std::size_t t = 0; t < d; ++t) signed_dq[t] += weight[a] * g.slope[a] * p.keys(j, t);
       for (std::size_t t = 0; t < d; ++t) {
         m.dq(i, t) += mag * std::fabs(p.keys(j, t));
         m.dk(j, t) += mag * std::fabs(p.queries(i, t));
+        m.dq_spread(i, t) += mag * mag * p.keys(j, t) * p.keys(j, t);
+        m.dk_spread(j, t) += mag * mag * p.queries(i, t) * p.queries(i, t);
         m.dq_from_d(i, t) += from_d * std::fabs(p.keys(j, t));
         m.dk_from_d(j, t) += from_d * std::fabs(p.queries(i, t));
       }
-      for (std::size_t c = 0; c < dv; ++c) m.dv(j, c) += weight[a] * std::fabs(p.d_out(i, c));
+      for (std::size_t c = 0; c < dv; ++c) {
+        m.dv(j, c) += weight[a] * std::fabs(p.d_out(i, c));
+        m.dv_spread(j, c) += weight[a] * weight[a] * p.d_out(i, c) * p.d_out(i, c);
+      }
     }
+    // D's error delta_i moves dQ_i by exactly delta_i sum_j P_ij dz/dr k_j (first order; the
+    // product with P's own error, below 2^-10 of the unsigned sum, is kept as slack).
+    double on_dq = 0;
+    for (std::size_t t = 0; t < d; ++t) {
+      m.dq_from_d(i, t) = b_i * std::fabs(signed_dq[t]) + 0x1p-10 * m.dq_from_d(i, t);
+      on_dq += sign_of(e.d_queries(i, t)) * signed_dq[t];
+    }
+    m.dq_scale_from_d += b_i * b_i * on_dq * on_dq;
+    m.dk_scale_from_d += b_i * b_i * d_on_dk * d_on_dk;
     if (row_head.sink) {
       const double sink_weight =
           std::exp(*row_head.sink / row_head.theta - g.lse) / std::fabs(row_head.theta);
@@ -128,6 +177,9 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
                          &m.d_sinks, &m.d_sinks_from_d}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
+  for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread}) {
+    for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
+  }
   return m;
 }
 
@@ -135,9 +187,28 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p) {
 // from_d_scale = output_units u_o,
 // u_o the unit roundoff of the format O was kept in (the kernel's), u_out that of `output` (the
 // compared values': fp32 for D); the from_d part is an absolute allowance (compare's `additional`).
-Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const Matrix& magnitudes,
-                            const Matrix& from_d, double from_d_scale, const Tolerance& tolerance,
-                            const FloatFormat& output, std::size_t length, double largest_score) {
+// What a gradient's allowance is relative to: its magnitude, what D's error moves it by, and (for a
+// recipe that rounds intermediates) the spread the statistical tier charges them by.
+struct GradientBound {
+  const Matrix& magnitudes;
+  const Matrix& from_d;
+  const Matrix* spread = nullptr;
+};
+
+// The statistical tier charges a recipe's k intermediate roundings (each an independent rounding
+// of a term bounded by the magnitude's terms) as lambda u_i sqrt(k) spread (Hoeffding; each
+// rounding's own spread is at most `spread`, and k of them at most sqrt(k) times it).
+Matrix scaled_spread(const Matrix& spread, double roundings) {
+  Matrix scaled = spread;
+  for (double& x : scaled.values) x *= std::sqrt(roundings);
+  return scaled;
+}
+
+Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const GradientBound& bound,
+                            double from_d_scale, const Tolerance& tolerance, const FloatFormat& output,
+                            std::size_t length, double largest_score) {
+  const Matrix& magnitudes = bound.magnitudes;
+  const Matrix& from_d = bound.from_d;
   const Matrix zeros(expected.rows, expected.cols);
   Matrix additional(expected.rows, expected.cols);
   for (std::size_t e = 0; e < additional.values.size(); ++e)
@@ -151,7 +222,53 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
                         false};
   input.output_rounding_of_expected = true;
   input.additional = &additional;
+  InsideSpreads inside;  // P's, dP's and dS's roundings; the scores' stay a worst case
+  if (bound.spread != nullptr && tolerance.probabilities_in_output > 0) {
+    inside.p = scaled_spread(*bound.spread, tolerance.probabilities_in_output);
+    input.inside = &inside;
+  }
   return compare(input, tolerance, output);
+}
+
+// The gradient-scale test (statistical tier), the backward's row-scale test: over one gradient of
+// a group, T = sum s_e (y_e - e_e) / sum |e_e| (s_e the sign of the correctly rounded e_e). Honest
+// kernels' T is a weighted sum of independent roundings: the kernel's and the reference's output
+// roundings (u_out |y|, u_out |e|), the recipe's k intermediate roundings of each (i, j) pair and
+// D's error in each row (projected on the signs in magnitudes_of), bounded together by
+// Hoeffding's inequality at lambda; plus every element's other terms (its statistical allowance
+// without the intermediates' and D's charges) in full. A kernel that scales a gradient (dQ scaled
+// at batch >= 2, a softmax scale applied twice) moves T by the scale, over sqrt(elements) more
+// than any one element shows it.
+struct ScaleNoise {
+  double inside = 0;  // sum of squares of the intermediate roundings' projections (over u_i^2)
+  double from_d = 0;  // the same for D's errors (over u_o^2)
+};
+
+void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual, const Matrix& magnitudes,
+                          const ScaleNoise& noise, const Tolerance& entry, double u_o, const FloatFormat& output,
+                          const RowScale& scale, Comparison& comparison) {
+  Tolerance rest = entry;
+  const double u_i =
+      entry.probabilities_in_output > 0
+          ? (entry.probability_format != nullptr ? *entry.probability_format : output).unit_roundoff()
+          : 0.0;
+  rest.probabilities_in_output = 0;
+  const double u_out = output.unit_roundoff();
+  double weight = 0, deviation = 0, roundings = 0, charged = 0;
+  for (std::size_t x = 0; x < expected.values.size(); ++x) {
+    const double e = expected.values[x], y = actual.values[x];
+    if (!std::isfinite(y)) return;  // the element check has failed it already
+    weight += std::fabs(e);
+    deviation += e > 0 ? y - e : (e < 0 ? e - y : 0.0);
+    roundings += u_out * u_out * (y * y + e * e);
+    charged += allowed_error(rest, magnitudes.values[x], 0.0, scale, output, Tier::statistical, 0.0);
+  }
+  if (weight == 0) return;
+  const double variance = roundings + u_i * u_i * entry.probabilities_in_output * noise.inside +
+                          u_o * u_o * noise.from_d;
+  const double allowed = (statistical_lambda * std::sqrt(variance) + charged) * (1 + 0x1p-20) / weight;
+  if (std::getenv("SC_DEBUG")) std::fprintf(stderr, "%s dev %g rounding %g inside %g from_d %g charged %g\n", name, deviation / weight, statistical_lambda*std::sqrt(roundings)/weight, statistical_lambda*std::sqrt(u_i * u_i * entry.probabilities_in_output * noise.inside)/weight, statistical_lambda*u_o*std::sqrt(noise.from_d)/weight, charged/weight);
+  record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
 }
 
 }  // namespace
@@ -187,7 +304,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
                                            const reference::AttentionGradients* expected) {
   BackwardJudgement judgement;
   judgement.expected = expected != nullptr ? *expected : reference::attention_backward(p, output);
-  const Magnitudes m = magnitudes_of(p);
+  const Magnitudes m = magnitudes_of(p, judgement.expected);
   Tolerance entry;
   entry.accumulation = &fp32;
   entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
@@ -208,12 +325,21 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   const double units = tolerance.output_units * o_unit;
   const auto& e = judgement.expected;
   judgement.d_queries =
-      compare_gradient(e.d_queries, actual.d_queries, m.dq, m.dq_from_d, units, entry, output, length, score);
+      compare_gradient(e.d_queries, actual.d_queries, {m.dq, m.dq_from_d, &m.dq_spread}, units, entry, output, length, score);
   judgement.d_keys =
-      compare_gradient(e.d_keys, actual.d_keys, m.dk, m.dk_from_d, units, entry, output, length, score);
+      compare_gradient(e.d_keys, actual.d_keys, {m.dk, m.dk_from_d, &m.dk_spread}, units, entry, output, length, score);
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
   judgement.d_values =
-      compare_gradient(e.d_values, actual.d_values, m.dv, no_d, units, entry, output, length, score);
+      compare_gradient(e.d_values, actual.d_values, {m.dv, no_d, &m.dv_spread}, units, entry, output, length, score);
+  RowScale scale;
+  scale.n = length;
+  scale.largest_score = score;
+  judge_gradient_scale("dQ", e.d_queries, actual.d_queries, m.dq, {m.dq_scale_inside, m.dq_scale_from_d}, entry,
+                       o_unit, output, scale, judgement.d_queries);
+  judge_gradient_scale("dK", e.d_keys, actual.d_keys, m.dk, {m.dk_scale_inside, m.dk_scale_from_d}, entry, o_unit,
+                       output, scale, judgement.d_keys);
+  judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv, {m.dv_scale_inside, 0.0}, entry, o_unit, output,
+                       scale, judgement.d_values);
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)
       throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +
@@ -222,7 +348,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     Matrix expected_d(p.queries.rows, 1), actual_d(p.queries.rows, 1);
     std::copy(e.d_rows.begin(), e.d_rows.end(), expected_d.values.begin());
     std::copy(actual.d_rows.begin(), actual.d_rows.end(), actual_d.values.begin());
-    judgement.d_rows = compare_gradient(expected_d, actual_d, m.d_rows, m.d_rows_from_o, units, entry,
+    judgement.d_rows = compare_gradient(expected_d, actual_d, {m.d_rows, m.d_rows_from_o}, units, entry,
                                         reference::d_format(output), length, score);
   }
   if (!e.d_sinks.empty() && !actual.d_sinks.empty()) {  // sink gradients judged when the kernel gives them
@@ -233,7 +359,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     Matrix sink(e.d_sinks.size(), 1), got(e.d_sinks.size(), 1);
     std::copy(e.d_sinks.begin(), e.d_sinks.end(), sink.values.begin());
     std::copy(actual.d_sinks.begin(), actual.d_sinks.end(), got.values.begin());
-    judgement.d_sink = compare_gradient(sink, got, m.d_sinks, m.d_sinks_from_d, units, entry, output, length, score);
+    judgement.d_sink = compare_gradient(sink, got, {m.d_sinks, m.d_sinks_from_d}, units, entry, output, length, score);
   }
   return judgement;
 }

@@ -49,6 +49,15 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
     own(i, 0) = empty ? 0.0 : roundings * (std::fabs(exact) + std::log(n) + 1) * (1 + 0x1p-20);
     z_magnitudes(i, 0) = evaluation.row_scales[i].largest_magnitude;
   }
+  // The inside roundings' statistical charges (evaluate.cpp's RowRounding), in the LSE's unit.
+  InsideSpreads inside{Matrix(rows, recipe.probabilities_in_output > 0 ? 1 : 0), Matrix(rows, 1), Matrix(rows, 1)};
+  for (std::size_t i = 0; i < rows && i < evaluation.lse_spreads.size(); ++i) {
+    const auto& spreads = evaluation.lse_spreads[i];
+    if (inside.p.cols > 0) inside.p(i, 0) = spreads.p * unit;
+    inside.s(i, 0) = spreads.s * unit;
+    inside.s_second(i, 0) = spreads.s_second * unit;
+  }
+  input.inside = &inside;
   return compare(input, recipe, *spec.lse_format);
 }
 

@@ -52,12 +52,14 @@ constexpr AttentionRecipe recipes[] = {
      .summary = "as flash_bf16, the row sum taken from the rounded P",
      .intermediates = &bf16,
      .row_sum = RowSum::rounded,
-     .for_format = &bf16},
+     .for_format = &bf16,
+     .in_default = false},
     {.name = "flash_fp16_rounded_sum",
      .summary = "as flash_fp16, the row sum taken from the rounded P",
      .intermediates = &fp16,
      .row_sum = RowSum::rounded,
-     .for_format = &fp16},
+     .for_format = &fp16,
+     .in_default = false},
     {.name = "math_bf16",
      .summary = "PyTorch's math path on bf16: scores rounded twice, fp32 softmax, P in bf16",
      .intermediates = &bf16,
@@ -166,7 +168,7 @@ std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs, c
                                                      bool backward) {
   std::vector<const AttentionRecipe*> chosen;
   for (const AttentionRecipe& recipe : recipes) {
-    if (recipe.backward != backward || recipe.in_output_format) continue;
+    if (recipe.backward != backward || recipe.in_output_format || !recipe.in_default) continue;
     if (recipe.for_format != nullptr && recipe.for_format != &inputs && recipe.for_format != &output) continue;
     chosen.push_back(&recipe);
   }

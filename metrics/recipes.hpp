@@ -38,6 +38,10 @@ struct AttentionRecipe {
   // The formats this recipe is for (a default judgement tries it only where the kernel's
   // inputs or output have this format); nullptr: any.
   const FloatFormat* for_format = nullptr;
+  // Tried by a judgement that names no recipe. The rounded-sum variants are not: their LSE may
+  // move by u_P sqrt(sum p^2), which would let an LSE off by 1e-3 pass at a few hundred keys as
+  // "a kernel that sums the rounded P" (a design FlashAttention does not use); name them to use them.
+  bool in_default = true;
 };
 
 // Every recipe, forward first, each group from the tightest to the loosest.

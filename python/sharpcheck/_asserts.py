@@ -54,14 +54,20 @@ class Report:
         self.worst_array: str = worst.get("array", "")
         self.worst_index: Tuple[int, ...] = tuple(worst.get("full_index", []))
         self.failures: List[str] = record["failures"]
+        # Attention: the precision recipe the verdict is under, and how it was chosen ("pass as
+        # flash_bf16: ..."; metrics/recipes.hpp), and the row-scale test's worst ratio.
+        self.recipe: str = record.get("recipe", "")
+        self.recipe_note: str = record.get("recipe_note", "")
+        self.row_scale_ratio: float = _number(record.get("max_row_scale_ratio", 0.0))
 
     def to_json(self) -> str:
         return json.dumps(self.record, indent=2)
 
     def __repr__(self) -> str:
+        recipe = f", recipe={self.recipe!r}" if self.recipe else ""
         return (f"Report(status={self.status!r}, format={self.format!r}, elements={self.elements}, "
                 f"max_ulp={self.max_ulp}, bound_ratio={self.bound_ratio:.3g}, "
-                f"statistical_ratio={self.statistical_ratio:.3g})")
+                f"statistical_ratio={self.statistical_ratio:.3g}{recipe})")
 
     def message(self, what: str, tolerance: str) -> str:
         """assert_close's lines (count, greatest differences, where), then sharpcheck's."""
@@ -80,8 +86,9 @@ class Report:
             f"allowed |error| {worst['allowed']:.6g})",
             f"Max ulp: {self.max_ulp}, mean ulp {self.mean_ulp:.3g}",
             f"Bound ratio: proven tier {self.bound_ratio:.4g}, statistical tier {self.statistical_ratio:.4g}, "
-            f"bias {self.bias_ratio:.4g} (each fails above 1)",
-            f"Format {self.format}, precision model (tolerance entry) {tolerance}",
+            f"bias {self.bias_ratio:.4g}, row scale {self.row_scale_ratio:.4g} (each fails above 1)",
+            f"Format {self.format}, " + (f"recipe {self.recipe}" if self.recipe else
+                                         f"precision model (tolerance entry) {tolerance}"),
         ]
         lines += [f"sharpcheck: {failure}" for failure in self.failures]
         lines += [f"note: {note}" for note in self.notes]
@@ -89,6 +96,15 @@ class Report:
 
 
 _PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+
+
+def _inputs_format(q: Any) -> Optional[str]:
+    """The inputs' format from q's dtype (which recipes a default judgement tries), or None for
+    integer bit patterns (then the outputs' format stands for both)."""
+    try:
+        return format_of(q, "q")
+    except TypeError:
+        return None
 
 
 def _caller_name() -> str:
@@ -108,7 +124,7 @@ def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], wha
     options.setdefault("name", _caller_name())
     record = json.loads(judge(options))
     record["rerun"] = f"pytest {current_test}" if current_test else ""
-    record["tolerance_entry"] = tolerance
+    record["tolerance_entry"] = record.get("recipe") or tolerance
     if notes:
         record["notes"] = notes
     if recording:
@@ -155,7 +171,9 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None,
                            proven_only: bool = False, name: Optional[str] = None, msg: Optional[str] = None,
                            threads: int = 0) -> Report:
     """out (and lse, if given: fp32, natural log or base 2) ~ attention of q, k, v, judged head by
-    head against the correctly rounded reference under a tolerance entry (default attention_flash).
+    head against the correctly rounded reference under a precision recipe (tolerance=: attention_fp32,
+    flash_bf16, flash_fp16, math_bf16, math_fp16, ...; default: every recipe the formats allow, the
+    first that fits, reported as Report.recipe).
     Layouts bhsd (SDPA), bshd (flash_attn_func), packed (varlen, with cu_seqlens) or 2-D matrices of
     one head; GQA/MQA from k's head count; causal top-left (SDPA's is_causal) or bottom-right
     (FlashAttention); attn_mask as SDPA takes it (bool keeps, float adds)."""
@@ -168,9 +186,9 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None,
                                 query_lengths=query_lengths, key_lengths=key_lengths, cu_seqlens_q=cu_seqlens_q,
                                 cu_seqlens_k=cu_seqlens_k, lse_base2=lse_base2, theta=theta,
                                 fully_masked=fully_masked, threads=threads, notes=notes)
-    entry = tolerance or "attention_flash"
-    extra = {"format": fmt, "tolerance": entry, "proven_only": proven_only, "input_format": input_format,
-             "name": name}
+    entry = tolerance or "every recipe the formats allow"
+    extra = {"format": fmt, "tolerance": tolerance, "proven_only": proven_only,
+             "input_format": input_format or _inputs_format(q), "name": name}
     options.update({key: value for key, value in extra.items() if value is not None})
     judge = lambda o: _sharpcheck.judge_attention(*arrays, lse_array, o)  # noqa: E731
     return _judged(judge, options, "Attention outputs", entry, notes, msg)
@@ -190,7 +208,8 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
     """dq, dk, dv (and d_sinks, if given) ~ the gradients of attention of q, k, v against dout (and
     d_lse), and D = rowsum(dO * O) in fp32 if the kernel exposes it (d, laid out as the log-sum-exp),
     judged head by head against the correctly rounded gradients under a backward tolerance
-    entry: attention_backward_flash (default: FlashAttention 2, D from O in the format) or
+    recipe (tolerance=: attention_backward_flash, backward_flash_bf16/fp16, backward_math_bf16/fp16;
+    default: every recipe the formats allow, the first that fits) or a kernel's entry such as
     attention_backward_plain (P materialised in fp32). Layouts, masks and modifiers as
     sharpcheck.attention_backward; padded positions are not judged."""
     notes: List[str] = []
@@ -203,9 +222,9 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
                                 query_lengths=query_lengths, key_lengths=key_lengths, cu_seqlens_q=cu_seqlens_q,
                                 cu_seqlens_k=cu_seqlens_k, lse_base2=False, theta=theta, fully_masked="zeros",
                                 threads=threads, notes=notes)
-    entry = tolerance or "attention_backward_flash"
-    extra = {"format": fmt, "tolerance": entry, "proven_only": proven_only, "input_format": input_format,
-             "name": name}
+    entry = tolerance or "every backward recipe the formats allow"
+    extra = {"format": fmt, "tolerance": tolerance, "proven_only": proven_only,
+             "input_format": input_format or _inputs_format(q), "name": name}
     options.update({key: value for key, value in extra.items() if value is not None})
     sink_gradients = _numbers(d_sinks)
     d_rows = None if d is None else host(d, "d", notes)

@@ -524,7 +524,7 @@ def sharpcheck_judge(case: Case, result, q, k, v, dout, tolerance: Optional[str]
         tag = "n/a: " if tolerance is not None else ""
         return Verdict(None, detail=f"{tag}{type(error).__name__}: {error}", seconds=time.perf_counter() - start)
     return Verdict(True, ratio=report.bound_ratio, statistical=report.statistical_ratio,
-                   inconclusive=report.inconclusive,
+                   inconclusive=report.inconclusive, detail=getattr(report, "recipe_note", ""),
                    seconds=time.perf_counter() - start)
 
 
