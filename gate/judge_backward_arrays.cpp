@@ -312,7 +312,8 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
     closest->recipe_note = (named ? "pass under " : "pass as ") + closest->recipe + ": " + summary;
   } else {
     closest->recipe_note = (named ? "fails the named recipe " + closest->recipe
-                                  : "fits no recipe the formats allow (tried " + tried + "); closest: " +
+                                  : "fits no recipe the formats allow (tried " + tried + "; name one of " +
+                                      metrics::recipe_names(true, true) + " to judge by it); closest: " +
                                         closest->recipe) +
                            " (" + summary + ") at ratio " + ratio;
     closest->failures.push_back(closest->recipe_note);

@@ -1,8 +1,7 @@
 #include "metrics/judge_backward.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include <span>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -34,6 +33,11 @@ struct Magnitudes {
   // projected on each gradient's signs, and D's errors (one per query row) likewise.
   double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;
   double dq_scale_from_d = 0, dk_scale_from_d = 0;
+  // A recipe's score roundings (add_score_terms), per element: the Hoeffding spread (over
+  // 2.0001 u_S) and the second-order part; empty when the recipe keeps the scores in fp32. And the
+  // largest |z| of a non-negligible pair.
+  Matrix dq_scores, dk_scores, dv_scores, dq_scores_second, dk_scores_second, dv_scores_second;
+  double largest_z = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };
 
@@ -83,6 +87,61 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
 
 // The magnitudes kernels/tolerance.hpp defines, in double (relative error below 1e-12 for the
 // sizes judged, covered by the 1e-9 they are inflated by).
+// One query row's terms, as magnitudes_of computed them.
+struct RowTerms {
+  std::span<const std::size_t> visible;
+  const RowGeometry& g;
+  std::span<const double> weight, dp_mag, signed_dq;
+  double a_i = 0, lse_gradient = 0;
+};
+
+// The scores' roundings e_ij (|e_ij| <= eps_ij = 2.0001 u_S |z_ij|, independent) of a recipe that
+// rounds them (PyTorch's math path). To first order P_ij moves by P_ij (e_ij - e_i), e_i =
+// sum_k P_ik e_ik, and D_i by sum_j e_ij P_ij (dP_ij - D_i), so each gradient element is a linear
+// form in the e's whose coefficient for e_ik is bounded by three terms: for dQ_ic,
+// mag_ik |k_kc| (direct), P_ik M_ic (through e_i) and P_ik (|dP_ik| + A_i) |sum_j P_ij dz/dr k_jc|
+// (through D_i); for dK_kc, over the rows i, mag_ik |q_ic| (direct, e_ik), mag_ik |q_ic| P_ij
+// and P_ik dz/dr |q_ic| P_ij (|dP_ij| + A_i) (every e_ij); for dV_jc, P_ij |dO_ic| (direct) and
+// P_ij |dO_ic| P_ik (every e_ik). With (a + b + c)^2 <= 3 (a^2 + b^2 + c^2), Hoeffding's spread
+// is the square root of the sums below (times 2.0001 u_S). Beyond first order, each P_ij moves
+// by at most sigma_i P_ij, sigma_i = 3 exp(2 eps_i) (expm1(eps_i) - eps_i + eps_i^2), eps_i the
+// row's largest: charged in full as 3 sigma_i times each gradient's magnitude terms.
+void add_score_terms(const kernels::BackwardProblem& p, std::size_t i, const RowTerms& r, double u_s,
+                     Magnitudes& m) {
+  const std::size_t d = p.queries.cols, dv = p.values.cols;
+  double b = 0, c = 0, largest = 0;
+  for (std::size_t a = 0; a < r.visible.size(); ++a) {
+    const double zp = r.g.z[a] * r.weight[a];
+    b += zp * zp;
+    c += zp * zp * (r.dp_mag[a] + r.a_i) * (r.dp_mag[a] + r.a_i);
+    if (r.g.z[a] - r.g.lse > -negligible_gap) largest = std::max(largest, std::fabs(r.g.z[a]));
+  }
+  m.largest_z = std::max(m.largest_z, largest);
+  const double eps = 2.0001 * u_s * largest;
+  const double sigma = 3 * std::exp(2 * eps) * (std::expm1(eps) - eps + eps * eps);
+  for (std::size_t a = 0; a < r.visible.size(); ++a) {
+    const std::size_t j = r.visible[a];
+    const double mag = r.weight[a] * (r.dp_mag[a] + r.a_i + r.lse_gradient) * r.g.slope[a];
+    const double via_d = r.weight[a] * r.g.slope[a];
+    const double z2 = r.g.z[a] * r.g.z[a];
+    for (std::size_t t = 0; t < d; ++t) {
+      const double k = p.keys(j, t), q = p.queries(i, t);
+      m.dq_scores(i, t) += 3 * z2 * mag * mag * k * k;
+      m.dk_scores(j, t) += 3 * q * q * (z2 * mag * mag + mag * mag * b + via_d * via_d * c);
+      m.dk_scores_second(j, t) += 3 * sigma * mag * std::fabs(q);
+    }
+    for (std::size_t col = 0; col < dv; ++col) {
+      const double o = p.d_out(i, col);
+      m.dv_scores(j, col) += 2 * r.weight[a] * r.weight[a] * o * o * (z2 + b);
+      m.dv_scores_second(j, col) += sigma * r.weight[a] * std::fabs(o);
+    }
+  }
+  for (std::size_t t = 0; t < d; ++t) {  // the terms through e_i and D_i, with the row's M_ic
+    m.dq_scores(i, t) += 3 * (m.dq(i, t) * m.dq(i, t) * b + r.signed_dq[t] * r.signed_dq[t] * c);
+    m.dq_scores_second(i, t) = 3 * sigma * m.dq(i, t);
+  }
+}
+
 // Sign of an expected gradient element (0 for 0): the weights of the gradient-scale statistic.
 double sign_of(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
 
@@ -103,12 +162,20 @@ double add_scale_terms(const kernels::BackwardProblem& p, const reference::Atten
   return on_dk;
 }
 
-Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e) {
+Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e, double u_s) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
   const std::size_t positions = p.positions();
-  Magnitudes m{Matrix(mq, d), Matrix(n, d),       Matrix(n, dv), Matrix(p.group, 1), Matrix(mq, d),
-               Matrix(n, d),  Matrix(p.group, 1), Matrix(mq, 1), Matrix(mq, 1), Matrix(mq, d),
-               Matrix(n, d),  Matrix(n, dv)};
+  Magnitudes m;
+  for (Matrix* matrix : {&m.dq, &m.dq_from_d, &m.dq_spread}) *matrix = Matrix(mq, d);
+  for (Matrix* matrix : {&m.dk, &m.dk_from_d, &m.dk_spread}) *matrix = Matrix(n, d);
+  for (Matrix* matrix : {&m.dv, &m.dv_spread}) *matrix = Matrix(n, dv);
+  for (Matrix* matrix : {&m.d_sinks, &m.d_sinks_from_d}) *matrix = Matrix(p.group, 1);
+  for (Matrix* matrix : {&m.d_rows, &m.d_rows_from_o}) *matrix = Matrix(mq, 1);
+  if (u_s > 0) {
+    for (Matrix* matrix : {&m.dq_scores, &m.dq_scores_second}) *matrix = Matrix(mq, d);
+    for (Matrix* matrix : {&m.dk_scores, &m.dk_scores_second}) *matrix = Matrix(n, d);
+    for (Matrix* matrix : {&m.dv_scores, &m.dv_scores_second}) *matrix = Matrix(n, dv);
+  }
   std::vector<std::size_t> visible;
   std::vector<double> weight, dp_mag, out_row, signed_dq(d);
   tensor::HeadScores row_head;  // row i: head i / positions, at position i mod positions
@@ -165,6 +232,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       on_dq += sign_of(e.d_queries(i, t)) * signed_dq[t];
     }
     m.dq_scale_from_d += b_i * b_i * on_dq * on_dq;
+    if (u_s > 0) add_score_terms(p, i, {visible, g, weight, dp_mag, signed_dq, a_i, lse_gradient}, u_s, m);
     m.dk_scale_from_d += b_i * b_i * d_on_dk * d_on_dk;
     if (row_head.sink) {
       const double sink_weight =
@@ -174,10 +242,11 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     }
   }
   for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o,
-                         &m.d_sinks, &m.d_sinks_from_d}) {
+                         &m.d_sinks, &m.d_sinks_from_d, &m.dq_scores_second, &m.dk_scores_second,
+                         &m.dv_scores_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
-  for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread}) {
+  for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores}) {
     for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
   }
   return m;
@@ -193,6 +262,8 @@ struct GradientBound {
   const Matrix& magnitudes;
   const Matrix& from_d;
   const Matrix* spread = nullptr;
+  const Matrix* scores = nullptr;  // the scores' rounding: Hoeffding spread and second order
+  const Matrix* scores_second = nullptr;
 };
 
 // The statistical tier charges a recipe's k intermediate roundings (each an independent rounding
@@ -222,9 +293,14 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
                         false};
   input.output_rounding_of_expected = true;
   input.additional = &additional;
-  InsideSpreads inside;  // P's, dP's and dS's roundings; the scores' stay a worst case
+  InsideSpreads inside;  // P's, dP's and dS's roundings, and the scores'
   if (bound.spread != nullptr && tolerance.probabilities_in_output > 0) {
     inside.p = scaled_spread(*bound.spread, tolerance.probabilities_in_output);
+    input.inside = &inside;
+  }
+  if (bound.scores != nullptr && bound.scores->cols > 0 && tolerance.scores_in_output > 0) {
+    inside.s = *bound.scores;
+    inside.s_second = *bound.scores_second;
     input.inside = &inside;
   }
   return compare(input, tolerance, output);
@@ -267,7 +343,6 @@ void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix
   const double variance = roundings + u_i * u_i * entry.probabilities_in_output * noise.inside +
                           u_o * u_o * noise.from_d;
   const double allowed = (statistical_lambda * std::sqrt(variance) + charged) * (1 + 0x1p-20) / weight;
-  if (std::getenv("SC_DEBUG")) std::fprintf(stderr, "%s dev %g rounding %g inside %g from_d %g charged %g\n", name, deviation / weight, statistical_lambda*std::sqrt(roundings)/weight, statistical_lambda*std::sqrt(u_i * u_i * entry.probabilities_in_output * noise.inside)/weight, statistical_lambda*u_o*std::sqrt(noise.from_d)/weight, charged/weight);
   record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
 }
 
@@ -304,7 +379,11 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
                                            const reference::AttentionGradients* expected) {
   BackwardJudgement judgement;
   judgement.expected = expected != nullptr ? *expected : reference::attention_backward(p, output);
-  const Magnitudes m = magnitudes_of(p, judgement.expected);
+  const double u_s = tolerance.score_roundings > 0
+                          ? (tolerance.intermediate_format != nullptr ? *tolerance.intermediate_format : output)
+                                .unit_roundoff()
+                          : 0.0;
+  const Magnitudes m = magnitudes_of(p, judgement.expected, u_s);
   Tolerance entry;
   entry.accumulation = &fp32;
   entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
@@ -315,7 +394,8 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   entry.probabilities_in_output = tolerance.intermediates;
   entry.scores_in_output = tolerance.score_roundings;
   entry.probability_format = entry.score_format = tolerance.intermediate_format;
-  const double score = m.largest_lse + m.largest_gap;
+  // max |s / theta|: measured where the recipe rounds the scores, else bounded by |L| + |z - L|.
+  const double score = u_s > 0 ? m.largest_z : m.largest_lse + m.largest_gap;
   const std::size_t length = std::max(p.queries.rows, p.keys.rows);
   // O kept in the kernel's format: the output's, or a recipe's coarser intermediate format (bf16
   // inputs with fp32 gradients keep O in bf16).
@@ -325,12 +405,12 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   const double units = tolerance.output_units * o_unit;
   const auto& e = judgement.expected;
   judgement.d_queries =
-      compare_gradient(e.d_queries, actual.d_queries, {m.dq, m.dq_from_d, &m.dq_spread}, units, entry, output, length, score);
+      compare_gradient(e.d_queries, actual.d_queries, {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second}, units, entry, output, length, score);
   judgement.d_keys =
-      compare_gradient(e.d_keys, actual.d_keys, {m.dk, m.dk_from_d, &m.dk_spread}, units, entry, output, length, score);
+      compare_gradient(e.d_keys, actual.d_keys, {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second}, units, entry, output, length, score);
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
   judgement.d_values =
-      compare_gradient(e.d_values, actual.d_values, {m.dv, no_d, &m.dv_spread}, units, entry, output, length, score);
+      compare_gradient(e.d_values, actual.d_values, {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second}, units, entry, output, length, score);
   RowScale scale;
   scale.n = length;
   scale.largest_score = score;

@@ -40,7 +40,8 @@ struct AttentionRecipe {
   const FloatFormat* for_format = nullptr;
   // Tried by a judgement that names no recipe. The rounded-sum variants are not: their LSE may
   // move by u_P sqrt(sum p^2), which would let an LSE off by 1e-3 pass at a few hundred keys as
-  // "a kernel that sums the rounded P" (a design FlashAttention does not use); name them to use them.
+  // "a kernel that sums the rounded P" (a design FlashAttention does not use); nor the math path's
+  // backward (recipes.cpp says why). Name them to use them.
   bool in_default = true;
 };
 
@@ -62,7 +63,8 @@ struct AttentionRecipe {
 [[nodiscard]] std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs,
                                                                   const FloatFormat& output, bool backward);
 
-// The names, comma-separated, for messages.
-[[nodiscard]] std::string recipe_names(bool backward);
+// The names, comma-separated, for messages (only those a default judgement does not try, with
+// `only_named`).
+[[nodiscard]] std::string recipe_names(bool backward, bool only_named = false);
 
 }  // namespace sharpcheck::metrics

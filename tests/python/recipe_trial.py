@@ -174,7 +174,7 @@ def math_gradients(q, k, v, dout, o: Opts, dtype):
 class Bug:
     """The mutations; every field off is the honest kernel."""
     half_do_in_d: bool = False       # (a) D = rowsum(dO * O) over the first half of the head dim
-    dq_scaled_batch2: bool = False   # (b) dq[1:] *= 1.01
+    dq_scaled_batch2: float = 0.0   # (b) dq[1:] *= 1 + this (0: no bug)
     nan_tails: bool = False          # (c) output rows past the last full 128 block are NaN
     swapped_align: bool = False      # (d) bottom-right causal when asked top-left
     cap_after_mask: bool = False     # (e) masked with -1e4, then soft-capped
@@ -298,7 +298,7 @@ def fa2_backward(q, k, v, dout, o: Opts, *, bug: Bug = HONEST):
     dq = (ds @ kf) * scale
     dk = (ds.transpose(-1, -2) @ qf) * scale
     if bug.dq_scaled_batch2:
-        dq[1:] *= 1.01
+        dq[1:] *= 1 + bug.dq_scaled_batch2
     fold = lambda g: g.view(batch, kv_heads, group, sk, -1).sum(dim=2)  # noqa: E731
     return dq.to(dtype), fold(dk).to(dtype), fold(dv).to(dtype)
 
@@ -440,7 +440,9 @@ def cases() -> List[Case]:
         bug("bug_a_bwd_half_do_in_d", by["fa2_bwd_bf16_s200"], "(a) D from a half-written dO",
             Bug(half_do_in_d=True), quick=True),
         bug("bug_b_bwd_dq_x1.01_batch2", by["fa2_bwd_bf16_s200"], "(b) dQ scaled 1.01 at batch >= 2",
-            Bug(dq_scaled_batch2=True)),
+            Bug(dq_scaled_batch2=0.01)),
+        bug("bug_b_bwd_dq_x1.05_batch2", by["fa2_bwd_bf16_s200"], "(b) dQ scaled 1.05 at batch >= 2",
+            Bug(dq_scaled_batch2=0.05)),
         bug("bug_c_nan_tails_s200", by["fa2_bf16_causal_s200_b128"], "(c) NaN rows past the last 128 block",
             Bug(nan_tails=True), quick=True),
         bug("bug_d_causal_bottom_right", by["fa2_bf16_causal_200x256"], "(d) bottom-right causal for top-left",
