@@ -302,8 +302,8 @@ RecipeJudgement judge_under(const JudgeOptions& options, metrics::JudgeSpec spec
   spec.tolerance = &metrics::tolerance_for(entry);
   RecipeJudgement r;
   r.summary = std::string(spec.tolerance->reason);
-  r.judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v, out, arrays.lse,
-                                                 options.threads);
+  r.judgement = metrics::judge_attention_tensors(spec, problem, *arrays.q, *arrays.k, *arrays.v, out,
+                                                 arrays.lse, options.threads);
   r.closeness = worst_ratio(r.judgement.output, options.strictest);
   if (r.judgement.lse) r.closeness = std::max(r.closeness, worst_ratio(*r.judgement.lse, options.strictest));
   return r;
@@ -313,6 +313,24 @@ std::string ratio_text(double ratio) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3g", ratio);
   return text;
+}
+
+// For a failing named recipe: the first other recipe the formats allow under which the same
+// outputs pass, said in a line (one more judgement per recipe tried, on failure only).
+std::string other_recipe_line(const JudgeOptions& options, const metrics::JudgeSpec& spec,
+                              const tensor::AttentionProblem& problem, const AttentionArrays& arrays,
+                              const tensor::TensorSource& out, const FloatFormat& input,
+                              const FloatFormat& output, const std::string& named) {
+  std::string tried;
+  for (const auto* recipe : metrics::default_recipes(input, output, false)) {
+    if (recipe->name == named || (arrays.lse != nullptr && recipe->score_roundings > 0)) continue;
+    const RecipeJudgement r = judge_under(options, spec, std::string(recipe->name), problem, arrays, out);
+    if (r.closeness <= 1)
+      return "the outputs fit the recipe " + std::string(recipe->name) + " (" + r.summary + ")";
+    tried += (tried.empty() ? "" : ", ") + std::string(recipe->name);
+  }
+  return tried.empty() ? "no other recipe fits the formats"
+                       : "they fit no other recipe (tried " + tried + ")";
 }
 
 }  // namespace
@@ -340,7 +358,8 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   // tried from the tightest, and the first that fits is the verdict's (metrics/recipes.hpp).
   std::vector<std::string> entries;
   if (!options.tolerance_entry.empty()) {
-    entries.push_back(options.tolerance_entry == "attention_flash" ? "attention_fp32" : options.tolerance_entry);
+    entries.push_back(options.tolerance_entry == "attention_flash" ? "attention_fp32"
+                                                                   : options.tolerance_entry);
   } else {
     // A kernel that returns a log-sum-exp is a fused one: PyTorch's math path returns none, so
     // its recipes (scores rounded to the format, which moves L by about u sqrt(sum p^2 z^2)) are
@@ -365,11 +384,13 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
     outcome.recipe_note = (named ? "pass under " : "pass as ") + outcome.recipe + ": " + closest->summary;
   } else {
     outcome.recipe_note = named ? "fails the named recipe " + outcome.recipe + " (" + closest->summary +
-                                      ") at ratio " + ratio_text(closest->closeness)
+                                      ") at ratio " + ratio_text(closest->closeness) + "; " +
+                                      other_recipe_line(options, spec, problem, arrays, out, *input.format,
+                                                        *output.format, outcome.recipe)
                                 : "fits no recipe the formats allow (tried " + tried + "; name one of " +
-                                      metrics::recipe_names(false, true) + " to judge by it); closest: " +
-                                      outcome.recipe + " (" + closest->summary + ") at ratio " +
-                                      ratio_text(closest->closeness);
+                                      metrics::recipe_names(false, true) +
+                                      " to judge by it); closest: " + outcome.recipe + " (" +
+                                      closest->summary + ") at ratio " + ratio_text(closest->closeness);
     outcome.failures.push_back(outcome.recipe_note);
   }
   return outcome;

@@ -3,14 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
-
 #include <string>
 #include <tuple>
 
 #include "gate/array_checks.hpp"
 #include "kernels/attention_backward.hpp"
-#include "metrics/recipes.hpp"
 #include "metrics/judge_backward.hpp"
+#include "metrics/recipes.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -232,20 +231,22 @@ const kernels::BackwardTolerance& backward_entry(const std::string& name) {
   if (const auto* recipe = metrics::find_recipe(name); recipe != nullptr && recipe->backward)
     return metrics::backward_tolerance(*recipe);
   if (const auto* kernel = kernels::find_attention_backward_kernel(name)) return kernel->tolerance;
-  refuse(InputProblem::out_of_range, "no backward recipe or tolerance entry named '" + name + "' (the recipes: " +
-                                         metrics::recipe_names(true) + "; or a backward kernel's name)");
+  refuse(InputProblem::out_of_range, "no backward recipe or tolerance entry named '" + name +
+                                         "' (the recipes: " + metrics::recipe_names(true) +
+                                         "; or a backward kernel's name)");
 }
 
 // The largest ratio of a judged outcome (both tiers unless the proven one alone is asked for).
 double closeness_of(const CaseOutcome& outcome, metrics::Tier strictest) {
   const auto& c = outcome.comparison;
   if (c.non_finite > 0) return INFINITY;
-  return strictest == metrics::Tier::proven ? c.max_bound_ratio : std::max(c.max_bound_ratio, c.max_statistical_ratio);
+  return strictest == metrics::Tier::proven ? c.max_bound_ratio
+                                            : std::max(c.max_bound_ratio, c.max_statistical_ratio);
 }
 
 CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArrays& arrays,
-                                 const tensor::AttentionProblem& p, const Tensors& t, const GradientTensors& given,
-                                 const std::string& entry) {
+                                 const tensor::AttentionProblem& p, const Tensors& t,
+                                 const GradientTensors& given, const std::string& entry) {
   kernels::AttentionBackwardKernel kernel{};
   kernel.tolerance = backward_entry(entry);
   CaseOutcome outcome;
@@ -311,11 +312,11 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   if (closest->passed()) {
     closest->recipe_note = (named ? "pass under " : "pass as ") + closest->recipe + ": " + summary;
   } else {
-    closest->recipe_note = (named ? "fails the named recipe " + closest->recipe
-                                  : "fits no recipe the formats allow (tried " + tried + "; name one of " +
-                                      metrics::recipe_names(true, true) + " to judge by it); closest: " +
-                                        closest->recipe) +
-                           " (" + summary + ") at ratio " + ratio;
+    closest->recipe_note =
+        (named ? "fails the named recipe " + closest->recipe
+               : "fits no recipe the formats allow (tried " + tried + "; name one of " +
+                     metrics::recipe_names(true, true) + " to judge by it); closest: " + closest->recipe) +
+        " (" + summary + ") at ratio " + ratio;
     closest->failures.push_back(closest->recipe_note);
   }
   return *closest;

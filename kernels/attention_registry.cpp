@@ -16,8 +16,9 @@ constexpr Tolerance fp8_attention_tolerance{
     .dot_product = 6,
     .basis = "analysis: attention_flash plus descales, e4m3 P (relative and subnormal)",
     .reason = "P rounded to e4m3 (u = 2^-4) dominates; tiny weights err absolutely",
-    .probabilities_in_output = 32,
-    .probability_floor = 0x1.004p-18};
+    .probabilities_in_output = 2,
+    .probability_floor = 0x1.004p-18,
+    .probability_format = &fp8_e4m3};
 
 const AttentionKernel attention_table[] = {
     // Attention: a logit formed as an fp32 dot product of length d is within d u sum_t|q_t k_t|
@@ -76,8 +77,9 @@ const AttentionKernel attention_table[] = {
     // V dequantised per key, fl(v8 vd), is one more rounding per term: "constant 20". P scaled by
     // 2^8 (exact) and rounded to e4m3: a weight w >= 2^-6 (e4m3's least normal) moves by at most
     // u_e4m3 = 2^-4 relative, which is 16 u_bf16; l is summed from the unrounded weights, and a
-    // kernel summing the rounded ones moves l by as much again: "probabilities_in_output 32" (in
-    // units of the bf16 output's u). A weight below 2^-6 moves by at most 2^-10 absolute (half of
+    // kernel summing the rounded ones moves l by as much again: "probabilities_in_output 2" in
+    // e4m3's unit (probability_format; 32 u_bf16 as before). A weight below 2^-6 moves by at most 2^-10
+    // absolute (half of
     // e4m3's subnormal step 2^-9, or the whole of it when it flushes to 0); the largest weight is
     // 256 and rescaling only shrinks earlier tiles' errors, so l >= 256 and the probability moves
     // by at most 2^-18 absolute: "probability_floor 2^-18" (times sum_j |v_j|; 2^-10 margin).

@@ -209,16 +209,19 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
   if (s_charged) rest.scores_in_output = 0;
   const double magnitude = (*input.magnitudes)(r, j);
   const double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;
-  const auto unit = [&](const FloatFormat* format) { return (format != nullptr ? *format : output).unit_roundoff(); };
+  const auto unit = [&](const FloatFormat* format) {
+    return (format != nullptr ? *format : output).unit_roundoff();
+  };
   const double u_p = p_charged ? unit(tolerance.probability_format) : 0.0;
   const double u_s = s_charged ? unit(tolerance.score_format) : 0.0;
   const double growth = std::exp(2.0001 * u_s * input.scales[r].largest_score);
   double charge = 0;
-  if (p_charged) charge += statistical_lambda * u_p * inside.p(r, j) * growth * growth + 4 * u_p * u_p * magnitude;
+  if (p_charged)
+    charge += statistical_lambda * u_p * inside.p(r, j) * growth * growth + 4 * u_p * u_p * magnitude;
   if (s_charged)
     charge += growth * (statistical_lambda * 2.0001 * u_s * inside.s(r, j) + inside.s_second(r, j));
-  return allowed_error(rest, magnitude, (*input.z_magnitudes)(r, j), input.scales[r], output, Tier::statistical,
-                       rounded) +
+  return allowed_error(rest, magnitude, (*input.z_magnitudes)(r, j), input.scales[r], output,
+                       Tier::statistical, rounded) +
          charge * (1 + 0x1p-20);
 }
 

@@ -385,7 +385,8 @@ struct InsideUnits {
 InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) {
   InsideUnits units;
   if (tolerance.probabilities_in_output > 0)
-    units.p = (tolerance.probability_format != nullptr ? *tolerance.probability_format : output).unit_roundoff();
+    units.p =
+        (tolerance.probability_format != nullptr ? *tolerance.probability_format : output).unit_roundoff();
   if (tolerance.scores_in_output > 0)
     units.s = (tolerance.score_format != nullptr ? *tolerance.score_format : output).unit_roundoff();
   return units;
@@ -416,16 +417,18 @@ void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& r
     weight += std::fabs(o);
     deviation += o > 0 ? y - o : o - y;
     output_noise += u_out * u_out * y * y;
-    charged += allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
-               (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
+    charged +=
+        allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
+        (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
   }
   if (weight == 0) return;
   const double growth = std::exp(2.0001 * u.s * scale.largest_score);  // 1 / W and p's own growth
   const double p_noise = u.p * rounding.scale_p_spread * growth * growth;
   const double s_noise = 2.0001 * u.s * rounding.scale_s_spread * growth;
-  const double allowed = (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) +
-                          growth * rounding.scale_s_second + charged) *
-                         (1 + 0x1p-20) / weight;
+  const double allowed =
+      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) +
+       growth * rounding.scale_s_second + charged) *
+      (1 + 0x1p-20) / weight;
   record_row_scale(comparison, row, std::fabs(deviation) / weight, allowed);
 }
 

@@ -1,8 +1,8 @@
 #include "metrics/judge_backward.hpp"
 
 #include <algorithm>
-#include <span>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -162,7 +162,8 @@ double add_scale_terms(const kernels::BackwardProblem& p, const reference::Atten
   return on_dk;
 }
 
-Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e, double u_s) {
+Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
+                         double u_s) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
   const std::size_t positions = p.positions();
   Magnitudes m;
@@ -241,12 +242,13 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       m.d_sinks_from_d(h, 0) += sink_weight * b_i;
     }
   }
-  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o,
-                         &m.d_sinks, &m.d_sinks_from_d, &m.dq_scores_second, &m.dk_scores_second,
-                         &m.dv_scores_second}) {
+  for (Matrix* matrix :
+       {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks,
+        &m.d_sinks_from_d, &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
-  for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores}) {
+  for (Matrix* matrix :
+       {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores}) {
     for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
   }
   return m;
@@ -288,7 +290,8 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   // charges as min(n, 8 sqrt(n)) (tolerance_table.cpp).
   RowScale scale;
   scale.n = length;
-  scale.largest_score = largest_score;  // max |s / theta| <= max |L| + max |z - L|: the recipe's score roundings
+  scale.largest_score =
+      largest_score;  // max |s / theta| <= max |L| + max |z - L|: the recipe's score roundings
   ComparisonInput input{&expected, &actual, &magnitudes, &zeros, std::vector<RowScale>(expected.rows, scale),
                         false};
   input.output_rounding_of_expected = true;
@@ -320,9 +323,10 @@ struct ScaleNoise {
   double from_d = 0;  // the same for D's errors (over u_o^2)
 };
 
-void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual, const Matrix& magnitudes,
-                          const ScaleNoise& noise, const Tolerance& entry, double u_o, const FloatFormat& output,
-                          const RowScale& scale, Comparison& comparison) {
+void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,
+                          const Matrix& magnitudes, const ScaleNoise& noise, const Tolerance& entry,
+                          double u_o, const FloatFormat& output, const RowScale& scale,
+                          Comparison& comparison) {
   Tolerance rest = entry;
   const double u_i =
       entry.probabilities_in_output > 0
@@ -340,8 +344,8 @@ void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix
     charged += allowed_error(rest, magnitudes.values[x], 0.0, scale, output, Tier::statistical, 0.0);
   }
   if (weight == 0) return;
-  const double variance = roundings + u_i * u_i * entry.probabilities_in_output * noise.inside +
-                          u_o * u_o * noise.from_d;
+  const double variance =
+      roundings + u_i * u_i * entry.probabilities_in_output * noise.inside + u_o * u_o * noise.from_d;
   const double allowed = (statistical_lambda * std::sqrt(variance) + charged) * (1 + 0x1p-20) / weight;
   record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
 }
@@ -379,10 +383,11 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
                                            const reference::AttentionGradients* expected) {
   BackwardJudgement judgement;
   judgement.expected = expected != nullptr ? *expected : reference::attention_backward(p, output);
-  const double u_s = tolerance.score_roundings > 0
-                          ? (tolerance.intermediate_format != nullptr ? *tolerance.intermediate_format : output)
-                                .unit_roundoff()
-                          : 0.0;
+  const double u_s =
+      tolerance.score_roundings > 0
+          ? (tolerance.intermediate_format != nullptr ? *tolerance.intermediate_format : output)
+                .unit_roundoff()
+          : 0.0;
   const Magnitudes m = magnitudes_of(p, judgement.expected, u_s);
   Tolerance entry;
   entry.accumulation = &fp32;
@@ -404,22 +409,25 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
                             : output.unit_roundoff();
   const double units = tolerance.output_units * o_unit;
   const auto& e = judgement.expected;
-  judgement.d_queries =
-      compare_gradient(e.d_queries, actual.d_queries, {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second}, units, entry, output, length, score);
-  judgement.d_keys =
-      compare_gradient(e.d_keys, actual.d_keys, {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second}, units, entry, output, length, score);
+  judgement.d_queries = compare_gradient(e.d_queries, actual.d_queries,
+                                         {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second},
+                                         units, entry, output, length, score);
+  judgement.d_keys = compare_gradient(e.d_keys, actual.d_keys,
+                                      {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second},
+                                      units, entry, output, length, score);
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
-  judgement.d_values =
-      compare_gradient(e.d_values, actual.d_values, {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second}, units, entry, output, length, score);
+  judgement.d_values = compare_gradient(e.d_values, actual.d_values,
+                                        {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second}, units,
+                                        entry, output, length, score);
   RowScale scale;
   scale.n = length;
   scale.largest_score = score;
-  judge_gradient_scale("dQ", e.d_queries, actual.d_queries, m.dq, {m.dq_scale_inside, m.dq_scale_from_d}, entry,
-                       o_unit, output, scale, judgement.d_queries);
-  judge_gradient_scale("dK", e.d_keys, actual.d_keys, m.dk, {m.dk_scale_inside, m.dk_scale_from_d}, entry, o_unit,
-                       output, scale, judgement.d_keys);
-  judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv, {m.dv_scale_inside, 0.0}, entry, o_unit, output,
-                       scale, judgement.d_values);
+  judge_gradient_scale("dQ", e.d_queries, actual.d_queries, m.dq, {m.dq_scale_inside, m.dq_scale_from_d},
+                       entry, o_unit, output, scale, judgement.d_queries);
+  judge_gradient_scale("dK", e.d_keys, actual.d_keys, m.dk, {m.dk_scale_inside, m.dk_scale_from_d}, entry,
+                       o_unit, output, scale, judgement.d_keys);
+  judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv, {m.dv_scale_inside, 0.0}, entry, o_unit,
+                       output, scale, judgement.d_values);
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)
       throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +
@@ -439,7 +447,8 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
     Matrix sink(e.d_sinks.size(), 1), got(e.d_sinks.size(), 1);
     std::copy(e.d_sinks.begin(), e.d_sinks.end(), sink.values.begin());
     std::copy(actual.d_sinks.begin(), actual.d_sinks.end(), got.values.begin());
-    judgement.d_sink = compare_gradient(sink, got, {m.d_sinks, m.d_sinks_from_d}, units, entry, output, length, score);
+    judgement.d_sink =
+        compare_gradient(sink, got, {m.d_sinks, m.d_sinks_from_d}, units, entry, output, length, score);
   }
   return judgement;
 }

@@ -34,11 +34,13 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
   ComparisonInput input{&expected, &given, &magnitudes, &z_magnitudes, evaluation.row_scales,
                         false,     0,      nullptr,     &own};
   Tolerance recipe = *spec.tolerance;
-  if (recipe.probability_format == nullptr) recipe.probability_format = spec.output;  // the output's, not the LSE's
+  if (recipe.probability_format == nullptr)
+    recipe.probability_format = spec.output;  // the output's, not the LSE's
   if (recipe.score_format == nullptr) recipe.score_format = spec.output;
   if (!recipe.row_sum_of_rounded_probabilities) recipe.probabilities_in_output = 0;
   const double unit = spec.lse_base2 ? 1.0 / std::log(2.0) * (1 + 1e-9) : 1.0;
-  const double roundings = 2 * spec.lse_format->unit_roundoff() + spec.tolerance->accumulation->unit_roundoff();
+  const double roundings =
+      2 * spec.lse_format->unit_roundoff() + spec.tolerance->accumulation->unit_roundoff();
   for (std::size_t i = 0; i < rows; ++i) {
     const double exact = evaluation.expected_lse[i];
     const bool empty = exact == -INFINITY;  // a fully masked row: -inf is the one right answer
@@ -50,7 +52,8 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
     z_magnitudes(i, 0) = evaluation.row_scales[i].largest_magnitude;
   }
   // The inside roundings' statistical charges (evaluate.cpp's RowRounding), in the LSE's unit.
-  InsideSpreads inside{Matrix(rows, recipe.probabilities_in_output > 0 ? 1 : 0), Matrix(rows, 1), Matrix(rows, 1)};
+  InsideSpreads inside{Matrix(rows, recipe.probabilities_in_output > 0 ? 1 : 0), Matrix(rows, 1),
+                       Matrix(rows, 1)};
   for (std::size_t i = 0; i < rows && i < evaluation.lse_spreads.size(); ++i) {
     const auto& spreads = evaluation.lse_spreads[i];
     if (inside.p.cols > 0) inside.p(i, 0) = spreads.p * unit;

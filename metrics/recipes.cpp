@@ -44,8 +44,7 @@ namespace {
 // against every gradient's magnitude. The math path also rounds dP = dO V^T and the scores:
 // three intermediate roundings, and the scores' two as in the forward.
 constexpr AttentionRecipe recipes[] = {
-    {.name = "attention_fp32",
-     .summary = "S and P in fp32, fp32 sums; only the output rounded"},
+    {.name = "attention_fp32", .summary = "S and P in fp32, fp32 sums; only the output rounded"},
     {.name = "flash_bf16",
      .summary = "FlashAttention 2/3: P in bf16 before P V, fp32 row sum and accumulators",
      .intermediates = &bf16,
@@ -134,11 +133,13 @@ kernels::Tolerance derive_forward(const AttentionRecipe& recipe) {
 }
 
 kernels::BackwardTolerance derive_backward(const AttentionRecipe& recipe) {
-  kernels::BackwardTolerance entry = kernels::find_attention_backward_kernel("attention_backward_flash")->tolerance;
+  kernels::BackwardTolerance entry =
+      kernels::find_attention_backward_kernel("attention_backward_flash")->tolerance;
   entry.intermediates = recipe.gradient_roundings;
   entry.score_roundings = recipe.score_roundings;
   entry.intermediate_format = recipe.intermediates;
-  entry.basis = "analysis: attention_backward_flash's entry plus the recipe's roundings (metrics/recipes.cpp)";
+  entry.basis =
+      "analysis: attention_backward_flash's entry plus the recipe's roundings (metrics/recipes.cpp)";
   entry.reason = recipe.summary;
   return entry;
 }
@@ -173,11 +174,12 @@ const kernels::BackwardTolerance& backward_tolerance(const AttentionRecipe& reci
 }
 
 std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs, const FloatFormat& output,
-                                                     bool backward) {
+                                                    bool backward) {
   std::vector<const AttentionRecipe*> chosen;
   for (const AttentionRecipe& recipe : recipes) {
     if (recipe.backward != backward || recipe.in_output_format || !recipe.in_default) continue;
-    if (recipe.for_format != nullptr && recipe.for_format != &inputs && recipe.for_format != &output) continue;
+    if (recipe.for_format != nullptr && recipe.for_format != &inputs && recipe.for_format != &output)
+      continue;
     chosen.push_back(&recipe);
   }
   static_assert(recipe_count > 0);
@@ -187,7 +189,8 @@ std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs, c
 std::string recipe_names(bool backward, bool only_named) {
   std::string names;
   for (const AttentionRecipe& recipe : recipes) {
-    if (recipe.backward != backward || (only_named && recipe.in_default && !recipe.in_output_format)) continue;
+    if (recipe.backward != backward || (only_named && recipe.in_default && !recipe.in_output_format))
+      continue;
     names += (names.empty() ? "" : ", ") + std::string(recipe.name);
   }
   return names;

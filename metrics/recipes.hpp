@@ -33,7 +33,7 @@ struct AttentionRecipe {
   const FloatFormat* intermediates = nullptr;
   bool in_output_format = false;  // the names that predate recipes: "the output's format"
   RowSum row_sum = RowSum::unrounded;
-  int score_roundings = 0;     // roundings of each score to the intermediates' format (math path: 2)
+  int score_roundings = 0;        // roundings of each score to the intermediates' format (math path: 2)
   double gradient_roundings = 0;  // backward: how many of P, dP, dS are rounded (each relative to M)
   // The formats this recipe is for (a default judgement tries it only where the kernel's
   // inputs or output have this format); nullptr: any.

@@ -98,8 +98,10 @@ double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, c
   // Roundings inside the kernel, in the units of the format they round to (the output's unless
   // a recipe names another: P in bf16 under an fp32 output is charged 2^-8, not 2^-24).
   const double u_scores = (t.score_format != nullptr ? *t.score_format : output).unit_roundoff();
-  const double u_probabilities = (t.probability_format != nullptr ? *t.probability_format : output).unit_roundoff();
-  const double inside = t.scores_in_output * 2 * row.largest_score * u_scores + t.probabilities_in_output * u_probabilities;
+  const double u_probabilities =
+      (t.probability_format != nullptr ? *t.probability_format : output).unit_roundoff();
+  const double inside =
+      t.scores_in_output * 2 * row.largest_score * u_scores + t.probabilities_in_output * u_probabilities;
   const double negligible = static_cast<double>(row.negligible) * negligible_contribution;
   const double computed = std::expm1(units * u + inside) + negligible;
   // The bound is evaluated in double; 2^-40 relative headroom covers its own rounding errors. An

@@ -114,13 +114,14 @@ expect(0, "members named one by one", "--q", compressed + ":q", "--k", compresse
        "bottom-right")
 
 # A FlashAttention-2-style port (P cast to bf16 before P V) judged by its precision model: from
-# --tolerance-of, or from a budget keyed by the name the user gives; the default fp32 model fails
-# it and says which model it fits.
+# --tolerance-of, or from a budget keyed by the name the user gives; the fp32 recipe fails it, and
+# with no recipe named it passes as the one it fits (flash_bf16), which the report names.
 q, k, v = inputs(1, 4, 4, 64, 256, 64)
 q, k = (3 * q.float()).bfloat16(), (3 * k.float()).bfloat16()  # scores of size ~10
 p = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 8, -1)
 p_rounded = save("p_rounded", q=q, k=k, v=v, out=(p.bfloat16().float() @ v.float()).bfloat16())
-compare_attention("P rounded to bf16, judged by the fp32 model", 1, p_rounded)
+compare_attention("P rounded to bf16, judged by the fp32 recipe", 1, p_rounded, "--tolerance-of", "attention_fp32")
+compare_attention("P rounded to bf16, no recipe named: passes as flash_bf16", 0, p_rounded)
 compare_attention("P rounded to bf16, --tolerance-of attention_p_rounded", 0, p_rounded, "--tolerance-of",
                   "attention_p_rounded")
 budget = os.path.join(WORK, "budget_models.json")
@@ -128,7 +129,12 @@ with open(budget, "w") as file:
     file.write('{"kernels": {"fa2_port": {"tolerance_of": "attention_p_rounded", "max_bound_ratio": 1}}}')
 compare_attention("P rounded to bf16, the model from the budget", 0, p_rounded, "--budget", budget, "--name",
                   "fa2_port")
-compare_attention("the budget's model is for another name", 1, p_rounded, "--budget", budget, "--name", "other")
+budget_fp32 = os.path.join(WORK, "budget_fp32.json")
+with open(budget_fp32, "w") as file:
+    file.write('{"kernels": {"fa2_port": {"tolerance_of": "attention_p_rounded"}, '
+               '"other": {"tolerance_of": "attention_fp32"}}}')
+compare_attention("the budget's recipe is the one keyed by the name", 1, p_rounded, "--budget", budget_fp32,
+                  "--name", "other")
 with open(budget, "w") as file:
     file.write('{"kernels": {"fa2_port": {"tolerance_of": "attention_fp64"}}}')
 compare_attention("a budget naming no tolerance entry", 2, p_rounded, "--budget", budget, "--name", "fa2_port")

@@ -27,6 +27,9 @@ class Report:
     worst_array: str
     worst_index: Tuple[int, ...]
     failures: List[str]
+    recipe: str  # attention: the precision recipe the verdict is under ("flash_bf16", ...)
+    recipe_note: str  # "pass as flash_bf16: ..." or why none fits
+    row_scale_ratio: float  # the row-scale (gradient-scale) test's worst ratio, fails above 1
     def to_json(self) -> str: ...
     def message(self, what: str, tolerance: str) -> str: ...
 

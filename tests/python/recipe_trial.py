@@ -590,6 +590,12 @@ def references(case: Case, q, k, v, dout):
     return ref, low
 
 
+# Wrong default verdicts that are known and documented (docs/verdicts.md), each with its reason. The
+# run fails on any other wrong verdict, and on a known one that no longer happens.
+KNOWN_MISSES = {
+    "bug_b_bwd_dq_x1.01_batch2": "a 1% dQ scale at S = 200 fits the bf16 backward's allowance (the 5% twin fails)",
+}
+
 JUDGES = ["sc_default", "sc_declared", "assert_close", "fa_rule", "sdpa_rule"]
 TITLES = {"sc_default": "sharpcheck default", "sc_declared": "sharpcheck declared", "assert_close": "assert_close",
           "fa_rule": "FA rule", "sdpa_rule": "SDPA fudge rule"}
@@ -736,10 +742,18 @@ def main() -> int:
             out.append(r)
         with open(args.json, "w") as f:
             json.dump({"elapsed_s": elapsed, "quick": args.quick, "rows": out}, f, indent=2)
+    known = [name for name in wrong if name in KNOWN_MISSES]
+    fixed = [name for name in KNOWN_MISSES if name in {r["name"] for r in rows} and name not in wrong]
+    wrong = [name for name in wrong if name not in KNOWN_MISSES]
+    for name in known:
+        print(f"\nknown miss (docs/verdicts.md): {name}: {KNOWN_MISSES[name]}")
+    if fixed:  # the list must stay true: a miss that no longer happens is taken off it
+        print(f"\nno longer missed, take off KNOWN_MISSES: {fixed}")
+        return 1
     if wrong or errors:
         print(f"\nsharpcheck default: wrong verdicts on {wrong}, errors on {errors}")
         return 1
-    print("\nsharpcheck default: every verdict right")
+    print("\nsharpcheck default: every verdict right" + (" but the known misses" if known else ""))
     return 0
 
 

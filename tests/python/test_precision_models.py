@@ -1,5 +1,5 @@
 """Attention precision models (issue 15): each model passes the kernel that computes that way and
-fails one that rounds more, and a failing report names the looser model the output fits."""
+fails one that rounds more, and a failing report names the recipe the output fits."""
 
 import pytest
 import torch
@@ -52,26 +52,28 @@ def test_fp32_model_passes_fp32_p_and_fails_p_rounded_to_bf16(scale):
     inputs = problem(scale)
     assert judge(fp32_scores_and_p, "attention_fp32", inputs).bound_ratio < 1
     assert judge(fp32_scores_and_p, "attention_flash", inputs).passed  # the default entry is this model
-    with pytest.raises(AssertionError, match="pass under the looser precision model attention_p_rounded"):
+    with pytest.raises(AssertionError, match="the outputs fit the recipe flash_bf16"):
         judge(p_rounded, "attention_fp32", inputs)
+    assert judge(p_rounded, None, inputs).recipe == "flash_bf16"  # the default finds the recipe it fits
 
 
 def test_p_rounded_model_passes_flashattentions_p_and_fails_bf16_scores():
     inputs = problem(3.0)
     assert judge(p_rounded, "attention_p_rounded", inputs).bound_ratio < 1
-    with pytest.raises(AssertionError, match="pass under the looser precision model attention_math_lowp"):
+    with pytest.raises(AssertionError, match="the outputs fit the recipe math_bf16"):
         judge(math_lowp, "attention_p_rounded", inputs)
 
 
 def test_math_lowp_model_passes_pytorchs_bf16_math_path_and_fails_fp8_scores():
     inputs = problem(3.0)  # scores of size ~10: their rounding is what the model is about
     assert judge(math_lowp, "attention_math_lowp", inputs).bound_ratio < 1
-    with pytest.raises(AssertionError, match="no precision model is looser than attention_math_lowp"):
+    with pytest.raises(AssertionError, match=r"they fit no other recipe \(tried attention_fp32, flash_bf16, "
+                                             r"math_bf16\)"):
         judge(scores_in_fp8, "attention_math_lowp", inputs)
 
 
 def test_a_failing_report_under_the_default_names_no_model_when_none_fits():
     inputs = problem(3.0)
-    with pytest.raises(AssertionError, match=r"pass under no looser precision model \(tried attention_p_rounded, "
-                                             r"attention_math_lowp\)"):
+    with pytest.raises(AssertionError, match=r"fits no recipe the formats allow \(tried attention_fp32, "
+                                             r"flash_bf16, math_bf16; name one of"):
         judge(scores_in_fp8, None, inputs)

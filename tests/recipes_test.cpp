@@ -1,0 +1,163 @@
+// Precision recipes (metrics/recipes.hpp) on one head computed the way FlashAttention 2 does it in
+// bf16 (P rounded to bf16 before P V, fp32 row sum of the unrounded exponentials, fp32
+// accumulation), with its output kept in bf16 or in fp32: the flash recipe passes where the fp32
+// recipe fails (so the recipes discriminate), and each mutation the trial found passing
+// before fails: a row whose denominator was summed in bf16 (no LSE given), an LSE off by 1e-3,
+// the output's scale off by 1%. The honest kernel is simulated in double from the inputs, with
+// each rounding the recipe names done exactly (formats/float_format.hpp).
+#include "metrics/recipes.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/random.hpp"
+#include "metrics/evaluate.hpp"
+#include "metrics/judge_tensors.hpp"
+#include "metrics/tolerance_table.hpp"
+
+namespace sharpcheck {
+namespace {
+
+constexpr std::size_t queries = 24, keys = 384, dim = 64;
+
+struct Head {
+  Matrix q{queries, dim}, k{keys, dim}, v{keys, dim};
+  tensor::HeadScores scores;
+};
+
+Head make_head(std::uint64_t seed) {
+  Head head;
+  DeterministicRandom random(seed);
+  for (Matrix* m : {&head.q, &head.k, &head.v}) {
+    for (double& x : m->values) x = round_to_format(random.normal(), bf16);
+  }
+  head.scores.queries = queries;
+  head.scores.keys = keys;
+  head.scores.row_stride = keys;
+  return head;
+}
+
+struct Kernel {
+  bool denominator_in_bf16 = false;  // the bug: l summed in bf16, one term at a time
+};
+
+// FlashAttention 2's arithmetic for one query (one tile: the rounding of P is what is tested),
+// the output rounded to `output`; returns the natural LSE (fp32) in `lse`.
+void run_row(const Head& h, std::size_t i, const Kernel& kernel, const FloatFormat& output, Matrix& out,
+             double& lse) {
+  const double scale = 1 / std::sqrt(static_cast<double>(dim));
+  std::vector<double> s(keys);
+  double top = -INFINITY;
+  for (std::size_t j = 0; j < keys; ++j) {
+    double dot = 0;
+    for (std::size_t t = 0; t < dim; ++t) dot += h.q(i, t) * h.k(j, t);
+    s[j] = round_to_format(dot * scale, fp32);
+    top = std::max(top, s[j]);
+  }
+  double l = 0;
+  std::vector<double> acc(dim, 0.0);
+  for (std::size_t j = 0; j < keys; ++j) {
+    const double p = round_to_format(std::exp(s[j] - top), fp32);
+    l = kernel.denominator_in_bf16 ? round_to_format(l + p, bf16) : round_to_format(l + p, fp32);
+    const double p_rounded = round_to_format(p, bf16);
+    for (std::size_t c = 0; c < dim; ++c) acc[c] += p_rounded * h.v(j, c);
+  }
+  for (std::size_t c = 0; c < dim; ++c) out(i, c) = round_to_format(acc[c] / l, output);
+  lse = round_to_format(top + std::log(l), fp32);
+}
+
+struct Outputs {
+  Matrix out{queries, dim};
+  std::vector<double> lse = std::vector<double>(queries);
+};
+
+Outputs run(const Head& h, const Kernel& kernel, const FloatFormat& output) {
+  Outputs o;
+  for (std::size_t i = 0; i < queries; ++i) run_row(h, i, kernel, output, o.out, o.lse[i]);
+  return o;
+}
+
+metrics::Evaluation judge(const Head& h, const Outputs& o, const FloatFormat& output, const char* recipe) {
+  metrics::JudgeSpec spec{kernels::Operation::attention, &output, &metrics::tolerance_for(recipe)};
+  spec.lse = true;
+  return metrics::judge_attention(spec, h.q, h.k, h.v, h.scores, o.out);
+}
+
+// The LSE's comparison under a recipe: judge_attention_tensors' rule, on one head.
+metrics::Comparison judge_lse_of(const Head& h, const Outputs& o, const FloatFormat& output,
+                                 const char* recipe) {
+  tensor::AttentionProblem problem;
+  problem.shape = {1, 1, 1, queries, keys, dim, dim};
+  std::vector<double> q(h.q.values), k(h.k.values), v(h.v.values), out(o.out.values);
+  metrics::JudgeSpec spec{kernels::Operation::attention, &output, &metrics::tolerance_for(recipe)};
+  return *metrics::judge_attention_tensors(spec, problem, q, k, v, out, o.lse, 1).lse;
+}
+
+class FlashBf16 : public ::testing::TestWithParam<const FloatFormat*> {};
+
+TEST_P(FlashBf16, PassesItsRecipeAndFailsTheFp32One) {
+  const FloatFormat& output = *GetParam();
+  for (std::uint64_t seed : {1, 2, 3}) {
+    const Head h = make_head(seed);
+    const Outputs o = run(h, {}, output);
+    const auto flash = judge(h, o, output, "flash_bf16").comparison;
+    EXPECT_TRUE(flash.passed()) << flash.failure_summary();
+    EXPECT_LT(flash.max_row_scale_ratio, 1);
+    EXPECT_TRUE(judge_lse_of(h, o, output, "flash_bf16").passed());
+    EXPECT_FALSE(judge(h, o, output, "attention_fp32").comparison.passed())
+        << "P's rounding to bf16 must not fit the fp32 recipe";
+  }
+}
+
+TEST_P(FlashBf16, ADenominatorSummedInBf16FailsWithoutAnLse) {
+  const FloatFormat& output = *GetParam();
+  const Head h = make_head(4);
+  const auto broken =
+      judge(h, run(h, {.denominator_in_bf16 = true}, output), output, "flash_bf16").comparison;
+  EXPECT_FALSE(broken.passed());
+  EXPECT_GT(broken.max_row_scale_ratio, 1) << "the row-scale test sees the mis-normalised rows";
+}
+
+TEST_P(FlashBf16, AnLseOffBy1e3Fails) {
+  const FloatFormat& output = *GetParam();
+  const Head h = make_head(5);
+  Outputs o = run(h, {}, output);
+  for (double& x : o.lse) x = round_to_format(x + 1e-3, fp32);
+  EXPECT_FALSE(judge_lse_of(h, o, output, "flash_bf16").passed());
+}
+
+TEST_P(FlashBf16, AnOutputScaledByOnePercentFails) {
+  const FloatFormat& output = *GetParam();
+  const Head h = make_head(6);
+  Outputs o = run(h, {}, output);
+  for (double& x : o.out.values) x = round_to_format(x * 1.01, output);
+  const auto scaled = judge(h, o, output, "flash_bf16").comparison;
+  EXPECT_FALSE(scaled.passed());
+}
+
+INSTANTIATE_TEST_SUITE_P(Outputs, FlashBf16, ::testing::Values(&bf16, &fp32),
+                         [](const auto& param_info) { return std::string(param_info.param->name); });
+
+TEST(Recipes, DefaultsFollowTheFormatsAndSkipTheNamedOnlyOnes) {
+  std::vector<std::string> forward;
+  for (const auto* r : metrics::default_recipes(bf16, fp32, false)) forward.emplace_back(r->name);
+  EXPECT_EQ(forward, (std::vector<std::string>{"attention_fp32", "flash_bf16", "math_bf16"}));
+  EXPECT_EQ(metrics::default_recipes(fp32, fp32, false).size(), 1u);
+  std::vector<std::string> backward;
+  for (const auto* r : metrics::default_recipes(fp16, fp16, true)) backward.emplace_back(r->name);
+  EXPECT_EQ(backward, (std::vector<std::string>{"attention_backward_flash", "backward_flash_fp16"}));
+}
+
+TEST(Recipes, OldNamesStillResolveAndChargeTheOutputsFormat) {
+  const auto& p_rounded = metrics::tolerance_for("attention_p_rounded");
+  EXPECT_EQ(p_rounded.probability_format, nullptr);
+  EXPECT_EQ(p_rounded.probabilities_in_output, 2);
+  EXPECT_EQ(metrics::tolerance_for("flash_bf16").probability_format, &bf16);
+  EXPECT_THROW((void)metrics::tolerance_for("no_such_recipe"), InputError);
+}
+
+}  // namespace
+}  // namespace sharpcheck
