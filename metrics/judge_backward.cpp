@@ -162,10 +162,9 @@ double add_scale_terms(const kernels::BackwardProblem& p, const reference::Atten
   return on_dk;
 }
 
-Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                         double u_s) {
+// The magnitudes' matrices, zero, sized for the problem (the scores' only when a recipe rounds them).
+Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
-  const std::size_t positions = p.positions();
   Magnitudes m;
   for (Matrix* matrix : {&m.dq, &m.dq_from_d, &m.dq_spread}) *matrix = Matrix(mq, d);
   for (Matrix* matrix : {&m.dk, &m.dk_from_d, &m.dk_spread}) *matrix = Matrix(n, d);
@@ -177,6 +176,27 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     for (Matrix* matrix : {&m.dk_scores, &m.dk_scores_second}) *matrix = Matrix(n, d);
     for (Matrix* matrix : {&m.dv_scores, &m.dv_scores_second}) *matrix = Matrix(n, dv);
   }
+  return m;
+}
+
+// Inflates the sums by their double rounding (1e-9 covers it) and takes the spreads' square roots.
+void finish(Magnitudes& m) {
+  for (Matrix* matrix :
+       {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks,
+        &m.d_sinks_from_d, &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
+    for (double& x : matrix->values) x *= 1 + 1e-9;
+  }
+  for (Matrix* matrix :
+       {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores}) {
+    for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
+  }
+}
+
+Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
+                         double u_s) {
+  const std::size_t mq = p.queries.rows, d = p.queries.cols, dv = p.values.cols;
+  const std::size_t positions = p.positions();
+  Magnitudes m = allocated(p, u_s);
   std::vector<std::size_t> visible;
   std::vector<double> weight, dp_mag, out_row, signed_dq(d);
   tensor::HeadScores row_head;  // row i: head i / positions, at position i mod positions
@@ -242,15 +262,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       m.d_sinks_from_d(h, 0) += sink_weight * b_i;
     }
   }
-  for (Matrix* matrix :
-       {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks,
-        &m.d_sinks_from_d, &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
-    for (double& x : matrix->values) x *= 1 + 1e-9;
-  }
-  for (Matrix* matrix :
-       {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores}) {
-    for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
-  }
+  finish(m);
   return m;
 }
 
