@@ -1,5 +1,6 @@
 #include "gate/judge_backward_arrays.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -241,7 +242,8 @@ double closeness_of(const CaseOutcome& outcome, metrics::Tier strictest) {
   const auto& c = outcome.comparison;
   if (c.non_finite > 0) return INFINITY;
   return strictest == metrics::Tier::proven ? c.max_bound_ratio
-                                            : std::max(c.max_bound_ratio, c.max_statistical_ratio);
+                                            : std::max({c.max_bound_ratio, c.max_statistical_ratio,
+                                                        c.max_row_scale_ratio, c.max_bias_ratio});
 }
 
 CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArrays& arrays,

@@ -302,7 +302,8 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
 }  // namespace
 
 void record_scale(Comparison& comparison, const std::string& what, double deviation, double allowed) {
-  const double ratio = std::isnan(deviation) ? INFINITY : deviation / allowed;
+  double ratio = deviation / allowed;
+  if (std::isnan(ratio)) ratio = INFINITY;  // a NaN in either is a failure, and reported as one
   comparison.max_row_scale_ratio = std::max(comparison.max_row_scale_ratio, ratio);
   if (ratio <= 1) return;
   std::ostringstream text;

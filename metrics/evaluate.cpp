@@ -306,37 +306,61 @@ double second_order(double z, double u_s) {
   return std::expm1(eps) - eps;
 }
 
-// The columns' sums: o, and the spreads' sums of squares expanded around o.
+// Keys whose weights are equal (equal scores: q = 0, repeated keys, quantised inputs) round alike,
+// so their roundings are one variable, not several: the keys in order of weight, a group of equal
+// ones at a time (as comparison.cpp's rounding_noise groups equal values).
+std::vector<std::size_t> by_weight(const VisibleWeights& w) {
+  std::vector<std::size_t> order(w.p.size());
+  for (std::size_t a = 0; a < order.size(); ++a) order[a] = a;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return w.p[x] < w.p[y]; });
+  return order;
+}
+
+// o, and per column the groups' sums of squares: (sum_G p v)^2 and (sum_G p (v - o))^2 for P,
+// z_G^2 (sum_G p (v - o))^2 for the scores; the second order per key. Keys of weight 0 (masked by
+// a huge additive bias) are skipped: their rounding moves nothing, and their |z| would overflow.
 void column_sums(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
                  double u_s, RowRounding& r) {
   const std::size_t columns = values.cols;
-  std::vector<double> p_squares(columns, 0.0), p_linear(columns, 0.0), s_squares(columns, 0.0),
-      s_linear(columns, 0.0), second(columns, 0.0);
+  std::vector<double> plain(columns, 0.0), centred(columns, 0.0), scores(columns, 0.0), second(columns, 0.0),
+      group(columns, 0.0);
   double p_weight = 0, s_weight = 0, rho_weight = 0;
   for (std::size_t a = 0; a < visible.size(); ++a) {
     const double* v = values.row(visible[a]).data();
-    const double p2 = w.p[a] * w.p[a], s2 = p2 * w.z[a] * w.z[a], rho = w.p[a] * second_order(w.z[a], u_s);
-    p_weight += p2;
-    s_weight += s2;
-    rho_weight += rho;
-    for (std::size_t c = 0; c < columns; ++c) {
-      r.exact[c] += w.p[a] * v[c];
-      p_squares[c] += p2 * v[c] * v[c];
-      p_linear[c] += p2 * v[c];
-      s_squares[c] += s2 * v[c] * v[c];
-      s_linear[c] += s2 * v[c];
-      second[c] += rho * std::fabs(v[c]);
-    }
+    for (std::size_t c = 0; c < columns; ++c) r.exact[c] += w.p[a] * v[c];
   }
-  const auto centred = [](double squares, double linear, double weight, double o) {
-    const double value = squares - 2 * o * linear + o * o * weight;  // its cancellation charged:
-    return std::max(value, 0.0) + 0x1p-40 * (squares + 2 * std::fabs(o * linear) + o * o * weight);
-  };
+  const std::vector<std::size_t> order = by_weight(w);
+  for (std::size_t start = 0; start < order.size();) {
+    std::size_t end = start;
+    double group_weight = 0;
+    std::fill(group.begin(), group.end(), 0.0);
+    for (; end < order.size() && w.p[order[end]] == w.p[order[start]]; ++end) {
+      const std::size_t a = order[end];
+      if (w.p[a] == 0) continue;
+      const double* v = values.row(visible[a]).data();
+      const double rho = w.p[a] * second_order(w.z[a], u_s);
+      group_weight += w.p[a];
+      rho_weight += rho;
+      for (std::size_t c = 0; c < columns; ++c) {
+        group[c] += w.p[a] * v[c];
+        second[c] += rho * std::fabs(v[c]);
+      }
+    }
+    const double z2 = w.z[order[start]] * w.z[order[start]];
+    p_weight += group_weight * group_weight;
+    s_weight += z2 * group_weight * group_weight;
+    for (std::size_t c = 0; c < columns; ++c) {
+      const double moved = group[c] - r.exact[c] * group_weight;
+      plain[c] += group[c] * group[c];
+      centred[c] += moved * moved;
+      scores[c] += z2 * moved * moved;
+    }
+    start = end;
+  }
   for (std::size_t c = 0; c < columns; ++c) {
-    const double o = r.exact[c];
-    r.p_spread[c] = std::sqrt(std::max(p_squares[c], centred(p_squares[c], p_linear[c], p_weight, o)));
-    r.s_spread[c] = std::sqrt(centred(s_squares[c], s_linear[c], s_weight, o));
-    r.s_second[c] = (second[c] + rho_weight * std::fabs(o)) * (1 + 0x1p-30);
+    r.p_spread[c] = std::sqrt(std::max(plain[c], centred[c])) * (1 + 0x1p-30);
+    r.s_spread[c] = std::sqrt(scores[c]) * (1 + 0x1p-30);
+    r.s_second[c] = (second[c] + rho_weight * std::fabs(r.exact[c])) * (1 + 0x1p-30);
   }
   r.lse_p_spread = std::sqrt(p_weight) * (1 + 0x1p-30);
   r.lse_s_spread = std::sqrt(s_weight) * (1 + 0x1p-30);
@@ -344,24 +368,34 @@ void column_sums(const Matrix& values, std::span<const std::size_t> visible, con
 }
 
 // The row-scale statistic's spreads: each key's projection sum_c sign(o_c) v_jc, centred by
-// sum_c |o_c|, weighted as above.
+// sum_c |o_c|, summed over each group of equal weights, then squared.
 void scale_sums(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
                 double u_s, RowRounding& r) {
   double weight = 0;
   for (const double o : r.exact) weight += std::fabs(o);
   double plain = 0, centred = 0, scores = 0, second = 0;
-  for (std::size_t a = 0; a < visible.size(); ++a) {
-    const double* v = values.row(visible[a]).data();
-    double projection = 0, absolute = 0;
-    for (std::size_t c = 0; c < values.cols; ++c) {
-      projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
-      absolute += std::fabs(v[c]);
+  const std::vector<std::size_t> order = by_weight(w);
+  for (std::size_t start = 0; start < order.size();) {
+    std::size_t end = start;
+    double group_projection = 0, group_weight = 0;
+    for (; end < order.size() && w.p[order[end]] == w.p[order[start]]; ++end) {
+      const std::size_t a = order[end];
+      if (w.p[a] == 0) continue;
+      const double* v = values.row(visible[a]).data();
+      double projection = 0, absolute = 0;
+      for (std::size_t c = 0; c < values.cols; ++c) {
+        projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
+        absolute += std::fabs(v[c]);
+      }
+      group_projection += w.p[a] * projection;
+      group_weight += w.p[a];
+      second += w.p[a] * second_order(w.z[a], u_s) * (absolute + weight);
     }
-    const double p2 = w.p[a] * w.p[a], moved = projection - weight;
-    plain += p2 * projection * projection;
-    centred += p2 * moved * moved;
-    scores += p2 * w.z[a] * w.z[a] * moved * moved;
-    second += w.p[a] * second_order(w.z[a], u_s) * (absolute + weight);
+    const double moved = group_projection - weight * group_weight;
+    plain += group_projection * group_projection;
+    centred += moved * moved;
+    scores += w.z[order[start]] * w.z[order[start]] * moved * moved;
+    start = end;
   }
   r.scale_p_spread = std::sqrt(std::max(plain, centred)) * (1 + 0x1p-30);
   r.scale_s_spread = std::sqrt(scores) * (1 + 0x1p-30);

@@ -111,6 +111,7 @@ void add_score_terms(const kernels::BackwardProblem& p, std::size_t i, const Row
   const std::size_t d = p.queries.cols, dv = p.values.cols;
   double b = 0, c = 0, largest = 0;
   for (std::size_t a = 0; a < r.visible.size(); ++a) {
+    if (r.weight[a] == 0) continue;  // a huge additive mask: nothing moves, and |z| would overflow
     const double zp = r.g.z[a] * r.weight[a];
     b += zp * zp;
     c += zp * zp * (r.dp_mag[a] + r.a_i) * (r.dp_mag[a] + r.a_i);
@@ -120,6 +121,7 @@ void add_score_terms(const kernels::BackwardProblem& p, std::size_t i, const Row
   const double eps = 2.0001 * u_s * largest;
   const double sigma = 3 * std::exp(2 * eps) * (std::expm1(eps) - eps + eps * eps);
   for (std::size_t a = 0; a < r.visible.size(); ++a) {
+    if (r.weight[a] == 0) continue;
     const std::size_t j = r.visible[a];
     const double mag = r.weight[a] * (r.dp_mag[a] + r.a_i + r.lse_gradient) * r.g.slope[a];
     const double via_d = r.weight[a] * r.g.slope[a];
@@ -193,7 +195,7 @@ void finish(Magnitudes& m) {
 }
 
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                         double u_s) {
+                         double u_s, double u_i) {
   const std::size_t mq = p.queries.rows, d = p.queries.cols, dv = p.values.cols;
   const std::size_t positions = p.positions();
   Magnitudes m = allocated(p, u_s);
@@ -245,11 +247,12 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
         m.dv_spread(j, c) += weight[a] * weight[a] * p.d_out(i, c) * p.d_out(i, c);
       }
     }
-    // D's error delta_i moves dQ_i by exactly delta_i sum_j P_ij dz/dr k_j (first order; the
-    // product with P's own error, below 2^-10 of the unsigned sum, is kept as slack).
+    // D's error delta_i moves dQ_i by exactly delta_i sum_j P_ij dz/dr k_j (first order; its
+    // products with P's own error, below 2^-10, and with dS's rounding to the recipe's
+    // intermediate format, u_i, are kept as slack on the unsigned sum).
     double on_dq = 0;
     for (std::size_t t = 0; t < d; ++t) {
-      m.dq_from_d(i, t) = b_i * std::fabs(signed_dq[t]) + 0x1p-10 * m.dq_from_d(i, t);
+      m.dq_from_d(i, t) = b_i * std::fabs(signed_dq[t]) + (u_i + 0x1p-10) * m.dq_from_d(i, t);
       on_dq += sign_of(e.d_queries(i, t)) * signed_dq[t];
     }
     m.dq_scale_from_d += b_i * b_i * on_dq * on_dq;
@@ -400,7 +403,10 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
           ? (tolerance.intermediate_format != nullptr ? *tolerance.intermediate_format : output)
                 .unit_roundoff()
           : 0.0;
-  const Magnitudes m = magnitudes_of(p, judgement.expected, u_s);
+  const double u_i = tolerance.intermediates > 0 && tolerance.intermediate_format != nullptr
+                         ? tolerance.intermediate_format->unit_roundoff()
+                         : 0.0;
+  const Magnitudes m = magnitudes_of(p, judgement.expected, u_s, u_i);
   Tolerance entry;
   entry.accumulation = &fp32;
   entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
@@ -435,10 +441,10 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   scale.n = length;
   scale.largest_score = score;
   judge_gradient_scale("dQ", e.d_queries, actual.d_queries, m.dq, {m.dq_scale_inside, m.dq_scale_from_d},
-                       entry, o_unit, output, scale, judgement.d_queries);
+                       entry, units, output, scale, judgement.d_queries);
   judge_gradient_scale("dK", e.d_keys, actual.d_keys, m.dk, {m.dk_scale_inside, m.dk_scale_from_d}, entry,
-                       o_unit, output, scale, judgement.d_keys);
-  judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv, {m.dv_scale_inside, 0.0}, entry, o_unit,
+                       units, output, scale, judgement.d_keys);
+  judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv, {m.dv_scale_inside, 0.0}, entry, units,
                        output, scale, judgement.d_values);
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)

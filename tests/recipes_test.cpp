@@ -138,6 +138,24 @@ TEST_P(FlashBf16, AnOutputScaledByOnePercentFails) {
   EXPECT_FALSE(scaled.passed());
 }
 
+// Keys and values repeated (two distinct tokens, 192 copies each, as padding or duplicated tokens
+// are): equal scores give equal P, whose roundings
+// to bf16 are one error, not 192 independent ones. The statistical charge groups them (evaluate.cpp
+// by_weight); charged as independent, it was sqrt(192) too small and this honest kernel failed.
+TEST_P(FlashBf16, RepeatedTokensRoundAlikeAndStillPass) {
+  const FloatFormat& output = *GetParam();
+  Head h = make_head(7);
+  for (std::size_t j = 2; j < keys; ++j) {
+    for (std::size_t t = 0; t < dim; ++t) {
+      h.k(j, t) = h.k(j % 2, t);
+      h.v(j, t) = h.v(j % 2, t);
+    }
+  }
+  const Outputs o = run(h, {}, output);
+  const auto flash = judge(h, o, output, "flash_bf16").comparison;
+  EXPECT_TRUE(flash.passed()) << flash.failure_summary();
+}
+
 INSTANTIATE_TEST_SUITE_P(Outputs, FlashBf16, ::testing::Values(&bf16, &fp32),
                          [](const auto& param_info) { return std::string(param_info.param->name); });
 
