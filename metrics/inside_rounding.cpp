@@ -1,0 +1,182 @@
+#include "metrics/inside_rounding.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sharpcheck::metrics {
+namespace {
+
+// rho_j: what a score's rounding does to its exponential beyond first order.
+double second_order(double z, double u_s) {
+  const double eps = 2.0001 * u_s * z;
+  return std::expm1(eps) - eps;
+}
+
+// Keys whose weights are equal (equal scores: q = 0, repeated keys, quantised inputs) round alike,
+// so their roundings are one variable, not several: the keys in order of weight, a group of equal
+// ones at a time (as comparison.cpp's rounding_noise groups equal values).
+std::vector<std::size_t> by_weight(const VisibleWeights& w) {
+  std::vector<std::size_t> order(w.p.size());
+  for (std::size_t a = 0; a < order.size(); ++a) order[a] = a;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return w.p[x] < w.p[y]; });
+  return order;
+}
+
+// o, and per column the groups' sums of squares: (sum_G p v)^2 and (sum_G p (v - o))^2 for P,
+// z_G^2 (sum_G p (v - o))^2 for the scores; the second order per key. Keys of weight 0 (masked by
+// a huge additive bias) are skipped: their rounding moves nothing, and their |z| would overflow.
+void column_sums(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
+                 double u_s, RowRounding& r) {
+  const std::size_t columns = values.cols;
+  std::vector<double> plain(columns, 0.0), centred(columns, 0.0), scores(columns, 0.0), second(columns, 0.0),
+      group(columns, 0.0);
+  double p_weight = 0, s_weight = 0, rho_weight = 0;
+  for (std::size_t a = 0; a < visible.size(); ++a) {
+    const double* v = values.row(visible[a]).data();
+    for (std::size_t c = 0; c < columns; ++c) r.exact[c] += w.p[a] * v[c];
+  }
+  const std::vector<std::size_t> order = by_weight(w);
+  for (std::size_t start = 0; start < order.size();) {
+    std::size_t end = start;
+    double group_weight = 0;
+    std::fill(group.begin(), group.end(), 0.0);
+    for (; end < order.size() && w.p[order[end]] == w.p[order[start]]; ++end) {
+      const std::size_t a = order[end];
+      if (w.p[a] == 0) continue;
+      const double* v = values.row(visible[a]).data();
+      const double rho = w.p[a] * second_order(w.z[a], u_s);
+      group_weight += w.p[a];
+      rho_weight += rho;
+      for (std::size_t c = 0; c < columns; ++c) {
+        group[c] += w.p[a] * v[c];
+        second[c] += rho * std::fabs(v[c]);
+      }
+    }
+    const double z2 = w.z[order[start]] * w.z[order[start]];
+    p_weight += group_weight * group_weight;
+    s_weight += z2 * group_weight * group_weight;
+    for (std::size_t c = 0; c < columns; ++c) {
+      const double moved = group[c] - r.exact[c] * group_weight;
+      plain[c] += group[c] * group[c];
+      centred[c] += moved * moved;
+      scores[c] += z2 * moved * moved;
+    }
+    start = end;
+  }
+  for (std::size_t c = 0; c < columns; ++c) {
+    r.p_spread[c] = std::sqrt(std::max(plain[c], centred[c])) * (1 + 0x1p-30);
+    r.s_spread[c] = std::sqrt(scores[c]) * (1 + 0x1p-30);
+    r.s_second[c] = (second[c] + rho_weight * std::fabs(r.exact[c])) * (1 + 0x1p-30);
+  }
+  r.lse_p_spread = std::sqrt(p_weight) * (1 + 0x1p-30);
+  r.lse_s_spread = std::sqrt(s_weight) * (1 + 0x1p-30);
+  r.lse_s_second = rho_weight * (1 + 0x1p-30);
+}
+
+// The row-scale statistic's spreads: each key's projection sum_c sign(o_c) v_jc, centred by
+// sum_c |o_c|, summed over each group of equal weights, then squared.
+void scale_sums(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
+                double u_s, RowRounding& r) {
+  double weight = 0;
+  for (const double o : r.exact) weight += std::fabs(o);
+  double plain = 0, centred = 0, scores = 0, second = 0;
+  const std::vector<std::size_t> order = by_weight(w);
+  for (std::size_t start = 0; start < order.size();) {
+    std::size_t end = start;
+    double group_projection = 0, group_weight = 0;
+    for (; end < order.size() && w.p[order[end]] == w.p[order[start]]; ++end) {
+      const std::size_t a = order[end];
+      if (w.p[a] == 0) continue;
+      const double* v = values.row(visible[a]).data();
+      double projection = 0, absolute = 0;
+      for (std::size_t c = 0; c < values.cols; ++c) {
+        projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
+        absolute += std::fabs(v[c]);
+      }
+      group_projection += w.p[a] * projection;
+      group_weight += w.p[a];
+      second += w.p[a] * second_order(w.z[a], u_s) * (absolute + weight);
+    }
+    const double moved = group_projection - weight * group_weight;
+    plain += group_projection * group_projection;
+    centred += moved * moved;
+    scores += w.z[order[start]] * w.z[order[start]] * moved * moved;
+    start = end;
+  }
+  r.scale_p_spread = std::sqrt(std::max(plain, centred)) * (1 + 0x1p-30);
+  r.scale_s_spread = std::sqrt(scores) * (1 + 0x1p-30);
+  r.scale_s_second = second * (1 + 0x1p-30);
+}
+
+}  // namespace
+
+RowRounding row_rounding(const Matrix& values, std::span<const std::size_t> visible, const VisibleWeights& w,
+                         double u_s) {
+  const std::size_t columns = values.cols;
+  RowRounding r{std::vector<double>(columns, 0.0), std::vector<double>(columns, 0.0),
+                std::vector<double>(columns, 0.0), std::vector<double>(columns, 0.0)};
+  column_sums(values, visible, w, u_s, r);
+  scale_sums(values, visible, w, u_s, r);
+  return r;
+}
+
+InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) {
+  InsideUnits units;
+  if (tolerance.probabilities_in_output > 0)
+    units.p =
+        (tolerance.probability_format != nullptr ? *tolerance.probability_format : output).unit_roundoff();
+  if (tolerance.scores_in_output > 0)
+    units.s = (tolerance.score_format != nullptr ? *tolerance.score_format : output).unit_roundoff();
+  return units;
+}
+
+// The row-scale test (statistical tier). T = sum_c s_c (y_c - o_c) / sum_c |o_c|, s_c = sign(o_c),
+// is the row's output scale error seen through its own exact output o. An honest kernel's T is
+// its roundings' weighted sum: the output's own rounding (|delta_c| <= u_out |y_c|, one
+// independent rounding per element), P's and the scores' roundings projected as in RowRounding,
+// bounded together by Hoeffding's inequality at lambda (false alarm below 2 exp(-lambda^2 / 2) per
+// row, as the bias test of comparison.cpp), plus the second-order parts and the recipe's other
+// terms charged in full (each element's statistical allowance without the inside roundings and
+// the output rounding, summed with the weights s_c) and the double o_c's own error. A kernel
+// whose denominator is off (summed in bf16, a skipped rescale) moves every element of the row by
+// the same factor: T shows it at about sqrt(d) times the sensitivity of any one element.
+void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
+                     std::span<const double> magnitudes, const Tolerance& tolerance, const RowScale& scale,
+                     const FloatFormat& output, Comparison& comparison) {
+  double weight = 0, deviation = 0, output_noise = 0, charged = 0;
+  const double u_out = output.unit_roundoff();
+  const InsideUnits u = inside_units(tolerance, output);
+  Tolerance rest = tolerance;
+  rest.probabilities_in_output = rest.scores_in_output = 0;
+  for (std::size_t c = 0; c < actual.cols; ++c) {
+    const double o = rounding.exact[c], y = actual(row, c);
+    if (!std::isfinite(y)) return;  // the element check has failed it already
+    if (o == 0) continue;
+    weight += std::fabs(o);
+    deviation += o > 0 ? y - o : o - y;
+    output_noise += u_out * u_out * y * y;
+    charged +=
+        allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
+        (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
+  }
+  if (weight == 0) return;
+  const double growth = std::exp(2.0001 * u.s * scale.largest_score);  // 1 / W and p's own growth
+  const double p_noise = u.p * rounding.scale_p_spread * growth * growth;
+  const double s_noise = 2.0001 * u.s * rounding.scale_s_spread * growth;
+  const double allowed =
+      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) +
+       growth * rounding.scale_s_second + charged) *
+      (1 + 0x1p-20) / weight;
+  record_row_scale(comparison, row, std::fabs(deviation) / weight, allowed);
+}
+
+// Each element's inside-rounding spreads, in the matrices compare() reads (ComparisonInput).
+void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& spreads) {
+  for (std::size_t c = 0; c < spreads.p.cols; ++c) {
+    spreads.p(row, c) = rounding.p_spread[c];
+    spreads.s(row, c) = rounding.s_spread[c];
+    spreads.s_second(row, c) = rounding.s_second[c];
+  }
+}
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,63 @@
+// What a recipe's roundings inside an attention kernel can do to each row of its output, for the
+// row's own exact weights, scores and values: the statistical charges of P's and the scores'
+// roundings (Hoeffding, metrics/recipes.cpp) and the row-scale test. Internal to metrics/
+// (evaluate.cpp's judge_attention reads it).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "formats/float_format.hpp"
+#include "metrics/comparison.hpp"
+#include "metrics/tolerance_table.hpp"
+
+namespace sharpcheck::metrics {
+
+// The visible keys' exact weights p_j (in double) and |z_j| = |s_j / theta|, their scores' sizes.
+struct VisibleWeights {
+  std::vector<double> p, z;
+};
+
+// What the recipe's roundings inside the kernel can do to one row, for this row's exact weights
+// p_j (in double, relative error below (n + 10) 2^-53), scores z_j and values (derivations in
+// metrics/recipes.cpp). P's roundings d_j (|d_j| <= u_P) move o_c by sum_j d_j p_j v_jc, or with
+// a row sum of the rounded P by sum_j d_j p_j (v_jc - o_c): spread sqrt(sum_j p_j^2 v_jc^2), resp.
+// with v_jc - o_c, the larger taken. The scores' roundings e_j (|e_j| <= eps_j = 2.0001 u_S |z_j|)
+// move o_c to sum_j p_j w_j v_jc / W, w_j = exp(e_j), W = sum_j p_j w_j >= exp(-eps): the change
+// is (sum_j p_j e_j (v_jc - o_c) + sum_j p_j r_j (v_jc - o_c)) / W with |r_j| <= rho_j =
+// expm1(eps_j) - eps_j: a Hoeffding part of spread sqrt(sum_j p_j^2 z_j^2 (v_jc - o_c)^2) (times
+// 2.0001 u_S) and a second-order part at most sum_j p_j rho_j (|v_jc| + |o_c|), both over W.
+struct RowRounding {
+  std::vector<double> exact;     // o_c = sum_j p_j v_jc, in double
+  std::vector<double> p_spread;  // per column, P's rounding
+  std::vector<double> s_spread;  // per column, the scores' rounding (first order)
+  std::vector<double> s_second;  // per column, the scores' rounding (second order)
+  // The same for the row-scale statistic (judge_row_scale) and for the log-sum-exp, L moving by
+  // ln W (spread sqrt(sum_j p_j^2 z_j^2), second order sum_j p_j rho_j) or, with a row sum of the
+  // rounded P, by ln(1 + sum_j d_j p_j) (spread sqrt(sum_j p_j^2)).
+  double scale_p_spread = 0, scale_s_spread = 0, scale_s_second = 0;
+  double lse_p_spread = 0, lse_s_spread = 0, lse_s_second = 0;
+};
+
+// The row's exact output o_c (in double) and the spreads above, u_s the scores' unit roundoff (0:
+// the recipe keeps them in fp32).
+[[nodiscard]] RowRounding row_rounding(const Matrix& values, std::span<const std::size_t> visible,
+                                       const VisibleWeights& w, double u_s);
+
+// The unit roundoffs a tolerance's inside roundings are charged in (0 where it has none).
+struct InsideUnits {
+  double p = 0, s = 0;
+};
+[[nodiscard]] InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output);
+
+// The row-scale test of row `row` of `actual` (derivation in inside_rounding.cpp); a failure is
+// recorded in `comparison` as a statistical-tier finding.
+void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
+                     std::span<const double> magnitudes, const Tolerance& tolerance, const RowScale& scale,
+                     const FloatFormat& output, Comparison& comparison);
+
+// Row `row`'s spreads into the matrices compare() reads.
+void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& spreads);
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,55 @@
+// The softmax and log-softmax backward judge (metrics/judge_backward.hpp), apart from the attention
+// backward's.
+#include "metrics/judge_backward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "reference/softmax_backward.hpp"
+
+namespace sharpcheck::metrics {
+
+Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel, const Matrix& logits,
+                                  const Matrix& dy, const Matrix& dx) {
+  Matrix expected(logits.rows, logits.cols), magnitudes(logits.rows, logits.cols);
+  const Matrix zeros(logits.rows, logits.cols);
+  std::vector<RowScale> scales(logits.rows);
+  reference::RowOptions options;
+  options.fully_masked_gives_zeros = true;
+  for (std::size_t r = 0; r < logits.rows; ++r) {
+    const auto row = logits.row(r), gradient = dy.row(r);
+    const auto exact = kernel.log_softmax
+                           ? reference::log_softmax_backward(row, gradient, *kernel.format, options)
+                           : reference::softmax_backward(row, gradient, *kernel.format, options);
+    std::copy(exact.begin(), exact.end(), expected.row(r).begin());
+    double top = -INFINITY, bottom = INFINITY, sum = 0, weighted = 0, absolute = 0;
+    for (const double x : row) {
+      if (x == -INFINITY) continue;
+      top = std::max(top, x);
+      bottom = std::min(bottom, x);
+      ++scales[r].n;
+    }
+    if (scales[r].n == 0) continue;
+    scales[r].largest_magnitude = top - bottom;
+    std::vector<double> y(row.size(), 0.0);
+    for (std::size_t j = 0; j < row.size(); ++j)
+      sum += y[j] = row[j] == -INFINITY ? 0.0 : std::exp(row[j] - top);
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      y[j] /= sum;
+      if (row[j] == -INFINITY) continue;
+      weighted += y[j] * std::fabs(gradient[j]);
+      absolute += std::fabs(gradient[j]);
+    }
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      if (row[j] == -INFINITY) continue;
+      const double g = std::fabs(gradient[j]);
+      magnitudes(r, j) = (kernel.log_softmax ? g + y[j] * absolute : y[j] * (g + weighted)) * (1 + 1e-9);
+    }
+  }
+  ComparisonInput input{&expected, &dx, &magnitudes, &zeros, scales, false};
+  input.output_rounding_of_expected = true;
+  return compare(input, kernel.tolerance, *kernel.format);
+}
+
+}  // namespace sharpcheck::metrics
