@@ -1,11 +1,10 @@
 // The softmax and log-softmax backward judge (metrics/judge_backward.hpp), apart from the attention
 // backward's.
-#include "metrics/judge_backward.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "metrics/judge_backward.hpp"
 #include "reference/softmax_backward.hpp"
 
 namespace sharpcheck::metrics {
