@@ -19,6 +19,9 @@ constexpr AttentionScenario scenarios[] = {
     {"softcap_2_causal_64x64_d64", SHARPCHECK_ATTENTION_CAUSAL | SHARPCHECK_ATTENTION_SOFTCAP, true},
     {"alibi_causal_64x96_d128", bottom_right | SHARPCHECK_ATTENTION_ALIBI, true},
     {"sinks_33x129_d256", SHARPCHECK_ATTENTION_SINK | SHARPCHECK_ATTENTION_LSE, true},
+    {"softcap_30_alibi_causal_48x80_d64",
+     bottom_right | SHARPCHECK_ATTENTION_SOFTCAP | SHARPCHECK_ATTENTION_ALIBI | SHARPCHECK_ATTENTION_LSE,
+     true},
     {"kv_cache_decode_1x1024_d128_gqa_8_2",
      bottom_right | SHARPCHECK_ATTENTION_GQA | SHARPCHECK_ATTENTION_LSE, true},
     {"key_padding_2x40x80_d64", SHARPCHECK_ATTENTION_KEY_PADDING, true},
@@ -59,6 +62,13 @@ tensor::AttentionProblem problem_of(std::string_view name) {
     p.shape = {1, 4, 4, 64, 96, 128, 128};
     causal_bottom_right();
     p.alibi_slopes = {0.5, 0.25, 0.125, 0.0625};  // BLOOM's slopes for 4 heads: 2^(-8h/4)
+  } else if (name == "softcap_30_alibi_causal_48x80_d64") {
+    // Gemma 2's cap with ALiBi: the cap must apply before the bias (a kernel that caps the biased
+    // score squeezes far keys' penalties into 30).
+    p.shape = {1, 2, 2, 48, 80, 64, 64};
+    causal_bottom_right();
+    s.softcap = 30;
+    p.alibi_slopes = {0.5, 0.125};
   } else if (name == "sinks_33x129_d256") {
     p.shape = {1, 2, 2, 33, 129, 256, 256};
     p.sinks = {1.5, -0.5};

@@ -1,6 +1,7 @@
 // The attention problems the gate sweeps beyond plain single-head attention: the grid kernel
 // ports are tested against (FlashAttention's and cuDNN's test grids, PyTorch's SDPA tests):
-// causal bottom-right on uneven lengths, sliding windows, MQA and GQA, soft-capping, ALiBi,
+// causal bottom-right on uneven lengths, sliding windows, MQA and GQA, soft-capping, ALiBi (and
+// both at once),
 // sinks, key padding, packed variable lengths, additive masks, a KV-cache decode row, odd head
 // dimensions and head dimensions to 256. Each is generated from the case's seed.
 #pragma once

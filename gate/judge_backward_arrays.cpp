@@ -231,7 +231,8 @@ namespace {
 const kernels::BackwardTolerance& backward_entry(const std::string& name) {
   if (const auto* recipe = metrics::find_recipe(name); recipe != nullptr && recipe->backward)
     return metrics::backward_tolerance(*recipe);
-  if (const auto* kernel = kernels::find_attention_backward_kernel(name)) return kernel->tolerance;
+  if (const auto* kernel = kernels::find_attention_backward_kernel(name))
+    return metrics::backward_tolerance_of(*kernel);
   refuse(InputProblem::out_of_range, "no backward recipe or tolerance entry named '" + name +
                                          "' (the recipes: " + metrics::recipe_names(true) +
                                          "; or a backward kernel's name)");

@@ -23,6 +23,7 @@
 #include "metrics/judge_attention_escapes.hpp"
 #include "metrics/judge_backward.hpp"
 #include "metrics/judge_tensors.hpp"
+#include "metrics/recipes.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -175,9 +176,9 @@ void run_backward_case(const kernels::AttentionBackwardKernel& kernel, const Gat
   const inputs::BackwardInputs in =
       inputs::make_backward_inputs(backward_kind_of(gate_case), *kernel.format, gate_case.seed);
   const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
-  record_backward(
-      metrics::judge_attention_backward(kernel.tolerance, *kernel.format, problem, kernel.run(problem)),
-      outcome);
+  record_backward(metrics::judge_attention_backward(metrics::backward_tolerance_of(kernel), *kernel.format,
+                                                    problem, kernel.run(problem)),
+                  outcome);
 }
 
 // A plugin's sharpcheck_attention_backward (ABI version 4; _lse, version 5, with a sink or a
@@ -305,7 +306,7 @@ void run_scenario_case(const GateCase& gate_case, const GateSettings& settings, 
     lse = std::move(outputs.lse);
   }
   const metrics::Tolerance& tolerance =
-      kernel != nullptr ? kernel->tolerance : metrics::tolerance_for(settings.plugin_attention_model);
+      metrics::tolerance_for(kernel != nullptr ? kernel->name : settings.plugin_attention_model);
   // A built-in kernel's output format may differ from its input's (attention_fp8: e4m3 in, bf16 out).
   const FloatFormat& output = kernel != nullptr ? *kernel->output : format;
   outcome.format = std::string(output.name);

@@ -85,7 +85,8 @@ struct Accumulators {
   }
 };
 
-// One key's contribution to the gradients: dr = P (dP - D + g) dz/dr.
+// One key's contribution to the gradients: dr = dS dz/dr with dS = P (dP - D + g); p as it
+// multiplies dO into dV.
 void add_key(const Floats& f, std::size_t i, std::size_t j, float p, float dr, Accumulators& acc,
              const FloatFormat* dq_format) {
   for (std::size_t c = 0; c < f.d; ++c) {
@@ -136,7 +137,12 @@ KernelGradients attention_backward_plain(const BackwardProblem& problem, const F
 }
 
 KernelGradients attention_backward_flash(const BackwardProblem& problem, const FloatFormat& format,
-                                         BackwardBug bug, std::size_t tile) {
+                                         const FlashBackwardOptions& options) {
+  const BackwardBug bug = options.bug;
+  const std::size_t tile = options.tile;
+  const auto intermediate = [&](float x) {
+    return options.intermediates != nullptr ? round_to(x, *options.intermediates) : x;
+  };
   const Floats f(problem);
   // The forward: O saved in the format, L in fp32.
   std::vector<float> out(f.m * f.dv), lse(f.m);
@@ -162,8 +168,9 @@ KernelGradients attention_backward_flash(const BackwardProblem& problem, const F
         const float z = seen ? f.logit(raw, i, j) : minus_infinity;  // an all-masked row's -inf scores
         const float p = std::exp(z - lse[i]);
         const float dp = dot(&f.dout[i * f.dv], &f.v[j * f.dv], f.dv);
-        const float dr = p * (dp - big_d[i] + f.d_lse[i]) * f.slope(raw, bug != BackwardBug::no_softcap_grad);
-        add_key(f, i, j, p, dr, acc, dq_format);
+        const float ds = intermediate(p * (dp - big_d[i] + f.d_lse[i]));
+        const float dr = ds * f.slope(raw, bug != BackwardBug::no_softcap_grad);
+        add_key(f, i, j, intermediate(p), dr, acc, dq_format);
       }
     }
   }
@@ -205,6 +212,7 @@ KernelGradients attention_backward_math_lowp(const BackwardProblem& problem, con
       dp[a] = rn(dot(&f.dout[i * f.dv], &f.v[visible[a] * f.dv], f.dv));
       big_d += p[a] * dp[a];
     }
+    acc.d_rows[i] = big_d;
     for (std::size_t a = 0; a < z.size(); ++a) {
       float ds = rn(rn(p[a] * (dp[a] - big_d + f.d_lse[i])) * f.inverse_theta_);
       if (f.cap_ != 0) ds = rn(ds * rn(1.0F - tanh_of[a] * tanh_of[a]));

@@ -39,10 +39,17 @@ enum class BackwardBug { none, stale_d, dq_in_output, no_softcap_grad, nan_on_ma
 
 [[nodiscard]] KernelGradients attention_backward_plain(const BackwardProblem& problem,
                                                        const FloatFormat& format);
+struct FlashBackwardOptions {
+  BackwardBug bug = BackwardBug::none;
+  // FlashAttention 2/3 on bf16/fp16: P rounded to this format before dV = P^T dO, and
+  // dS = P (dP - D) before dQ = dS K and dK = dS^T Q (the products run on the tensor cores).
+  // nullptr: both kept in fp32.
+  const FloatFormat* intermediates = nullptr;
+  std::size_t tile = 64;
+};
 [[nodiscard]] KernelGradients attention_backward_flash(const BackwardProblem& problem,
                                                        const FloatFormat& format,
-                                                       BackwardBug bug = BackwardBug::none,
-                                                       std::size_t tile = 64);
+                                                       const FlashBackwardOptions& options = {});
 // PyTorch's math path in `format` (the same-precision reference its tests compare against): every
 // matmul's result and the softmax rounded to the format, the softmax backward in fp32 from them.
 [[nodiscard]] KernelGradients attention_backward_math_lowp(const BackwardProblem& problem,
@@ -54,7 +61,9 @@ struct AttentionBackwardKernel {
   const FloatFormat* format;  // inputs and gradients
   bool deliberately_broken;
   KernelGradients (*run)(const BackwardProblem& problem);
-  BackwardTolerance tolerance;
+  BackwardTolerance tolerance;  // the kernel's own entry; unused when `recipe` names one
+  // The backward recipe (metrics/recipes.hpp) the kernel's design implies; empty: `tolerance`.
+  std::string_view recipe = {};
 };
 
 [[nodiscard]] std::span<const AttentionBackwardKernel> attention_backward_kernels();

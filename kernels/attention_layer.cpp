@@ -38,12 +38,13 @@ LayerOutputs run_attention_layer(const AttentionKernel& kernel, const tensor::At
       std::vector<double> lse;
       kernel.run(queries, key_rows, values, problem.head(b, h), out, &lse);
       for (std::size_t s = 0; s < rows; ++s) {
-        outputs.lse[problem.lse_offset(b, h, s)] = lse[s];
+        if (kernel.writes_lse) outputs.lse[problem.lse_offset(b, h, s)] = lse[s];
         for (std::size_t c = 0; c < shape.value_dim; ++c)
           outputs.out[problem.output_offset(b, h, s, c)] = out(s, c);
       }
     }
   }
+  if (!kernel.writes_lse) outputs.lse.clear();
   return outputs;
 }
 

@@ -14,7 +14,7 @@ namespace sharpcheck::kernels {
 
 struct LayerOutputs {
   std::vector<double> out;  // problem.output_elements()
-  std::vector<double> lse;  // problem.lse_elements()
+  std::vector<double> lse;  // problem.lse_elements(), or empty when the kernel writes none
 };
 
 [[nodiscard]] LayerOutputs run_attention_layer(const AttentionKernel& kernel,

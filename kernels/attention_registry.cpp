@@ -1,4 +1,5 @@
 // The registry's attention rows (kernels/registry.hpp), each with the derivation of its tolerance.
+#include "kernels/attention_designs.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/registry_adapters.hpp"
 
@@ -19,6 +20,50 @@ constexpr Tolerance fp8_attention_tolerance{
     .probabilities_in_output = 2,
     .probability_floor = 0x1.004p-18,
     .probability_format = &fp8_e4m3};
+
+// Kernels written as ports are (kernels/attention_designs.hpp), each judged under the recipe its
+// design implies: the recipe is the whole allowance (metrics/recipes.cpp derives it), so these rows
+// carry no tolerance of their own.
+constexpr AttentionDesign flash2_bf16{.input = &bf16, .output = &bf16};
+constexpr AttentionDesign flash2_bf16_fp32_out{.input = &bf16, .output = &fp32};
+constexpr AttentionDesign flash2_fp16{.input = &fp16, .output = &fp16};
+constexpr AttentionDesign flash2_fp16_fp32_out{.input = &fp16, .output = &fp32};
+constexpr AttentionDesign math_bf16{.input = &bf16, .output = &bf16, .math_path = true};
+constexpr AttentionDesign math_fp16{.input = &fp16, .output = &fp16, .math_path = true};
+template <ForwardBug Bug>
+constexpr AttentionDesign flash2_bf16_with{.input = &bf16, .output = &bf16, .bug = Bug};
+
+template <ForwardBug Bug>
+constexpr AttentionKernel flash2_twin(std::string_view name, std::string_view description,
+                                      bool writes_lse = true) {
+  return {.name = name,
+          .description = description,
+          .input = &bf16,
+          .output = &bf16,
+          .accumulation = &fp32,
+          .deliberately_broken = true,
+          .run = run_design<flash2_bf16_with<Bug>>,
+          .tolerance = {},
+          .recipe = "flash_bf16",
+          .writes_lse = writes_lse};
+}
+
+constexpr AttentionKernel designed(std::string_view name, std::string_view description,
+                                   const AttentionDesign& design,
+                                   void (*run)(const Matrix&, const Matrix&, const Matrix&,
+                                               const tensor::HeadScores&, Matrix&, std::vector<double>*),
+                                   std::string_view recipe) {
+  return {.name = name,
+          .description = description,
+          .input = design.input,
+          .output = design.output,
+          .accumulation = &fp32,
+          .deliberately_broken = false,
+          .run = run,
+          .tolerance = {},
+          .recipe = recipe,
+          .writes_lse = !design.math_path};
+}
 
 const AttentionKernel attention_table[] = {
     // Attention: a logit formed as an fp32 dot product of length d is within d u sum_t|q_t k_t|
@@ -110,6 +155,39 @@ const AttentionKernel attention_table[] = {
      .deliberately_broken = true,
      .run = attention_fp8_inputs<0, 8>,
      .tolerance = fp8_attention_tolerance},
+    designed("flash2_bf16", "FlashAttention 2/3 forward: bf16 in and out, P in bf16 before P V, fp32 sums",
+             flash2_bf16, run_design<flash2_bf16>, "flash_bf16"),
+    designed("flash2_bf16_fp32_out", "as flash2_bf16 with the output left in fp32", flash2_bf16_fp32_out,
+             run_design<flash2_bf16_fp32_out>, "flash_bf16"),
+    designed("flash2_fp16", "FlashAttention 2/3 forward: fp16 in and out, P in fp16 before P V, fp32 sums",
+             flash2_fp16, run_design<flash2_fp16>, "flash_fp16"),
+    designed("flash2_fp16_fp32_out", "as flash2_fp16 with the output left in fp32", flash2_fp16_fp32_out,
+             run_design<flash2_fp16_fp32_out>, "flash_fp16"),
+    designed("math_bf16", "PyTorch's math path on bf16: scores rounded twice, fp32 softmax, P in bf16",
+             math_bf16, run_design<math_bf16>, "math_bf16"),
+    designed("math_fp16", "PyTorch's math path on fp16: scores rounded twice, fp32 softmax, P in fp16",
+             math_fp16, run_design<math_fp16>, "math_fp16"),
+    flash2_twin<ForwardBug::row_sum_in_bf16>("flash2_bf16_row_sum_bf16",
+                                             "broken: the softmax denominator summed in bf16"),
+    flash2_twin<ForwardBug::row_sum_in_bf16>(
+        "flash2_bf16_row_sum_bf16_no_lse", "broken: the denominator summed in bf16, no LSE to judge", false),
+    flash2_twin<ForwardBug::skipped_late_rescale>(
+        "flash2_bf16_skipped_rescale",
+        "broken: the accumulator not rescaled when a later tile raises the max"),
+    flash2_twin<ForwardBug::lse_off_by_1e_3>("flash2_bf16_lse_off", "broken: the log-sum-exp 1e-3 too large"),
+    flash2_twin<ForwardBug::lse_in_log2>("flash2_bf16_lse_log2", "broken: the log-sum-exp left in base 2"),
+    flash2_twin<ForwardBug::swapped_causal_alignment>("flash2_bf16_swapped_causal",
+                                                      "broken: top-left and bottom-right causal swapped"),
+    flash2_twin<ForwardBug::softcap_after_bias>("flash2_bf16_softcap_after_bias",
+                                                "broken: the soft-cap applied after the bias"),
+    flash2_twin<ForwardBug::window_off_by_one>("flash2_bf16_window_off_by_one",
+                                               "broken: one key too many left of the sliding window"),
+    flash2_twin<ForwardBug::alibi_sign_flipped>("flash2_bf16_alibi_sign",
+                                                "broken: the ALiBi bias added with the wrong sign"),
+    flash2_twin<ForwardBug::sink_in_log2_units>("flash2_bf16_sink_log2",
+                                                "broken: the sink logit read in base-2 units"),
+    flash2_twin<ForwardBug::nan_key_tail>("flash2_bf16_nan_tail",
+                                          "broken: keys past the last full block of 128 read as NaN"),
 };
 
 }  // namespace

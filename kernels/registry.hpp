@@ -55,8 +55,12 @@ struct AttentionKernel {
   // `lse` is not null, the natural log-sum-exp per query (values of `lse_format`).
   void (*run)(const Matrix& queries, const Matrix& keys, const Matrix& values,
               const tensor::HeadScores& scores, Matrix& out, std::vector<double>* lse);
-  Tolerance tolerance;
+  Tolerance tolerance;  // the kernel's own entry; unused when `recipe` names one
   const FloatFormat* lse_format = &fp32;
+  // The precision recipe (metrics/recipes.hpp) the kernel's design implies and is judged under;
+  // empty: judged under `tolerance`.
+  std::string_view recipe = {};
+  bool writes_lse = true;  // false: the kernel returns no log-sum-exp (PyTorch's math path)
 };
 
 // The row of `rows` with this name, or null: how every registry (forward, backward) is searched.

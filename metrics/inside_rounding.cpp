@@ -179,4 +179,31 @@ void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& 
   }
 }
 
+void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,
+                          const Matrix& magnitudes, const ScaleNoise& noise, const Tolerance& entry,
+                          double u_o, const FloatFormat& output, const RowScale& scale,
+                          Comparison& comparison) {
+  Tolerance rest = entry;
+  const double u_i =
+      entry.probabilities_in_output > 0
+          ? (entry.probability_format != nullptr ? *entry.probability_format : output).unit_roundoff()
+          : 0.0;
+  rest.probabilities_in_output = 0;
+  const double u_out = output.unit_roundoff();
+  double weight = 0, deviation = 0, roundings = 0, charged = 0;
+  for (std::size_t x = 0; x < expected.values.size(); ++x) {
+    const double e = expected.values[x], y = actual.values[x];
+    if (!std::isfinite(y)) return;  // the element check has failed it already
+    weight += std::fabs(e);
+    deviation += e > 0 ? y - e : (e < 0 ? e - y : 0.0);
+    roundings += u_out * u_out * (y * y + e * e);
+    charged += allowed_error(rest, magnitudes.values[x], 0.0, scale, output, Tier::statistical, 0.0);
+  }
+  if (weight == 0) return;
+  const double variance = roundings + u_i * u_i * noise.inside + u_o * u_o * noise.from_d;
+  const double allowed =
+      (statistical_lambda * std::sqrt(variance) + charged + noise.absolute) * (1 + 0x1p-20) / weight;
+  record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
+}
+
 }  // namespace sharpcheck::metrics

@@ -60,4 +60,24 @@ void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& r
 // Row `row`'s spreads into the matrices compare() reads.
 void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& spreads);
 
+// The gradient-scale test (statistical tier), the backward's row-scale test: over one gradient of
+// a group, T = sum s_e (y_e - e_e) / sum |e_e| (s_e the sign of the correctly rounded e_e). Honest
+// kernels' T is a weighted sum of independent roundings: the kernel's and the reference's output
+// roundings (u_out |y|, u_out |e|), the recipe's k intermediate roundings of each (i, j) pair and
+// D's error in each row (projected on the signs in magnitudes_of), bounded together by
+// Hoeffding's inequality at lambda; plus every element's other terms (its statistical allowance
+// without the intermediates' and D's charges) in full. A kernel that scales a gradient (dQ scaled
+// at batch >= 2, a softmax scale applied twice) moves T by the scale, over sqrt(elements) more
+// than any one element shows it.
+struct ScaleNoise {
+  double inside = 0;    // sum of squares of the intermediate roundings' projections (over u_i^2)
+  double from_d = 0;    // the same for D's errors (over u_o^2)
+  double absolute = 0;  // the subnormal roundings' worst case over all elements (charged in full)
+};
+
+void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,
+                          const Matrix& magnitudes, const ScaleNoise& noise, const Tolerance& entry,
+                          double u_o, const FloatFormat& output, const RowScale& scale,
+                          Comparison& comparison);
+
 }  // namespace sharpcheck::metrics

@@ -1,6 +1,8 @@
 #include "metrics/recipes.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/attention_backward.hpp"
@@ -127,6 +129,15 @@ kernels::Tolerance derive_forward(const AttentionRecipe& recipe) {
   entry.probability_format = recipe.intermediates;  // nullptr: the output's format
   entry.score_format = recipe.intermediates;
   entry.row_sum_of_rounded_probabilities = recipe.row_sum == RowSum::rounded;
+  // Below the format's normal range P's rounding errs absolutely, by half the subnormal step f: the
+  // weights the kernel rounds lie in [0, 1] (exp(z - max), or P itself) and l >= 1, so the output
+  // moves by at most f sum_j |v_j| (fp16: 2^-25). Recipes in the output's format take fp16's, the
+  // coarsest 16-bit one (the FP8 kernels have their own entry).
+  if (rounds_p) {
+    const int exponent = recipe.intermediates != nullptr ? recipe.intermediates->min_subnormal_exponent()
+                                                         : fp16.min_subnormal_exponent();
+    entry.probability_floor = std::ldexp(1.0, exponent - 1) * (1 + 0x1p-20);
+  }
   entry.basis = "analysis: attention_flash's fp32 entry plus the recipe's roundings (metrics/recipes.cpp)";
   entry.reason = recipe.summary;
   return entry;
@@ -171,6 +182,14 @@ const kernels::BackwardTolerance& backward_tolerance(const AttentionRecipe& reci
     return all;
   }();
   return derived.at(static_cast<std::size_t>(&recipe - recipes));
+}
+
+const kernels::BackwardTolerance& backward_tolerance_of(const kernels::AttentionBackwardKernel& kernel) {
+  if (kernel.recipe.empty()) return kernel.tolerance;
+  const AttentionRecipe* recipe = find_recipe(kernel.recipe);
+  if (recipe == nullptr || !recipe->backward)
+    throw std::logic_error("no backward recipe named " + std::string(kernel.recipe));
+  return backward_tolerance(*recipe);
 }
 
 std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs, const FloatFormat& output,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "formats/float_format.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/tolerance.hpp"
 
 namespace sharpcheck::metrics {
@@ -56,6 +57,10 @@ struct AttentionRecipe {
 // The backward allowance: FlashAttention 2's fp32 entry (kernels/attention_backward_registry.cpp)
 // plus the recipe's roundings.
 [[nodiscard]] const kernels::BackwardTolerance& backward_tolerance(const AttentionRecipe& recipe);
+
+// A built-in backward kernel's allowance: the recipe its row names, or its own entry.
+[[nodiscard]] const kernels::BackwardTolerance& backward_tolerance_of(
+    const kernels::AttentionBackwardKernel& kernel);
 
 // The recipes a judgement with no recipe named tries, in order (the first that fits is the
 // verdict's): the fp32 recipe, then for each of bf16 and fp16 that the inputs or the output

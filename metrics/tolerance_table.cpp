@@ -117,7 +117,13 @@ std::span<const ContractEntry> contract_entries() { return contracts; }
 
 const Tolerance& tolerance_for(std::string_view name) {
   if (const auto* kernel = kernels::find_softmax_kernel(name)) return kernel->tolerance;
-  if (const auto* kernel = kernels::find_attention_kernel(name)) return kernel->tolerance;
+  if (const auto* kernel = kernels::find_attention_kernel(name)) {
+    if (kernel->recipe.empty()) return kernel->tolerance;
+    const AttentionRecipe* recipe = find_recipe(kernel->recipe);
+    if (recipe == nullptr || recipe->backward)
+      throw std::logic_error("no forward recipe " + std::string(kernel->recipe));
+    return forward_tolerance(*recipe);
+  }
   for (const ContractEntry& entry : contracts) {
     if (entry.name == name) return entry.tolerance;
   }

@@ -74,9 +74,9 @@ struct ContractEntry {
 };
 [[nodiscard]] std::span<const ContractEntry> contract_entries();
 
-// The entry of a built-in kernel (its registry row's), a contract entry or a forward attention
-// recipe (metrics/recipes.hpp), by name; throws
-// std::out_of_range naming it if there is none.
+// The entry of a built-in kernel (its registry row's, or the recipe the row names), a contract
+// entry or a forward attention recipe (metrics/recipes.hpp), by name; throws InputError naming
+// it if there is none.
 [[nodiscard]] const Tolerance& tolerance_for(std::string_view name);
 
 }  // namespace sharpcheck::metrics

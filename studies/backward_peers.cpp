@@ -8,6 +8,7 @@
 #include "inputs/attention_backward_cases.hpp"
 #include "kernels/attention_backward.hpp"
 #include "metrics/judge_backward.hpp"
+#include "metrics/recipes.hpp"
 
 namespace sharpcheck::studies {
 namespace {
@@ -49,11 +50,13 @@ BackwardPeerStudy run_backward_peer_study(std::uint64_t seed, unsigned threads) 
   BackwardPeerStudy study;
   study.rows.resize(kernels.size() * kinds.size());
   // One work item per case and format: the references once, then every kernel of that format.
-  const FloatFormat* formats[] = {&fp32, &bf16};
-  parallel_for(kinds.size() * 2, threads, [&](std::size_t item) {
-    const inputs::BackwardKind kind = kinds[item / 2];
-    const FloatFormat& format = *formats[item % 2];
-    const inputs::BackwardInputs in = inputs::make_backward_inputs(kind, format, seed + item / 2);
+  const FloatFormat* formats[] = {&fp32, &bf16, &fp16};
+  constexpr std::size_t format_count = std::size(formats);
+  parallel_for(kinds.size() * format_count, threads, [&](std::size_t item) {
+    const std::size_t case_index = item / format_count;
+    const inputs::BackwardKind kind = kinds[case_index];
+    const FloatFormat& format = *formats[item % format_count];
+    const inputs::BackwardInputs in = inputs::make_backward_inputs(kind, format, seed + case_index);
     const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
     const reference::AttentionBackwardInputs exact{in.queries, in.keys,  in.values,
                                                    in.d_out,   in.d_lse, in.scores};
@@ -62,14 +65,14 @@ BackwardPeerStudy run_backward_peer_study(std::uint64_t seed, unsigned threads) 
                         kernels::attention_backward_math_lowp(problem, format)};
     for (std::size_t k = 0; k < kernels.size(); ++k) {
       if (kernels[k].format != &format) continue;
-      PeerVerdicts& row = study.rows[k * kinds.size() + item / 2];
+      PeerVerdicts& row = study.rows[k * kinds.size() + case_index];
       row = PeerVerdicts{};
       row.kernel = kernels[k].name;
       row.case_name = inputs::backward_kind_name(kind);
       row.deliberately_broken = kernels[k].deliberately_broken;
       const kernels::KernelGradients got = kernels[k].run(problem);
-      const auto judgement =
-          metrics::judge_attention_backward(kernels[k].tolerance, format, problem, got, &expected);
+      const auto judgement = metrics::judge_attention_backward(metrics::backward_tolerance_of(kernels[k]),
+                                                               format, problem, got, &expected);
       row.sharpcheck_fails = !judgement.passed();
       row.worst = judgement.describe_worst();
       row.bound_ratio = std::max({judgement.d_queries.max_bound_ratio, judgement.d_keys.max_bound_ratio,

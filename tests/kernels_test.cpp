@@ -461,9 +461,11 @@ TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
       const auto mutant = metrics::judge_attention(spec, q, k, v, variant.scores, ignoring);
       EXPECT_FALSE(mutant.comparison.passed()) << kernel.name << " ignoring " << variant.name;
     }
-    // Every variant discriminates for the fp32 and bf16 kernels; FP8's tolerance lets two through.
-    EXPECT_GE(discriminating, kernel.input == &fp8_e4m3 ? variants.size() - 2 : variants.size())
-        << kernel.name;
+    // Every variant discriminates for the fp32 and bf16 kernels; FP8's tolerance lets two through,
+    // and so does a recipe that rounds the scores to bf16/fp16 (PyTorch's math path): a sink or a
+    // temperature that moves the logits by less than the scores' own rounding cannot be told apart.
+    const bool coarse = kernel.input == &fp8_e4m3 || metrics::tolerance_for(kernel.name).scores_in_output > 0;
+    EXPECT_GE(discriminating, coarse ? variants.size() - 2 : variants.size()) << kernel.name;
   }
 }
 

@@ -153,7 +153,9 @@ case $attack in
     # SIGINT during a built-in sweep: exit 130 and the report holds what finished.
     "$sharpcheck" gate --threads 1 --json int.json --junit int.xml >int.out 2>&1 &
     gate_pid=$!
-    sleep 1.5; kill -INT $gate_pid; wait $gate_pid; code=$?
+    # Interrupt once the first case is in the report (a fixed sleep races a loaded machine).
+    for _ in $(seq 300); do grep -q '"id":' int.json 2>/dev/null && break; sleep 0.1; done
+    kill -INT $gate_pid; wait $gate_pid; code=$?
     out=$(cat int.out)
     expect_code 130
     expect_report int.json 1

@@ -1,0 +1,55 @@
+// What each attention-backward gradient element's allowance is relative to (internal to
+// metrics/judge_backward.cpp): its magnitude (kernels/tolerance.hpp), what an error of D moves it
+// by, the statistical spreads and subnormal floors of a recipe's intermediate roundings, the
+// scores' roundings and the gradient-scale test's sums, all in double (relative error below
+// 1e-12 for the sizes judged, covered by the 1e-9 they are inflated by).
+#pragma once
+
+#include "core/matrix.hpp"
+#include "kernels/attention_backward.hpp"
+#include "reference/attention_backward.hpp"
+
+namespace sharpcheck::metrics {
+
+struct Magnitudes {
+  Matrix dq, dk, dv;
+  Matrix d_sinks;  // group x 1
+  // What an error of D_i by u_out sum_c |dO_ic O_ic| (O rounded to the format) moves each
+  // gradient by, over u_out: dV does not depend on D.
+  Matrix dq_from_d, dk_from_d;
+  Matrix d_sinks_from_d;
+  Matrix d_rows, d_rows_from_o;  // D_i's own: A_i, and B_i = sum_c |dO_ic O_ic|
+  // The statistical spreads of a recipe's k intermediate roundings (metrics/recipes.cpp), over
+  // u_i: Hoeffding's sums of squares of each rounding's bound, square roots taken at the end. dS's
+  // rounding moves dQ_ic by at most u_i |dS~_ij| dz/dr |k_jc|; the kernel's fp32 dS~ is within the
+  // fp32 entry's allowance of the exact dS_ij, so u_i |dS~_ij| <= u_i |dS_ij| + u_i (that
+  // allowance), and the second part is covered by the entry's margins (every count there is at
+  // least twice what its derivation needs): the sum is (dS_ij dz/dr)^2 k_jc^2 with the exact dS.
+  // The math path's roundings of P and dP move dS by up to its bound mag_ij (not |dS_ij|): each of
+  // the other k - 1 adds mag_ij^2 k_jc^2. dK likewise over queries with q_ic. dV = P^T dO depends
+  // on P's one rounding only: P_ij^2 dO_ic^2.
+  Matrix dq_spread, dk_spread, dv_spread;
+  // Below its format's normal range a rounding errs absolutely, by up to half the subnormal step f
+  // (fp16's 2^-25; P and dS near 0 are common): P's moves dV_jc by at most f sum_i |dO_ic|, dS's
+  // moves dQ_ic by f sum_j dz/dr |k_jc| and dK_jc by f sum_i dz/dr |q_ic| (dP's, in the math
+  // path, by P_ij f <= f as well). These sums, charged as k f times them.
+  Matrix dq_floor, dk_floor, dv_floor;
+  // The gradient-scale test's sums of squares (judge_gradient_scale): the intermediate roundings
+  // projected on each gradient's signs, and D's errors (one per query row) likewise.
+  double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;
+  double dq_scale_from_d = 0, dk_scale_from_d = 0;
+  // A recipe's score roundings (add_score_terms), per element: the Hoeffding spread (over
+  // 2.0001 u_S) and the second-order part; empty when the recipe keeps the scores in fp32. And the
+  // largest |z| of a non-negligible pair.
+  Matrix dq_scores, dk_scores, dv_scores, dq_scores_second, dk_scores_second, dv_scores_second;
+  double largest_z = 0;
+  double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
+};
+
+// u_s, u_i: the unit roundoffs of a recipe's score and intermediate roundings (0: none);
+// roundings: how many intermediates it rounds (k).
+[[nodiscard]] Magnitudes magnitudes_of(const kernels::BackwardProblem& p,
+                                       const reference::AttentionGradients& e, double u_s, double u_i,
+                                       double roundings);
+
+}  // namespace sharpcheck::metrics
