@@ -362,15 +362,10 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
     entries.push_back(options.tolerance_entry == "attention_flash" ? "attention_fp32"
                                                                    : options.tolerance_entry);
   } else {
-    // A kernel that returns a log-sum-exp is a fused one: PyTorch's math path returns none, so
-    // its recipes (scores rounded to the format, which moves L by about u sqrt(sum p^2 z^2)) are
-    // not tried for it; they would let an LSE off by 1e-3 pass at a few hundred keys.
-    for (const auto* recipe : metrics::default_recipes(*input.format, *output.format, false))
-      // Nor under the proven tier alone: there the rounded scores' worst case (4 u max|z|) is all
-      // that is charged, loose enough for a mis-normalised row.
-      if ((arrays.lse == nullptr && options.strictest == metrics::Tier::statistical) ||
-          recipe->score_roundings == 0)
-        entries.emplace_back(recipe->name);
+    for (const auto* recipe :
+         metrics::default_forward_recipes(*input.format, *output.format, arrays.lse != nullptr,
+                                          options.strictest == metrics::Tier::proven))
+      entries.emplace_back(recipe->name);
   }
   std::optional<RecipeJudgement> closest;
   std::string tried;

@@ -205,6 +205,16 @@ std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs, c
   return chosen;
 }
 
+std::vector<const AttentionRecipe*> default_forward_recipes(const FloatFormat& inputs,
+                                                            const FloatFormat& output, bool has_lse,
+                                                            bool proven_only) {
+  std::vector<const AttentionRecipe*> chosen;
+  for (const AttentionRecipe* recipe : default_recipes(inputs, output, false)) {
+    if (recipe->score_roundings == 0 || (!has_lse && !proven_only)) chosen.push_back(recipe);
+  }
+  return chosen;
+}
+
 std::string recipe_names(bool backward, bool only_named) {
   std::string names;
   for (const AttentionRecipe& recipe : recipes) {

@@ -68,6 +68,15 @@ struct AttentionRecipe {
 [[nodiscard]] std::vector<const AttentionRecipe*> default_recipes(const FloatFormat& inputs,
                                                                   const FloatFormat& output, bool backward);
 
+// The forward recipes a judgement that names none tries, in order: default_recipes less the math
+// path's when the kernel returns a log-sum-exp (PyTorch's math path returns none; its rounded
+// scores move L by about u sqrt(sum p^2 z^2), enough for an LSE off by 1e-3 at a few hundred keys)
+// or when the proven tier alone is asked for (the rounded scores' worst case, 4 u max|z|, is then
+// all that is charged: loose enough for a mis-normalised row).
+[[nodiscard]] std::vector<const AttentionRecipe*> default_forward_recipes(const FloatFormat& inputs,
+                                                                          const FloatFormat& output,
+                                                                          bool has_lse, bool proven_only);
+
 // The names, comma-separated, for messages (only those a default judgement does not try, with
 // `only_named`).
 [[nodiscard]] std::string recipe_names(bool backward, bool only_named = false);
