@@ -354,6 +354,7 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   }
   metrics::JudgeSpec spec{kernels::Operation::attention, output.format, nullptr};
   spec.lse_base2 = options.lse_base2;
+  spec.lse_format = stored_format(options.lse_format).format;
   const CheckedOutput out(*arrays.out, output);
   // A named recipe (or kernel entry) is the verdict's; with none, every recipe the formats allow is
   // tried from the tightest, and the first that fits is the verdict's (metrics/recipes.hpp).

@@ -74,6 +74,8 @@ struct JudgeOptions {
   tensor::HeadScores scores;
   std::vector<std::size_t> query_lengths, key_lengths, cu_seqlens_q, cu_seqlens_k;
   bool lse_base2 = false;
+  // The format the log-sum-exp is stored in and judged in (a kernel may hand it over in bf16).
+  std::string lse_format = "fp32";
   std::string name;  // the kernel's name in reports (default: "compare:" + the output's name)
   metrics::Tier strictest = metrics::Tier::statistical;  // Tier::proven: the proven tier alone
   unsigned threads = 0;                                  // 0: every core

@@ -184,7 +184,7 @@ std::string judge_attention(const py::object& out, const py::object& q, const py
   const HostArray queries(q, "q", input), keys(k, "k", input), values(v, "v", input);
   const HostArray outputs(out, "out", gate::stored_format(judge.format));
   std::optional<HostArray> lse_array;
-  if (!lse.is_none()) lse_array.emplace(lse, "lse", gate::stored_format("fp32"));
+  if (!lse.is_none()) lse_array.emplace(lse, "lse", gate::stored_format(judge.lse_format));
   AttentionExtras extras = options.attention_extras();
   options.require_all_used();
   gate::CaseOutcome outcome;

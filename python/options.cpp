@@ -161,6 +161,7 @@ gate::JudgeOptions Options::judge_options() const {
   options.cu_seqlens_q = counts("cu_seqlens_q");
   options.cu_seqlens_k = counts("cu_seqlens_k");
   options.lse_base2 = flag("lse_base2", false);
+  options.lse_format = text("lse_format", "fp32");
   options.name = text("name", "");
   options.strictest = flag("proven_only", false) ? metrics::Tier::proven : metrics::Tier::statistical;
   options.threads = count("threads", 0);

@@ -107,6 +107,18 @@ def _inputs_format(q: Any) -> Optional[str]:
         return None
 
 
+def _lse_format(lse: Any) -> Optional[str]:
+    """A log-sum-exp handed over in bf16 or fp16 is judged in that format; any other (fp32, or wider
+    values of fp32 computations) in fp32, as kernels keep it."""
+    if lse is None:
+        return None
+    try:
+        fmt = format_of(lse, "lse")
+    except TypeError:
+        return None
+    return fmt if fmt in ("bf16", "fp16") else None
+
+
 def _caller_name() -> str:
     """The running test (under the plugin), else the function that called the assert."""
     if current_test is not None:
@@ -170,7 +182,7 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None,
                            input_format: Optional[str] = None, tolerance: Optional[str] = None,
                            proven_only: bool = False, name: Optional[str] = None, msg: Optional[str] = None,
                            threads: int = 0) -> Report:
-    """out (and lse, if given: fp32, natural log or base 2) ~ attention of q, k, v, judged head by
+    """out (and lse, if given: natural log or base 2, judged in its dtype's format) ~ attention of q, k, v, judged head by
     head against the correctly rounded reference under a precision recipe (tolerance=: attention_fp32,
     flash_bf16, flash_fp16, math_bf16, math_fp16, ...; default: every recipe the formats allow, the
     first that fits, reported as Report.recipe).
@@ -187,8 +199,11 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None,
                                 cu_seqlens_k=cu_seqlens_k, lse_base2=lse_base2, theta=theta,
                                 fully_masked=fully_masked, threads=threads, notes=notes)
     entry = tolerance or "every recipe the formats allow"
+    lse_format = _lse_format(lse)
+    if lse_format is not None:
+        notes.append(f"the log-sum-exp is judged in {lse_format}, its dtype (its own rounding allowed)")
     extra = {"format": fmt, "tolerance": tolerance, "proven_only": proven_only,
-             "input_format": input_format or _inputs_format(q), "name": name}
+             "input_format": input_format or _inputs_format(q), "name": name, "lse_format": lse_format}
     options.update({key: value for key, value in extra.items() if value is not None})
     judge = lambda o: _sharpcheck.judge_attention(*arrays, lse_array, o)  # noqa: E731
     return _judged(judge, options, "Attention outputs", entry, notes, msg)

@@ -104,6 +104,20 @@ def test_attention_passes_and_fails_on_a_wrong_causal_alignment(dtype):
     assert "causal top-left" in str(error.value)
 
 
+def test_a_bf16_log_sum_exp_is_judged_in_bf16_and_a_shifted_one_fails():
+    q = torch.randn(1, 2, 24, 32).bfloat16()
+    k, v = torch.randn(1, 2, 300, 32).bfloat16(), torch.randn(1, 2, 300, 32).bfloat16()
+    out, lse = sdpa_math(q, k, v)
+    report = sharpcheck.assert_attention_close(out, q, k, v, lse=lse.bfloat16())
+    assert report.passed and any("judged in bf16" in note for note in report.notes)
+    # The same values read as fp32 LSE: a bf16 rounding (up to 2^-9 |L|) is far beyond fp32's allowance.
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_attention_close(out, q, k, v, lse=lse.bfloat16().float())
+    # Four bf16 ulps at |L| about 6 (0.0625 each... 2^-5): a bias a bf16 LSE must not hide.
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_attention_close(out, q, k, v, lse=(lse + 0.125).bfloat16())
+
+
 def test_attention_exact_output_passes_and_a_two_ulp_bf16_edit_fails_at_its_full_index():
     q, k, v = (torch.randn(1, 2, 16, 8).bfloat16() for _ in range(3))
     exact = sharpcheck.attention(q, k, v, causal=True)
