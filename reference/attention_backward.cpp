@@ -15,6 +15,7 @@
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
 #include "reference/ball_stage.hpp"
+#include "reference/exact_rounding.hpp"
 
 namespace sharpcheck::reference {
 namespace {
@@ -267,10 +268,10 @@ std::optional<double> decide(arb_srcptr ball, slong precision, const FloatFormat
   mpfr_inits2(static_cast<mpfr_prec_t>(precision) + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
   arb_get_interval_mpfr(lo, hi, ball);
   const double low = round_to_format(lo, target), high = round_to_format(hi, target);
+  const int low_sign = mpfr_sgn(lo), high_sign = mpfr_sgn(hi);
   mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
-  if (low == 0 && high == 0) return 0.0;
-  if (std::bit_cast<std::uint64_t>(low) != std::bit_cast<std::uint64_t>(high)) return std::nullopt;
-  return low;
+  if (low == 0 && high == 0) return 0.0;  // the sign is not claimed (header)
+  return decided_rounding(low, high, low_sign, high_sign);
 }
 
 // Decides what it can of one output; returns the index of the first undecided element, if any.

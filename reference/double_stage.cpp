@@ -11,6 +11,7 @@
 #include "reference/certified_exp_constants.hpp"
 #include "reference/dot_product.hpp"
 #include "reference/double_stage_simd.hpp"
+#include "reference/exact_rounding.hpp"
 
 // Error bound of certified_exp (u = 2^-53, round to nearest throughout).
 //
@@ -65,17 +66,12 @@ bool is_fp32(const FloatFormat& target) { return &target == &fp32 || target.name
 
 // The value of the format every point of [low, high] rounds to, if there is one.
 std::optional<double> round_if_decided(double low, double high, const FloatFormat& target) {
+  const auto sign = [](double x) { return x > 0 ? 1 : (x < 0 ? -1 : 0); };
   if (is_fp32(target)) {
     // Hardware conversion rounds to nearest even, subnormals included: exactly fp32's rounding.
-    const float rounded = static_cast<float>(low);
-    if (rounded != static_cast<float>(high)) return std::nullopt;
-    return rounded;
+    return decided_rounding(static_cast<float>(low), static_cast<float>(high), sign(low), sign(high));
   }
-  const double rounded = round_to_format(low, target);
-  if (std::bit_cast<std::uint64_t>(rounded) != std::bit_cast<std::uint64_t>(round_to_format(high, target))) {
-    return std::nullopt;
-  }
-  return rounded;
+  return decided_rounding(round_to_format(low, target), round_to_format(high, target), sign(low), sign(high));
 }
 
 // A coefficient w~ / S~ within relative `error` of the true one (the bounds above), rounded if

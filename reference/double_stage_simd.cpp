@@ -167,9 +167,11 @@ std::size_t DecideCoefficientsInFp32(const double* weights, const double* magnit
   std::size_t decided = 0;
   const auto decide = [&](DoubleVector weight, DoubleVector magnitude, double* out, std::size_t valid) {
     const Bracket bracket = BracketOf(weight, magnitude, sum_vector, shared_vector);
-    const DoubleVector low = RoundToFp32(bracket.low);
-    const auto agree = hn::Eq(low, RoundToFp32(bracket.high));
-    store_partial(hn::IfThenElse(agree, low, undecided), out, valid);
+    const DoubleVector high = RoundToFp32(bracket.high);
+    const auto agree = hn::Eq(RoundToFp32(bracket.low), high);
+    // The high end's: a coefficient is positive, and where both ends round to a zero the low one
+    // (below 0 by the bracket's width) gives -0, which equals +0 as a number but not as bits.
+    store_partial(hn::IfThenElse(agree, high, undecided), out, valid);
     return agree;
   };
   std::size_t i = 0;

@@ -2,16 +2,29 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <limits>
 
 #include "core/mpfr_number.hpp"
 
 namespace sharpcheck::reference {
 
-std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi, const FloatFormat& format) {
-  const double low = round_to_format(lo, format);
-  const double high = round_to_format(hi, format);
+std::optional<double> decided_rounding(double low, double high, int low_sign, int high_sign) {
+  if (low == 0 && high == 0) return low_sign < 0 && high_sign <= 0 ? -0.0 : 0.0;
+  if (std::isnan(low) || std::isnan(high)) {
+    if (std::isnan(low) && std::isnan(high) && low_sign == high_sign && low_sign != 0) return low;
+    return std::nullopt;
+  }
   if (std::bit_cast<std::uint64_t>(low) != std::bit_cast<std::uint64_t>(high)) return std::nullopt;
   return low;
+}
+
+std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi, const FloatFormat& format) {
+  if (mpfr_nan_p(lo) != 0 || mpfr_nan_p(hi) != 0) {  // a NaN input: NaN is the answer
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  return decided_rounding(round_to_format(lo, format), round_to_format(hi, format), mpfr_sgn(lo),
+                          mpfr_sgn(hi));
 }
 
 namespace {

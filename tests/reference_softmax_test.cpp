@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/random.hpp"
+#include "reference/exact_rounding.hpp"
 #include "reference/softmax.hpp"
 #include "support/independent_reference.hpp"
 
@@ -308,6 +309,35 @@ TEST(Statistics, TheLoopReportsItsPrecisionAndExactCases) {
   EXPECT_EQ(statistics.decided_in_double, 2);
   EXPECT_EQ(statistics.decided_by_balls, 2);
   EXPECT_EQ(statistics.highest_precision, reference::ZivSchedule::for_format(fp32).initial);
+}
+
+// A decision is a cell of finite values, or an enclosure wholly beyond overflow on one side: in
+// e4m3 (overflow is NaN) both ends of an enclosure reaching past -464 and +464 round to the same
+// NaN bits, and -0 and +0 compare equal as numbers. Each rule checked with its mutation's input.
+TEST(Decisions, NaNEndsOfBothSignsAndMixedZerosDecideNothingWrong) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(reference::decided_rounding(nan, nan, -1, 1).has_value());
+  ASSERT_TRUE(reference::decided_rounding(nan, nan, 1, 1).has_value());
+  EXPECT_TRUE(std::isnan(*reference::decided_rounding(nan, nan, 1, 1)));
+  EXPECT_FALSE(reference::decided_rounding(nan, 448.0, 1, 1).has_value());
+  EXPECT_FALSE(std::signbit(*reference::decided_rounding(-0.0, 0.0, -1, 1)));
+  EXPECT_TRUE(std::signbit(*reference::decided_rounding(-0.0, -0.0, -1, -1)));
+  EXPECT_FALSE(reference::decided_rounding(-0.0, 0x1p-149, -1, 1).has_value());
+  EXPECT_EQ(*reference::decided_rounding(0.5, 0.5, 1, 1), 0.5);
+}
+
+// Issue class: fp32 softmax at theta = 2^-60 returned -0 for coefficients whose exact value is
+// positive (the double stage's bracket dips below 0 and rounds to -0).
+TEST(Decisions, AnUnderflowingPositiveCoefficientIsPlusZero) {
+  const std::vector<double> logits = {0x1.2e4635592bbe0p+1, 0x1.2dabe1d193712p+2, 0x1.d218c6ca71c80p+1};
+  reference::RowOptions options;
+  options.theta = 0x1p-60;
+  const std::vector<double> p = reference::softmax(logits, fp32, options);
+  EXPECT_EQ(p[1], 1.0);
+  for (const std::size_t j : {0U, 2U}) {
+    EXPECT_EQ(p[j], 0.0);
+    EXPECT_FALSE(std::signbit(p[j])) << j;
+  }
 }
 
 }  // namespace

@@ -129,3 +129,11 @@ def test_extreme_rows_are_correctly_rounded_against_mpmath(row, theta, fmt, prec
     probabilities, _ = mp_softmax(row, theta)
     ours = np.asarray(sharpcheck.softmax(np.array(row), theta=theta, format=fmt), dtype=np.float64)
     assert ours.tolist() == [rounded(p, precision, min_exponent) for p in probabilities]
+
+
+def test_e4m3_decides_finite_values_not_the_shared_nan_of_overflow():
+    # The first enclosure reaches past -464 and +464; in e4m3 both ends round to NaN, which must not
+    # count as a decision: the exact value is -0.99999999999999994515, which rounds to -1.
+    out = sharpcheck.attention(np.array([[1.0]]), np.array([[0.0], [2e-20]]), np.array([[1e20], [-1e20]]),
+                               scale=1.0, format="fp8_e4m3")
+    assert float(out[0, 0]) == -1.0
