@@ -111,7 +111,7 @@ Command add_bounds_command(CLI::App& app) {
   add_real_option(command, "--delta", s->delta, "Spread max e - min e (default 5.69, Gemma 2B's mean)");
   add_real_option(command, "--theta", s->theta, "Temperature > 0");
   add_real_option(command, "--eps", s->eps, "Theorem 2.2's epsilon in (0, 1]");
-  command->add_option("--json", s->json_path, "Also write the bounds as JSON");
+  command->add_option("--json", s->json_path, "Also write the bounds as JSON")->check(report_path);
   command->add_option("--q", s->q, "Proposition 3.1: Q (.npy, dq x d)");
   command->add_option("--k", s->k, "Proposition 3.1: K (.npy, dq x d)");
   command->add_option("--y", s->y, "Proposition 3.1: y (.npy, d entries)");

@@ -260,8 +260,8 @@ Command add_compare_command(CLI::App& app) {
                       "JSON baseline from an earlier run: fail on any growth");
   command->add_flag("--update-baseline", settings->update_baseline,
                     "Write this comparison's figures to --baseline");
-  command->add_option("--json", settings->json_path, "Write the report as JSON");
-  command->add_option("--junit", settings->junit_path, "Write JUnit XML");
+  command->add_option("--json", settings->json_path, "Write the report as JSON")->check(report_path);
+  command->add_option("--junit", settings->junit_path, "Write JUnit XML")->check(report_path);
   return [command, settings]() -> int { return *command ? run_compare(*settings) : -1; };
 }
 

@@ -200,8 +200,9 @@ Command add_gate_command(CLI::App& app) {
   command->add_option("--case", s.only_case, "Run only this case id, e.g. safe3/random_normal/n=1024");
   command->add_option("--shard", options->shard,
                       "Run shard i of N (i/N); GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS also work");
-  command->add_option("--json", s.json_path, "Write the report as JSON (rewritten as cases finish)");
-  command->add_option("--junit", s.junit_path, "Write JUnit XML for CI systems");
+  command->add_option("--json", s.json_path, "Write the report as JSON (rewritten as cases finish)")
+      ->check(report_path);
+  command->add_option("--junit", s.junit_path, "Write JUnit XML for CI systems")->check(report_path);
   command->add_option("--budget", s.budget_path,
                       "JSON budget: {\"kernels\": {name: {max_ulps, max_bound_ratio}}}");
   command->add_option("--baseline", s.baseline_path, "JSON baseline from an earlier run: fail on any growth");
@@ -243,8 +244,8 @@ Command add_merge_command(CLI::App& app) {
   auto junit = std::make_shared<std::string>();
   auto* command = app.add_subcommand("merge", "Join the JSON reports of gate shards into one report");
   command->add_option("reports", *inputs, "Shard reports (gate --json)")->required();
-  command->add_option("--json", *output, "Where to write the merged report")->required();
-  command->add_option("--junit", *junit, "Also write the merged JUnit XML");
+  command->add_option("--json", *output, "Where to write the merged report")->check(report_path)->required();
+  command->add_option("--junit", *junit, "Also write the merged JUnit XML")->check(report_path);
   return [command, inputs, output, junit]() -> int {
     if (!*command) return -1;
     std::vector<nlohmann::json> reports;

@@ -10,6 +10,13 @@
 
 namespace sharpcheck::cli {
 
+// A report path (--json, --junit): an empty one is refused, never silently ignored.
+inline const CLI::Validator report_path(
+    [](const std::string& path) {
+      return path.empty() ? std::string("the report path is empty") : std::string();
+    },
+    "PATH");
+
 // A decimal integer in [low, high].
 [[nodiscard]] std::size_t parse_count(const std::string& text, const std::string& option, std::size_t low,
                                       std::size_t high = std::numeric_limits<std::size_t>::max());

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/options.hpp"
+#include "core/errors.hpp"
 #include "io/atomic_file.hpp"
 #include "proofs/runner.hpp"
 
@@ -66,6 +68,11 @@ int run_prove(const ProveSettings& settings) {
     std::fflush(stdout);
   }
   std::printf("\n%d passed, %d failed\n", checked - failures, failures);
+  if (checked == 0) {
+    throw InputError(InputProblem::out_of_range,
+                     "--filter '" + settings.filter +
+                         "' matches no proof obligation (see `sharpcheck prove` for the names)");
+  }
   if (!settings.json_path.empty()) {
     io::write_file_atomically(
         settings.json_path,
@@ -82,7 +89,8 @@ Command add_prove_command(CLI::App& app) {
   auto settings = std::make_shared<ProveSettings>();
   auto* command =
       app.add_subcommand("prove", "Check every Z3 proof obligation of the bounds and kernel steps");
-  command->add_option("--json", settings->json_path, "Also write the results as JSON to this file");
+  command->add_option("--json", settings->json_path, "Also write the results as JSON to this file")
+      ->check(report_path);
   command
       ->add_option("--timeout-ms", settings->timeout_ms,
                    "Per-check solver time limit (a watchdog enforces it)")

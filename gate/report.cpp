@@ -70,6 +70,11 @@ void check_case_record(const nlohmann::json& c, const std::string& where) {
   need("format", &nlohmann::json::is_string);
   need("index", &nlohmann::json::is_number_unsigned);
   need("status", &nlohmann::json::is_string);
+  // Only the statuses the gate writes (CaseOutcome::status): any other ("FAIL", "error", "hang")
+  // would otherwise count as a pass.
+  const std::string status = c["status"].get<std::string>();
+  if (status != "pass" && status != "fail" && status != "crash" && status != "inconclusive")
+    malformed(where, "a case has the unknown status \"" + status + "\" (pass, fail, crash or inconclusive)");
   need("deliberately_broken", &nlohmann::json::is_boolean);
   need("max_ulps", &nlohmann::json::is_number_unsigned);
   need("max_bound_ratio", &nlohmann::json::is_primitive);  // a number, or "inf"/"nan" as written

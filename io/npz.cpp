@@ -108,6 +108,16 @@ std::vector<NpzMember> list_npz_members(std::string_view archive, const std::str
     member.name = std::string(archive.substr(at + 46, name_length));
     if ((flags & 1) != 0) malformed(source, member.name + " is encrypted");
     read_zip64_extra(in, at + 46 + name_length, extra_length, member);
+    // Two members of one name (x and x, or x and x.npy): readers disagree on which is meant
+    // (NumPy takes the last, a first-match search the first), so neither is judged.
+    for (const NpzMember& earlier : members) {
+      const auto stem = [](const std::string& name) {
+        return name.size() > 4 && name.ends_with(".npy") ? name.substr(0, name.size() - 4) : name;
+      };
+      if (stem(earlier.name) == stem(member.name))
+        malformed(source, "two members named '" + stem(member.name) + "' (" + earlier.name + " and " +
+                              member.name + "): which one is meant is ambiguous");
+    }
     members.push_back(std::move(member));
     at += 46 + std::uint64_t{name_length} + extra_length + comment_length;
   }

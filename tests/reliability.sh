@@ -194,6 +194,35 @@ case $attack in
     run gate --plugin "$(plugin segfault)" --sizes 16,64 --reproducers /proc/no/reproducers --json noreproducer.json
     expect_code 3; expect_text "no reproducer"
     grep -q '"status": "crash"' noreproducer.json || fail "the crash case was dropped from the report" ;;
+  round_three_refusals)
+    # An unknown status in a report to merge is refused, not counted as a pass.
+    run gate --kernel safe3 --sizes 16 --json one.json
+    expect_code 0
+    sed 's/"status": "pass"/"status": "FAIL"/' one.json > unknown.json
+    run merge unknown.json --json merged.json
+    expect_code 2; expect_text "unknown status"
+    # An empty report path is refused, on every command that writes one.
+    for command in "gate --kernel safe3 --sizes 16" "bounds" "prove --filter lemma"; do
+      run $command --json ""
+      expect_code 2; expect_text "report path is empty"
+    done
+    # A filter that matches no proof obligation is a usage error, not a failed proof.
+    run prove --filter no_such_obligation
+    expect_code 2; expect_text "matches no proof obligation"
+    # An .npz with two members of one name (NumPy reads the last, a first match the first).
+    /usr/bin/python3 - <<'PY' || fail "could not write the archive"
+import io, zipfile, numpy as np
+def member(a):
+    b = io.BytesIO(); np.save(b, a); return b.getvalue()
+with zipfile.ZipFile("twice.npz", "w") as z:
+    z.writestr("logits.npy", member(np.zeros((2, 4), np.float32)))
+    z.writestr("probs.npy", member(np.full((2, 4), 0.25, np.float32)))
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore")
+        z.writestr("probs.npy", member(np.zeros((2, 4), np.float32)))
+PY
+    run compare --bundle twice.npz --format fp32
+    expect_code 2; expect_text "two members named 'probs'" ;;
   verdict_agreement)
     run gate --kernel naive --sizes 16 --junit naive.xml
     expect_code 1
