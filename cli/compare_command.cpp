@@ -95,6 +95,7 @@ std::string rerun_command(const CompareSettings& s) {
                                       {"--lse", r.lse},
                                       {"--format", r.format},
                                       {"--input-format", r.input_format},
+                                      {"--lse-format", r.lse_format == "fp32" ? std::string() : r.lse_format},
                                       {"--layout", r.layout},
                                       {"--align", s.align},
                                       {"--window", s.window},
@@ -201,7 +202,10 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
   command->add_option("--k", r.k, "Attention keys (n x d, or a layer)");
   command->add_option("--v", r.v, "Attention values (n x dv, or a layer)");
   command->add_option("--out", r.out, "The kernel's attention output");
-  command->add_option("--lse", r.lse, "The kernel's log-sum-exp ([B,H,S] or [H,T]), judged in fp32");
+  command->add_option("--lse", r.lse,
+                      "The kernel's log-sum-exp ([B,H,S] or [H,T]), judged in --lse-format (default fp32)");
+  command->add_option("--lse-format", r.lse_format,
+                      "The log-sum-exp's format: fp32 (default), bf16 or fp16 (bit patterns or values)");
   command->add_option(
       "--dout", r.dout,
       "Attention backward: the gradient reaching the output (q's layout); with --dq --dk --dv");

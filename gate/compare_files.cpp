@@ -104,7 +104,7 @@ CaseOutcome compare_attention(const CompareRequest& request, const StoredFormat&
   const DecodedFile v("--v", request.v, input, {request.v_descale, "--v-descale"});
   const DecodedFile out("--out", request.out, output);
   std::optional<DecodedFile> lse;
-  if (!request.lse.empty()) lse.emplace("--lse", request.lse, StoredFormat{&fp32, std::nullopt, "fp32"});
+  if (!request.lse.empty()) lse.emplace("--lse", request.lse, stored_format(request.lse_format));
   AttentionArrays arrays;
   arrays.q = &q;
   arrays.k = &k;
