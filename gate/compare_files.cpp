@@ -200,6 +200,15 @@ CaseOutcome compare_files(const CompareRequest& given) {
   CaseOutcome outcome = !attention              ? compare_rows(request, output, input)
                         : !request.dout.empty() ? compare_attention_backward(request, output, input)
                                                 : compare_attention(request, output, input);
+  if (attention && !request.dout.empty() && !request.out.empty()) {
+    // The forward's output (and LSE) handed over beside the gradients are judged too, never
+    // silently ignored: the verdict is both judgements'.
+    const CaseOutcome forward = compare_attention(request, output, input);
+    outcome.comparison.merge(forward.comparison);
+    for (const std::string& failure : forward.failures) outcome.failures.push_back("forward: " + failure);
+  } else if (attention && !request.dout.empty() && !request.lse.empty()) {
+    refuse(InputProblem::out_of_range, "--lse is judged with the forward's --out; give both or neither");
+  }
   outcome.gate_case.input = "npy";
   return outcome;
 }

@@ -90,12 +90,15 @@ std::pair<std::size_t, std::size_t> shard_of(const nlohmann::json& report) {
     malformed("merge", "a report's shard is not i/N");
   const std::string text = report.value("shard", std::string("0/1"));
   const auto slash = text.find('/');
-  try {
-    if (slash != std::string::npos)
-      return {std::stoul(text.substr(0, slash)), std::stoul(text.substr(slash + 1))};
-  } catch (const std::exception&) {
+  const auto whole = [](const std::string& digits) {
+    return !digits.empty() && digits.size() <= 9 &&
+           digits.find_first_not_of("0123456789") == std::string::npos;  // no sign, no spaces
+  };
+  if (slash != std::string::npos && whole(text.substr(0, slash)) && whole(text.substr(slash + 1))) {
+    const std::size_t index = std::stoul(text.substr(0, slash)), count = std::stoul(text.substr(slash + 1));
+    if (count > 0 && index < count) return {index, count};
   }
-  malformed("merge", "a report's shard '" + text + "' is not i/N");
+  malformed("merge", "a report's shard '" + text + "' is not i/N with 0 <= i < N");
 }
 
 }  // namespace

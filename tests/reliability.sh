@@ -222,7 +222,28 @@ with zipfile.ZipFile("twice.npz", "w") as z:
         z.writestr("probs.npy", member(np.zeros((2, 4), np.float32)))
 PY
     run compare --bundle twice.npz --format fp32
-    expect_code 2; expect_text "two members named 'probs'" ;;
+    expect_code 2; expect_text "two members named 'probs'"
+    # A shard that is not i/N with i < N is refused.
+    sed 's|"shard": "0/1"|"shard": "5/2"|' one.json > shard.json
+    run merge shard.json --json merged.json
+    expect_code 2; expect_text "is not i/N"
+    # compare in backward mode judges a forward output handed over too (7.0 everywhere fails).
+    /usr/bin/python3 - <<'PY' || fail "could not write the arrays"
+import numpy as np, torch
+r = np.random.default_rng(0)
+q, k, v, do = (r.standard_normal((1, 1, 8, 4)).astype(np.float32) for _ in range(4))
+Q, K, V = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+o = torch.softmax(Q @ K.transpose(-1, -2) / 2.0, -1) @ V
+o.backward(torch.tensor(do, dtype=torch.float64))
+arrays = dict(q=q, k=k, v=v, dout=do, dq=Q.grad.float().numpy(), dk=K.grad.float().numpy(),
+              dv=V.grad.float().numpy(), out=np.full((1, 1, 8, 4), 7, np.float32))
+for name, x in arrays.items():
+    np.save(name + ".npy", x)
+PY
+    run compare --q q.npy --k k.npy --v v.npy --dout dout.npy --dq dq.npy --dk dk.npy --dv dv.npy --out out.npy --format fp32
+    expect_code 1; expect_text "forward:"
+    run compare --q q.npy --k k.npy --v v.npy --dout dout.npy --dq dq.npy --dk dk.npy --dv dv.npy --format fp32
+    expect_code 0 ;;
   verdict_agreement)
     run gate --kernel naive --sizes 16 --junit naive.xml
     expect_code 1
