@@ -42,7 +42,7 @@ case $attack in
     done
     run gate --kernel safe3 --sizes 16 --junit "$work/missing/r.xml"
     expect_code 2; expect_text "I/O error"
-    run prove --filter lemma --json "$work/missing/p.json"
+    run prove --filter Lemma --json "$work/missing/p.json"
     expect_code 2; expect_text "I/O error"
     run study --out /proc/study
     expect_code 2; expect_text "I/O error"
@@ -202,7 +202,7 @@ case $attack in
     run merge unknown.json --json merged.json
     expect_code 2; expect_text "unknown status"
     # An empty report path is refused, on every command that writes one.
-    for command in "gate --kernel safe3 --sizes 16" "bounds" "prove --filter lemma"; do
+    for command in "gate --kernel safe3 --sizes 16" "bounds" "prove --filter Lemma"; do
       run $command --json ""
       expect_code 2; expect_text "report path is empty"
     done
