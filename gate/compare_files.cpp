@@ -200,13 +200,20 @@ CaseOutcome compare_files(const CompareRequest& given) {
   CaseOutcome outcome = !attention              ? compare_rows(request, output, input)
                         : !request.dout.empty() ? compare_attention_backward(request, output, input)
                                                 : compare_attention(request, output, input);
-  if (attention && !request.dout.empty() && !request.out.empty()) {
-    // The forward's output (and LSE) handed over beside the gradients are judged too, never
-    // silently ignored: the verdict is both judgements'.
-    const CaseOutcome forward = compare_attention(request, output, input);
+  if (attention && !request.dout.empty() && !given.out.empty()) {
+    // A forward output (and LSE) given beside the gradients is judged too, never silently
+    // ignored, under the default recipes (the named entry is the backward's); a bundle's members
+    // are read only as the mode needs them.
+    CompareRequest forward_request = request;
+    forward_request.tolerance_entry.clear();
+    const CaseOutcome forward = compare_attention(forward_request, output, input);
+    if (!forward.failures.empty() && outcome.failures.empty()) {
+      outcome.worst_array = forward.worst_array;
+      outcome.worst_index = forward.worst_index;
+    }
     outcome.comparison.merge(forward.comparison);
     for (const std::string& failure : forward.failures) outcome.failures.push_back("forward: " + failure);
-  } else if (attention && !request.dout.empty() && !request.lse.empty()) {
+  } else if (attention && !request.dout.empty() && !given.lse.empty()) {
     refuse(InputProblem::out_of_range, "--lse is judged with the forward's --out; give both or neither");
   }
   outcome.gate_case.input = "npy";

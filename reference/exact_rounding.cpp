@@ -10,7 +10,10 @@
 namespace sharpcheck::reference {
 
 std::optional<double> decided_rounding(double low, double high, int low_sign, int high_sign) {
-  if (low == 0 && high == 0) return low_sign < 0 && high_sign <= 0 ? -0.0 : 0.0;
+  // Both ends round to a zero: the value is a zero of the format. Its sign is claimed only where
+  // the enclosure lies below 0 (a straddling enclosure gives +0: refining it could refuse a value
+  // such as an underflowing entropy whose enclosure always straddles).
+  if (low == 0 && high == 0) return low_sign < 0 && high_sign < 0 ? -0.0 : 0.0;
   if (std::isnan(low) || std::isnan(high)) {
     if (std::isnan(low) && std::isnan(high) && low_sign == high_sign && low_sign != 0) return low;
     return std::nullopt;

@@ -22,8 +22,8 @@ namespace sharpcheck::reference {
 // Equal bits are not enough: a format whose overflow is NaN (fp8 e4m3) rounds both ends of an
 // enclosure reaching past -max and +max to the same NaN although finite values lie between, and
 // -0 and +0 compare equal as floats. So: a common finite value; a zero when both ends round to
-// one (-0 only when the whole enclosure is <= 0 with a negative end, +0 otherwise); the overflow
-// value only when both ends lie on one side; nullopt for anything else.
+// one (-0 when the whole enclosure is below 0, else +0: a straddling zero's sign is not claimed); the
+// overflow value only when both ends lie on one side; nullopt for anything else.
 [[nodiscard]] std::optional<double> decided_rounding(double low, double high, int low_sign, int high_sign);
 
 // Correct rounding of numerator / denominator, where numerator is an exact MPFR value and the

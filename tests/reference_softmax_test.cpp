@@ -320,7 +320,8 @@ TEST(Decisions, NaNEndsOfBothSignsAndMixedZerosDecideNothingWrong) {
   ASSERT_TRUE(reference::decided_rounding(nan, nan, 1, 1).has_value());
   EXPECT_TRUE(std::isnan(*reference::decided_rounding(nan, nan, 1, 1)));
   EXPECT_FALSE(reference::decided_rounding(nan, 448.0, 1, 1).has_value());
-  EXPECT_FALSE(std::signbit(*reference::decided_rounding(-0.0, 0.0, -1, 1)));
+  EXPECT_FALSE(std::signbit(*reference::decided_rounding(-0.0, 0.0, -1, 1)));  // sign not claimed: +0
+  EXPECT_FALSE(std::signbit(*reference::decided_rounding(0.0, 0.0, 1, 1)));
   EXPECT_TRUE(std::signbit(*reference::decided_rounding(-0.0, -0.0, -1, -1)));
   EXPECT_FALSE(reference::decided_rounding(-0.0, 0x1p-149, -1, 1).has_value());
   EXPECT_EQ(*reference::decided_rounding(0.5, 0.5, 1, 1), 0.5);
