@@ -119,11 +119,16 @@ void add_score_terms(const kernels::BackwardProblem& p, std::size_t i, const Row
 double sign_of(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
 
 // Row i's pair (i, j)'s share of the gradient-scale sums (judge_gradient_scale): the intermediate
-// roundings through dS_ij (their squared bound `pair`, as in magnitudes_of) and of P_ij, projected
-// on the expected gradients' signs.
-// Returns the projection of dK's signs, which D's error in row i moves through.
+// roundings through dS_ij (their squared bound `pair`, as in magnitudes_of) and of P_ij, and the
+// fp32 arithmetic's errors (relative to mag and to P_ij), projected on the expected gradients'
+// signs; the row's shares (`row`, squared and summed when the row ends) accumulate their
+// absolute projections. Returns the projection of dK's signs, which D's error in row i moves through.
+struct ScaleRow {
+  double dq = 0, dk = 0, dv = 0;
+};
 double add_scale_terms(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                       std::size_t i, std::size_t j, double pair, double weight, Magnitudes& m) {
+                       std::size_t i, std::size_t j, double pair, double mag, double weight, Magnitudes& m,
+                       ScaleRow& row) {
   double on_dq = 0, on_dk = 0, on_dv = 0;
   for (std::size_t t = 0; t < p.queries.cols; ++t) {
     on_dq += sign_of(e.d_queries(i, t)) * p.keys(j, t);
@@ -133,6 +138,12 @@ double add_scale_terms(const kernels::BackwardProblem& p, const reference::Atten
   m.dq_scale_inside += pair * on_dq * on_dq;
   m.dk_scale_inside += pair * on_dk * on_dk;
   m.dv_scale_inside += weight * weight * on_dv * on_dv;
+  m.dq_scale_pairs += mag * mag * on_dq * on_dq;
+  m.dk_scale_pairs += mag * mag * on_dk * on_dk;
+  m.dv_scale_pairs += weight * weight * on_dv * on_dv;
+  row.dq += mag * std::fabs(on_dq);
+  row.dk += mag * std::fabs(on_dk);
+  row.dv += weight * std::fabs(on_dv);
   return on_dk;
 }
 
@@ -252,6 +263,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     m.d_rows_from_o(i, 0) = b_i;
     std::fill(signed_dq.begin(), signed_dq.end(), 0.0);
     double d_on_dk = 0;  // D's error in row i projected on dK's signs, over u_o B_i
+    ScaleRow scale_row;
     for (std::size_t a = 0; a < visible.size(); ++a) {
       const std::size_t j = visible[a];
       const double mag = weight[a] * (dp_mag[a] + a_i + lse_gradient) * g.slope[a];
@@ -261,7 +273,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       const double ds =
           weight[a] * std::fabs(dp_signed[a] - exact_d + signed_lse_gradient) * g.slope[a] + 1e-9 * mag;
       const double pair = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
-      d_on_dk += weight[a] * g.slope[a] * add_scale_terms(p, e, i, j, pair, weight[a], m);
+      d_on_dk += weight[a] * g.slope[a] * add_scale_terms(p, e, i, j, pair, mag, weight[a], m, scale_row);
       for (std::size_t t = 0; t < d; ++t) signed_dq[t] += weight[a] * g.slope[a] * p.keys(j, t);
       add_pair(p, i, j, {mag, from_d, pair, g.slope[a], weight[a]}, m);
     }
@@ -276,6 +288,9 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     m.dq_scale_from_d += b_i * b_i * on_dq * on_dq;
     if (u_s > 0) add_score_terms(p, i, {visible, g, weight, dp_mag, signed_dq, a_i, lse_gradient}, u_s, m);
     m.dk_scale_from_d += b_i * b_i * d_on_dk * d_on_dk;
+    m.dq_scale_rows += scale_row.dq * scale_row.dq;
+    m.dk_scale_rows += scale_row.dk * scale_row.dk;
+    m.dv_scale_rows += scale_row.dv * scale_row.dv;
     if (row_head.sink) {
       const double sink_weight =
           std::exp(*row_head.sink / row_head.theta - g.lse) / std::fabs(row_head.theta);

@@ -38,6 +38,12 @@ struct Magnitudes {
   // projected on each gradient's signs, and D's errors (one per query row) likewise.
   double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;
   double dq_scale_from_d = 0, dk_scale_from_d = 0;
+  // The same for the fp32 arithmetic's errors, each bounded relative to its pair's magnitude
+  // (mag_ij for dQ and dK, P_ij for dV) times the fp32 units: one error per (i, j) pair
+  // (sum of (mag_ij on_ij)^2) and one shared by query row i's pairs (L_i, D_i: sum over i of
+  // (sum_j mag_ij |on_ij|)^2), on_ij the pair's projection on the gradient's signs.
+  double dq_scale_pairs = 0, dk_scale_pairs = 0, dv_scale_pairs = 0;
+  double dq_scale_rows = 0, dk_scale_rows = 0, dv_scale_rows = 0;
   // A recipe's score roundings (add_score_terms), per element: the Hoeffding spread (over
   // 2.0001 u_S) and the second-order part; empty when the recipe keeps the scores in fp32. And the
   // largest |z| of a non-negligible pair.

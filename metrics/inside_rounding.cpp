@@ -179,30 +179,70 @@ void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& 
   }
 }
 
+namespace {
+
+// What judge_gradient_scale charges the fp32 arithmetic and a recipe's score roundings (see
+// ScaleNoise in inside_rounding.hpp): the elements' sum of squares for the Hoeffding part, and
+// what is charged in full.
+struct Fp32Charge {
+  double squares = 0;  // sum over elements of M_x^2 (each element's own accumulation)
+  double in_full = 0;  // the shared roundings, the score roundings, the absolute floors
+};
+
+Fp32Charge fp32_charge(const Matrix& magnitudes, const Tolerance& entry, const FloatFormat& output,
+                       const RowScale& scale) {
+  Tolerance fp32_only = entry;
+  fp32_only.probabilities_in_output = fp32_only.scores_in_output = 0;
+  Tolerance with_scores = fp32_only;
+  with_scores.scores_in_output = entry.scores_in_output;
+  const double u = entry.accumulation->unit_roundoff();
+  const double floor = absolute_floor(fp32_only, scale, output);
+  Fp32Charge charge;
+  double total = 0;
+  for (const double m : magnitudes.values) {
+    charge.squares += m * m;
+    total += m;
+    charge.in_full += floor;
+    if (entry.scores_in_output > 0)  // exp(a + b) - exp(a) >= exp(b) - 1: at least the scores' share
+      charge.in_full += allowed_error(with_scores, m, 0.0, scale, output, Tier::statistical, 0.0) -
+                        allowed_error(fp32_only, m, 0.0, scale, output, Tier::statistical, 0.0);
+  }
+  charge.in_full += (2 * scale.largest_score + 4) * u * total;
+  return charge;
+}
+
+}  // namespace
+
 void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,
                           const Matrix& magnitudes, const ScaleNoise& noise, const Tolerance& entry,
                           double u_o, const FloatFormat& output, const RowScale& scale,
                           Comparison& comparison) {
-  Tolerance rest = entry;
   const double u_i =
       entry.probabilities_in_output > 0
           ? (entry.probability_format != nullptr ? *entry.probability_format : output).unit_roundoff()
           : 0.0;
-  rest.probabilities_in_output = 0;
   const double u_out = output.unit_roundoff();
-  double weight = 0, deviation = 0, roundings = 0, charged = 0;
+  double weight = 0, deviation = 0, roundings = 0;
   for (std::size_t x = 0; x < expected.values.size(); ++x) {
     const double e = expected.values[x], y = actual.values[x];
     if (!std::isfinite(y)) return;  // the element check has failed it already
     weight += std::fabs(e);
     deviation += e > 0 ? y - e : (e < 0 ? e - y : 0.0);
     roundings += u_out * u_out * (y * y + e * e);
-    charged += allowed_error(rest, magnitudes.values[x], 0.0, scale, output, Tier::statistical, 0.0);
   }
   if (weight == 0) return;
+  // The entry's fp32 units for this problem (gradient_entry's constant, and per_item times the
+  // statistical length) as a relative bound of each source's error.
+  const double units =
+      entry.constant + entry.per_item * charged_length(static_cast<double>(scale.n), Tier::statistical);
+  const double relative = std::expm1(units * entry.accumulation->unit_roundoff());
+  const Fp32Charge fp32 = fp32_charge(magnitudes, entry, output, scale);
   const double variance = roundings + u_i * u_i * noise.inside + u_o * u_o * noise.from_d;
+  const double fp32_spread =
+      relative * (std::sqrt(noise.pairs) + std::sqrt(noise.rows) + std::sqrt(fp32.squares));
   const double allowed =
-      (statistical_lambda * std::sqrt(variance) + charged + noise.absolute) * (1 + 0x1p-20) / weight;
+      (statistical_lambda * (std::sqrt(variance) + fp32_spread) + fp32.in_full + noise.absolute) *
+      (1 + 0x1p-20) / weight;
   record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
 }
 

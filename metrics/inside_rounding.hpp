@@ -69,10 +69,17 @@ void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& 
 // without the intermediates' and D's charges) in full. A kernel that scales a gradient (dQ scaled
 // at batch >= 2, a softmax scale applied twice) moves T by the scale, over sqrt(elements) more
 // than any one element shows it.
+// The fp32 arithmetic's own errors are charged the same way, by Hoeffding over their independent
+// sources (each bounded by the entry's units times its magnitude): one per (i, j) pair, one shared
+// by each query row (L_i, D_i), one per element (its accumulation); only what every element shares
+// (the roundings of the scale, theta and the cap: (2 max|z| + 4) u) and a recipe's score roundings
+// are charged in full. (Charged in full, the fp32 worst case hid a 1% dQ scale at 200 keys.)
 struct ScaleNoise {
   double inside = 0;    // sum of squares of the intermediate roundings' projections (over u_i^2)
   double from_d = 0;    // the same for D's errors (over u_o^2)
   double absolute = 0;  // the subnormal roundings' worst case over all elements (charged in full)
+  double pairs = 0;     // the fp32 errors' sums of squares, per pair and per query row
+  double rows = 0;      // (Magnitudes::dq_scale_pairs, dq_scale_rows, ...), over (units u)^2
 };
 
 void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,

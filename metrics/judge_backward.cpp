@@ -96,15 +96,17 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
     return floor_scale * total;
   };
   const auto& e = judgement.expected;
-  judge_gradient_scale("dQ", e.d_queries, actual.d_queries, m.dq,
-                       {m.dq_scale_inside, m.dq_scale_from_d, floor_total(m.dq_floor)}, x.entry, x.units,
-                       x.output, x.scale, judgement.d_queries);
-  judge_gradient_scale("dK", e.d_keys, actual.d_keys, m.dk,
-                       {m.dk_scale_inside, m.dk_scale_from_d, floor_total(m.dk_floor)}, x.entry, x.units,
-                       x.output, x.scale, judgement.d_keys);
+  judge_gradient_scale(
+      "dQ", e.d_queries, actual.d_queries, m.dq,
+      {m.dq_scale_inside, m.dq_scale_from_d, floor_total(m.dq_floor), m.dq_scale_pairs, m.dq_scale_rows},
+      x.entry, x.units, x.output, x.scale, judgement.d_queries);
+  judge_gradient_scale(
+      "dK", e.d_keys, actual.d_keys, m.dk,
+      {m.dk_scale_inside, m.dk_scale_from_d, floor_total(m.dk_floor), m.dk_scale_pairs, m.dk_scale_rows},
+      x.entry, x.units, x.output, x.scale, judgement.d_keys);
   judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv,
-                       {m.dv_scale_inside, 0.0, floor_total(m.dv_floor)}, x.entry, x.units, x.output, x.scale,
-                       judgement.d_values);
+                       {m.dv_scale_inside, 0.0, floor_total(m.dv_floor), m.dv_scale_pairs, m.dv_scale_rows},
+                       x.entry, x.units, x.output, x.scale, judgement.d_values);
 }
 
 }  // namespace

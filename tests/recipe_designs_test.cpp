@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/random.hpp"
 #include "gate/attention_scenarios.hpp"
 #include "inputs/attention_backward_cases.hpp"
 #include "kernels/attention_layer.hpp"
@@ -132,6 +133,46 @@ TEST(RecipeDesigns, AScaledOutputFitsNoDefaultRecipe) {
   ASSERT_TRUE(got.lse.empty());
   for (const auto* recipe : metrics::default_forward_recipes(bf16, bf16, false, false))
     EXPECT_FALSE(fits(kernel, *recipe, in, got)) << recipe->name;
+}
+
+// The backward's gradient-scale test: one gradient of an honest FlashAttention-style kernel scaled
+// by 1% (dQ scaled at batch >= 2 in the trial of docs/verdicts.md), every element still well inside
+// its own allowance, must fit no default recipe on a head of 192 queries and keys with N(0, 1)
+// entries (the trial's shape); the honest gradients fit. (Where a low-rank head's D, formed from O
+// in bf16, moves the gradients by more than 1%, the test cannot see 1%: that is honest noise.)
+inputs::BackwardInputs normal_head(std::size_t rows, std::size_t dim, const FloatFormat& format) {
+  DeterministicRandom random(192);
+  const auto normal = [&](std::size_t r) {
+    Matrix m(r, dim);
+    for (double& x : m.values) x = round_to_format(random.normal(0, 1), format);
+    return m;
+  };
+  return {normal(rows), normal(rows), normal(rows), normal(rows), {}, {}};
+}
+
+TEST(RecipeDesigns, AGradientScaledByOnePercentFitsNoDefaultRecipe) {
+  using Gradients = kernels::KernelGradients;
+  for (const char* name : {"flash2_backward_bf16", "flash2_backward_fp16"}) {
+    const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
+    const inputs::BackwardInputs in = normal_head(192, 64, *kernel.format);
+    const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
+    const Gradients honest = kernel.run(problem);
+    const reference::AttentionGradients expected = reference::attention_backward(
+        {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, *kernel.format);
+    const auto judged = [&](const metrics::AttentionRecipe& recipe, const Gradients& got) {
+      return metrics::judge_attention_backward(metrics::backward_tolerance(recipe), *kernel.format, problem,
+                                               got, &expected);
+    };
+    EXPECT_TRUE(judged(*metrics::find_recipe(kernel.recipe), honest).passed()) << name;
+    for (Matrix Gradients::*gradient : {&Gradients::d_queries, &Gradients::d_keys, &Gradients::d_values}) {
+      Gradients scaled = honest;
+      for (double& x : (scaled.*gradient).values) x = round_to_format(x * 1.01, *kernel.format);
+      for (const auto* recipe : metrics::default_recipes(*kernel.format, *kernel.format, true)) {
+        const metrics::BackwardJudgement judgement = judged(*recipe, scaled);
+        EXPECT_FALSE(judgement.passed()) << name << ": a gradient scaled by 1.01 fits " << recipe->name;
+      }
+    }
+  }
 }
 
 }  // namespace

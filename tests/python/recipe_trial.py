@@ -593,7 +593,6 @@ def references(case: Case, q, k, v, dout):
 # Wrong default verdicts that are known and documented (docs/verdicts.md), each with its reason. The
 # run fails on any other wrong verdict, and on a known one that no longer happens.
 KNOWN_MISSES = {
-    "bug_b_bwd_dq_x1.01_batch2": "a 1% dQ scale at S = 200 fits the bf16 backward's allowance (the 5% twin fails)",
 }
 
 JUDGES = ["sc_default", "sc_declared", "assert_close", "fa_rule", "sdpa_rule"]
