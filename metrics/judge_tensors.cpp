@@ -43,9 +43,11 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
       2 * spec.lse_format->unit_roundoff() + spec.tolerance->accumulation->unit_roundoff();
   for (std::size_t i = 0; i < rows; ++i) {
     const double exact = evaluation.expected_lse[i];
-    const bool empty = exact == -INFINITY;  // a fully masked row: -inf is the one right answer
+    // A fully masked row: ln 0 = -inf, or +inf as FlashAttention 2/3 write it (so that their
+    // backward's exp(s - L) is 0); anything else there is wrong.
+    const bool empty = exact == -INFINITY;
     expected(i, 0) = empty ? 0.0 : exact;
-    given(i, 0) = empty ? (actual[i] == -INFINITY ? 0.0 : NAN) : actual[i];
+    given(i, 0) = empty ? (std::isinf(actual[i]) ? 0.0 : NAN) : actual[i];
     const auto n = static_cast<double>(std::max<std::size_t>(evaluation.row_scales[i].n, 1));
     magnitudes(i, 0) = empty ? 0.0 : unit;
     own(i, 0) = empty ? 0.0 : roundings * (std::fabs(exact) + std::log(n) + 1) * (1 + 0x1p-20);

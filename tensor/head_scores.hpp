@@ -29,7 +29,7 @@ enum class DiagonalAlignment { top_left, bottom_right };
 // What a query that sees no key (and has no sink) produces.
 enum class FullyMaskedRows {
   error,  // an InputError naming the row
-  zeros,  // output zeros and log-sum-exp -inf, as FlashAttention does
+  zeros,  // output zeros and log-sum-exp -inf (+inf, as FlashAttention 2/3 write it, is accepted)
 };
 
 struct HeadScores {

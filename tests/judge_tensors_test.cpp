@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -117,6 +118,39 @@ TEST(JudgeTensors, AnHonestLayerPassesAndEachMutantFailsNamingItsWorstElement) {
   EXPECT_EQ(lse.worst_lse.batch, 1u);
   EXPECT_EQ(lse.worst_lse.head, 2u);
   EXPECT_EQ(lse.worst_lse.position, 30u);
+}
+
+// A query that sees no key (bottom-right causal, 12 queries on 5 keys): its log-sum-exp is ln 0 =
+// -inf, and FlashAttention 2/3 write +inf there (so that their backward's exp(s - L) is 0); both
+// pass, and any finite value or NaN there fails naming that row.
+TEST(JudgeTensors, AFullyMaskedRowsLogSumExpIsMinusOrPlusInfinity) {
+  Layer layer;
+  auto& p = layer.problem;
+  p.shape = {1, 2, 1, 12, 5, 16, 16};
+  p.scores.causal = true;
+  p.scores.alignment = tensor::DiagonalAlignment::bottom_right;
+  p.scores.fully_masked = tensor::FullyMaskedRows::zeros;
+  DeterministicRandom random(12);
+  for (auto [data, count] : {std::pair{&layer.q, p.query_elements()}, std::pair{&layer.k, p.key_elements()},
+                             std::pair{&layer.v, p.value_elements()}}) {
+    data->resize(count);
+    for (double& x : *data) x = round_to_format(random.normal(0, 1), bf16);
+  }
+  run_kernel(layer, *kernels::find_attention_kernel("attention_flash_bf16"), p,
+             [](std::size_t) { return 0; });
+  const std::size_t masked = p.lse_offset(0, 1, 3);  // query 3 of 12 aligns with key -4
+  ASSERT_EQ(layer.lse[masked], -INFINITY);
+  EXPECT_TRUE(judge(layer).passed()) << judge(layer).describe_worst();
+  for (const double value : {double{INFINITY}, 0.0, -1e30, double{NAN}}) {
+    Layer given = layer;
+    given.lse[masked] = value;
+    const auto judged = judge(given);
+    EXPECT_EQ(judged.passed(), std::isinf(value)) << value;
+    if (!std::isinf(value)) {
+      EXPECT_EQ(judged.worst_lse.head, 1u);
+      EXPECT_EQ(judged.worst_lse.position, 3u);
+    }
+  }
 }
 
 // The same layer through the command line: 4-D bf16 tensors as uint16 bit patterns, as torch
