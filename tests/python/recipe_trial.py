@@ -70,6 +70,9 @@ class Opts:
     sinks: Optional[Tuple[float, ...]] = None        # one per query head, natural-log units
     alibi: Optional[Tuple[float, ...]] = None        # one per query head
     layout: str = "bhsd"                     # how the kernel's tensors are stored ("bshd": flash_attn_func)
+    # The math path as PyTorch before 2.5 computes it: q and k each scaled by sqrt(scale) in the
+    # input format, then one product rounded to it (instead of the product, then the scale).
+    prescale: bool = False
 
     def sharpcheck_kwargs(self) -> Dict[str, Any]:
         kw: Dict[str, Any] = {"causal": self.causal, "align": self.align, "layout": self.layout}
@@ -139,7 +142,11 @@ def math_attention(q, k, v, o: Opts, dtype, return_lse=False):
     heads, sq, sk = q.shape[1], q.shape[2], k.shape[2]
     k, v = expand_kv(k, heads), expand_kv(v, heads)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    s = rnd(mm(q, k.transpose(-1, -2)).to(work) * scale)
+    if o.prescale and lowp:
+        root = math.sqrt(scale)
+        s = mm(rnd(q.to(work) * root), rnd(k.to(work) * root).transpose(-1, -2))
+    else:
+        s = rnd(mm(q, k.transpose(-1, -2)).to(work) * scale)
     if o.softcap:
         s = rnd(rnd(torch.tanh(rnd(s.to(work) / o.softcap)).to(work)).to(work) * o.softcap)
     if o.alibi is not None:
@@ -402,6 +409,8 @@ SINKS = Opts(sinks=(2.0, 1.0))
 WINDOW = Opts(window=(64, 0))
 ALIBI = Opts(causal=True, alibi=(2.0 ** -4, 2.0 ** -8))
 BSHD = Opts(layout="bshd")
+PRESCALE = Opts(prescale=True)
+PRESCALE_CAUSAL = Opts(causal=True, prescale=True)
 
 
 def cases() -> List[Case]:
@@ -423,6 +432,8 @@ def cases() -> List[Case]:
         fa("fa2_fp16_big_v", FP16, S, seed=14, special="big_v"),
         fa("fa2_bf16_bshd", BF16, S, opts=BSHD, seed=15, pass_lse=False),
         Case("math_bf16", "math", True, BF16, S, seed=16, quick=True),
+        Case("math_prescaled_bf16", "math", True, BF16, S, opts=PRESCALE, seed=26),
+        Case("math_prescaled_fp16_causal_s300", "math", True, FP16, S300, opts=PRESCALE_CAUSAL, seed=27),
         Case("math_fp16_causal_s200", "math", True, FP16, S200, opts=C, seed=17),
         Case("fp32_autograd", "fp32", True, FP32, S, seed=18, quick=True),
         Case("fa2_bwd_bf16_s200", "fa2-bwd", True, BF16, S200, seed=19, backward=True, quick=True),
