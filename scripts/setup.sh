@@ -27,7 +27,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libdnnl-dev ocl-icd-opencl-dev
   libtorch-dev libopenblas0-pthread python3-torch python3-numpy
-  python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-pytest python3-mpmath
+  python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-pytest python3-pytest-xdist python3-mpmath
   clang libclang-rt-14-dev clang-format clang-tidy
   gnuplot-nox
 )

@@ -3,12 +3,14 @@ gate's JSON (--sharpcheck-report FILE) and JUnit XML (--sharpcheck-junit FILE), 
 by the same code as `sharpcheck gate`; the terminal summary lists the worst checks.
 
 Enable with `pytest -p sharpcheck.pytest_plugin` (or `pytest_plugins = ["sharpcheck.pytest_plugin"]`
-in a conftest.py)."""
+in a conftest.py). Under pytest-xdist (`-n N`) each worker hands its checks to the controller when
+it finishes, and the controller alone writes the report and the summary: one report for the run,
+every check in it, in worker order and within a worker in the order the checks ran."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -38,17 +40,37 @@ def pytest_runtest_call(item: Any):  # type: ignore[no-untyped-def]
         _asserts.current_test = None
 
 
+# Checks handed over by pytest-xdist workers (controller only), by worker id.
+_FROM_WORKERS: Dict[str, List[dict]] = {}
+
+
+def _is_worker(config: Any) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def _records() -> List[dict]:
-    records = []
-    for position, entry in enumerate(_asserts.RECORDED):
-        record = dict(entry["record"])
+    entries = [dict(entry["record"]) for entry in _asserts.RECORDED]
+    for worker in sorted(_FROM_WORKERS):
+        entries.extend(_FROM_WORKERS[worker])
+    for position, record in enumerate(entries):
         record["index"] = position  # the report's order: the order the checks ran
-        records.append(record)
-    return records
+    return entries
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist, controller: a worker finished; keep the checks it made."""
+    shipped = getattr(node, "workeroutput", {}).get("sharpcheck_records")
+    if shipped:
+        worker = str(getattr(node, "workerinput", {}).get("workerid", len(_FROM_WORKERS)))
+        _FROM_WORKERS[worker] = json.loads(shipped)
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     config = session.config
+    if _is_worker(config):  # the controller writes the one report
+        config.workeroutput["sharpcheck_records"] = json.dumps([dict(e["record"]) for e in _asserts.RECORDED])
+        return
     cases = json.dumps(_records())
     report_path = config.getoption("--sharpcheck-report")
     junit_path = config.getoption("--sharpcheck-junit")
@@ -60,7 +82,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
     records = _records()
-    if not records:
+    if not records or _is_worker(config):
         return
     worst = sorted(records, key=lambda r: float(r["max_bound_ratio"]), reverse=True)
     failed = sum(1 for r in records if r["status"] == "fail")

@@ -62,3 +62,17 @@ def test_an_unwritable_report_path_is_an_error_naming_it(tmp_path):
                         "--sharpcheck-report=/nonexistent-directory/report.json")
     assert result.returncode != 0
     assert "/nonexistent-directory/report.json" in result.stdout + result.stderr
+
+
+def test_under_xdist_the_controller_writes_one_report_with_every_workers_checks(tmp_path):
+    """pytest -n 2: each worker's checks reach the controller, which alone writes the report (a
+    worker writing its own would leave a report holding one worker's checks, or a torn file)."""
+    pytest = __import__("pytest")
+    pytest.importorskip("xdist")
+    report = tmp_path / "report.json"
+    result = run_pytest(tmp_path, "-n", "2", "-p", "sharpcheck.pytest_plugin", f"--sharpcheck-report={report}")
+    assert result.returncode == 1, result.stdout + result.stderr  # test_fails fails
+    cases = json.loads(report.read_text())["cases"]
+    assert sorted(c["status"] for c in cases) == ["fail", "pass", "pass"], cases
+    assert [c["index"] for c in cases] == [0, 1, 2]
+    assert "3 checks against the correctly rounded reference: 1 failed" in result.stdout, result.stdout
