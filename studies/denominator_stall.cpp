@@ -3,23 +3,22 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <random>
 #include <span>
 #include <string>
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "core/random.hpp"
 #include "reference/softmax.hpp"
 
 namespace sharpcheck::studies {
 namespace {
 
-std::vector<double> logits_of(StallRows rows, std::size_t n, std::mt19937_64& random) {
+std::vector<double> logits_of(StallRows rows, std::size_t n, DeterministicRandom& random) {
   std::vector<double> logits(n, 0.0);
   if (rows == StallRows::random_normal) {
-    std::normal_distribution<double> normal(0, 1);
-    for (double& x : logits) x = round_to_format(normal(random), fp32);
+    for (double& x : logits) x = round_to_format(random.normal(), fp32);
   }
   return logits;
 }
@@ -164,7 +163,7 @@ StallStudy run_stall_study(const StallSettings& settings) {
   study.points.resize(strategies.size() * 2 * sizes);
   parallel_for(strategies.size() * 2, settings.threads, [&](std::size_t item) {
     const StallRows rows = item % 2 == 0 ? StallRows::equal : StallRows::random_normal;
-    std::mt19937_64 random(settings.seed);
+    DeterministicRandom random(settings.seed);
     for (std::size_t s = 0; s < sizes; ++s) {
       StallPoint& point = study.points[item * sizes + s];
       point = StallPoint{strategies[item / 2], rows, study.settings.sizes[s]};

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <random>
 #include <string>
 
 #include "core/errors.hpp"
@@ -38,7 +37,7 @@ void check(const DeviationSettings& settings) {
 
 DeviationPoint measure(const DeviationSettings& settings, const FloatFormat& format, DeviationInputs inputs,
                        std::size_t head_dim, std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 random(seed);
+  DeterministicRandom random(seed);
   const Matrix queries = random_attention_inputs(settings.query_rows, head_dim, format, inputs, random);
   const Matrix keys = random_attention_inputs(n, head_dim, format, inputs, random);
   const Matrix values = random_attention_inputs(n, head_dim, format, DeviationInputs::normal, random);
@@ -65,15 +64,13 @@ const char* deviation_inputs_name(DeviationInputs inputs) {
 }
 
 Matrix random_attention_inputs(std::size_t rows, std::size_t cols, const FloatFormat& format,
-                               DeviationInputs inputs, std::mt19937_64& random) {
+                               DeviationInputs inputs, DeterministicRandom& random) {
   const bool outliers = inputs != DeviationInputs::normal;
   const double low = inputs == DeviationInputs::large_outliers ? 1000 : 10;
-  std::normal_distribution<double> normal(0, 1);
-  std::uniform_real_distribution<double> uniform(0, 1);
   Matrix matrix(rows, cols);
   for (double& x : matrix.values) {
-    double value = normal(random);
-    if (outliers && uniform(random) < 1e-3) value *= low + 9 * low * uniform(random);
+    double value = random.normal();
+    if (outliers && random.uniform() < 1e-3) value *= low + 9 * low * random.uniform();
     x = round_to_format(value, format);
   }
   return matrix;

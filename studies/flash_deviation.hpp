@@ -14,10 +14,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "core/matrix.hpp"
+#include "core/random.hpp"
 #include "formats/float_format.hpp"
 
 namespace sharpcheck::studies {
@@ -65,9 +65,10 @@ struct DeviationStudy {
 [[nodiscard]] Matrix flash_attention_in(const FloatFormat& format, const Matrix& queries, const Matrix& keys,
                                         const Matrix& values, std::size_t tile);
 
-// Normal(0, 1) entries rounded to `format`, with outliers as `inputs` says.
+// Normal(0, 1) entries (DeterministicRandom::normal) rounded to `format`, with outliers as
+// `inputs` says: the same on every machine and compiler for the same generator state.
 [[nodiscard]] Matrix random_attention_inputs(std::size_t rows, std::size_t cols, const FloatFormat& format,
-                                             DeviationInputs inputs, std::mt19937_64& random);
+                                             DeviationInputs inputs, DeterministicRandom& random);
 
 // Deviation of outputs from the correctly rounded ones, in `format`.
 [[nodiscard]] Deviation deviation_of(const Matrix& actual, const Matrix& expected, const FloatFormat& format);

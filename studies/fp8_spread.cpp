@@ -6,6 +6,7 @@
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "core/random.hpp"
 #include "kernels/fp8_attention.hpp"
 #include "reference/attention.hpp"
 
@@ -98,7 +99,7 @@ struct Item {
 // the measured deviation.
 double add_draw(const Fp8SpreadSettings& settings, const Item& item, std::uint64_t seed,
                 Fp8Tally (&tallies)[4]) {
-  std::mt19937_64 random(seed);
+  DeterministicRandom random(seed);
   Matrix queries = random_attention_inputs(settings.query_rows, settings.head_dim, bf16, item.inputs, random);
   const Matrix keys = random_attention_inputs(settings.keys, settings.head_dim, bf16, item.inputs, random);
   const Matrix values =

@@ -5,18 +5,16 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "core/errors.hpp"
+#include "core/random.hpp"
 #include "metrics/evaluate.hpp"
 
 namespace sharpcheck::studies {
 namespace {
 
-Matrix values_of(std::size_t rows, std::size_t cols, double sigma, std::mt19937_64& random) {
-  std::normal_distribution<double> normal(0, sigma);
+Matrix values_of(std::size_t rows, std::size_t cols, double sigma, DeterministicRandom& random) {
   Matrix matrix(rows, cols);
-  for (double& x : matrix.values) x = round_to_format(normal(random), bf16);
+  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), bf16);
   return matrix;
 }
 
@@ -26,7 +24,7 @@ bool passes(const char* model, const Matrix& q, const Matrix& k, const Matrix& v
 }
 
 TEST(FlashDeviation, EachKernelFitsItsPrecisionModelAndNotATighterOne) {
-  std::mt19937_64 random(5);
+  DeterministicRandom random(5);
   const Matrix q = values_of(16, 64, 3, random), k = values_of(512, 64, 3, random),
                v = values_of(512, 64, 1, random);
   const Matrix flash = flash_attention_in(bf16, q, k, v, 64);

@@ -8,19 +8,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "core/errors.hpp"
+#include "core/random.hpp"
 #include "metrics/evaluate.hpp"
 #include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::kernels {
 namespace {
 
-Matrix normal_matrix(std::size_t rows, std::size_t cols, double sigma, std::mt19937_64& random) {
-  std::normal_distribution<double> normal(0, sigma);
+Matrix normal_matrix(std::size_t rows, std::size_t cols, double sigma, DeterministicRandom& random) {
   Matrix matrix(rows, cols);
-  for (double& x : matrix.values) x = round_to_format(normal(random), bf16);
+  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), bf16);
   return matrix;
 }
 
@@ -49,7 +48,7 @@ bool passes(const char* entry, const Fp8Tensor& q, const Fp8Tensor& k, const Fp8
 }
 
 TEST(Fp8Quantisation, PowerOfTwoDescalesGiveE4m3ValuesBackExactly) {
-  std::mt19937_64 random(1);
+  DeterministicRandom random(1);
   Matrix values = normal_matrix(130, 32, 3, random);
   for (double& x : values.values) x = round_to_format(x, fp8_e4m3);
   for (const std::size_t block : {std::size_t{0}, std::size_t{64}}) {
@@ -64,7 +63,7 @@ TEST(Fp8Quantisation, PowerOfTwoDescalesGiveE4m3ValuesBackExactly) {
 }
 
 TEST(Fp8Quantisation, AmaxDescalesRoundEachEntryToE4m3Precision) {
-  std::mt19937_64 random(2);
+  DeterministicRandom random(2);
   const Matrix values = normal_matrix(100, 16, 1, random);
   for (const std::size_t block : {std::size_t{0}, std::size_t{32}}) {
     const Fp8Tensor tensor = quantize_e4m3(values, block);
@@ -85,7 +84,7 @@ TEST(Fp8Quantisation, AmaxDescalesRoundEachEntryToE4m3Precision) {
 }
 
 TEST(Fp8Quantisation, HadamardRotationKeepsDotProductsAndSpreadsAnOutlier) {
-  std::mt19937_64 random(3);
+  DeterministicRandom random(3);
   const Matrix q = normal_matrix(4, 64, 1, random), k = normal_matrix(4, 64, 1, random);
   const Matrix qr = hadamard_rotate(q, 9), kr = hadamard_rotate(k, 9);
   for (std::size_t i = 0; i < 4; ++i) {
@@ -104,7 +103,7 @@ TEST(Fp8Quantisation, HadamardRotationKeepsDotProductsAndSpreadsAnOutlier) {
 }
 
 TEST(Fp8Attention, PassesItsEntryWithArbitraryDescalesPerTensorAndPerBlock) {
-  std::mt19937_64 random(4);
+  DeterministicRandom random(4);
   const Matrix q = normal_matrix(24, 64, 1.5, random), k = normal_matrix(300, 64, 1.5, random),
                v = normal_matrix(300, 64, 1, random);
   tensor::HeadScores causal;
@@ -126,7 +125,7 @@ TEST(Fp8Attention, PassesItsEntryWithArbitraryDescalesPerTensorAndPerBlock) {
 
 // Mutations: each must fail the entry the honest kernel passes.
 TEST(Fp8Attention, BrokenVariantsFailTheEntry) {
-  std::mt19937_64 random(5);
+  DeterministicRandom random(5);
   const Matrix q = normal_matrix(16, 64, 1, random), v = normal_matrix(512, 64, 1, random);
   Matrix k = normal_matrix(512, 64, 1, random);
   for (std::size_t i = 0; i < 16; ++i) {  // query i's dominant key 448 + i, about 3.5 above the rest
