@@ -7,6 +7,7 @@
 
 #include "core/errors.hpp"
 #include "kernels/attention_kernels.hpp"
+#include "kernels/float_arithmetic.hpp"
 #include "kernels/logit_maker.hpp"
 
 namespace sharpcheck::kernels {
@@ -15,16 +16,6 @@ namespace {
 constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
 
 std::vector<float> floats_of(const Matrix& matrix) { return {matrix.values.begin(), matrix.values.end()}; }
-
-float dot(const float* a, const float* b, std::size_t length) {
-  float sum = 0.0F;
-  for (std::size_t t = 0; t < length; ++t) sum += a[t] * b[t];
-  return sum;
-}
-
-float round_to(float value, const FloatFormat& format) {
-  return static_cast<float>(round_to_format(static_cast<double>(value), format));
-}
 
 // The problem as floats, with the head's defaults filled in and the logit arithmetic of the
 // forward kernels (kernels/logit_maker.hpp).

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/errors.hpp"
+#include "kernels/float_arithmetic.hpp"
 #include "kernels/logit_maker.hpp"
 
 namespace sharpcheck::kernels {
@@ -16,16 +17,6 @@ namespace {
 constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
 constexpr std::size_t tile = 64;         // keys per tile of the flash loop
 constexpr std::size_t tail_block = 128;  // nan_key_tail: the block whose remainder is unmasked
-
-float round_to(float value, const FloatFormat& format) {
-  return static_cast<float>(round_to_format(static_cast<double>(value), format));
-}
-
-float dot(const float* a, const float* b, std::size_t length) {
-  float sum = 0.0F;
-  for (std::size_t t = 0; t < length; ++t) sum += a[t] * b[t];
-  return sum;
-}
 
 std::vector<float> values_of(const Matrix& matrix, const FloatFormat& format, const char* what) {
   std::vector<float> values(matrix.values.size());

@@ -5,19 +5,11 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/float_arithmetic.hpp"
 #include "kernels/logit_maker.hpp"
 #include "kernels/softmax_kernels.hpp"
 
 namespace sharpcheck::kernels {
-namespace {
-
-float dot(const float* a, const float* b, std::size_t length) {
-  float sum = 0.0F;
-  for (std::size_t t = 0; t < length; ++t) sum += a[t] * b[t];
-  return sum;
-}
-
-}  // namespace
 
 void attention_naive_fp32(const float* q, const float* k, const float* v, float* out, float* lse,
                           const AttentionShape& shape, const tensor::HeadScores& scores) {
