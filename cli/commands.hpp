@@ -24,6 +24,7 @@ using Command = std::function<int()>;
 Command add_gate_command(CLI::App& app);  // also the default job
 Command add_merge_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
+Command add_ops_command(CLI::App& app);
 Command add_bounds_command(CLI::App& app);
 Command add_study_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);

@@ -14,6 +14,7 @@
 #include "gate/compare_files.hpp"
 #include "gate/report.hpp"
 #include "io/atomic_file.hpp"
+#include "ops/registry.hpp"
 
 namespace sharpcheck::cli {
 namespace {
@@ -26,7 +27,36 @@ struct CompareSettings {
   double softcap = 0;
   std::string json_path, junit_path, budget_path, baseline_path;
   bool update_baseline = false;
+  std::string op;                      // --op: an operation of the registry, judged from `pairs`
+  std::vector<std::string> arguments;  // with --op: TENSOR=FILE and OPTION=VALUE
 };
+
+// --op's KEY=VALUE arguments as pairs; InputError for one without '='.
+std::vector<std::pair<std::string, std::string>> op_pairs(const CompareSettings& settings) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const std::string& argument : settings.arguments) {
+    const auto equals = argument.find('=');
+    if (equals == std::string::npos || equals == 0)
+      throw InputError(InputProblem::out_of_range,
+                       "compare --op " + settings.op + ": '" + argument + "' is not KEY=VALUE");
+    pairs.emplace_back(argument.substr(0, equals), argument.substr(equals + 1));
+  }
+  return pairs;
+}
+
+// compare --op: the operation's judge on the files named; no legacy file option may be mixed in.
+gate::CaseOutcome compare_op(const CompareSettings& settings) {
+  const auto& r = settings.request;
+  for (const std::string* legacy : {&r.logits, &r.probabilities, &r.q, &r.k, &r.v, &r.out, &r.lse, &r.dout,
+                                    &r.dq, &r.dk, &r.dv, &r.d_lse, &r.sinks, &r.alibi_slopes}) {
+    if (!legacy->empty())
+      throw InputError(
+          InputProblem::out_of_range,
+          "compare --op takes its tensors as KEY=FILE (sharpcheck ops lists them), not as options");
+  }
+  const gate::Operation& operation = gate::find_operation(ops::all_operations(), settings.op);
+  return gate::compare_operation(operation, op_pairs(settings), r.bundle);
+}
 
 std::optional<std::size_t> window_side(const std::string& text) {
   if (text == "-1") return std::nullopt;
@@ -76,6 +106,12 @@ gate::CompareRequest request_from(const CompareSettings& settings) {
 std::string rerun_command(const CompareSettings& s) {
   const auto& r = s.request;
   std::string command = "sharpcheck compare";
+  if (!s.op.empty()) {
+    command += " --op " + s.op;
+    if (!r.bundle.empty()) command += " --bundle " + r.bundle;
+    for (const std::string& argument : s.arguments) command += " " + argument;
+    return command;
+  }
   const auto add = [&](const char* option, const std::string& value) {
     if (!value.empty()) command += std::string(" ") + option + " " + value;
   };
@@ -155,12 +191,20 @@ int run_compare(const CompareSettings& settings) {
   if (settings.update_baseline && settings.baseline_path.empty()) {
     throw InputError(InputProblem::out_of_range, "compare: --update-baseline needs --baseline FILE");
   }
-  gate::CompareRequest request = request_from(settings);
+  if (settings.op.empty() && !settings.arguments.empty())
+    throw InputError(InputProblem::out_of_range, "compare: '" + settings.arguments.front() +
+                                                     "' is not an option (KEY=VALUE pairs need --op NAME)");
   const nlohmann::json budget =
       settings.budget_path.empty() ? nlohmann::json::object() : gate::read_budget(settings.budget_path);
-  if (request.tolerance_entry.empty())  // the budget's precision model, unless --tolerance-of names one
-    request.tolerance_entry = gate::budget_tolerance(budget, gate::kernel_name_of(request));
-  gate::CaseOutcome outcome = gate::compare_files(request);
+  gate::CaseOutcome outcome;
+  if (!settings.op.empty()) {
+    outcome = compare_op(settings);
+  } else {
+    gate::CompareRequest request = request_from(settings);
+    if (request.tolerance_entry.empty())  // the budget's precision model, unless --tolerance-of names one
+      request.tolerance_entry = gate::budget_tolerance(budget, gate::kernel_name_of(request));
+    outcome = gate::compare_files(request);
+  }
   gate::apply_budget(outcome, budget);
   if (!settings.baseline_path.empty() && !settings.update_baseline) {
     gate::apply_baseline(outcome, gate::read_baseline(settings.baseline_path));
@@ -259,6 +303,11 @@ Command add_compare_command(CLI::App& app) {
   auto* command = app.add_subcommand("compare", "Judge softmax or attention outputs saved as .npy files");
   add_file_options(command, *settings);
   add_attention_options(command, *settings);
+  command->add_option(
+      "--op", settings->op,
+      "Judge this operation (sharpcheck ops lists them) from KEY=VALUE arguments: its tensors "
+      "as files (TENSOR=FILE.npy or FILE.npz:NAME) and its options (OPTION=VALUE)");
+  command->add_option("arguments", settings->arguments, "With --op: TENSOR=FILE and OPTION=VALUE pairs");
   command->add_option("--budget", settings->budget_path, "JSON budget (see gate)");
   command->add_option("--baseline", settings->baseline_path,
                       "JSON baseline from an earlier run: fail on any growth");

@@ -15,10 +15,7 @@
 #include "gate/sweep.hpp"
 #include "gate/verdict.hpp"
 #include "io/atomic_file.hpp"
-#include "kernels/attention_backward.hpp"
-#include "kernels/attention_escape_kernels.hpp"
-#include "kernels/registry.hpp"
-#include "kernels/softmax_backward.hpp"
+#include "ops/registry.hpp"
 
 namespace sharpcheck::cli {
 namespace {
@@ -38,28 +35,14 @@ void parse_shard(const std::string& text, GateSettings& settings) {
 }
 
 void print_kernel_list() {
-  std::printf("%-46s %-9s %-6s %-6s %s\n", "kernel", "in", "out", "acc", "description");
-  const auto row = [](const auto& k) {
-    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), std::string(k.input->name).c_str(),
-                std::string(k.output->name).c_str(), std::string(k.accumulation->name).c_str(),
-                std::string(k.description).c_str());
-  };
-  for (const auto& k : kernels::softmax_kernels()) row(k);
-  for (const auto& k : kernels::attention_kernels()) row(k);
-  for (const auto& k : kernels::softmax_backward_kernels()) {
-    const std::string format(k.format->name);
-    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
-                "fp32", std::string(k.description).c_str());
-  }
-  for (const auto& k : kernels::attention_escape_kernels()) {
-    const std::string format(k.format->name);
-    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
-                "fp32", std::string(k.description).c_str());
-  }
-  for (const auto& k : kernels::attention_backward_kernels()) {
-    const std::string format(k.format->name);
-    std::printf("%-46s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(), format.c_str(), format.c_str(),
-                "fp32", std::string(k.description).c_str());
+  std::printf("%-46s %-22s %-9s %-6s %-6s %s\n", "kernel", "operation", "in", "out", "acc", "description");
+  for (const gate::Operation* operation : ops::all_operations()) {
+    for (const gate::KernelRow& k : operation->kernels()) {
+      std::printf("%-46s %-22s %-9s %-6s %-6s %s\n", std::string(k.name).c_str(),
+                  std::string(operation->name).c_str(), std::string(k.input).c_str(),
+                  std::string(k.output).c_str(), std::string(k.accumulation).c_str(),
+                  std::string(k.description).c_str());
+    }
   }
 }
 
@@ -157,6 +140,7 @@ struct GateOptions {
 // Turns the options' text into settings, every number checked (the gate's options, in one place).
 GateSettings settings_of(const GateOptions& options, bool kernels_named) {
   GateSettings run = options.settings;
+  run.operations = ops::all_operations();
   if (options.sizes) {
     run.sizes = parse_count_list(*options.sizes, "--sizes", 1, std::size_t{1} << 26);
     if (run.sizes.empty())

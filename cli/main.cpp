@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       sharpcheck::cli::add_merge_command(app),   sharpcheck::cli::add_compare_command(app),
       sharpcheck::cli::add_bounds_command(app),  sharpcheck::cli::add_study_command(app),
       sharpcheck::cli::add_softmax_command(app), sharpcheck::cli::add_prove_command(app),
+      sharpcheck::cli::add_ops_command(app),
   };
   try {
     app.parse(argc, argv);

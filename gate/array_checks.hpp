@@ -1,5 +1,6 @@
 // What the array judges (gate/judge_arrays.cpp, gate/judge_backward_arrays.cpp) share: how they
-// refuse bad input, name shapes and kernels, check values and name elements. Internal to gate/.
+// refuse bad input, name shapes and kernels, check values and name elements. Shared by the array judges of
+// gate/ and ops/.
 #pragma once
 
 #include <cmath>
@@ -20,6 +21,13 @@ inline std::string shape_text(const std::vector<std::size_t>& shape) {
   for (std::size_t axis = 0; axis < shape.size(); ++axis)
     text += (axis ? ", " : "") + std::to_string(shape[axis]);
   return text + "]";
+}
+
+inline void require_elements(const Array& array) {
+  if (array.size() == 0) {
+    refuse(InputProblem::empty_input,
+           array.name() + " holds no element (shape " + shape_text(array.shape()) + ")");
+  }
 }
 
 // The caller's name (compare names files by gate::kernel_name_of, Python by the test), else the

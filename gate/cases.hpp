@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,11 @@
 
 namespace sharpcheck::gate {
 
+struct Operation;  // gate/operation.hpp
+
 // One case of the sweep: a kernel on one generated input.
 struct GateCase {
+  std::string operation;  // the name of the Operation that planned and runs it
   std::string kernel;
   std::string input;  // row kind, or "attention_normal"
   std::size_t n = 0;
@@ -63,6 +67,8 @@ struct CaseOutcome {
 };
 
 struct GateSettings {
+  // The operations swept, in sweep order (ops/registry.hpp's all_operations()).
+  std::span<const Operation* const> operations;
   std::vector<std::string> kernels{"all"};
   std::vector<std::size_t> sizes;  // default: 16 to 16,384 in powers of two; no zeros, no repeats
   std::uint64_t seed = 20241008;   // the base seed; each case derives its own from it and its id

@@ -221,3 +221,45 @@ CaseOutcome compare_files(const CompareRequest& given) {
 }
 
 }  // namespace sharpcheck::gate
+
+namespace sharpcheck::gate {
+
+CaseOutcome compare_operation(const Operation& operation,
+                              std::vector<std::pair<std::string, std::string>> pairs,
+                              const std::string& bundle) {
+  if (!bundle.empty()) {
+    if (!bundle.ends_with(".npz")) refuse(InputProblem::out_of_range, "--bundle must be an .npz file");
+    std::vector<io::NpzMember> members;
+    {
+      const io::MappedFile archive(bundle);
+      members = io::list_npz_members(archive.bytes(), bundle);
+    }
+    for (const TensorSpec& tensor : operation.tensors) {
+      const bool named =
+          std::any_of(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first == tensor.name; });
+      const bool held = std::any_of(members.begin(), members.end(), [&](const io::NpzMember& member) {
+        return io::npz_member_is(member, std::string(tensor.name));
+      });
+      if (!named && held) pairs.emplace_back(tensor.name, bundle + ":" + std::string(tensor.name));
+    }
+  }
+  const ParsedCall parsed = parse_op_arguments(operation, pairs);
+  std::vector<std::unique_ptr<DecodedFile>> files;
+  OpCall call;
+  call.options = parsed.options;
+  std::string judged_path;
+  for (const TensorSpec& tensor : operation.tensors) {
+    const auto path = parsed.tensors.find(tensor.name);
+    if (path == parsed.tensors.end()) continue;
+    files.push_back(std::make_unique<DecodedFile>(std::string(tensor.name), path->second,
+                                                  tensor_format(tensor, call.options)));
+    call.tensors.emplace(std::string(tensor.name), files.back().get());
+    if (judged_path.empty() && tensor.role == TensorRole::judged) judged_path = path->second;
+  }
+  if (call.options.judge.name.empty())
+    call.options.judge.name =
+        "compare:" + std::filesystem::path(bundle.empty() ? judged_path : bundle).filename().string();
+  return operation.judge(call);
+}
+
+}  // namespace sharpcheck::gate

@@ -14,6 +14,7 @@
 #include "gate/cases.hpp"
 #include "gate/judge_arrays.hpp"
 #include "gate/judge_backward_arrays.hpp"
+#include "gate/operation.hpp"
 
 namespace sharpcheck::gate {
 
@@ -36,6 +37,15 @@ struct CompareRequest : JudgeOptions {
 // attention tensors) and case fields are filled as for a gate case. Throws InputError naming the
 // file and the element for malformed files, values outside the format, and shape mismatches.
 [[nodiscard]] CaseOutcome compare_files(const CompareRequest& request);
+
+// `compare --op NAME key=value ...`: the operation's tensors read from the files named (tensors not
+// named taken from `bundle`'s members of the same names, when a bundle is given), each in the
+// format its TensorSpec says, the options read through the operation's schema, and judged by the
+// operation. The kernel's name defaults to "compare:" and the judged file's name. InputError as
+// compare_files, and naming the operation and key for a key it does not take.
+[[nodiscard]] CaseOutcome compare_operation(const Operation& operation,
+                                            std::vector<std::pair<std::string, std::string>> pairs,
+                                            const std::string& bundle);
 
 // The kernel's name in reports, budgets and baselines: request.name, else "compare:" and the
 // bundle's or the output file's name.

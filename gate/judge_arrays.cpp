@@ -116,13 +116,6 @@ class CheckedOutput final : public tensor::TensorSource {
   const StoredFormat& stored_;
 };
 
-void require_elements(const Array& array) {
-  if (array.size() == 0) {
-    refuse(InputProblem::empty_input,
-           array.name() + " holds no element (shape " + shape_text(array.shape()) + ")");
-  }
-}
-
 }  // namespace
 
 StoredFormat stored_format(const std::string& name) {
@@ -251,10 +244,14 @@ CaseOutcome judge_softmax_arrays(const JudgeOptions& options, const Array& logit
                                              shape_text(outputs.shape()));
   }
   const io::NpyLanes lanes = lanes_along_dim(logits, options.dim);
-  const std::string default_entry = output.zero_point ? output.name : "plugin_softmax";
+  const std::string default_entry = output.zero_point               ? output.name
+                                    : options.default_entry.empty() ? "plugin_softmax"
+                                                                    : options.default_entry;
   const auto& tolerance =
       metrics::tolerance_for(options.tolerance_entry.empty() ? default_entry : options.tolerance_entry);
-  const metrics::JudgeSpec spec{kernels::Operation::softmax, output.format, &tolerance};
+  if (options.log_softmax && options.operation != kernels::Operation::softmax)
+    refuse(InputProblem::out_of_range, "log_softmax applies to softmax alone");
+  const metrics::JudgeSpec spec{options.operation, output.format, &tolerance};
   std::vector<RowBlock> blocks = plan_blocks(lanes, options.threads);
   parallel_for(blocks.size(), options.threads,
                [&](std::size_t b) { judge_block(options, spec, output, logits, outputs, lanes, blocks[b]); });

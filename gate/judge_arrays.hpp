@@ -20,6 +20,7 @@
 #include "core/matrix.hpp"
 #include "gate/cases.hpp"
 #include "io/npy.hpp"
+#include "kernels/registry.hpp"
 #include "tensor/attention_problem.hpp"
 #include "tensor/tensor_source.hpp"
 
@@ -59,12 +60,16 @@ class Array : public tensor::TensorSource {
 // How to judge: everything `compare` and the Python asserts say besides the arrays.
 struct JudgeOptions {
   bool log_softmax = false;  // the outputs are log-probabilities
-  int dim = -1;              // the softmax axis (negative: from the end, as torch's dim)
+  // The row operation judged (softmax, or one of the escapes: adaptive temperature, SSMax, ...);
+  // log_softmax applies to softmax alone.
+  kernels::Operation operation = kernels::Operation::softmax;
+  int dim = -1;  // the softmax axis (negative: from the end, as torch's dim)
   std::string format =
       "fp32";  // the outputs' format (fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8)
   // default: plugin_softmax (softmax), the grid's name; attention: every recipe the formats allow
   // (metrics/recipes.hpp), the verdict under the first that fits
   std::string tolerance_entry;
+  std::string default_entry;  // row operations: the entry used when tolerance_entry is empty
   // How bit patterns in q, k, v or logits are read (default: as format); for attention also which
   // recipes a judgement with no recipe named tries.
   std::string input_format;

@@ -64,14 +64,14 @@ const SoftmaxBackwardKernel table[] = {
      run<false, Flaw::none, fp32>, backward_tolerance},
     {"softmax_backward_bf16", "bf16 in and out, the fp32 softmax backward inside", &bf16, false, false,
      run<false, Flaw::none, bf16>, backward_tolerance},
+    {"softmax_backward_nan_masked", "broken: NaN on a fully masked row (PyTorch #41508)", &fp32, false, true,
+     run<false, Flaw::nan_on_masked_rows, fp32>, backward_tolerance},
     {"log_softmax_backward", "fp32: y by safe3, dx = dy - y sum dy", &fp32, true, false,
      run<true, Flaw::none, fp32>, backward_tolerance},
     {"log_softmax_backward_bf16", "bf16 in and out, the fp32 log-softmax backward inside", &bf16, true, false,
      run<true, Flaw::none, bf16>, backward_tolerance},
     {"log_softmax_backward_fp16acc", "broken: sum dy accumulated in fp16 (MIOpen PR #3427)", &fp32, true,
      true, run<true, Flaw::fp16_accumulator, fp32>, backward_tolerance},
-    {"softmax_backward_nan_masked", "broken: NaN on a fully masked row (PyTorch #41508)", &fp32, false, true,
-     run<false, Flaw::nan_on_masked_rows, fp32>, backward_tolerance},
 };
 
 }  // namespace

@@ -37,5 +37,9 @@ struct BackwardJudgement {
 // (softmax) or |dy_j| + y_j sum_i |dy_i| (log-softmax), n and the spread taken per row.
 [[nodiscard]] Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel,
                                                 const Matrix& logits, const Matrix& dy, const Matrix& dx);
+// The same for gradients computed elsewhere: the entry `tolerance`, the gradient in `format`.
+[[nodiscard]] Comparison judge_softmax_backward(bool log_softmax, const Tolerance& tolerance,
+                                                const FloatFormat& format, const Matrix& logits,
+                                                const Matrix& dy, const Matrix& dx);
 
 }  // namespace sharpcheck::metrics

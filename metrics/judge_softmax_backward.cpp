@@ -11,6 +11,11 @@ namespace sharpcheck::metrics {
 
 Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel, const Matrix& logits,
                                   const Matrix& dy, const Matrix& dx) {
+  return judge_softmax_backward(kernel.log_softmax, kernel.tolerance, *kernel.format, logits, dy, dx);
+}
+
+Comparison judge_softmax_backward(bool log_softmax, const Tolerance& tolerance, const FloatFormat& format,
+                                  const Matrix& logits, const Matrix& dy, const Matrix& dx) {
   Matrix expected(logits.rows, logits.cols), magnitudes(logits.rows, logits.cols);
   const Matrix zeros(logits.rows, logits.cols);
   std::vector<RowScale> scales(logits.rows);
@@ -18,9 +23,8 @@ Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel, 
   options.fully_masked_gives_zeros = true;
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const auto row = logits.row(r), gradient = dy.row(r);
-    const auto exact = kernel.log_softmax
-                           ? reference::log_softmax_backward(row, gradient, *kernel.format, options)
-                           : reference::softmax_backward(row, gradient, *kernel.format, options);
+    const auto exact = log_softmax ? reference::log_softmax_backward(row, gradient, format, options)
+                                   : reference::softmax_backward(row, gradient, format, options);
     std::copy(exact.begin(), exact.end(), expected.row(r).begin());
     double top = -INFINITY, bottom = INFINITY, sum = 0, weighted = 0, absolute = 0;
     for (const double x : row) {
@@ -43,12 +47,12 @@ Comparison judge_softmax_backward(const kernels::SoftmaxBackwardKernel& kernel, 
     for (std::size_t j = 0; j < row.size(); ++j) {
       if (row[j] == -INFINITY) continue;
       const double g = std::fabs(gradient[j]);
-      magnitudes(r, j) = (kernel.log_softmax ? g + y[j] * absolute : y[j] * (g + weighted)) * (1 + 1e-9);
+      magnitudes(r, j) = (log_softmax ? g + y[j] * absolute : y[j] * (g + weighted)) * (1 + 1e-9);
     }
   }
   ComparisonInput input{&expected, &dx, &magnitudes, &zeros, scales, false};
   input.output_rounding_of_expected = true;
-  return compare(input, kernel.tolerance, *kernel.format);
+  return compare(input, tolerance, format);
 }
 
 }  // namespace sharpcheck::metrics

@@ -14,9 +14,11 @@
 #include "core/parallel.hpp"
 #include "gate/judge_arrays.hpp"
 #include "gate/judge_backward_arrays.hpp"
+#include "gate/operation.hpp"
 #include "gate/report.hpp"
 #include "gate/verdict.hpp"
 #include "io/atomic_file.hpp"
+#include "ops/registry.hpp"
 #include "python/host_array.hpp"
 #include "python/options.hpp"
 #include "reference/attention.hpp"
@@ -175,6 +177,41 @@ std::string judge_softmax(const py::object& actual, const py::object& logits, co
   return gate::to_json(outcome).dump();
 }
 
+// Every operation of the registry as `sharpcheck ops --json` prints it.
+std::string ops_json() {
+  nlohmann::json list = nlohmann::json::array();
+  for (const gate::Operation* operation : ops::all_operations())
+    list.push_back(gate::describe_operation(*operation));
+  return list.dump();
+}
+
+// The case record of one operation judged from arrays: `tensors` by tensor name, `options` as
+// KEY=VALUE text read through the operation's schema (the parser `compare --op` uses), so a
+// misspelt keyword or a wrong value is refused with the same message.
+std::string judge_op(const std::string& name, const py::dict& tensors, const py::dict& options) {
+  const gate::Operation& operation = gate::find_operation(ops::all_operations(), name);
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& [key, value] : options) pairs.emplace_back(py::str(key), py::str(value));
+  for (const auto& [key, value] : tensors) pairs.emplace_back(py::str(key), py::str(key));
+  const gate::ParsedCall parsed = gate::parse_op_arguments(operation, pairs);
+  std::vector<std::unique_ptr<HostArray>> arrays;
+  gate::OpCall call;
+  call.options = parsed.options;
+  for (const gate::TensorSpec& tensor : operation.tensors) {
+    const std::string key(tensor.name);
+    if (!tensors.contains(key)) continue;
+    arrays.push_back(
+        std::make_unique<HostArray>(tensors[py::str(key)], key, gate::tensor_format(tensor, call.options)));
+    call.tensors.emplace(key, arrays.back().get());
+  }
+  gate::CaseOutcome outcome;
+  {
+    const py::gil_scoped_release release;
+    outcome = operation.judge(call);
+  }
+  return gate::to_json(outcome).dump();
+}
+
 // The case record of attention outputs (and a log-sum-exp, if given) against q, k and v.
 std::string judge_attention(const py::object& out, const py::object& q, const py::object& k,
                             const py::object& v, const py::object& lse, const py::dict& given) {
@@ -325,6 +362,8 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.def("judge_attention_backward", &judge_attention_backward, py::arg("dq"), py::arg("dk"),
              py::arg("dv"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("d_lse"),
              py::arg("d_sinks"), py::arg("d"), py::arg("options"));
+  module.def("ops_json", &ops_json);
+  module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
   module.def("report_json", &report_json, py::arg("cases"));
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));

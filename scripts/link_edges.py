@@ -3,7 +3,8 @@
 
 For every `sharpcheck_<folder>` library in CMakeLists.txt, the project libraries it links (PUBLIC
 or PRIVATE, sharpcheck_warnings and sharpcheck_arb aside) must be exactly the folders its sources
-and headers include (`#include "<folder>/..."`, its own folder aside). Prints each mismatch and
+and headers include (`#include "<folder>/..."`, its own folder aside; subfolders count as their
+folder). Prints each mismatch and
 exits 1 if there is one; usage: link_edges.py [source-dir].
 """
 import pathlib
@@ -24,7 +25,7 @@ def link_edges(cmake_text):
 
 def include_edges(root, folder):
     found = set()
-    for path in (root / folder).iterdir():
+    for path in (root / folder).rglob("*"):  # an operation's folder has one folder per operation
         if path.suffix in (".cpp", ".hpp", ".h"):
             found.update(re.findall(r'#include "(\w+)/', path.read_text(errors="replace")))
     return found - {folder}

@@ -15,7 +15,7 @@ for file in "${sources[@]}"; do
 done
 # Headers are measured too (inline functions and templates): -header-filter names the project's
 # own folders, so a function defined in a header is reported once, from any source including it.
-folders='core|formats|tensor|reference|kernels|inputs|io|metrics|bounds|studies|proofs|gate|cli|python'
+folders='core|formats|tensor|reference|kernels|inputs|io|metrics|bounds|studies|proofs|gate|ops|cli|python'
 report=$(printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -n 4 clang-tidy -p "$build" --quiet \
   -header-filter="^$(pwd)/($folders)/" -checks='-*,readability-function-size' \
   -config='{CheckOptions: [{key: readability-function-size.LineThreshold, value: 80}]}' 2>/dev/null |

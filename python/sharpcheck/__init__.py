@@ -7,7 +7,8 @@ or the buffer protocol) judged against the correctly rounded reference.
 
 References (every value the exact result rounded once to the format): softmax, log_softmax,
 logsumexp, entropy, attention, and the backward softmax_backward, log_softmax_backward. Asserts: assert_softmax_close, assert_log_softmax_close,
-assert_attention_close, each returning a Report. pytest: `-p sharpcheck.pytest_plugin
+assert_attention_close, each returning a Report; any operation of sharpcheck.ops() (softmax and
+its backward, attention and its backward, the escapes) by sharpcheck.judge(op, **tensors_and_options). pytest: `-p sharpcheck.pytest_plugin
 --sharpcheck-report FILE` writes every check of a run as the gate's JSON report.
 """
 
@@ -16,7 +17,7 @@ from ._arrays import FORMATS
 from ._references import (attention, attention_backward, entropy, log_softmax, log_softmax_backward, logsumexp,
                           softmax, softmax_backward)
 from ._asserts import (Report, assert_attention_backward_close, assert_attention_close, assert_log_softmax_close,
-                       assert_softmax_close)
+                       assert_softmax_close, judge, ops)
 
 __all__ = [
     "FORMATS",
@@ -29,9 +30,11 @@ __all__ = [
     "attention",
     "attention_backward",
     "entropy",
+    "judge",
     "log_softmax",
     "log_softmax_backward",
     "logsumexp",
+    "ops",
     "softmax",
     "softmax_backward",
 ]

@@ -246,3 +246,51 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
     judge = lambda o: _sharpcheck.judge_attention_backward(  # noqa: E731
         *grads, *inputs, lse_gradient, sink_gradients, d_rows, o)
     return _judged(judge, options, "Attention gradients", entry, notes, msg)
+
+
+def ops() -> List[Dict[str, Any]]:
+    """Every operation sharpcheck judges, as `sharpcheck ops --json` lists them: name, summary,
+    tensors (name, role, shape, format, meaning), options (name, kind, default, meaning), allowance,
+    built-in kernels, plugin entry, and where each can be judged."""
+    return json.loads(_sharpcheck.ops_json())
+
+
+def _option_text(key: str, value: Any) -> str:
+    """An option's value as the schema's text: flags true/false, reals exactly (hex), lists of
+    counts comma-separated (None in a window: -1, unbounded)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, (list, tuple)):
+        return ",".join("-1" if item is None else str(int(item)) for item in value)
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"{key}: expected a number, a flag, a string or a list of counts, got {type(value).__name__}")
+
+
+def judge(op: str, *, msg: Optional[str] = None, **tensors_and_options: Any) -> Report:
+    """Judges arrays of any operation sharpcheck.ops() lists, by its tensors' and options' names:
+    sharpcheck.judge("linear_attention", q=q, k=k, v=v, out=out, causal=True). format defaults to
+    the judged tensor's dtype; an unknown keyword or a wrong value is a ValueError naming it.
+    AssertionError when the results do not fit the operation's allowance, as assert_*_close."""
+    spec = {o["name"]: o for o in ops()}.get(op)
+    if spec is None:
+        raise ValueError(f"no operation named {op!r}; sharpcheck.ops() lists them: "
+                         + ", ".join(o["name"] for o in ops()))
+    tensor_names = [t["name"] for t in spec["tensors"]]
+    notes: List[str] = []
+    tensors: Dict[str, Any] = {}
+    options: Dict[str, Any] = {}
+    for key, value in tensors_and_options.items():
+        if value is None:
+            continue
+        if key in tensor_names:
+            tensors[key] = host(value, key, notes)
+        else:
+            options[key] = _option_text(key, value)
+    judged = [t["name"] for t in spec["tensors"] if t["role"] == "judged" and t["name"] in tensors]
+    if "format" not in options and judged:
+        options["format"] = check_format(format_of(tensors_and_options[judged[0]], judged[0]))
+    tolerance = options.get("tolerance", "the operation's default")
+    return _judged(lambda o: _sharpcheck.judge_op(op, tensors, o), options, f"{op} results", tolerance, notes, msg)

@@ -1,0 +1,21 @@
+// attention: softmax(scale Q K^T + masks and modifiers) V per head, batched, multi-head, GQA, in
+// the layouts of tensor/attention_problem.hpp, with an optional log-sum-exp. Built-in kernels
+// (kernels/attention_registry.cpp) on a normal Q, K, V and on the scenarios of
+// gate/attention_scenarios.hpp; a plugin's sharpcheck_attention and sharpcheck_attention_layer;
+// tensors computed elsewhere judged under the precision recipes (metrics/recipes.hpp).
+#pragma once
+
+#include "gate/operation.hpp"
+
+namespace sharpcheck::ops {
+
+extern const gate::Operation attention_operation;
+
+// The options of an attention problem's scores and layout, shared with attention_backward.
+[[nodiscard]] std::span<const gate::OptionSpec> attention_options();
+// A 1-D tensor of one value per query head; InputError for another shape.
+[[nodiscard]] std::vector<double> head_values(const gate::Array& array);
+// The per-head values given as 1-D tensors ("sinks", "alibi_slopes"), read into `arrays`.
+void read_head_values(const gate::OpCall& call, gate::AttentionArrays& arrays);
+
+}  // namespace sharpcheck::ops

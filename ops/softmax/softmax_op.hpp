@@ -1,0 +1,34 @@
+// softmax and log_softmax over rows (the softmax kernel registry's rows, a plugin's
+// sharpcheck_softmax), and what the row escapes (ops/row_escapes/) share with them: planning the
+// registry's kernels of one row operation over the row kinds and sizes, running such a case, and
+// judging rows computed elsewhere along a dim.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "gate/operation.hpp"
+
+namespace sharpcheck::ops {
+
+extern const gate::Operation softmax_operation;
+extern const gate::Operation log_softmax_operation;
+
+// The row options: dim and theta.
+[[nodiscard]] std::span<const gate::OptionSpec> row_options();
+
+// The softmax registry's kernels computing `operation`.
+[[nodiscard]] std::vector<gate::KernelRow> row_kernels(kernels::Operation operation);
+// Every wanted kernel of `operation` on every row kind at every size.
+void plan_row_kernels(const gate::PlanContext& context, kernels::Operation operation,
+                      std::vector<gate::GateCase>& cases);
+// A built-in row kernel's case (one generated row), or a plugin's sharpcheck_softmax case.
+void run_row_case(const gate::GateCase& gate_case, const gate::GateSettings& settings,
+                  gate::CaseOutcome& outcome);
+// Rows computed elsewhere: `logits` and the judged tensor `judged` along options' dim, under the
+// tolerance named, else `default_entry`.
+[[nodiscard]] gate::CaseOutcome judge_rows(const gate::OpCall& call, kernels::Operation operation,
+                                           std::string_view judged, std::string_view default_entry,
+                                           bool log_softmax = false);
+
+}  // namespace sharpcheck::ops

@@ -1,0 +1,277 @@
+// The operation registry (ops/registry.hpp) as the front ends read it: every operation the docs
+// promise is listed, every built-in kernel belongs to exactly one operation, the schema parser
+// refuses what it must, and every operation's judge passes the correctly rounded result and fails
+// a result one element of which is off by 1% (so no judge passes everything).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/random.hpp"
+#include "gate/judge_backward_arrays.hpp"
+#include "kernels/attention_backward.hpp"
+#include "kernels/attention_escape_kernels.hpp"
+#include "kernels/registry.hpp"
+#include "kernels/softmax_backward.hpp"
+#include "ops/registry.hpp"
+#include "reference/attention.hpp"
+#include "reference/attention_escapes.hpp"
+#include "reference/dispersion_escapes.hpp"
+#include "reference/softmax.hpp"
+#include "reference/softmax_backward.hpp"
+
+namespace sharpcheck {
+namespace {
+
+using Pairs = std::vector<std::pair<std::string, std::string>>;
+
+// Values in memory with a shape and a name: what a front end hands a judge.
+class MemoryArray final : public gate::Array {
+ public:
+  MemoryArray(std::string name, std::vector<std::size_t> shape, std::vector<double> values)
+      : name_(std::move(name)), shape_(std::move(shape)), values_(std::move(values)) {}
+  [[nodiscard]] std::size_t size() const override { return values_.size(); }
+  void read(std::size_t first, std::span<double> out) const override {
+    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
+  }
+  [[nodiscard]] const std::vector<std::size_t>& shape() const override { return shape_; }
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] const std::vector<double>& values() const { return values_; }
+
+ private:
+  std::string name_;
+  std::vector<std::size_t> shape_;
+  std::vector<double> values_;
+};
+
+const gate::Operation& op(std::string_view name) { return gate::find_operation(ops::all_operations(), name); }
+
+Matrix normal(std::size_t rows, std::size_t cols, std::uint64_t seed, const FloatFormat& format = fp32) {
+  DeterministicRandom random(seed);
+  Matrix m(rows, cols);
+  for (double& x : m.values) x = round_to_format(random.normal(0, 1), format);
+  return m;
+}
+
+MemoryArray array_of(const std::string& name, const Matrix& m) {
+  return MemoryArray(name, {m.rows, m.cols}, m.values);
+}
+
+// The same array with element `index` moved by 1% (rounded to the format: still a value of it).
+MemoryArray off_by_a_percent(const MemoryArray& array, std::size_t index, const FloatFormat& format = fp32) {
+  std::vector<double> values = array.values();
+  values[index] = round_to_format(values[index] * 1.01 + (values[index] == 0 ? 1e-3 : 0), format);
+  return MemoryArray(array.name(), array.shape(), values);
+}
+
+// Judges `call` twice: as given (must pass), and with the judged tensor `judged` replaced by
+// `wrong` (must fail).
+void expect_pass_then_fail(const gate::Operation& operation, gate::OpCall call, const std::string& judged,
+                           const MemoryArray& wrong) {
+  const gate::CaseOutcome right = operation.judge(call);
+  EXPECT_TRUE(right.passed()) << operation.name << ": " << (right.failures.empty() ? "" : right.failures[0]);
+  call.tensors[judged] = &wrong;
+  const gate::CaseOutcome broken = operation.judge(call);
+  EXPECT_FALSE(broken.passed()) << operation.name << " passed a result off by 1%";
+  EXPECT_EQ(broken.worst_array, judged) << operation.name;
+}
+
+TEST(Operations, TheRegistryListsEveryOperationTheDocsPromiseOnce) {
+  std::set<std::string> names;
+  for (const gate::Operation* operation : ops::all_operations()) {
+    EXPECT_TRUE(names.insert(std::string(operation->name)).second) << operation->name << " listed twice";
+    EXPECT_NE(operation->judge, nullptr) << operation->name << " cannot be judged from arrays";
+    std::set<std::string_view> keys;
+    for (const auto& tensor : operation->tensors) EXPECT_TRUE(keys.insert(tensor.name).second) << tensor.name;
+    for (const auto& option : operation->options) EXPECT_TRUE(keys.insert(option.name).second) << option.name;
+    for (const auto& option : gate::common_options())
+      EXPECT_TRUE(keys.insert(option.name).second) << option.name;
+  }
+  for (const char* promised : {"softmax", "log_softmax", "softmax_backward", "log_softmax_backward",
+                               "attention", "attention_backward", "linear_attention", "selective_attention",
+                               "differential_attention", "adaptive_temperature", "scalable_softmax",
+                               "length_scaled_softmax", "sigmoid_attention", "stick_breaking_attention"})
+    EXPECT_TRUE(names.contains(promised)) << promised;
+}
+
+// A kernel no operation lists would never be swept by the gate: every registry row is in exactly one.
+TEST(Operations, EveryBuiltInKernelBelongsToExactlyOneOperation) {
+  std::multiset<std::string> listed;
+  for (const gate::Operation* operation : ops::all_operations()) {
+    for (const auto& row : operation->kernels()) listed.insert(std::string(row.name));
+  }
+  std::vector<std::string> registered;
+  for (const auto& k : kernels::softmax_kernels()) registered.emplace_back(k.name);
+  for (const auto& k : kernels::attention_kernels()) registered.emplace_back(k.name);
+  for (const auto& k : kernels::softmax_backward_kernels()) registered.emplace_back(k.name);
+  for (const auto& k : kernels::attention_escape_kernels()) registered.emplace_back(k.name);
+  for (const auto& k : kernels::attention_backward_kernels()) registered.emplace_back(k.name);
+  EXPECT_EQ(listed.size(), registered.size());
+  for (const auto& name : registered) EXPECT_EQ(listed.count(name), 1U) << name;
+}
+
+TEST(Operations, TheSchemaRefusesUnknownRepeatedMissingAndIllFormedArguments) {
+  const auto refused = [](std::string_view name, const Pairs& pairs, const std::string& says) {
+    try {
+      (void)gate::parse_op_arguments(op(name), pairs);
+      ADD_FAILURE() << "accepted " << pairs.back().first << "=" << pairs.back().second;
+    } catch (const InputError& error) {
+      EXPECT_NE(std::string(error.what()).find(says), std::string::npos) << error.what();
+    }
+  };
+  const Pairs softmax{{"logits", "x"}, {"probs", "y"}};
+  auto with = [](Pairs pairs, std::string key, std::string value) {
+    pairs.emplace_back(std::move(key), std::move(value));
+    return pairs;
+  };
+  refused("softmax", with(softmax, "colour", "red"), "softmax: colour is neither a tensor nor an option");
+  refused("softmax", with(softmax, "logits", "z"), "logits is given twice");
+  refused("softmax", {{"logits", "x"}}, "the tensor 'probs'");
+  refused("softmax", with(softmax, "dim", "1.5"), "dim wants an integer");
+  refused("softmax", with(softmax, "theta", "nan"), "theta wants a finite real");
+  refused("softmax", with(softmax, "proven_only", "maybe"), "is a flag");
+  refused("softmax", with(softmax, "format", "fp12"), "fp12");
+  refused("attention", {{"q", "q"}, {"k", "k"}, {"v", "v"}, {"out", "o"}, {"key_lengths", "3,-1"}}, "counts");
+  refused("attention", {{"q", "q"}, {"k", "k"}, {"v", "v"}, {"out", "o"}, {"align", "middle"}},
+          "align must be");
+  refused("linear_attention", {{"q", "q"}, {"k", "k"}, {"v", "v"}, {"out", "o"}, {"lambda", "1"}}, "lambda");
+}
+
+TEST(Operations, TheSchemaAppliesEachOptionToTheJudgesOptions) {
+  const auto parsed = gate::parse_op_arguments(op("attention"), {{"q", "a"},
+                                                                 {"k", "b"},
+                                                                 {"v", "c"},
+                                                                 {"out", "d"},
+                                                                 {"causal", "true"},
+                                                                 {"align", "bottom-right"},
+                                                                 {"window", "4,-1"},
+                                                                 {"scale", "0x1p-3"},
+                                                                 {"key_lengths", "3,5"},
+                                                                 {"format", "bf16"},
+                                                                 {"proven_only", "1"}});
+  const auto& judge = parsed.options.judge;
+  EXPECT_TRUE(judge.scores.causal);
+  EXPECT_EQ(judge.scores.alignment, tensor::DiagonalAlignment::bottom_right);
+  EXPECT_EQ(judge.scores.window_left, std::optional<std::size_t>(4));
+  EXPECT_EQ(judge.scores.window_right, std::nullopt);
+  EXPECT_EQ(judge.scores.scale, 0.125);
+  EXPECT_EQ(judge.key_lengths, (std::vector<std::size_t>{3, 5}));
+  EXPECT_EQ(judge.format, "bf16");
+  EXPECT_EQ(judge.strictest, metrics::Tier::proven);
+  EXPECT_EQ(parsed.tensors.at("out"), "d");
+  EXPECT_EQ(
+      gate::parse_op_arguments(op("differential_attention"),
+                               {{"logits", "a"}, {"logits2", "b"}, {"weights", "c"}, {"lambda", "0.25"}})
+          .options.lambda,
+      0.25);
+}
+
+TEST(Operations, RowOperationsPassTheReferenceAndFailOneElementOffByAPercent) {
+  const Matrix logits = normal(3, 40, 11);
+  const MemoryArray x = array_of("logits", logits);
+  for (const char* name : {"softmax", "log_softmax", "scalable_softmax", "sigmoid_attention"}) {
+    Matrix expected(3, 40);
+    for (std::size_t r = 0; r < 3; ++r) {
+      const auto row = std::string(name) == "softmax"       ? reference::softmax(logits.row(r), fp32)
+                       : std::string(name) == "log_softmax" ? reference::log_softmax(logits.row(r), fp32)
+                       : std::string(name) == "scalable_softmax"
+                           ? reference::scalable_softmax(logits.row(r), fp32)
+                           : reference::sigmoid_attention_weights(logits.row(r), fp32);
+      std::copy(row.begin(), row.end(), expected.row(r).begin());
+    }
+    const std::string judged(op(name).tensors[1].name);
+    const MemoryArray got = array_of(judged, expected);
+    gate::OpCall call;
+    call.tensors = {{"logits", &x}, {judged, &got}};
+    expect_pass_then_fail(op(name), call, judged, off_by_a_percent(got, 45));
+  }
+}
+
+TEST(Operations, SoftmaxBackwardOperationsPassTheReferenceAndFailOneElementOffByAPercent) {
+  const Matrix logits = normal(2, 30, 12), dy = normal(2, 30, 13);
+  const MemoryArray x = array_of("logits", logits), g = array_of("dy", dy);
+  for (const bool log : {false, true}) {
+    Matrix expected(2, 30);
+    for (std::size_t r = 0; r < 2; ++r) {
+      const auto row = log ? reference::log_softmax_backward(logits.row(r), dy.row(r), fp32)
+                           : reference::softmax_backward(logits.row(r), dy.row(r), fp32);
+      std::copy(row.begin(), row.end(), expected.row(r).begin());
+    }
+    const MemoryArray dx = array_of("dx", expected);
+    gate::OpCall call;
+    call.tensors = {{"logits", &x}, {"dy", &g}, {"dx", &dx}};
+    expect_pass_then_fail(op(log ? "log_softmax_backward" : "softmax_backward"), call, "dx",
+                          off_by_a_percent(dx, 31));
+  }
+}
+
+TEST(Operations, AttentionPassesTheReferenceAndFailsOneElementOffByAPercent) {
+  const Matrix q = normal(5, 8, 21), k = normal(9, 8, 22), v = normal(9, 4, 23);
+  reference::AttentionOptions options;
+  options.scores.causal = true;
+  const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v);
+  const MemoryArray out = array_of("out", reference::attention(q, k, v, fp32, options).output);
+  gate::OpCall call;
+  call.tensors = {{"q", &qa}, {"k", &ka}, {"v", &va}, {"out", &out}};
+  call.options = gate::parse_op_arguments(op("attention"),
+                                          {{"q", ""}, {"k", ""}, {"v", ""}, {"out", ""}, {"causal", "true"}})
+                     .options;
+  expect_pass_then_fail(op("attention"), call, "out", off_by_a_percent(out, 9));
+}
+
+TEST(Operations, AttentionBackwardPassesTheReferenceAndFailsOneElementOffByAPercent) {
+  const Matrix q = normal(6, 8, 31), k = normal(7, 8, 32), v = normal(7, 8, 33), d_out = normal(6, 8, 34);
+  const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v),
+                    da = array_of("d_out", d_out);
+  gate::BackwardArrays arrays;
+  arrays.q = &qa;
+  arrays.k = &ka;
+  arrays.v = &va;
+  arrays.d_out = &da;
+  const gate::BackwardGradients exact = gate::attention_backward_of_arrays({}, arrays);
+  const MemoryArray dq("dq", {6, 8}, exact.dq), dk("dk", {7, 8}, exact.dk), dv("dv", {7, 8}, exact.dv);
+  gate::OpCall call;
+  call.tensors = {{"q", &qa}, {"k", &ka}, {"v", &va}, {"d_out", &da}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  expect_pass_then_fail(op("attention_backward"), call, "dk", off_by_a_percent(dk, 20));
+}
+
+TEST(Operations, MatrixEscapesPassTheReferenceAndFailOneElementOffByAPercent) {
+  const Matrix q = normal(5, 6, 41), k = normal(8, 6, 42), v = normal(8, 3, 43);
+  const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v);
+  const MemoryArray out = array_of("out", reference::linear_attention(q, k, v, false, fp32).outputs);
+  gate::OpCall linear;
+  linear.tensors = {{"q", &qa}, {"k", &ka}, {"v", &va}, {"out", &out}};
+  expect_pass_then_fail(op("linear_attention"), linear, "out", off_by_a_percent(out, 7));
+
+  const Matrix first = normal(6, 6, 44), second = normal(6, 6, 45);
+  const MemoryArray la = array_of("logits", first), lb = array_of("logits2", second);
+  const MemoryArray weights =
+      array_of("weights", reference::differential_attention_weights(first, second, 0.5, fp32));
+  gate::OpCall differential;
+  differential.tensors = {{"logits", &la}, {"logits2", &lb}, {"weights", &weights}};
+  differential.options.lambda = 0.5;
+  expect_pass_then_fail(op("differential_attention"), differential, "weights", off_by_a_percent(weights, 8));
+
+  const MemoryArray selection = array_of("selection", second);
+  const MemoryArray selected =
+      array_of("weights", reference::selective_attention_weights(first, second, fp32));
+  gate::OpCall selective;
+  selective.tensors = {{"logits", &la}, {"selection", &selection}, {"weights", &selected}};
+  expect_pass_then_fail(op("selective_attention"), selective, "weights", off_by_a_percent(selected, 13));
+}
+
+TEST(Operations, AGateWithNoOperationsPlansNothingAndSaysSo) {
+  gate::GateSettings settings;
+  EXPECT_THROW((void)gate::plan_cases(settings), InputError);
+  settings.operations = ops::all_operations();
+  settings.sizes = {16};
+  for (const auto& c : gate::plan_cases(settings))
+    EXPECT_NO_THROW((void)gate::find_operation(settings.operations, c.operation)) << c.id();
+}
+
+}  // namespace
+}  // namespace sharpcheck
