@@ -138,6 +138,13 @@ std::string dispersion_summary(const studies::DispersionStudy& study) {
              "closed-form entropy against the certified root of poly(H) = 1):\n\n";
   for (const double delta : study.settings.spreads) {
     const auto off = studies::adaptive_switch_off(delta);
+    if (!off.integers) {
+      char power[64];
+      std::snprintf(power, sizeof power, "%.6Lg", off.log_switch_off / std::log(10.0L));
+      summary << "- delta " << delta << ": beta = 1 from n of about 10^" << power
+              << " on (beyond 2^62: the integer is not resolved)\n";
+      continue;
+    }
     summary << "- delta " << delta << ": beta = 1 from n = " << off.first_uncorrected
             << " on (n = " << off.last_corrected << " still corrected)"
             << (off.separated ? "" : " [not separated: check]") << "\n";

@@ -14,6 +14,7 @@
 #include "reference/ball_stage.hpp"
 #include "reference/double_stage.hpp"
 #include "reference/input_checks.hpp"
+#include "reference/ziv_loop.hpp"
 
 // Each row goes through the certified double stage, the Arb ball stage and then the MPFR Ziv
 // loop below; each stage decides what it can and leaves the rest (so the stages change cost,
@@ -84,27 +85,23 @@ class ZivRow {
   void solve(AttentionRowResults& results, ZivStatistics* statistics) {
     const ZivSchedule schedule = ZivSchedule::for_format(target_);
     bool exact_cases_checked = false;
-    for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
-      if (precision > schedule.cap) {
-        throw UndecidedRounding("attention: rounding to " + std::string(target_.name) + " undecided at " +
-                                std::to_string(schedule.cap) + " bits (" + row_.scores.describe() + ")");
-      }
+    const auto pass = [&](mpfr_prec_t precision) {
       if (!exact_cases_checked && precision >= 4 * schedule.initial) {
         // Two rounds failed to decide something: check for the rational cases.
         const long exact = apply_attention_exact_cases(row_, target_, results);
         if (statistics != nullptr) statistics->exact_cases += exact;
         exact_cases_checked = true;
-        if (results.all_done()) return;
+        if (results.all_done()) return true;
       }
-      if (statistics != nullptr)
-        statistics->highest_precision = std::max(statistics->highest_precision, precision);
       enclose(precision);
       decide_weights(precision, results);
       decide_outputs(precision, results);
       decide_lse(precision, results);
-      if (results.all_done()) return;
-      if (statistics != nullptr) ++statistics->escalations;
-    }
+      return results.all_done();
+    };
+    run_ziv_passes(schedule, 0, statistics, pass, [&] {
+      return "attention (" + row_.scores.describe() + "): rounding to " + std::string(target_.name);
+    });
   }
 
  private:

@@ -16,6 +16,7 @@
 #include "core/parallel.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
+#include "reference/ziv_loop.hpp"
 
 namespace sharpcheck::reference {
 namespace {
@@ -338,19 +339,15 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
                                       std::vector<bool>(n * dv), std::vector<bool>(out.d_sinks.size()),
                                       std::vector<bool>(m)};
   if (statistics != nullptr) ++statistics->calls;
-  const ZivSchedule schedule = ZivSchedule::for_format(target);
-  for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
-    if (statistics != nullptr) {
-      if (precision != schedule.initial) ++statistics->escalations;
-      statistics->highest_precision = std::max(statistics->highest_precision, precision);
-    }
-    const Undecided undecided = decide_pass(in, heads, static_cast<slong>(precision), target, out, done);
-    if (!undecided.any()) return out;
-    if (ZivSchedule::next(precision) > schedule.cap) {
-      throw UndecidedRounding("attention_backward: " + undecided.where + " undecided at " +
-                              std::to_string(precision) + " bits");
-    }
-  }
+  Undecided undecided;
+  run_ziv_passes(
+      ZivSchedule::for_format(target), 0, statistics,
+      [&](mpfr_prec_t precision) {
+        undecided = decide_pass(in, heads, static_cast<slong>(precision), target, out, done);
+        return !undecided.any();
+      },
+      [&] { return "attention_backward: " + undecided.where; });
+  return out;
 }
 
 }  // namespace sharpcheck::reference

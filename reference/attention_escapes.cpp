@@ -14,6 +14,7 @@
 #include "reference/ball_stage.hpp"
 #include "reference/exponential_polynomial.hpp"
 #include "reference/input_checks.hpp"
+#include "reference/ziv_loop.hpp"
 
 namespace sharpcheck::reference {
 namespace {
@@ -38,17 +39,9 @@ void run_ziv(std::vector<double>& values, std::vector<bool>& done, std::size_t s
   const auto guard = static_cast<mpfr_prec_t>(2 * std::bit_width(size_hint) + 8);
   BallVector balls(values.size());
   bool exact_tried = false;
-  for (mpfr_prec_t precision = schedule.initial + guard;; precision = ZivSchedule::next(precision)) {
-    const auto first = std::find(done.begin(), done.end(), false);
-    if (first == done.end()) return;
-    if (precision > schedule.cap) {
-      throw UndecidedRounding(operation + ": element " + std::to_string(first - done.begin()) +
-                              " undecided at " + std::to_string(schedule.cap) + " bits");
-    }
-    if (statistics != nullptr) {
-      statistics->highest_precision = std::max(statistics->highest_precision, precision);
-      if (precision != schedule.initial + guard) ++statistics->escalations;
-    }
+  const auto all_done = [&] { return std::find(done.begin(), done.end(), false) == done.end(); };
+  if (all_done()) return;
+  const auto pass = [&](mpfr_prec_t precision) {
     enclose(static_cast<slong>(precision), done, balls);
     for (std::size_t e = 0; e < values.size(); ++e) {
       if (done[e]) continue;
@@ -58,7 +51,7 @@ void run_ziv(std::vector<double>& values, std::vector<bool>& done, std::size_t s
         if (statistics != nullptr) ++statistics->decided_by_balls;
       }
     }
-    if (exact_tried) continue;
+    if (exact_tried) return all_done();
     exact_tried = true;
     for (std::size_t e = 0; e < values.size(); ++e) {
       if (done[e]) continue;
@@ -68,7 +61,12 @@ void run_ziv(std::vector<double>& values, std::vector<bool>& done, std::size_t s
         if (statistics != nullptr) ++statistics->exact_cases;
       }
     }
-  }
+    return all_done();
+  };
+  run_ziv_passes(schedule, guard, statistics, pass, [&] {
+    return operation + ": element " +
+           std::to_string(std::find(done.begin(), done.end(), false) - done.begin());
+  });
 }
 
 void refuse(InputProblem problem, const std::string& what) { throw InputError(problem, what); }

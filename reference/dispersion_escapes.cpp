@@ -14,6 +14,7 @@
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
 #include "reference/input_checks.hpp"
+#include "reference/ziv_loop.hpp"
 
 // Termination of the Ziv loops. z_j = e_j / theta is rational (doubles are dyadic rationals).
 //
@@ -75,14 +76,7 @@ class BallZiv {
     const auto guard = static_cast<mpfr_prec_t>(2 * std::bit_width(n_));
     BallVector balls(values.size());
     bool fallback_tried = !exact;
-    for (mpfr_prec_t precision = schedule.initial + guard;; precision = ZivSchedule::next(precision)) {
-      if (precision > schedule.cap) {
-        throw UndecidedRounding(std::string(operation_) + ": rounding to " + std::string(target_.name) +
-                                " undecided at " + std::to_string(schedule.cap) + " bits");
-      }
-      if (options_.statistics != nullptr) {
-        options_.statistics->highest_precision = std::max(options_.statistics->highest_precision, precision);
-      }
+    const auto pass = [&](mpfr_prec_t precision) {
       enclose(static_cast<slong>(precision), decided, balls);
       bool all = true;
       for (std::size_t s = 0; s < values.size(); ++s) {
@@ -95,16 +89,18 @@ class BallZiv {
           all = false;
         }
       }
-      if (all) return;
+      if (all) return true;
       if (!fallback_tried) {
         fallback_tried = true;
         if (exact(values)) {
           if (options_.statistics != nullptr) ++options_.statistics->exact_cases;
-          return;
+          return true;
         }
       }
-      if (options_.statistics != nullptr) ++options_.statistics->escalations;
-    }
+      return false;
+    };
+    run_ziv_passes(schedule, guard, options_.statistics, pass,
+                   [&] { return std::string(operation_) + ": rounding to " + std::string(target_.name); });
   }
 
   std::vector<double> values;

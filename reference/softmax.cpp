@@ -8,6 +8,7 @@
 #include "reference/ball_stage.hpp"
 #include "reference/double_stage.hpp"
 #include "reference/input_checks.hpp"
+#include "reference/ziv_loop.hpp"
 
 // Termination of the Ziv loops (why the reference never spins forever).
 //
@@ -113,18 +114,13 @@ void run_ziv_loop(std::span<const double> logits, const PreparedRow& row, const 
                   const RowOptions& options, std::string_view operation, Decide&& decide) {
   const ZivSchedule schedule = ZivSchedule::for_format(target);
   ExponentialEnclosure enclosure(row.active.size());
-  for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
-    if (precision > schedule.cap) {
-      throw UndecidedRounding(std::string(operation) + ": rounding to " + std::string(target.name) +
-                              " undecided at " + std::to_string(schedule.cap) + " bits");
-    }
-    enclosure.compute(logits, row, options.theta, precision);
-    if (options.statistics != nullptr) {
-      options.statistics->highest_precision = std::max(options.statistics->highest_precision, precision);
-    }
-    if (decide(enclosure, precision)) return;
-    if (options.statistics != nullptr) ++options.statistics->escalations;
-  }
+  run_ziv_passes(
+      schedule, 0, options.statistics,
+      [&](mpfr_prec_t precision) {
+        enclosure.compute(logits, row, options.theta, precision);
+        return decide(enclosure, precision);
+      },
+      [&] { return std::string(operation) + ": rounding to " + std::string(target.name); });
 }
 
 void count_call(const RowOptions& options, bool exact) {

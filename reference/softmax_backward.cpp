@@ -12,6 +12,7 @@
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
 #include "reference/input_checks.hpp"
+#include "reference/ziv_loop.hpp"
 
 namespace sharpcheck::reference {
 namespace {
@@ -185,19 +186,16 @@ std::vector<double> backward(std::span<const double> logits, std::span<const dou
   const LoopState state{logits, dy, &row, &distinct, options.theta, operation};
   std::vector<bool> done(row.active.size(), false);
   decide_exactly(state, facts, target, result, done, options.statistics);
-  const ZivSchedule schedule = ZivSchedule::for_format(target);
-  for (mpfr_prec_t precision = schedule.initial;; precision = ZivSchedule::next(precision)) {
-    if (std::find(done.begin(), done.end(), false) == done.end()) return result;
-    if (precision > schedule.cap) {
-      throw UndecidedRounding(std::string(name_of(operation)) + ": rounding undecided at " +
-                              std::to_string(schedule.cap) + " bits");
-    }
-    if (options.statistics != nullptr) {
-      if (precision != schedule.initial) ++options.statistics->escalations;
-      options.statistics->highest_precision = std::max(options.statistics->highest_precision, precision);
-    }
-    decide_at(state, static_cast<slong>(precision), target, result, done);
-  }
+  const auto all_done = [&] { return std::find(done.begin(), done.end(), false) == done.end(); };
+  if (all_done()) return result;
+  run_ziv_passes(
+      ZivSchedule::for_format(target), 0, options.statistics,
+      [&](mpfr_prec_t precision) {
+        decide_at(state, static_cast<slong>(precision), target, result, done);
+        return all_done();
+      },
+      [&] { return std::string(name_of(operation)) + ": rounding"; });
+  return result;
 }
 
 }  // namespace

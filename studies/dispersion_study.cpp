@@ -107,10 +107,26 @@ void run_jobs(std::size_t count, unsigned threads, Job&& job) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// The entropy of the row (delta, 0, ..., 0) of n entries as a function of x = (n - 1) e^-delta:
+// with S = e^delta (1 + x), H = ln S - delta e^delta / S = delta x / (1 + x) + ln(1 + x). This
+// form overflows for no delta (e^delta itself does past about 11,356 in long double).
+long double entropy_at(double delta, long double x) {
+  return static_cast<long double>(delta) * x / (1 + x) + std::log1p(x);
+}
+
 long double closed_form_entropy(double delta, std::uint64_t n) {
-  const long double top = std::exp(static_cast<long double>(delta));
-  const long double sum = top + static_cast<long double>(n - 1);
-  return std::log(sum) - static_cast<long double>(delta) * top / sum;
+  return entropy_at(delta, static_cast<long double>(n - 1) * std::exp(-static_cast<long double>(delta)));
+}
+
+// ln x* where entropy_at(delta, x*) = target: H rises from 0 at x = 0, so x* is unique, with
+// target / (delta + 1) <= x* <= e^target (H <= (delta + 1) x and H >= ln(1 + x)); bisection on ln x.
+long double log_crossing(double delta, long double target) {
+  long double low = std::log(target / (static_cast<long double>(delta) + 1)), high = target;
+  for (int step = 0; step < 200; ++step) {
+    const long double mid = (low + high) / 2;
+    (entropy_at(delta, std::exp(mid)) < target ? low : high) = mid;
+  }
+  return (low + high) / 2;
 }
 
 }  // namespace
@@ -228,20 +244,23 @@ std::optional<std::uint64_t> first_size_below(const DispersionStudy& study, Esca
 SwitchOff adaptive_switch_off(double delta) {
   const auto root = bounds::adaptive_active_interval().upper_root;
   const long double middle = (static_cast<long double>(root.lower) + root.upper) / 2;
+  SwitchOff result;
+  result.log_switch_off = static_cast<long double>(delta) + log_crossing(delta, middle);
+  if (result.log_switch_off > 62 * std::log(2.0L)) return result;  // beyond the integers resolved here
   // H(1) = 0 < root; grow an upper end, then bisect for the first n with H(n) >= the root.
   std::uint64_t low = 1;
   std::uint64_t high = 2;
-  while (closed_form_entropy(delta, high) < middle) {
+  while (closed_form_entropy(delta, high) < middle && high < (std::uint64_t{1} << 63)) {
     low = high;
     high *= 2;
-    if (high > (std::uint64_t{1} << 62))
-      throw std::runtime_error("adaptive_switch_off: no switch-off below 2^62");
   }
   while (high - low > 1) {
     const std::uint64_t mid = low + (high - low) / 2;
     (closed_form_entropy(delta, mid) < middle ? low : high) = mid;
   }
-  SwitchOff result{low, high, false};
+  result.integers = true;
+  result.last_corrected = low;
+  result.first_uncorrected = high;
   result.separated = closed_form_entropy(delta, low) < root.lower - 1e-12L &&
                      closed_form_entropy(delta, high) > root.upper + 1e-12L;
   return result;

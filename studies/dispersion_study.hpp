@@ -103,12 +103,16 @@ struct DispersionStudy {
 [[nodiscard]] std::optional<std::uint64_t> first_size_below(const DispersionStudy& study, Escape escape,
                                                             double delta, double threshold);
 
-// The smallest integer n at which adaptive temperature's correction is off for good on the row
-// (delta, 0, ..., 0): its entropy ln S - delta e^delta / S (S = e^delta + n - 1) reaches the upper
-// root of poly(H) = 1 (bounds::adaptive_active_interval, certified). Found by bisection on the
-// closed form in long double; `separated` says the two integers' entropies lie more than 1e-12
-// (far above that evaluation's error) outside the root's enclosure, on either side.
+// Where adaptive temperature's correction is off for good on the row (delta, 0, ..., 0) (delta >= 0):
+// its entropy ln S - delta e^delta / S (S = e^delta + n - 1) reaches the upper root of
+// poly(H) = 1 (bounds::adaptive_active_interval, certified). Found by bisection on the closed form in
+// long double, written so that it overflows for no spread. `log_switch_off` is ln(n* - 1) at the
+// real crossing n*; when that is below 62 ln 2 the integers are found too (`integers`), and
+// `separated` says their entropies lie more than 1e-12 (far above the evaluation's error) outside
+// the root's enclosure, on either side. Past 2^62 (delta above about 40) only the logarithm is given.
 struct SwitchOff {
+  long double log_switch_off = 0;
+  bool integers = false;
   std::uint64_t last_corrected = 0;
   std::uint64_t first_uncorrected = 0;
   bool separated = false;

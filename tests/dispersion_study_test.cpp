@@ -186,3 +186,39 @@ TEST(DispersionStudy, BadSettingsAreInputErrors) {
 
 }  // namespace
 }  // namespace sharpcheck::studies
+
+namespace sharpcheck::studies {
+namespace {
+
+// The switch-off exists for every spread: integers up to 2^62, its logarithm beyond (delta 45 once
+// overflowed a uint64 and exited with an internal error; delta past about 11,356 overflows e^delta).
+TEST(DispersionStudy, AdaptiveSwitchOffIsFoundForEverySpread) {
+  const double root = bounds::adaptive_active_interval().upper_root.upper;
+  const SwitchOff small = adaptive_switch_off(10);
+  ASSERT_TRUE(small.integers);
+  EXPECT_TRUE(small.separated);
+  // The real crossing lies between the two integers.
+  EXPECT_LE(std::log(static_cast<long double>(small.last_corrected - 1)), small.log_switch_off + 1e-12L);
+  EXPECT_GE(std::log(static_cast<long double>(small.first_uncorrected - 1)), small.log_switch_off - 1e-12L);
+  long double previous = small.log_switch_off;
+  // At delta 40 the integers are found but no longer separated (consecutive entropies differ by
+  // about delta e^-delta, below the 1e-12 the flag asks for); past 2^62 only the logarithm is given.
+  const SwitchOff forty = adaptive_switch_off(40);
+  EXPECT_TRUE(forty.integers);
+  EXPECT_FALSE(forty.separated);
+  for (const double delta : {45.0, 100.0, 510.0, 2e4, 1e300}) {
+    const SwitchOff off = adaptive_switch_off(delta);
+    EXPECT_FALSE(off.integers) << delta;
+    ASSERT_TRUE(std::isfinite(off.log_switch_off)) << delta;
+    // ln x* = log_switch_off - delta lies in [ln(root / (delta + 1)), root] (H <= (delta + 1) x, H >= ln(1 +
+    // x)).
+    const long double log_x = off.log_switch_off - static_cast<long double>(delta);
+    EXPECT_GE(log_x, std::log(root / (static_cast<long double>(delta) + 1)) - 1e-9L) << delta;
+    EXPECT_LE(log_x, static_cast<long double>(root)) << delta;
+    EXPECT_GT(off.log_switch_off, previous) << delta;
+    previous = off.log_switch_off;
+  }
+}
+
+}  // namespace
+}  // namespace sharpcheck::studies
