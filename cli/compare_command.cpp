@@ -1,6 +1,7 @@
 // sharpcheck compare: judges outputs produced elsewhere (a GPU kernel, PyTorch, JAX) from NumPy
 // files, with the same metrics, reports and exit codes as the gate. Parse, call
 // gate::compare_files, print, write the reports.
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -29,7 +30,24 @@ struct CompareSettings {
   bool update_baseline = false;
   std::string op;                      // --op: an operation of the registry, judged from `pairs`
   std::vector<std::string> arguments;  // with --op: TENSOR=FILE and OPTION=VALUE
+  std::vector<std::string> given;      // the options given on the command line, by name
 };
+
+// With --op, the operation's schema reads every tensor and option from KEY=VALUE: the other
+// options of `compare` are refused rather than silently dropped.
+void refuse_flags_beside_op(const CompareSettings& settings) {
+  constexpr std::string_view allowed[] = {
+      "--op",       "--bundle",          "--json",    "--junit", "--budget",
+      "--baseline", "--update-baseline", "arguments", "--help"};
+  for (const std::string& name : settings.given) {
+    if (std::find(std::begin(allowed), std::end(allowed), name) != std::end(allowed)) continue;
+    std::string key = name.substr(name.starts_with("--") ? 2 : 0);
+    std::replace(key.begin(), key.end(), '-', '_');
+    throw InputError(InputProblem::out_of_range,
+                     "compare --op " + settings.op + ": " + name + " is not read with --op; give it as " +
+                         key + "=VALUE (sharpcheck ops lists the operation's tensors and options)");
+  }
+}
 
 // --op's KEY=VALUE arguments as pairs; InputError for one without '='.
 std::vector<std::pair<std::string, std::string>> op_pairs(const CompareSettings& settings) {
@@ -46,16 +64,9 @@ std::vector<std::pair<std::string, std::string>> op_pairs(const CompareSettings&
 
 // compare --op: the operation's judge on the files named; no legacy file option may be mixed in.
 gate::CaseOutcome compare_op(const CompareSettings& settings) {
-  const auto& r = settings.request;
-  for (const std::string* legacy : {&r.logits, &r.probabilities, &r.q, &r.k, &r.v, &r.out, &r.lse, &r.dout,
-                                    &r.dq, &r.dk, &r.dv, &r.d_lse, &r.sinks, &r.alibi_slopes}) {
-    if (!legacy->empty())
-      throw InputError(
-          InputProblem::out_of_range,
-          "compare --op takes its tensors as KEY=FILE (sharpcheck ops lists them), not as options");
-  }
+  refuse_flags_beside_op(settings);
   const gate::Operation& operation = gate::find_operation(ops::all_operations(), settings.op);
-  return gate::compare_operation(operation, op_pairs(settings), r.bundle);
+  return gate::compare_operation(operation, op_pairs(settings), settings.request.bundle);
 }
 
 std::optional<std::size_t> window_side(const std::string& text) {
@@ -179,8 +190,8 @@ void print_outcome(const gate::CaseOutcome& outcome) {
   if (outcome.passed() && !outcome.recipe_note.empty()) std::printf("%s\n", outcome.recipe_note.c_str());
   if (outcome.inconclusive()) {
     std::printf(
-        "inconclusive: only %zu of %zu expected values can discriminate (the rest are 0, 1 or at the "
-        "format's floor)\n",
+        "inconclusive: only %zu of %zu expected values can discriminate (the rest are 0, 1, at the "
+        "format's floor, or have no finite allowance)\n",
         c.informative, c.elements);
     return;
   }
@@ -315,7 +326,13 @@ Command add_compare_command(CLI::App& app) {
                     "Write this comparison's figures to --baseline");
   command->add_option("--json", settings->json_path, "Write the report as JSON")->check(report_path);
   command->add_option("--junit", settings->junit_path, "Write JUnit XML")->check(report_path);
-  return [command, settings]() -> int { return *command ? run_compare(*settings) : -1; };
+  return [command, settings]() -> int {
+    if (!*command) return -1;
+    for (const CLI::Option* option : command->get_options()) {
+      if (option->count() > 0) settings->given.push_back(option->get_name());
+    }
+    return run_compare(*settings);
+  };
 }
 
 }  // namespace sharpcheck::cli

@@ -206,8 +206,16 @@ tensor::AttentionProblem attention_problem_of(const JudgeOptions& options, const
     }
   }
   if (problem.layout == tensor::Layout::packed) {
+    if (!options.query_lengths.empty() || !options.key_lengths.empty())
+      refuse(InputProblem::out_of_range,
+             "query_lengths and key_lengths are for the padded layouts; the packed layout's lengths are its "
+             "cu_seqlens");
     fill_packed_shape(options, q, k, v, problem);
   } else {
+    if (!options.cu_seqlens_q.empty() || !options.cu_seqlens_k.empty())
+      refuse(
+          InputProblem::out_of_range,
+          "cu_seqlens_q and cu_seqlens_k are for the packed layout (layout packed), not " + options.layout);
     const bool bshd = problem.layout == tensor::Layout::bshd;
     auto& shape = problem.shape;
     shape = {q[0], q[bshd ? 2 : 1], k[bshd ? 2 : 1], q[bshd ? 1 : 2], k[bshd ? 1 : 2], q[3], v[3]};

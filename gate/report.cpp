@@ -283,7 +283,7 @@ void write_case_xml(std::ostringstream& xml, const nlohmann::json& c, const std:
       << xml_escape(c["id"].get<std::string>()) << "\" time=\"" << c["seconds"].get<double>() << "\">\n";
   if (c["status"] == "inconclusive") {
     xml << "      <skipped message=\"inconclusive: under 1% of the expected values can discriminate (0, 1 or "
-           "at the format's floor)\"/>\n";
+           "at the format's floor, or with no finite allowance)\"/>\n";
   } else if (is_failure_status(c["status"].get<std::string>())) {
     std::string message;
     for (const auto& failure : c["failures"]) message += failure.get<std::string>() + "\n";

@@ -155,7 +155,8 @@ double rounding_noise(std::vector<double>& magnitudes, double per_element) {
   double squares = 0;
   for (std::size_t start = 0; start < magnitudes.size();) {
     std::size_t end = start;
-    while (end < magnitudes.size() && magnitudes[end] == magnitudes[start]) ++end;
+    while (end < magnitudes.size() && (end == start || magnitudes[end] == magnitudes[start]))
+      ++end;  // NaN: alone
     const double group = static_cast<double>(end - start) * per_element * magnitudes[start];
     squares += group * group;
     start = end;
@@ -276,7 +277,9 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
     total_ulps += static_cast<double>(*element.ulps);
   }
   if (element.actual == 0 && element.expected != 0) ++result.false_zeros;
-  if (is_informative(element.expected, output)) ++result.informative;
+  // An element whose allowance is infinite or NaN cannot tell any value from another (scores whose
+  // rounding error alone is beyond e^700, say): it does not count as informative.
+  if (is_informative(element.expected, output) && std::isfinite(element.allowed)) ++result.informative;
   if (!(element.bound_ratio <= 1)) {
     add_violation(result, element.describe());
   } else if (!(judged.statistical_ratio <= 1)) {

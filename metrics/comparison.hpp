@@ -54,8 +54,9 @@ struct Comparison {
   // Attention: the worst row's scale error over its allowance (the row-scale test, evaluate.cpp).
   double max_row_scale_ratio = 0;
 
-  // Elements whose expected value can tell a right output from a wrong one: not 0, not +-1, and
-  // above the smallest few subnormals of the output format (where the absolute floor decides).
+  // Elements whose expected value can tell a right output from a wrong one: not 0, not +-1, above
+  // the smallest few subnormals of the output format (where the absolute floor decides), and with
+  // a finite allowance.
   std::size_t informative = 0;
 
   // Passes the proven tier, and the statistical one unless only the proven tier is asked for.

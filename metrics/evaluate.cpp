@@ -82,15 +82,16 @@ ReferenceRow reference_for(const JudgeSpec& spec, std::span<const double> row, d
       double entropy = 0;
       for (const double p : probabilities) entropy -= p * std::log(p + 1e-9);
       return {reference::adaptive_temperature_softmax(row, target, options),
-              row_geometry(row, theta / bounds::adaptive_beta(entropy))};
+              row_geometry(row, theta / bounds::adaptive_beta(entropy), true, true)};
     }
     case kernels::Operation::scalable_softmax:  // n = 1: theta / 0 is infinite and every z is 0
-      return {reference::scalable_softmax(row, target, options), row_geometry(row, theta / std::log(n))};
+      return {reference::scalable_softmax(row, target, options),
+              row_geometry(row, theta / std::log(n), true, true)};
     case kernels::Operation::length_scaled_softmax: {
       const double factor = reference::length_scale_factor(static_cast<std::uint64_t>(n),
                                                            kernels::length_scaled_training_length);
       return {reference::length_scaled_softmax(row, target, kernels::length_scaled_training_length, options),
-              row_geometry(row, theta / factor)};
+              row_geometry(row, theta / factor, true, true)};
     }
     case kernels::Operation::sigmoid_attention:
       return {reference::sigmoid_attention_weights(row, target, options), row_geometry(row, theta, false)};

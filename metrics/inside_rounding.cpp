@@ -40,7 +40,9 @@ void column_sums(const Matrix& values, std::span<const std::size_t> visible, con
     std::size_t end = start;
     double group_weight = 0;
     std::fill(group.begin(), group.end(), 0.0);
-    for (; end < order.size() && w.p[order[end]] == w.p[order[start]]; ++end) {
+    // (end == start: a NaN weight, from scores that overflow double, is a group of its own, so the
+    // loop always moves on instead of spinning.)
+    for (; end < order.size() && (end == start || w.p[order[end]] == w.p[order[start]]); ++end) {
       const std::size_t a = order[end];
       if (w.p[a] == 0) continue;
       const double* v = values.row(visible[a]).data();
@@ -84,7 +86,7 @@ void scale_sums(const Matrix& values, std::span<const std::size_t> visible, cons
   for (std::size_t start = 0; start < order.size();) {
     std::size_t end = start;
     double group_projection = 0, group_weight = 0;
-    for (; end < order.size() && w.p[order[end]] == w.p[order[start]]; ++end) {
+    for (; end < order.size() && (end == start || w.p[order[end]] == w.p[order[start]]); ++end) {
       const std::size_t a = order[end];
       if (w.p[a] == 0) continue;
       const double* v = values.row(visible[a]).data();

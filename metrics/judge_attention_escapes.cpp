@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/errors.hpp"
+#include "metrics/tolerance_table.hpp"
 #include "reference/attention_escapes.hpp"
 
 // The allowances, to first order in u = 2^-24 (fp32) with a 1% margin for the second-order terms
@@ -69,14 +70,24 @@ std::vector<double> softmax_relative(const std::vector<double>& z, const std::ve
     ++n;
     if (!error.empty()) worst_error = std::max(worst_error, error[j]);
   }
+  // The denominator's error is the weighted mean of its terms' argument errors: entries more than
+  // negligible_below under the top (an additive mask of -1e9, say) weigh under e^-200 and add at
+  // most negligible_contribution each (metrics/tolerance_table.cpp), not their spread.
+  std::size_t negligible = 0;
   for (const double x : z) {
-    if (x != -INFINITY) widest = std::max(widest, top - x);
+    if (x == -INFINITY) continue;
+    if (top - x > negligible_below) {
+      ++negligible;
+    } else {
+      widest = std::max(widest, top - x);
+    }
   }
   std::vector<double> relative(z.size(), 0.0);
   for (std::size_t j = 0; j < z.size(); ++j) {
     if (z[j] == -INFINITY) continue;
     const double own = error.empty() ? 0.0 : error[j];
-    relative[j] = own + worst_error + u * ((top - z[j]) + widest) + static_cast<double>(n + 4) * u;
+    relative[j] = own + worst_error + u * ((top - z[j]) + widest) + static_cast<double>(n + 4) * u +
+                  static_cast<double>(negligible) * negligible_contribution;
   }
   return relative;
 }

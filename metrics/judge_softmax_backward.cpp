@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "metrics/judge_backward.hpp"
+#include "metrics/tolerance_table.hpp"
 #include "reference/softmax_backward.hpp"
 
 namespace sharpcheck::metrics {
@@ -28,8 +29,16 @@ Comparison judge_softmax_backward(bool log_softmax, const Tolerance& tolerance, 
     std::copy(exact.begin(), exact.end(), expected.row(r).begin());
     double top = -INFINITY, bottom = INFINITY, sum = 0, weighted = 0, absolute = 0;
     for (const double x : row) {
+      if (x != -INFINITY) top = std::max(top, x);
+    }
+    // As for the forward softmax: entries more than negligible_below under the top (an additive
+    // mask of -1e9) are counted as negligible, not in n or the spread (metrics/tolerance_table.cpp).
+    for (const double x : row) {
       if (x == -INFINITY) continue;
-      top = std::max(top, x);
+      if (top - x > negligible_below) {
+        ++scales[r].negligible;
+        continue;
+      }
       bottom = std::min(bottom, x);
       ++scales[r].n;
     }

@@ -275,3 +275,57 @@ TEST(Operations, AGateWithNoOperationsPlansNothingAndSaysSo) {
 
 }  // namespace
 }  // namespace sharpcheck
+
+namespace sharpcheck {
+namespace {
+
+// A masked column written as masked_fill(-1e9) is negligible, not a spread of 1e9 that would widen
+// every allowance until zeros pass (softmax backward, the row escapes, Differential attention).
+TEST(Operations, AMinusOneE9ColumnDoesNotLetZerosPass) {
+  Matrix logits = normal(4, 33, 51), dy = normal(4, 33, 52);
+  for (std::size_t r = 0; r < 4; ++r) logits(r, 0) = -1e9;
+  const MemoryArray x = array_of("logits", logits), g = array_of("dy", dy);
+  Matrix exact(4, 33), weights(4, 33);
+  for (std::size_t r = 0; r < 4; ++r) {
+    const auto dx = reference::softmax_backward(logits.row(r), dy.row(r), fp32);
+    const auto w = reference::scalable_softmax(logits.row(r), fp32);
+    std::copy(dx.begin(), dx.end(), exact.row(r).begin());
+    std::copy(w.begin(), w.end(), weights.row(r).begin());
+  }
+  const MemoryArray dx = array_of("dx", exact), zeros("dx", {4, 33}, std::vector<double>(4 * 33, 0.0));
+  gate::OpCall backward;
+  backward.tensors = {{"logits", &x}, {"dy", &g}, {"dx", &dx}};
+  expect_pass_then_fail(op("softmax_backward"), backward, "dx", zeros);
+  const MemoryArray w = array_of("weights", weights),
+                    zero_weights("weights", {4, 33}, std::vector<double>(4 * 33));
+  gate::OpCall scalable;
+  scalable.tensors = {{"logits", &x}, {"weights", &w}};
+  expect_pass_then_fail(op("scalable_softmax"), scalable, "weights", zero_weights);
+
+  Matrix first = normal(6, 20, 53), second = normal(6, 20, 54);
+  for (std::size_t r = 0; r < 6; ++r) first(r, 19) = second(r, 19) = -1e9;
+  const MemoryArray la = array_of("logits", first), lb = array_of("logits2", second);
+  const MemoryArray dw =
+      array_of("weights", reference::differential_attention_weights(first, second, 0.5, fp32));
+  gate::OpCall differential;
+  differential.tensors = {{"logits", &la}, {"logits2", &lb}, {"weights", &dw}};
+  differential.options.lambda = 0.5;
+  expect_pass_then_fail(op("differential_attention"), differential, "weights",
+                        MemoryArray("weights", {6, 20}, std::vector<double>(6 * 20)));
+}
+
+// Scores that overflow double (scale 1e308) give NaN weights: the judge must finish (it once spun
+// grouping equal weights, NaN never equal to itself) and not pass.
+TEST(Operations, ScoresThatOverflowDoubleFinishAndDoNotPass) {
+  const Matrix q = normal(4, 8, 61), k = normal(6, 8, 62), v = normal(6, 8, 63);
+  const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v),
+                    out("out", {4, 8}, std::vector<double>(32, 0.0));
+  gate::OpCall call;
+  call.tensors = {{"q", &qa}, {"k", &ka}, {"v", &va}, {"out", &out}};
+  call.options.judge.scores.scale = 1e308;
+  const gate::CaseOutcome outcome = op("attention").judge(call);
+  EXPECT_FALSE(outcome.passed() && !outcome.inconclusive()) << "zeros passed at scale 1e308";
+}
+
+}  // namespace
+}  // namespace sharpcheck

@@ -126,6 +126,10 @@ CaseOutcome judge_call(const gate::OpCall& call) {
   if (output.zero_point)
     gate::refuse(InputProblem::out_of_range,
                  "the escapes' results cannot be a quantized grid (" + output.name + ")");
+  if (!options.judge.tolerance_entry.empty())
+    gate::refuse(InputProblem::out_of_range,
+                 "tolerance: the matrix escapes' allowance is derived from the fp32 arithmetic every such "
+                 "kernel does; there is no entry to choose");
   tensor::EscapeProblem problem;
   problem.operation = operation;
   const char* judged = operation == EscapeOperation::linear ? "out" : "weights";

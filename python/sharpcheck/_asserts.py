@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _sharpcheck
@@ -23,7 +24,9 @@ current_test: Optional[str] = None
 
 
 def _number(value: Any) -> float:
-    return float(value)  # the report writes non-finite figures as "inf" or "nan", which float() reads
+    # The report writes non-finite figures as "inf" or "nan", which float() reads; a figure nlohmann
+    # wrote as null (a NaN that reached JSON unconverted) is NaN too.
+    return float("nan") if value is None else float(value)
 
 
 class Report:
@@ -73,17 +76,18 @@ class Report:
         """assert_close's lines (count, greatest differences, where), then sharpcheck's."""
         worst = self.record["worst"]
         where = f"{self.worst_array} at index {self.worst_index}" if self.worst_index else f"row {worst['row']}"
-        share = 100.0 * self.mismatched / self.elements if self.elements else 0.0
+        share = 100.0 * self.proven_mismatched / self.elements if self.elements else 0.0
         ulps = "no ulp distance (NaN)" if worst["ulps"] is None else f"{worst['ulps']} ulp"
         lines = [
             f"{what} are not close to the correctly rounded reference!",
             "",
-            f"Mismatched elements: {self.mismatched} / {self.elements} ({share:.1f}%): {self.proven_mismatched} "
-            f"outside the proven bound, {self.statistical_mismatched} within it but outside the statistical tier",
+            f"Mismatched elements: {self.proven_mismatched} / {self.elements} ({share:.1f}%) outside the proven "
+            f"bound; {self.statistical_mismatched} more findings (elements, or rows by their bias or scale) "
+            "within it but outside the statistical tier",
             f"Greatest absolute difference: {self.max_abs_error:.6g}",
             f"Greatest relative difference: {self.max_rel_error:.6g}",
             f"Worst element: {where}: expected {worst['expected']}, got {worst['actual']} ({ulps}, "
-            f"allowed |error| {worst['allowed']:.6g})",
+            f"allowed |error| {_number(worst['allowed']):.6g})",
             f"Max ulp: {self.max_ulp}, mean ulp {self.mean_ulp:.3g}",
             f"Bound ratio: proven tier {self.bound_ratio:.4g}, statistical tier {self.statistical_ratio:.4g}, "
             f"bias {self.bias_ratio:.4g}, row scale {self.row_scale_ratio:.4g} (each fails above 1)",
@@ -142,6 +146,10 @@ def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], wha
     if recording:
         RECORDED.append({"test": current_test or options["name"], "record": record})
     report = Report(record, notes)
+    if report.inconclusive:  # not a failure, but never a silent pass
+        warnings.warn(f"sharpcheck: {what} inconclusive: only {record.get('informative_elements', '?')} of "
+                      f"{report.elements} expected values can discriminate (0, 1, at the format's floor, "
+                      "or with no finite allowance)", stacklevel=3)
     if not report.passed:
         text = report.message(what, tolerance)
         raise AssertionError(f"{msg}\n\n{text}" if msg else text)
@@ -257,12 +265,19 @@ def ops() -> List[Dict[str, Any]]:
 
 def _option_text(key: str, value: Any) -> str:
     """An option's value as the schema's text: flags true/false, reals exactly (hex), lists of
-    counts comma-separated (None in a window: -1, unbounded)."""
+    counts comma-separated (None in a window: -1, unbounded); NumPy scalars as their Python value."""
+    if hasattr(value, "dtype") and getattr(value, "shape", None) == ():
+        value = value.item()
+    if hasattr(value, "shape") or hasattr(value, "__dlpack__"):
+        raise ValueError(f"{key} is an array but not a tensor of this operation; sharpcheck.ops() lists its tensors")
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         return value.hex()
     if isinstance(value, (list, tuple)):
+        for item in value:
+            if item is not None and (isinstance(item, bool) or not isinstance(item, (int, float)) or int(item) != item):
+                raise ValueError(f"{key}: expected whole counts (or None for unbounded), got {item!r}")
         return ",".join("-1" if item is None else str(int(item)) for item in value)
     if isinstance(value, (int, str)):
         return str(value)

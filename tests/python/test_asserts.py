@@ -69,7 +69,10 @@ def test_softmax_passes_torchs_own_softmax_and_fails_a_bf16_accumulating_one():
 
 
 def test_log_softmax_passes_torch_and_fails_a_two_ulp_edit():
-    x = torch.randn(6, 300)
+    # Its own draw: whether 2 bf16 ulps exceed the allowance 2 u |log p| + ... depends on where
+    # |log p| falls in its binade (for some draws of element [2, 7] it is 0.8 of it), so the test must
+    # not depend on how many numbers earlier tests drew.
+    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
     y = torch.log_softmax(x, -1)
     assert sharpcheck.assert_log_softmax_close(y, x).passed
     exact = sharpcheck.log_softmax(x.bfloat16())
