@@ -6,7 +6,10 @@
 #include "cli/commands.hpp"
 #include "core/errors.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+
+// The program; main() below only guarantees that no exception leaves it.
+int run(int argc, char** argv) {
   CLI::App app{"sharpcheck: exact checking of softmax and attention kernels"};
   app.require_subcommand(0, 1);
   std::vector<sharpcheck::cli::Command> commands{
@@ -30,5 +33,19 @@ int main(int argc, char** argv) {
     return sharpcheck::cli::exit_input_error;
   } catch (...) {
     return sharpcheck::cli::report_error(std::current_exception());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {  // building the commands, or report_error itself, threw: still an exit code, never abort
+    try {
+      return sharpcheck::cli::report_error(std::current_exception());
+    } catch (...) {
+      return sharpcheck::cli::exit_input_error;
+    }
   }
 }

@@ -30,7 +30,7 @@ std::string save_reproducer(const GateSettings& settings, const std::string& nam
   } else if (format == fp16) {
     type = io::NpyType::float16;
   }
-  const std::string path = settings.reproducer_directory + "/" + name + ".npy";
+  std::string path = settings.reproducer_directory + "/" + name + ".npy";
   try {
     io::make_writable_directory(settings.reproducer_directory);
     io::write_npy(path, type, {input.rows, input.cols}, stored);

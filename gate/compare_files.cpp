@@ -136,8 +136,17 @@ CaseOutcome compare_attention_backward(const CompareRequest& request, const Stor
   if (!request.d_lse.empty()) d_lse.emplace("--d-lse", request.d_lse, input);
   std::optional<DecodedFile> d;
   if (!request.d.empty()) d.emplace("--d", request.d, StoredFormat{&fp32, std::nullopt, "fp32"});
-  BackwardArrays arrays{&q, &k, &v, &dout, &dq, &dk, &dv, d_lse ? &*d_lse : nullptr, d ? &*d : nullptr,
-                        {}, {}};
+  BackwardArrays arrays{.q = &q,
+                        .k = &k,
+                        .v = &v,
+                        .d_out = &dout,
+                        .dq = &dq,
+                        .dk = &dk,
+                        .dv = &dv,
+                        .d_lse = d_lse ? &*d_lse : nullptr,
+                        .d = d ? &*d : nullptr,
+                        .d_sinks = {},
+                        .scores = {}};
   const StoredFormat plain{&fp64, std::nullopt, "fp64"};
   if (!request.sinks.empty()) arrays.scores.sinks = read_values(request.sinks, plain);
   if (!request.alibi_slopes.empty()) arrays.scores.alibi_slopes = read_values(request.alibi_slopes, plain);

@@ -33,7 +33,7 @@ tensor::AttentionProblem backward_problem(const JudgeOptions& options, const Bac
   shapes.q = arrays.q;
   shapes.k = arrays.k;
   shapes.v = arrays.v;
-  const tensor::AttentionProblem problem = attention_problem_of(options, shapes);
+  tensor::AttentionProblem problem = attention_problem_of(options, shapes);
   problem.validate();
   if (arrays.d_out->size() != problem.output_elements())
     refuse(InputProblem::shape_mismatch, arrays.d_out->name() + " holds " +
@@ -180,10 +180,20 @@ struct Worst {
   std::string text;
 };
 
-void judge_group(const JudgeOptions& options, const BackwardArrays& arrays, const tensor::AttentionProblem& p,
-                 const Tensors& t, const GradientTensors& given,
-                 const kernels::AttentionBackwardKernel& kernel, std::size_t b, std::size_t kv,
-                 CaseOutcome& outcome, Worst& worst) {
+// What every group's judgement reads: the options, the arrays and their problem, the tensors read from
+// them, the kernel's gradients, and the entry (as a kernel row).
+struct GroupJudging {
+  const JudgeOptions& options;
+  const BackwardArrays& arrays;
+  const tensor::AttentionProblem& p;
+  const Tensors& t;
+  const GradientTensors& given;
+  const kernels::AttentionBackwardKernel& kernel;
+};
+
+void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, CaseOutcome& outcome,
+                 Worst& worst) {
+  const auto& [options, arrays, p, t, given, kernel] = judging;
   const auto& s = p.shape;
   const Group group = group_of(p, t, b, kv);
   const GroupOffsets at = offsets_of(p, b, kv);
@@ -258,9 +268,10 @@ CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArra
   outcome.gate_case.kernel = kernel_name(options, *arrays.dq);
   outcome.gate_case.n = p.shape.keys;
   Worst worst;
+  const GroupJudging judging{options, arrays, p, t, given, kernel};
   for (std::size_t b = 0; b < p.shape.batch; ++b) {
     for (std::size_t kv = 0; kv < p.shape.kv_heads; ++kv)
-      if (p.query_length(b) > 0) judge_group(options, arrays, p, t, given, kernel, b, kv, outcome, worst);
+      if (p.query_length(b) > 0) judge_group(judging, b, kv, outcome, worst);
   }
   outcome.recipe = entry;
   if (!outcome.comparison.passed(options.strictest)) {

@@ -52,7 +52,11 @@ nlohmann::json read_limits_file(const std::string& path, const char* what, const
     malformed(name, std::string("needs an object \"") + key + "\"");
   }
   for (const auto& [entry_name, entry] : file[key].items()) {
-    check_limits(entry, name + ", entry '" + entry_name + "'");
+    std::string where = name;
+    where += ", entry '";
+    where += entry_name;
+    where += "'";
+    check_limits(entry, where);
   }
   return file;
 }

@@ -41,7 +41,9 @@ struct ReportHeader {
 // Joins shard reports into the report of the whole sweep (cases in sweep order, a case given
 // twice kept once). InputError for reports that are malformed, from different seeds, or hold no
 // case. `whole_sweep` says whether every shard of the sweep was given.
-struct MergedReport {
+// (NOLINT: clang-tidy sees nlohmann::json's destructor as possibly throwing in the implicit
+// noexcept special members; it does not throw.)
+struct MergedReport {  // NOLINT(bugprone-exception-escape)
   nlohmann::json report;
   bool whole_sweep = false;
   std::size_t duplicates_dropped = 0;

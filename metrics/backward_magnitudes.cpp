@@ -126,9 +126,14 @@ double sign_of(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
 struct ScaleRow {
   double dq = 0, dk = 0, dv = 0;
 };
+// One (i, j) pair's charges: its squared pair bound, its magnitude and its weight P_ij.
+struct PairCharges {
+  std::size_t i = 0, j = 0;
+  double pair = 0, mag = 0, weight = 0;
+};
 double add_scale_terms(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                       std::size_t i, std::size_t j, double pair, double mag, double weight, Magnitudes& m,
-                       ScaleRow& row) {
+                       const PairCharges& charges, Magnitudes& m, ScaleRow& row) {
+  const auto& [i, j, pair, mag, weight] = charges;
   double on_dq = 0, on_dk = 0, on_dv = 0;
   for (std::size_t t = 0; t < p.queries.cols; ++t) {
     on_dq += sign_of(e.d_queries(i, t)) * p.keys(j, t);
@@ -273,7 +278,9 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       const double ds =
           weight[a] * std::fabs(dp_signed[a] - exact_d + signed_lse_gradient) * g.slope[a] + 1e-9 * mag;
       const double pair = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
-      d_on_dk += weight[a] * g.slope[a] * add_scale_terms(p, e, i, j, pair, mag, weight[a], m, scale_row);
+      d_on_dk += weight[a] * g.slope[a] *
+                 add_scale_terms(p, e, {.i = i, .j = j, .pair = pair, .mag = mag, .weight = weight[a]}, m,
+                                 scale_row);
       for (std::size_t t = 0; t < d; ++t) signed_dq[t] += weight[a] * g.slope[a] * p.keys(j, t);
       add_pair(p, i, j, {mag, from_d, pair, g.slope[a], weight[a]}, m);
     }

@@ -215,10 +215,9 @@ Fp32Charge fp32_charge(const Matrix& magnitudes, const Tolerance& entry, const F
 
 }  // namespace
 
-void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,
-                          const Matrix& magnitudes, const ScaleNoise& noise, const Tolerance& entry,
-                          double u_o, const FloatFormat& output, const RowScale& scale,
-                          Comparison& comparison) {
+void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
+                          const FloatFormat& output, const RowScale& scale, Comparison& comparison) {
+  const auto& [name, expected, actual, magnitudes, noise] = gradient;
   const double u_i =
       entry.probabilities_in_output > 0
           ? (entry.probability_format != nullptr ? *entry.probability_format : output).unit_roundoff()

@@ -82,9 +82,17 @@ struct ScaleNoise {
   double rows = 0;      // (Magnitudes::dq_scale_pairs, dq_scale_rows, ...), over (units u)^2
 };
 
-void judge_gradient_scale(const char* name, const Matrix& expected, const Matrix& actual,
-                          const Matrix& magnitudes, const ScaleNoise& noise, const Tolerance& entry,
-                          double u_o, const FloatFormat& output, const RowScale& scale,
-                          Comparison& comparison);
+// One gradient as the scale test reads it: its name in findings, the reference, the kernel's, each
+// element's magnitude, and the noise its scale may show.
+struct GradientScaleInput {
+  const char* name;
+  const Matrix& expected;
+  const Matrix& actual;
+  const Matrix& magnitudes;
+  ScaleNoise noise;
+};
+
+void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
+                          const FloatFormat& output, const RowScale& scale, Comparison& comparison);
 
 }  // namespace sharpcheck::metrics

@@ -96,17 +96,20 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
     return floor_scale * total;
   };
   const auto& e = judgement.expected;
-  judge_gradient_scale(
-      "dQ", e.d_queries, actual.d_queries, m.dq,
-      {m.dq_scale_inside, m.dq_scale_from_d, floor_total(m.dq_floor), m.dq_scale_pairs, m.dq_scale_rows},
-      x.entry, x.units, x.output, x.scale, judgement.d_queries);
-  judge_gradient_scale(
-      "dK", e.d_keys, actual.d_keys, m.dk,
-      {m.dk_scale_inside, m.dk_scale_from_d, floor_total(m.dk_floor), m.dk_scale_pairs, m.dk_scale_rows},
-      x.entry, x.units, x.output, x.scale, judgement.d_keys);
-  judge_gradient_scale("dV", e.d_values, actual.d_values, m.dv,
-                       {m.dv_scale_inside, 0.0, floor_total(m.dv_floor), m.dv_scale_pairs, m.dv_scale_rows},
-                       x.entry, x.units, x.output, x.scale, judgement.d_values);
+  const auto noise = [&](double inside, double from_d, const Matrix& floor, double pairs, double rows) {
+    return ScaleNoise{
+        .inside = inside, .from_d = from_d, .absolute = floor_total(floor), .pairs = pairs, .rows = rows};
+  };
+  const GradientScaleInput gradients[] = {
+      {"dQ", e.d_queries, actual.d_queries, m.dq,
+       noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows)},
+      {"dK", e.d_keys, actual.d_keys, m.dk,
+       noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows)},
+      {"dV", e.d_values, actual.d_values, m.dv,
+       noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows)}};
+  Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
+  for (std::size_t g = 0; g < 3; ++g)
+    judge_gradient_scale(gradients[g], x.entry, x.units, x.output, x.scale, *comparisons[g]);
 }
 
 }  // namespace

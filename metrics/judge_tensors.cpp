@@ -66,10 +66,18 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
   return compare(input, recipe, *spec.lse_format);
 }
 
+// The layer's tensors, read a head at a time (lse may be null).
+struct LayerSources {
+  const tensor::TensorSource& q;
+  const tensor::TensorSource& k;
+  const tensor::TensorSource& v;
+  const tensor::TensorSource& out;
+  const tensor::TensorSource* lse;
+};
+
 HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& problem, std::size_t b,
-                         std::size_t h, const tensor::TensorSource& q, const tensor::TensorSource& k,
-                         const tensor::TensorSource& v, const tensor::TensorSource& out,
-                         const tensor::TensorSource* lse) {
+                         std::size_t h, const LayerSources& sources) {
+  const auto& [q, k, v, out, lse] = sources;
   const tensor::AttentionShape& shape = problem.shape;
   const std::size_t rows = problem.query_length(b);
   const std::size_t keys = problem.key_length(b);
@@ -144,7 +152,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
   parallel_for(heads, threads, [&](std::size_t item) {
     const std::size_t b = item / problem.shape.heads;
     if (problem.query_length(b) == 0) return;
-    judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, q, k, v, out, lse);
+    judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, {q, k, v, out, lse});
   });
   TensorJudgement judgement;
   if (lse != nullptr) judgement.lse = Comparison{};

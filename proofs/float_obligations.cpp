@@ -99,7 +99,7 @@ Statement reciprocal_times_count(z3::context& c, bool mutant) {
 std::vector<Obligation> floating_point_obligations() {
   std::vector<Obligation> obligations;
   const auto add = [&](std::string name, std::string step, std::string mutation,
-                       std::function<Statement(z3::context&, bool)> make) {
+                       const std::function<Statement(z3::context&, bool)>& make) {
     obligations.push_back({std::move(name), std::move(step), Theory::floating_point,
                            [make](z3::context& c) { return make(c, false); }, std::move(mutation),
                            [make](z3::context& c) { return make(c, true); }});

@@ -246,7 +246,7 @@ std::vector<Obligation> real_arithmetic_obligations() {
   using std::to_string;
   std::vector<Obligation> obligations;
   const auto add = [&](std::string name, std::string step, std::string mutation,
-                       std::function<Statement(z3::context&, bool)> make) {
+                       const std::function<Statement(z3::context&, bool)>& make) {
     obligations.push_back({std::move(name), std::move(step), Theory::nonlinear_reals,
                            [make](z3::context& c) { return make(c, false); }, std::move(mutation),
                            [make](z3::context& c) { return make(c, true); }});

@@ -270,10 +270,15 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
 }
 
 // The case record of attention gradients against the correctly rounded ones.
-std::string judge_attention_backward(const py::object& dq, const py::object& dk, const py::object& dv,
-                                     const py::object& q, const py::object& k, const py::object& v,
-                                     const py::object& dout, const py::object& d_lse,
-                                     const py::object& d_sinks, const py::object& d, const py::dict& given) {
+// gradients: (dq, dk, dv); inputs: (q, k, v, dout).
+std::string judge_attention_backward(const py::tuple& gradients, const py::tuple& inputs,
+                                     const py::object& d_lse, const py::object& d_sinks, const py::object& d,
+                                     const py::dict& given) {
+  if (gradients.size() != 3 || inputs.size() != 4)
+    throw InputError(InputProblem::out_of_range,
+                     "judge_attention_backward: (dq, dk, dv) and (q, k, v, dout)");
+  const py::object &dq = gradients[0], &dk = gradients[1], &dv = gradients[2];
+  const py::object &q = inputs[0], &k = inputs[1], &v = inputs[2], &dout = inputs[3];
   const Options options(given);
   const gate::JudgeOptions judge = options.judge_options();
   const gate::StoredFormat input = options.input_format(), output = gate::stored_format(judge.format);
@@ -286,17 +291,17 @@ std::string judge_attention_backward(const py::object& dq, const py::object& dk,
   options.require_all_used();
   std::optional<HostArray> d_array;
   if (!d.is_none()) d_array.emplace(d, "d", gate::stored_format("fp32"));
-  gate::BackwardArrays arrays{&queries,
-                              &keys,
-                              &values,
-                              &d_out,
-                              &grad_q,
-                              &grad_k,
-                              &grad_v,
-                              lse_gradient ? &*lse_gradient : nullptr,
-                              d_array ? &*d_array : nullptr,
-                              {},
-                              extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
+  gate::BackwardArrays arrays{.q = &queries,
+                              .k = &keys,
+                              .v = &values,
+                              .d_out = &d_out,
+                              .dq = &grad_q,
+                              .dk = &grad_k,
+                              .dv = &grad_v,
+                              .d_lse = lse_gradient ? &*lse_gradient : nullptr,
+                              .d = d_array ? &*d_array : nullptr,
+                              .d_sinks = {},
+                              .scores = extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
   if (!d_sinks.is_none()) arrays.d_sinks = d_sinks.cast<std::vector<double>>();
   gate::CaseOutcome outcome;
   {
@@ -328,16 +333,18 @@ void write_report(const std::string& path, const std::string& text) { io::write_
 // or shapes), IoError OSError; UndecidedRounding is the module's own exception.
 void translate_errors(py::module_& module) {
   py::register_exception<UndecidedRounding>(module, "UndecidedRounding", PyExc_ArithmeticError);
-  py::register_exception_translator([](std::exception_ptr error) {
-    try {
-      if (error) std::rethrow_exception(error);
-    } catch (const InputError& e) {
-      PyErr_SetString(e.problem() == InputProblem::unsupported_format ? PyExc_TypeError : PyExc_ValueError,
-                      e.what());
-    } catch (const IoError& e) {
-      PyErr_SetString(PyExc_OSError, e.what());
-    }
-  });
+  // By value: pybind11's translator is a void(*)(std::exception_ptr).
+  py::register_exception_translator(
+      [](std::exception_ptr error) {  // NOLINT(performance-unnecessary-value-param)
+        try {
+          if (error) std::rethrow_exception(error);
+        } catch (const InputError& e) {
+          PyErr_SetString(
+              e.problem() == InputProblem::unsupported_format ? PyExc_TypeError : PyExc_ValueError, e.what());
+        } catch (const IoError& e) {
+          PyErr_SetString(PyExc_OSError, e.what());
+        }
+      });
 }
 
 }  // namespace
@@ -359,9 +366,8 @@ PYBIND11_MODULE(_sharpcheck, module) {
              py::arg("lse"), py::arg("options"));
   module.def("reference_attention_backward", &reference_attention_backward, py::arg("q"), py::arg("k"),
              py::arg("v"), py::arg("dout"), py::arg("d_lse"), py::arg("options"));
-  module.def("judge_attention_backward", &judge_attention_backward, py::arg("dq"), py::arg("dk"),
-             py::arg("dv"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"), py::arg("d_lse"),
-             py::arg("d_sinks"), py::arg("d"), py::arg("options"));
+  module.def("judge_attention_backward", &judge_attention_backward, py::arg("gradients"), py::arg("inputs"),
+             py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"));
   module.def("ops_json", &ops_json);
   module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
   module.def("report_json", &report_json, py::arg("cases"));

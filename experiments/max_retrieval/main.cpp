@@ -46,7 +46,8 @@ int run_operator(const std::string& name, int steps, int evaluation_seeds, int s
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The program; main() below only guarantees that no exception leaves it.
+int run(int argc, char** argv) {
   CLI::App app{"Max retrieval: train at 16 items, read at up to 16,384 (Velickovic et al. 2024)"};
   int steps = 20000, evaluation_seeds = 10, samples = 256, max_size = 16384, training_seed = 1;
   // One thread by default: the ops are too small to gain from two here (300 steps: 4.9 s on one,
@@ -104,4 +105,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "max_retrieval: %s\n", error.what());
     return 2;
   }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "max_retrieval: %s\n", error.what());
+  } catch (...) {
+    std::fprintf(stderr, "max_retrieval: an unknown error\n");
+  }
+  return 2;
 }

@@ -252,7 +252,7 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
     sink_gradients = _numbers(d_sinks)
     d_rows = None if d is None else host(d, "d", notes)
     judge = lambda o: _sharpcheck.judge_attention_backward(  # noqa: E731
-        *grads, *inputs, lse_gradient, sink_gradients, d_rows, o)
+        tuple(grads), tuple(inputs), lse_gradient, sink_gradients, d_rows, o)
     return _judged(judge, options, "Attention gradients", entry, notes, msg)
 
 
