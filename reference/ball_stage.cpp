@@ -2,6 +2,7 @@
 
 #include <mpfr.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "reference/exact_rounding.hpp"
@@ -15,7 +16,18 @@ std::optional<double> round_ball_if_decided(arb_srcptr ball, const FloatFormat& 
     ~Ends() { mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr)); }
     mpfr_t lo, hi;
   } ends;
-  // The ends, rounded outward to 128 bits: still an enclosure, and far finer than any target.
+  // The ends, rounded outward: still an enclosure. 128 bits is far finer than any target, but not
+  // than the ball when the value lies within 2^-128 of a rounding boundary (a Differential weight
+  // 2^-732 under an fp64 midpoint): then the ends keep the ball's own accuracy, or rounding them
+  // outward would straddle the boundary at every precision and the loop could never decide.
+  // (An exact ball, radius 0, has the accuracy of its midpoint's bits.)
+  const slong accuracy = arb_is_exact(ball) ? arb_bits(ball) : arb_rel_accuracy_bits(ball);
+  const mpfr_prec_t bits =
+      std::clamp<mpfr_prec_t>(static_cast<mpfr_prec_t>(accuracy) + 16, 128, mpfr_prec_t{1} << 24);
+  if (mpfr_get_prec(ends.lo) != bits) {
+    mpfr_set_prec(ends.lo, bits);
+    mpfr_set_prec(ends.hi, bits);
+  }
   arb_get_interval_mpfr(ends.lo, ends.hi, ball);
   return round_if_decided(ends.lo, ends.hi, format);
 }

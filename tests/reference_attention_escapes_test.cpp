@@ -3,6 +3,7 @@
 // every format, their closed forms decided by the exact branch (rational results: a single key,
 // positive features, equal logits, (1 - lambda) / n), and bad input named.
 #include <gtest/gtest.h>
+#include <mpfr.h>
 
 #include <cmath>
 #include <vector>
@@ -219,3 +220,33 @@ TEST(AttentionEscapesReference, BadInputIsNamed) {
 
 }  // namespace
 }  // namespace sharpcheck::reference
+
+namespace sharpcheck {
+namespace {
+
+// A weight 2^-732 under an fp64 midpoint: the spike row (510, 0, ..., 0) of 16 against a uniform
+// second softmax gives w_0 = 1 / (1 + 15 e^-510) - lambda / 16, and 1 - lambda / 16 is a midpoint.
+// The ball stage once took the enclosure's ends at 128 bits, which straddled the midpoint at every
+// precision: UndecidedRounding for a value more precision decides. Checked against MPFR at 4096 bits.
+TEST(AttentionEscapesReference, AWeightWithinTwoToTheMinus700OfAMidpointIsDecided) {
+  const double lambda = 0.777870099559256;
+  Matrix spike(1, 16), uniform(1, 16);
+  spike(0, 0) = 510;
+  const double got = reference::differential_attention_weights(spike, uniform, lambda, fp64)(0, 0);
+  mpfr_t e, w;
+  mpfr_inits2(4096, e, w, static_cast<mpfr_ptr>(nullptr));
+  mpfr_set_si(e, -510, MPFR_RNDN);
+  mpfr_exp(e, e, MPFR_RNDN);
+  mpfr_mul_ui(e, e, 15, MPFR_RNDN);
+  mpfr_add_ui(e, e, 1, MPFR_RNDN);
+  mpfr_ui_div(w, 1, e, MPFR_RNDN);
+  mpfr_set_d(e, lambda, MPFR_RNDN);
+  mpfr_div_ui(e, e, 16, MPFR_RNDN);
+  mpfr_sub(w, w, e, MPFR_RNDN);
+  const double expected = mpfr_get_d(w, MPFR_RNDN);
+  mpfr_clears(e, w, static_cast<mpfr_ptr>(nullptr));
+  EXPECT_EQ(got, expected);  // 4096 bits: each rounding is ~2^-4096, far under the 2^-732 gap
+}
+
+}  // namespace
+}  // namespace sharpcheck

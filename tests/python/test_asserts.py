@@ -248,3 +248,20 @@ def test_a_device_array_is_copied_to_the_host_and_the_report_says_so():
     assert report.notes == ["actual was copied from DLPack device 2 to the host",
                             "logits was copied from DLPack device 2 to the host"]
     assert json.loads(report.to_json())["notes"] == report.notes
+
+
+def test_a_correct_nan_in_e4m3_is_a_value_and_a_finite_output_in_its_place_fails():
+    """e4m3 has no infinity: a result past 448 rounds to its NaN, which a kernel must return too."""
+    q, k, v = np.array([[3.0]]), np.array([[1.0], [0.0]]), np.array([[1000.0], [2000.0]])
+    out = sharpcheck.attention(q, k, v, scale=1.0, format="fp8_e4m3")
+    assert np.isnan(out).all()
+    assert sharpcheck.assert_attention_close(out, q, k, v, scale=1.0, format="fp8_e4m3").passed
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_attention_close(np.array([[448.0]]), q, k, v, scale=1.0, format="fp8_e4m3")
+    x = np.array([[0.0, -600.0, 1.0]])
+    y = sharpcheck.log_softmax(x, format="fp8_e4m3")
+    assert np.isnan(y[0, 1]) and sharpcheck.assert_log_softmax_close(y, x, format="fp8_e4m3").status == "pass"
+    wrong = y.copy()
+    wrong[0, 1] = -448.0
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_log_softmax_close(wrong, x, format="fp8_e4m3")
