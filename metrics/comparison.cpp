@@ -239,8 +239,12 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
   const RowScale& scale = input.scales[r];
   const double rounded = input.output_rounding_of_expected ? std::fabs(e) : -1;
   JudgedElement judged;
-  const double allowed =
-      allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + additional;
+  // A NaN allowance (inf - inf or 0 * inf in its terms, from scores that overflow double) allows
+  // nothing to be told apart: it counts as infinite, so the element is not informative (and the
+  // case inconclusive when nothing else is) rather than failing an exact output moved by an ulp.
+  const auto cannot_judge_if_nan = [](double value) { return std::isnan(value) ? INFINITY : value; };
+  const double allowed = cannot_judge_if_nan(
+      allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + additional);
   judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};
   if (is_representable(a, output)) judged.report.ulps = ulp_distance(a, e, output);
   // At n <= lambda^2 the tiers charge the same length: one evaluation serves both.
@@ -254,6 +258,7 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
     judged.statistical_allowed =
         std::min(judged.statistical_allowed, inside_charge(input, tolerance, output, r, j) + additional);
   }
+  judged.statistical_allowed = cannot_judge_if_nan(judged.statistical_allowed);
   judged.statistical_ratio = bound_ratio(e, a, judged.statistical_allowed);
   return judged;
 }
@@ -308,6 +313,9 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
 }  // namespace
 
 void record_scale(Comparison& comparison, const std::string& what, double deviation, double allowed) {
+  // An allowance that is NaN (scores that overflow double) cannot judge a scale; the elements'
+  // own verdicts stand.
+  if (std::isnan(allowed)) return;
   double ratio = deviation / allowed;
   if (std::isnan(ratio)) ratio = INFINITY;  // a NaN in either is a failure, and reported as one
   comparison.max_row_scale_ratio = std::max(comparison.max_row_scale_ratio, ratio);

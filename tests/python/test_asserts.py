@@ -265,3 +265,15 @@ def test_a_correct_nan_in_e4m3_is_a_value_and_a_finite_output_in_its_place_fails
     wrong[0, 1] = -448.0
     with pytest.raises(AssertionError):
         sharpcheck.assert_log_softmax_close(wrong, x, format="fp8_e4m3")
+
+
+def test_scores_that_overflow_double_are_inconclusive_not_a_false_fail():
+    """q.k near 1e320 at theta 1e308: the allowances are not finite, so the judge says it cannot tell
+    (inconclusive, with a warning) instead of failing the exact output moved by one ulp."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((4, 8)) * 1e160, rng.standard_normal((6, 8)) * 1e160, rng.standard_normal((6, 8))
+    out = sharpcheck.attention(q, k, v, theta=1e308, format="fp64")
+    for judged in (out, np.nextafter(out, np.inf)):
+        with pytest.warns(UserWarning, match="inconclusive"):
+            report = sharpcheck.assert_attention_close(judged, q, k, v, theta=1e308, format="fp64")
+        assert report.inconclusive
