@@ -19,6 +19,26 @@ tensor::Broadcast broadcast_of(const py::array& array, const std::string& key) {
   return {array.shape(0) != 1, array.shape(1) != 1};
 }
 
+// value as T, or a TypeError naming the option and what it wants: pybind11's own cast error
+// ("Unable to cast Python instance") names neither, and a str that is not UTF-8, an integer past
+// 64 bits or a nested list must be refused as what they are.
+template <typename T>
+T cast_or_refuse(const py::handle& value, const char* key, const char* wanted) {
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+  } catch (const py::error_already_set&) {
+  }
+  refuse_type(key, std::string("must be ") + wanted);
+}
+
+// A whole number (anything with __index__: Python and NumPy integers), not a bool, a float or a str.
+long long whole_number(const py::handle& value, const char* key) {
+  if (py::isinstance<py::bool_>(value) || !py::hasattr(value, "__index__"))
+    refuse_type(key, "must hold integers, got " + std::string(py::str(py::type::of(value))));
+  return cast_or_refuse<long long>(value.attr("__index__")(), key, "an integer within 64 bits");
+}
+
 }  // namespace
 
 gate::AttentionArrays AttentionExtras::arrays(const gate::Array* q, const gate::Array* k,
@@ -51,14 +71,16 @@ std::string Options::text(const char* key, const std::string& otherwise) const {
   const py::object value = get(key);
   if (value.is_none()) return otherwise;
   if (!py::isinstance<py::str>(value)) refuse_type(key, "must be a string");
-  return value.cast<std::string>();
+  return cast_or_refuse<std::string>(value, key, "a string encodable as UTF-8");
 }
 
 double Options::real(const char* key, double otherwise) const {
   const py::object value = get(key);
   if (value.is_none()) return otherwise;
   if (py::isinstance<py::bool_>(value)) refuse_type(key, "must be a number, not a bool");
-  const double number = py::float_(value).cast<double>();
+  if (py::isinstance<py::str>(value) || !(py::hasattr(value, "__float__") || py::hasattr(value, "__index__")))
+    refuse_type(key, "must be a number, got " + std::string(py::str(py::type::of(value))));
+  const double number = cast_or_refuse<double>(value, key, "a number");
   if (std::isnan(number) || std::isinf(number))
     refuse_value(key, "must be finite, got " + std::to_string(number));
   return number;
@@ -66,7 +88,12 @@ double Options::real(const char* key, double otherwise) const {
 
 bool Options::flag(const char* key, bool otherwise) const {
   const py::object value = get(key);
-  return value.is_none() ? otherwise : py::bool_(value).cast<bool>();
+  if (value.is_none()) return otherwise;
+  // True or False (or a NumPy bool): a truthy string such as "no" must not mean True.
+  const bool numpy_bool = py::hasattr(value, "dtype") && std::string(py::str(value.attr("dtype"))) == "bool";
+  if (!py::isinstance<py::bool_>(value) && !numpy_bool)
+    refuse_type(key, "must be True or False, got " + std::string(py::str(py::type::of(value))));
+  return py::bool_(value).cast<bool>();
 }
 
 long long Options::integer(const char* key, long long otherwise) const {
@@ -75,7 +102,7 @@ long long Options::integer(const char* key, long long otherwise) const {
   // Python and NumPy integers (anything with __index__), not bools or floats.
   if (py::isinstance<py::bool_>(value) || !py::hasattr(value, "__index__"))
     refuse_type(key, "must be an integer");
-  return py::int_(value.attr("__index__")()).cast<long long>();
+  return cast_or_refuse<long long>(value.attr("__index__")(), key, "an integer within 64 bits");
 }
 
 unsigned Options::count(const char* key, unsigned otherwise) const {
@@ -89,8 +116,10 @@ std::vector<std::size_t> Options::counts(const char* key) const {
   const py::object value = get(key);
   std::vector<std::size_t> result;
   if (value.is_none()) return result;
+  if (!py::isinstance<py::sequence>(value) && !py::hasattr(value, "__iter__"))
+    refuse_type(key, "must be a sequence of lengths");
   for (const py::handle item : value) {
-    const long long number = item.cast<long long>();
+    const long long number = whole_number(item, key);
     if (number < 0) refuse_value(key, "holds a negative length " + std::to_string(number));
     result.push_back(static_cast<std::size_t>(number));
   }
@@ -101,7 +130,12 @@ std::vector<double> Options::reals(const char* key) const {
   const py::object value = get(key);
   std::vector<double> result;
   if (value.is_none()) return result;
-  for (const py::handle item : value) result.push_back(item.cast<double>());
+  if (!py::hasattr(value, "__iter__")) refuse_type(key, "must be a 1-D sequence of numbers");
+  for (const py::handle item : value) {
+    if (py::isinstance<py::str>(item) || py::hasattr(item, "__iter__") || py::hasattr(item, "__len__"))
+      refuse_type(key, "must be a 1-D sequence of numbers (one per head)");
+    result.push_back(cast_or_refuse<double>(item, key, "a 1-D sequence of numbers"));
+  }
   return result;
 }
 
@@ -129,11 +163,17 @@ tensor::HeadScores Options::scores() const {
   if (align == "bottom-right") scores.alignment = tensor::DiagonalAlignment::bottom_right;
   const py::object window = get("window");
   if (!window.is_none()) {
+    if (py::isinstance<py::str>(window) || !py::isinstance<py::sequence>(window))
+      refuse_type("window", "takes (left, right), each a count or None / -1 for unbounded");
     const auto sides = window.cast<std::vector<py::object>>();
     if (sides.size() != 2) refuse_value("window", "takes (left, right), None or -1 for unbounded");
     const auto side = [](const py::object& value) -> std::optional<std::size_t> {
-      if (value.is_none() || value.cast<long long>() < 0) return std::nullopt;
-      return value.cast<std::size_t>();
+      if (value.is_none()) return std::nullopt;
+      const long long count = whole_number(value, "window");
+      if (count == -1) return std::nullopt;
+      if (count < 0)
+        refuse_value("window", "sides are counts, or None / -1 for unbounded; got " + std::to_string(count));
+      return static_cast<std::size_t>(count);
     };
     scores.window_left = side(sides[0]);
     scores.window_right = side(sides[1]);

@@ -1,0 +1,44 @@
+"""Python options misused as users misuse them: each is a TypeError or ValueError naming the option
+(before, pybind11's "Unable to cast Python instance" named none, and some passed silently)."""
+
+import numpy as np
+import pytest
+import torch
+
+import sharpcheck
+
+Q = torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(3))
+OUT = sharpcheck.attention(Q, Q, Q, causal=True)
+
+
+@pytest.mark.parametrize("options, names", [
+    ({"window": 5}, "window"),
+    ({"window": (1.5, 2)}, "window"),
+    ({"window": (-5, -5)}, "window"),
+    ({"window": "1,2"}, "window"),
+    ({"sinks": [[0.5, 0.5]]}, "sinks"),
+    ({"key_lengths": [4.5]}, "key_lengths"),
+    ({"causal": "no"}, "causal"),
+    ({"theta": "1"}, "theta"),
+    ({"scale": object()}, "scale"),
+])
+def test_a_misused_attention_option_is_refused_by_name(options, names):
+    with pytest.raises((TypeError, ValueError), match=names):
+        sharpcheck.assert_attention_close(OUT, Q, Q, Q, **{"causal": True, **options})
+
+
+@pytest.mark.parametrize("options, names", [
+    ({"dim": 2 ** 70}, "dim"),
+    ({"threads": 2 ** 64}, "threads"),
+    ({"name": "\udcff"}, "name"),
+])
+def test_a_misused_softmax_option_is_refused_by_name(options, names):
+    x = torch.randn(2, 8)
+    with pytest.raises((TypeError, ValueError), match=names):
+        sharpcheck.assert_softmax_close(torch.softmax(x, -1), x, **options)
+
+
+def test_the_right_forms_still_work():
+    assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=True, window=(None, 0)).passed
+    assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=np.bool_(True), window=(-1, 0)).passed
+    assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=True, theta=np.float64(1.0)).passed
