@@ -33,6 +33,17 @@ void judge_block(const JudgeOptions& options, const metrics::JudgeSpec& spec, co
     }
   }
   const Matrix logit_rows = logits.read_lanes(lanes, block.first, block.count);
+  // A NaN or +inf logit is refused here, named by its full index (the reference would name only
+  // its position in the lane); -inf is a masked entry.
+  for (std::size_t r = 0; r < block.count; ++r) {
+    for (std::size_t a = 0; a < logit_rows.cols; ++a) {
+      const double x = logit_rows(r, a);
+      if (!std::isnan(x) && x != INFINITY) continue;
+      refuse(std::isnan(x) ? InputProblem::nan_value : InputProblem::positive_infinity,
+             logits.name() + shape_text(unravel(lanes.c_index(block.first + r, a), logits.shape())) + " is " +
+                 (std::isnan(x) ? "NaN" : "+inf") + " (a logit must be finite, or -inf for a masked entry)");
+    }
+  }
   const auto evaluation =
       options.log_softmax
           ? metrics::judge_log_softmax(spec, logit_rows, options.theta, std::move(actual), block.first)

@@ -152,7 +152,12 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
   parallel_for(heads, threads, [&](std::size_t item) {
     const std::size_t b = item / problem.shape.heads;
     if (problem.query_length(b) == 0) return;
-    judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, {q, k, v, out, lse});
+    try {
+      judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, {q, k, v, out, lse});
+    } catch (const InputError& error) {  // say which head: the reference names the row and column
+      throw InputError(error.problem(), "batch " + std::to_string(b) + ", head " +
+                                            std::to_string(item % problem.shape.heads) + ": " + error.what());
+    }
   });
   TensorJudgement judgement;
   if (lse != nullptr) judgement.lse = Comparison{};

@@ -42,3 +42,14 @@ def test_the_right_forms_still_work():
     assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=True, window=(None, 0)).passed
     assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=np.bool_(True), window=(-1, 0)).passed
     assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=True, theta=np.float64(1.0)).passed
+
+
+def test_a_nan_input_is_named_by_its_array_and_full_position():
+    x = np.random.default_rng(0).standard_normal((40, 8))
+    x[37, 5] = np.nan
+    with pytest.raises(ValueError, match=r"logits\[37, 5\] is NaN"):
+        sharpcheck.assert_softmax_close(np.zeros_like(x), x)
+    q = torch.randn(1, 2, 12, 4)
+    q[0, 1, 9, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"batch 0, head 1: .*Q\(9, 3\) is NaN"):
+        sharpcheck.assert_attention_close(q, q, q, q)
