@@ -205,6 +205,11 @@ int run_compare(const CompareSettings& settings) {
   if (settings.op.empty() && !settings.arguments.empty())
     throw InputError(InputProblem::out_of_range, "compare: '" + settings.arguments.front() +
                                                      "' is not an option (KEY=VALUE pairs need --op NAME)");
+  // An unwritable report path is refused before the work, not after it.
+  for (const std::string* path : {&settings.json_path, &settings.junit_path}) {
+    if (!path->empty()) io::check_writable(*path);
+  }
+  if (settings.update_baseline) io::check_writable(settings.baseline_path);
   const nlohmann::json budget =
       settings.budget_path.empty() ? nlohmann::json::object() : gate::read_budget(settings.budget_path);
   gate::CaseOutcome outcome;

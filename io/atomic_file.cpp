@@ -31,12 +31,42 @@ bool write_all(int descriptor, std::string_view text) {
   return true;
 }
 
+// A path that names something other than a regular file (a FIFO, a character or block device such
+// as /dev/null or /dev/stdout): written in place, never replaced. A FIFO is opened without blocking,
+// so one with no reader is an error rather than a hang.
+void write_in_place(const std::string& path, std::string_view text, bool fifo) {
+  const int descriptor = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
+  if (descriptor < 0) fail(path, fifo ? "a FIFO with no reader, or not writable" : "cannot open it", errno);
+  if (fifo) ::fcntl(descriptor, F_SETFL, ::fcntl(descriptor, F_GETFL) & ~O_NONBLOCK);
+  const bool written = write_all(descriptor, text);
+  const int error = errno;
+  ::close(descriptor);
+  if (!written) fail(path, "writing failed", error);
+}
+
+// The file a path stands for: a symbolic link's final target (so the link survives and its target
+// is updated), else the path itself.
+std::string resolved_target(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_symlink(path, error)) return path;
+  const std::filesystem::path target = std::filesystem::weakly_canonical(path, error);
+  if (error) fail(path, "cannot resolve the symbolic link", error.value());
+  return target.string();
+}
+
 }  // namespace
 
-void write_file_atomically(const std::string& path, std::string_view text) {
-  if (path.empty()) fail(path, "empty file name", 0);
+void write_file_atomically(const std::string& given, std::string_view text) {
+  if (given.empty()) fail(given, "empty file name", 0);
+  const std::string path = resolved_target(given);
   struct stat existing {};
-  if (::stat(path.c_str(), &existing) == 0 && S_ISDIR(existing.st_mode)) fail(path, "it is a directory", 0);
+  if (::stat(path.c_str(), &existing) == 0) {
+    if (S_ISDIR(existing.st_mode)) fail(path, "it is a directory", 0);
+    if (!S_ISREG(existing.st_mode)) {
+      write_in_place(path, text, S_ISFIFO(existing.st_mode));
+      return;
+    }
+  }
   // mkstemp's template: a unique name in the target's own directory, so the rename stays on one
   // file system and concurrent runs never share a temporary.
   std::vector<char> name(path.begin(), path.end());
@@ -62,6 +92,22 @@ void write_file_atomically(const std::string& path, std::string_view text) {
     ::unlink(temporary.c_str());
     fail(path, "cannot rename the temporary file onto it", error);
   }
+}
+
+void check_writable(const std::string& given) {
+  if (given.empty()) fail(given, "empty file name", 0);
+  const std::string path = resolved_target(given);
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) == 0) {
+    if (S_ISDIR(existing.st_mode)) fail(path, "it is a directory", 0);
+    if (!S_ISREG(existing.st_mode)) {
+      if (::access(path.c_str(), W_OK) != 0) fail(path, "not writable", errno);
+      return;
+    }
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string directory = parent.empty() ? "." : parent.string();
+  if (::access(directory.c_str(), W_OK) != 0) fail(path, "its directory is missing or not writable", errno);
 }
 
 void make_writable_directory(const std::string& directory) {

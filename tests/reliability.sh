@@ -287,6 +287,34 @@ PY
     wait $second || fail "second gate: $(cat b.out)"
     expect_report same.json 14
     [ -z "$(ls | grep partial)" ] || fail "temporaries left behind" ;;
+  report_targets)
+    # A report path naming a FIFO, a symbolic link or a device is written through, never replaced.
+    mkfifo fifo
+    (cat fifo > from_fifo.json &)
+    sleep 0.2
+    run bounds --json fifo
+    expect_code 0
+    sleep 0.2
+    [ -p fifo ] || fail "the FIFO was replaced by a regular file"
+    grep -q adaptive_temperature_active_interval from_fifo.json || fail "the FIFO's reader got no report"
+    echo old > target.json
+    ln -s target.json link.json
+    run bounds --json link.json
+    expect_code 0
+    [ -L link.json ] || fail "the symbolic link was replaced by a regular file"
+    grep -q adaptive_temperature_active_interval target.json || fail "the link's target was not updated"
+    run bounds --json /dev/null
+    expect_code 0
+    [ -c /dev/null ] || fail "/dev/null is no longer a character device"
+    # A FIFO nobody reads is an I/O error, not a hang.
+    mkfifo unread
+    run bounds --json unread
+    expect_code 2; expect_text "FIFO with no reader"
+    # compare refuses an unwritable report path before judging anything.
+    data=$(cd "$(dirname "$0")" && pwd)/data/npy
+    run compare --logits "$data/logits_f4_v1.npy" --probs "$data/probs_f4_v1.npy" --json "$work/missing/r.json"
+    expect_code 2; expect_text "directory is missing or not writable"
+    [ -z "$(grep -E '^(pass|FAIL)' <<<"$out")" ] || fail "compare judged before refusing the report path" ;;
   *) fail "no attack named $attack" ;;
 esac
 echo "passed: $attack"
