@@ -43,9 +43,13 @@ void refuse_flags_beside_op(const CompareSettings& settings) {
     if (std::find(std::begin(allowed), std::end(allowed), name) != std::end(allowed)) continue;
     std::string key = name.substr(name.starts_with("--") ? 2 : 0);
     std::replace(key.begin(), key.end(), '-', '_');
-    throw InputError(InputProblem::out_of_range,
-                     "compare --op " + settings.op + ": " + name + " is not read with --op; give it as " +
-                         key + "=VALUE (sharpcheck ops lists the operation's tensors and options)");
+    std::string message = "compare --op " + settings.op;
+    message += ": ";
+    message += name;
+    message += " is not read with --op; give it as ";
+    message += key;
+    message += "=VALUE (sharpcheck ops lists the operation's tensors and options)";
+    throw InputError(InputProblem::out_of_range, message);
   }
 }
 
