@@ -219,16 +219,21 @@ void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, Cas
   for (const auto& [comparison, array, kind] : parts) {
     if (comparison == nullptr) continue;
     outcome.comparison.merge(*comparison);
-    if (array == nullptr || comparison->max_bound_ratio <= worst.ratio) continue;
+    if (comparison->max_bound_ratio <= worst.ratio) continue;
     worst.ratio = comparison->max_bound_ratio;
     const auto& w = comparison->worst;
+    worst.text = where() + judgement.describe_worst();
+    if (array == nullptr) {  // the sinks' gradients: one per query head, named by the head
+      outcome.worst_array = "d_sinks";
+      outcome.worst_index = {group.first_head + w.row};
+      continue;
+    }
     const std::size_t flat = kind == 0   ? at.query(w.row, w.index)
                              : kind == 1 ? at.key(w.row, w.index)
                              : kind == 2 ? at.value(w.row, w.index)
                                          : at.lse(w.row);
     outcome.worst_array = array->name();
     outcome.worst_index = unravel(flat, array->shape());
-    worst.text = where() + judgement.describe_worst();
   }
 }
 

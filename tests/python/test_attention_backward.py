@@ -231,3 +231,16 @@ def test_bad_input_is_refused():
         sharpcheck.attention_backward(q, k, v, np.zeros((5, 8), np.float32))
     with pytest.raises(ValueError, match="tolerance entry"):
         sharpcheck.assert_attention_backward_close(q, k, v, q, k, v, dout, tolerance="attention_flash")
+
+
+def test_a_wrong_sink_gradient_is_named_as_such():
+    """The worst element of a wrong d_sinks is d_sinks[head], not dq at (0, 0, 0, 0)."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v, dout = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    sinks = torch.tensor([0.5, -0.25], dtype=torch.float64)
+    dq, dk, dv, d_sinks = sharpcheck.attention_backward(q, k, v, dout, sinks=sinks, format="fp64")
+    wrong = torch.as_tensor(d_sinks).clone()
+    wrong[1] = wrong[1] * 1.5 + 1e-3
+    with pytest.raises(AssertionError, match=r"d_sinks at index \(1,\)"):
+        sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, sinks=sinks, d_sinks=wrong,
+                                                   format="fp64")
