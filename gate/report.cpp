@@ -241,7 +241,7 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
   if (reports.empty()) throw InputError(InputProblem::empty_input, "merge: no reports given");
   MergedReport merged;
   std::vector<nlohmann::json> cases;
-  std::set<std::size_t> indices;
+  std::map<std::size_t, std::string> id_at;  // each sweep position's case, from the report that gave it
   std::set<std::size_t> shards;
   std::size_t shard_count = 0;
   for (std::size_t r = 0; r < reports.size(); ++r) {
@@ -259,10 +259,21 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
     shards.insert(index);
     for (const auto& c : report["cases"]) {
       check_case_record(c, where);
-      if (!indices.insert(c["index"].get<std::size_t>()).second) {
+      const auto position = c["index"].get<std::size_t>();
+      const auto id = c["id"].get<std::string>();
+      if (const auto given = id_at.find(position); given != id_at.end()) {
+        // The same case twice (a shard given twice) is dropped; another case at the same position
+        // means the reports come from different sweeps (other kernels or sizes): refused, since
+        // keeping either would silently drop the other's verdicts.
+        if (given->second != id)
+          malformed(where, "holds '" + id + "' at sweep position " + std::to_string(position) +
+                               " where another "
+                               "report holds '" +
+                               given->second + "': not shards of one sweep (other kernels or sizes)");
         ++merged.duplicates_dropped;
         continue;
       }
+      id_at.emplace(position, id);
       cases.push_back(c);
     }
   }

@@ -198,6 +198,13 @@ case $attack in
     # An unknown status in a report to merge is refused, not counted as a pass.
     run gate --kernel safe3 --sizes 16 --json one.json
     expect_code 0
+    # Reports of different sweeps (other kernels) are not shards of one: refused, in either order,
+    # rather than one run's cases dropped as "duplicates" of the other's.
+    run gate --kernel naive --sizes 16 --json other.json
+    for pair in "one.json other.json" "other.json one.json"; do
+      run merge $pair --json mixed.json
+      expect_code 2; expect_text "not shards of one sweep"
+    done
     sed 's/"status": "pass"/"status": "FAIL"/' one.json > unknown.json
     run merge unknown.json --json merged.json
     expect_code 2; expect_text "unknown status"
