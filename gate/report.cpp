@@ -357,8 +357,18 @@ nlohmann::json read_json_file(const std::string& path, const char* what) {
   std::ifstream in(path);
   if (!in)
     throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");
+  // Reports, budgets and baselines nest a few levels: past 64 a file is hostile (100,000 levels
+  // once crashed merge, and copying one grew with the square of its depth), refused while parsing.
+  constexpr int deepest = 64;
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > deepest)
+      throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path +
+                                                       "' nests deeper than " + std::to_string(deepest) +
+                                                       " levels");
+    return true;
+  };
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(in, limit_depth);
   } catch (const nlohmann::json::exception& error) {
     throw InputError(InputProblem::out_of_range,
                      std::string(what) + " file '" + path + "' is not valid JSON: " + error.what());

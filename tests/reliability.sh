@@ -205,6 +205,13 @@ case $attack in
       run merge $pair --json mixed.json
       expect_code 2; expect_text "not shards of one sweep"
     done
+    # A report nested 100,000 deep (merge once crashed on it) is refused while parsing.
+    /usr/bin/python3 -c "
+text = open('one.json').read()
+open('deep.json', 'w').write(text.replace('\"seed\":', '\"extra\": ' + '[' * 100000 + ']' * 100000 + ', \"seed\":', 1))
+" || fail "could not write the nested report"
+    run merge deep.json --json deep_merged.json
+    expect_code 2; expect_text "nests deeper than 64 levels"
     sed 's/"status": "pass"/"status": "FAIL"/' one.json > unknown.json
     run merge unknown.json --json merged.json
     expect_code 2; expect_text "unknown status"

@@ -62,6 +62,11 @@ def host(x: Any, name: str, notes: List[str]) -> Any:
     if is_torch(x):
         if getattr(x, "requires_grad", False):
             x = x.detach()
+        # A negative or conjugate view (x._neg_view(), x.conj()) keeps its memory unchanged and a
+        # bit saying so: read as raw memory, -y would pass for y. Resolve it (one copy).
+        if x.is_neg() or x.is_conj():
+            notes.append(f"{name} was a negative or conjugate view and was resolved (copied)")
+            x = x.resolve_neg().resolve_conj()
         if x.device.type != "cpu":
             notes.append(f"{name} was copied from {x.device} to the host")
             x = x.cpu()

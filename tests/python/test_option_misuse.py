@@ -53,3 +53,12 @@ def test_a_nan_input_is_named_by_its_array_and_full_position():
     q[0, 1, 9, 3] = float("nan")
     with pytest.raises(ValueError, match=r"batch 0, head 1: .*Q\(9, 3\) is NaN"):
         sharpcheck.assert_attention_close(q, q, q, q)
+
+
+def test_a_negative_view_is_read_as_what_it_means():
+    """x._neg_view() keeps y's memory and a bit meaning -y: read raw, a negated output passed."""
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(5))
+    y = torch.softmax(x, -1)
+    assert sharpcheck.assert_softmax_close((-y)._neg_view(), x).passed
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_softmax_close(y._neg_view(), x)
