@@ -64,7 +64,7 @@ def host(x: Any, name: str, notes: List[str]) -> Any:
             x = x.detach()
         # A negative or conjugate view (x._neg_view(), x.conj()) keeps its memory unchanged and a
         # bit saying so: read as raw memory, -y would pass for y. Resolve it (one copy).
-        if x.is_neg() or x.is_conj():
+        if getattr(x, "is_neg", lambda: False)() or getattr(x, "is_conj", lambda: False)():
             notes.append(f"{name} was a negative or conjugate view and was resolved (copied)")
             x = x.resolve_neg().resolve_conj()
         if x.device.type != "cpu":
