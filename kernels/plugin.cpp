@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -314,12 +315,22 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   }
   // A v1 struct has no field; a v2 plugin knows only the first three bits.
   // A v3 plugin knows the bits below SHARPCHECK_ATTENTION_BACKWARD.
-  const std::uint32_t known = info->abi_version >= 5   ? ~0U
+  const std::uint32_t known = info->abi_version >= 5   ? (SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK << 1) - 1U
                               : info->abi_version == 4 ? SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK - 1U
                               : info->abi_version == 3 ? SHARPCHECK_ATTENTION_BACKWARD - 1U
                               : info->abi_version == 2 ? 7U
                                                        : 0U;
-  const std::uint32_t features = info->abi_version >= 2 ? info->features & known : 0U;
+  // A bit its version does not define is refused, not masked: the plugin was built against a later
+  // header (the backward declared at version 3 would otherwise never run, and no word of it).
+  if (info->abi_version >= 2 && (info->features & ~known) != 0) {
+    char bits[16];
+    std::snprintf(bits, sizeof bits, "0x%x", info->features & ~known);
+    return {"error\ndeclares feature bits " + std::string(bits) + " that ABI version " +
+                std::to_string(info->abi_version) + " does not have; set abi_version to the version that " +
+                "defines them (kernels/plugin_abi.h)",
+            0};
+  }
+  const std::uint32_t features = info->abi_version >= 2 ? info->features : 0U;
   if ((features & ~7U & ~SHARPCHECK_ATTENTION_BACKWARD & ~SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK) != 0 &&
       dlsym(handle, "sharpcheck_attention_layer") == nullptr) {
     return {"error\ndeclares version-3 attention features but does not export sharpcheck_attention_layer", 0};

@@ -53,13 +53,19 @@ constexpr const char* plugin_name = "bad\xff\xfe_name";  // not valid UTF-8
 #else
 constexpr const char* plugin_name = SHARPCHECK_TEST_PLUGIN_NAME;
 #endif
+#if SHARPCHECK_TEST_PLUGIN_MODE == 15
+// Speaks ABI version 3 but declares version 4's backward: refused, not silently masked.
+constexpr std::uint32_t abi_version = 3, extra_features = SHARPCHECK_ATTENTION_BACKWARD;
+#else
+constexpr std::uint32_t abi_version = SHARPCHECK_PLUGIN_ABI_VERSION, extra_features = 0;
+#endif
 const sharpcheck_plugin_description info{
-    SHARPCHECK_PLUGIN_ABI_VERSION,
+    abi_version,
     plugin_name,
     "a scalar three-pass softmax for the gate's own tests",
     softmax_formats,
     attention_formats,
-    SHARPCHECK_SOFTMAX_SCALE | SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL};
+    SHARPCHECK_SOFTMAX_SCALE | SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL | extra_features};
 
 // Spins forever under a process name a test can look for (it must not outlive the gate).
 [[noreturn]] void spin_as(const char* name) {
