@@ -329,6 +329,9 @@ int exit_code(const std::string& cases) {
 }
 void write_report(const std::string& path, const std::string& text) { io::write_file_atomically(path, text); }
 
+// OSError naming why `path` could not be written now (the pytest plugin asks before the run).
+void check_writable(const std::string& path) { io::check_writable(path); }
+
 // InputError becomes TypeError (a dtype or format) or ValueError (anything else about the values
 // or shapes), IoError OSError; UndecidedRounding is the module's own exception.
 void translate_errors(py::module_& module) {
@@ -374,4 +377,5 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));
   module.def("write_report", &write_report, py::arg("path"), py::arg("text"));
+  module.def("check_writable", &check_writable, py::arg("path"));
 }

@@ -29,6 +29,16 @@ def pytest_addoption(parser: Any) -> None:
 
 def pytest_configure(config: Any) -> None:
     _asserts.recording = True
+    if _is_worker(config):
+        return
+    # An unwritable report path is a usage error before the run, not a traceback after all the work.
+    for option in ("--sharpcheck-report", "--sharpcheck-junit"):
+        path = config.getoption(option)
+        if path is not None:
+            try:
+                _sharpcheck.check_writable(path)
+            except OSError as error:
+                raise pytest.UsageError(f"{option}: {error}") from None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -72,12 +82,19 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         config.workeroutput["sharpcheck_records"] = json.dumps([dict(e["record"]) for e in _asserts.RECORDED])
         return
     cases = json.dumps(_records())
-    report_path = config.getoption("--sharpcheck-report")
-    junit_path = config.getoption("--sharpcheck-junit")
-    if report_path:
-        _sharpcheck.write_report(report_path, _sharpcheck.report_json(cases))
-    if junit_path:
-        _sharpcheck.write_report(junit_path, _sharpcheck.junit_xml(cases))
+    # Each report is written on its own: one that fails (the disk filled during the run) does not
+    # cost the other, and the failure is a message and a usage-error exit, not a traceback.
+    for option, render in (("--sharpcheck-report", _sharpcheck.report_json), ("--sharpcheck-junit", _sharpcheck.junit_xml)):
+        path = config.getoption(option)
+        if not path:
+            continue
+        try:
+            _sharpcheck.write_report(path, render(cases))
+        except OSError as error:
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"sharpcheck: {option}: {error}", red=True)
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:

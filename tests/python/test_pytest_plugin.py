@@ -62,6 +62,11 @@ def test_an_unwritable_report_path_is_an_error_naming_it(tmp_path):
                         "--sharpcheck-report=/nonexistent-directory/report.json")
     assert result.returncode != 0
     assert "/nonexistent-directory/report.json" in result.stdout + result.stderr
+    # Refused before the run, as a usage error naming it, with no traceback (it used to run every
+    # test, then fail with a 19-frame traceback and never write the JUnit file).
+    assert result.returncode == 4
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "passed" not in result.stdout
 
 
 def test_under_xdist_the_controller_writes_one_report_with_every_workers_checks(tmp_path):
