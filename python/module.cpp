@@ -317,8 +317,11 @@ std::vector<nlohmann::json> records_of(const std::string& cases) {
   const auto parsed = nlohmann::json::parse(cases);
   return {parsed.begin(), parsed.end()};
 }
-std::string report_json(const std::string& cases) {
-  return gate::report_json({.explicit_kernels = true}, records_of(cases)).dump(2);
+// complete: false for a run cut short (a signal), as the gate marks its own.
+std::string report_json(const std::string& cases, bool complete) {
+  nlohmann::json report = gate::report_json({.explicit_kernels = true}, records_of(cases));
+  if (!complete) report["complete"] = false;
+  return report.dump(2);
 }
 std::string junit_xml(const std::string& cases) {
   return gate::junit_xml(records_of(cases), {.explicit_kernels = true, .whole_sweep = true});
@@ -373,7 +376,7 @@ PYBIND11_MODULE(_sharpcheck, module) {
              py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"));
   module.def("ops_json", &ops_json);
   module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
-  module.def("report_json", &report_json, py::arg("cases"));
+  module.def("report_json", &report_json, py::arg("cases"), py::arg("complete") = true);
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));
   module.def("write_report", &write_report, py::arg("path"), py::arg("text"));

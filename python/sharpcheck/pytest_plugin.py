@@ -10,6 +10,7 @@ every check in it, in worker order and within a worker in the order the checks r
 from __future__ import annotations
 
 import json
+import signal
 from typing import Any, Dict, List
 
 import pytest
@@ -27,10 +28,18 @@ def pytest_addoption(parser: Any) -> None:
                     help="how many of the worst checks the terminal summary lists (default 5)")
 
 
+def _interrupt_on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: Any) -> None:
     _asserts.recording = True
     if _is_worker(config):
         return
+    # SIGTERM (a CI timeout, a job cancelled) stops the run as Ctrl-C does, so the checks made so far
+    # reach the report (marked "complete": false) instead of the process dying with none written.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     # An unwritable report path is a usage error before the run, not a traceback after all the work.
     for option in ("--sharpcheck-report", "--sharpcheck-junit"):
         path = config.getoption(option)
@@ -84,7 +93,9 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     cases = json.dumps(_records())
     # Each report is written on its own: one that fails (the disk filled during the run) does not
     # cost the other, and the failure is a message and a usage-error exit, not a traceback.
-    for option, render in (("--sharpcheck-report", _sharpcheck.report_json), ("--sharpcheck-junit", _sharpcheck.junit_xml)):
+    complete = exitstatus != pytest.ExitCode.INTERRUPTED
+    for option, render in (("--sharpcheck-report", lambda c: _sharpcheck.report_json(c, complete)),
+                           ("--sharpcheck-junit", _sharpcheck.junit_xml)):
         path = config.getoption(option)
         if not path:
             continue

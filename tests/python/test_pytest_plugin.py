@@ -81,3 +81,40 @@ def test_under_xdist_the_controller_writes_one_report_with_every_workers_checks(
     assert sorted(c["status"] for c in cases) == ["fail", "pass", "pass"], cases
     assert [c["index"] for c in cases] == [0, 1, 2]
     assert "3 checks against the correctly rounded reference: 1 failed" in result.stdout, result.stdout
+
+
+SLOW_TESTS = '''
+import pathlib, time, torch, sharpcheck
+
+def test_checked():
+    x = torch.randn(4, 64)
+    sharpcheck.assert_softmax_close(torch.softmax(x, -1), x)
+    pathlib.Path("checked.flag").write_text("done")
+
+def test_slow():
+    time.sleep(60)
+'''
+
+
+def test_sigterm_keeps_the_checks_made_so_far_in_a_report_marked_incomplete(tmp_path):
+    """A CI job cancelled mid-run (SIGTERM): the report and the JUnit file hold the checks already
+    made, and the report says "complete": false (before, the process died and wrote neither)."""
+    import signal
+    import time
+    (tmp_path / "test_slow_user.py").write_text(SLOW_TESTS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    process = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                                "sharpcheck.pytest_plugin", "--sharpcheck-report=r.json", "--sharpcheck-junit=r.xml",
+                                "test_slow_user.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "checked.flag").exists():
+        assert time.monotonic() < deadline and process.poll() is None, "the first test never finished"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report.get("complete") is False
+    assert len(report["cases"]) == 1 and report["cases"][0]["status"] == "pass"
+    assert (tmp_path / "r.xml").exists()
