@@ -31,11 +31,11 @@ bool write_all(int descriptor, std::string_view text) {
   return true;
 }
 
-// A path that names something other than a regular file (a FIFO, a character or block device such
+// A path that names something other than a regular file (a FIFO, a character device such
 // as /dev/null or /dev/stdout): written in place, never replaced. A FIFO is opened without blocking,
 // so one with no reader is an error rather than a hang.
 void write_in_place(const std::string& path, std::string_view text, bool fifo) {
-  const int descriptor = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
+  const int descriptor = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
   if (descriptor < 0) fail(path, fifo ? "a FIFO with no reader, or not writable" : "cannot open it", errno);
   if (fifo) ::fcntl(descriptor, F_SETFL, ::fcntl(descriptor, F_GETFL) & ~O_NONBLOCK);
   const bool written = write_all(descriptor, text);
@@ -48,6 +48,9 @@ void write_in_place(const std::string& path, std::string_view text, bool fifo) {
 // is updated), else the path itself.
 std::string resolved_target(const std::string& path) {
   std::error_code error;
+  // /dev/stdout, /dev/fd/N and /proc/*/fd/N name an open descriptor (a terminal, a pipe, a file
+  // redirected with >>): written in place through the name itself, never replaced.
+  if (path.starts_with("/dev/") || path.starts_with("/proc/")) return path;
   if (!std::filesystem::is_symlink(path, error)) return path;
   const std::filesystem::path target = std::filesystem::weakly_canonical(path, error);
   if (error) fail(path, "cannot resolve the symbolic link", error.value());
@@ -62,7 +65,8 @@ void write_file_atomically(const std::string& given, std::string_view text) {
   struct stat existing {};
   if (::stat(path.c_str(), &existing) == 0) {
     if (S_ISDIR(existing.st_mode)) fail(path, "it is a directory", 0);
-    if (!S_ISREG(existing.st_mode)) {
+    if (S_ISBLK(existing.st_mode)) fail(path, "it is a block device (a disk), not a report", 0);
+    if (!S_ISREG(existing.st_mode) || path.starts_with("/dev/") || path.starts_with("/proc/")) {
       write_in_place(path, text, S_ISFIFO(existing.st_mode));
       return;
     }

@@ -68,7 +68,11 @@ std::vector<double> softmax_relative(const std::vector<double>& z, const std::ve
     if (z[j] == -INFINITY) continue;
     top = std::max(top, z[j]);
     ++n;
-    if (!error.empty()) worst_error = std::max(worst_error, error[j]);
+  }
+  // The worst argument error over the entries that weigh (an entry negligible_below under the top
+  // weighs under e^-200 whatever its own error: a -1e9 mask's u 1e9 must not widen every allowance).
+  for (std::size_t j = 0; j < z.size() && !error.empty(); ++j) {
+    if (z[j] != -INFINITY && top - z[j] <= negligible_below) worst_error = std::max(worst_error, error[j]);
   }
   // The denominator's error is the weighted mean of its terms' argument errors: entries more than
   // negligible_below under the top (an additive mask of -1e9, say) weigh under e^-200 and add at

@@ -329,3 +329,24 @@ TEST(Operations, ScoresThatOverflowDoubleFinishAndDoNotPass) {
 
 }  // namespace
 }  // namespace sharpcheck
+
+namespace sharpcheck {
+namespace {
+
+// Selective attention with a -1e9 additive mask: its argument error u 1e9 once became every
+// element's allowance, and weights 1.5 times too large passed.
+TEST(Operations, SelectiveAttentionWithAMinusOneE9MaskFailsWeightsOffByHalf) {
+  Matrix logits = normal(8, 8, 71), selection(8, 8);
+  for (std::size_t r = 1; r < 8; ++r) logits(r, 0) = -1e9;
+  const MemoryArray la = array_of("logits", logits), sa = array_of("selection", selection);
+  const MemoryArray exact =
+      array_of("weights", reference::selective_attention_weights(logits, selection, fp32));
+  std::vector<double> scaled = exact.values();
+  for (std::size_t x = 8; x < scaled.size(); ++x) scaled[x] = round_to_format(scaled[x] * 1.5, fp32);
+  gate::OpCall call;
+  call.tensors = {{"logits", &la}, {"selection", &sa}, {"weights", &exact}};
+  expect_pass_then_fail(op("selective_attention"), call, "weights", MemoryArray("weights", {8, 8}, scaled));
+}
+
+}  // namespace
+}  // namespace sharpcheck
