@@ -139,6 +139,17 @@ TEST(Operations, TheSchemaRefusesUnknownRepeatedMissingAndIllFormedArguments) {
   refused("attention", {{"q", "q"}, {"k", "k"}, {"v", "v"}, {"out", "o"}, {"align", "middle"}},
           "align must be");
   refused("linear_attention", {{"q", "q"}, {"k", "k"}, {"v", "v"}, {"out", "o"}, {"lambda", "1"}}, "lambda");
+  // The backward's judge reads no log-sum-exp option: taking one would ignore it silently.
+  refused("attention_backward",
+          {{"q", "q"},
+           {"k", "k"},
+           {"v", "v"},
+           {"d_out", "o"},
+           {"dq", "a"},
+           {"dk", "b"},
+           {"dv", "c"},
+           {"lse_base2", "true"}},
+          "lse_base2 is neither a tensor nor an option");
 }
 
 TEST(Operations, TheSchemaAppliesEachOptionToTheJudgesOptions) {

@@ -1,5 +1,6 @@
 // The attention problem's options as a schema: layout, masks, modifiers, lengths, the LSE's form.
 #include <optional>
+#include <vector>
 
 #include "core/errors.hpp"
 #include "ops/attention/attention_op.hpp"
@@ -134,6 +135,17 @@ std::vector<double> head_values(const gate::Array& array) {
 }
 
 std::span<const gate::OptionSpec> attention_options() { return attention_option_table; }
+
+std::span<const gate::OptionSpec> attention_backward_options() {
+  static const std::vector<gate::OptionSpec> backward = [] {
+    std::vector<gate::OptionSpec> kept;
+    for (const gate::OptionSpec& option : attention_option_table) {
+      if (option.name != "lse_base2" && option.name != "lse_format") kept.push_back(option);
+    }
+    return kept;
+  }();
+  return backward;
+}
 
 void read_head_values(const gate::OpCall& call, gate::AttentionArrays& arrays) {
   if (const gate::Array* sinks = call.find("sinks")) arrays.sinks = head_values(*sinks);

@@ -240,7 +240,7 @@ const gate::Operation attention_backward_operation{
     .name = "attention_backward",
     .summary = "dQ, dK, dV (and the sinks' gradients, D) of attention, group by group",
     .tensors = backward_tensors,
-    .options = attention_options(),
+    .options = attention_backward_options(),
     .allowance =
         "backward precision recipes (metrics/recipes.hpp): backward_flash_bf16, backward_flash_fp16, "
         "backward_math_bf16, backward_math_fp16, attention_backward_flash (default)",
