@@ -70,6 +70,33 @@ struct OpCall {
   [[nodiscard]] const Array& at(std::string_view name) const;
 };
 
+// The rows of a kernel registry that `keep` selects, as `gate --list` and `sharpcheck ops` show
+// them: a registry row names its input, output and accumulation formats, or one `format` for its
+// tensors with the arithmetic in fp32.
+template <typename Kernels, typename Keep>
+[[nodiscard]] std::vector<KernelRow> kernel_rows_of(const Kernels& kernels, Keep keep) {
+  std::vector<KernelRow> rows;
+  for (const auto& k : kernels) {
+    if (!keep(k)) continue;
+    if constexpr (requires { k.format; }) {
+      rows.push_back({.name = k.name,
+                      .input = k.format->name,
+                      .output = k.format->name,
+                      .accumulation = "fp32",
+                      .description = k.description,
+                      .deliberately_broken = k.deliberately_broken});
+    } else {
+      rows.push_back({.name = k.name,
+                      .input = k.input->name,
+                      .output = k.output->name,
+                      .accumulation = k.accumulation->name,
+                      .description = k.description,
+                      .deliberately_broken = k.deliberately_broken});
+    }
+  }
+  return rows;
+}
+
 // Everything planning needs: the settings and the sweep's sizes, and whether a kernel is wanted.
 struct PlanContext {
   const GateSettings& settings;

@@ -66,16 +66,7 @@ GateCase scenario_case(std::string kernel, const gate::AttentionScenario& scenar
 }
 
 std::vector<gate::KernelRow> attention_kernel_rows() {
-  std::vector<gate::KernelRow> rows;
-  for (const auto& k : kernels::attention_kernels()) {
-    rows.push_back({.name = k.name,
-                    .input = k.input->name,
-                    .output = k.output->name,
-                    .accumulation = k.accumulation->name,
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(kernels::attention_kernels(), [](const auto&) { return true; });
 }
 
 void plan_builtin(const gate::PlanContext& context, std::vector<GateCase>& cases) {

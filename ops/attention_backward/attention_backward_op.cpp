@@ -74,16 +74,7 @@ constexpr gate::TensorSpec backward_tensors[] = {
 };
 
 std::vector<gate::KernelRow> kernel_rows() {
-  std::vector<gate::KernelRow> rows;
-  for (const auto& k : kernels::attention_backward_kernels()) {
-    rows.push_back({.name = k.name,
-                    .input = k.format->name,
-                    .output = k.format->name,
-                    .accumulation = "fp32",
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(kernels::attention_backward_kernels(), [](const auto&) { return true; });
 }
 
 // Every wanted kernel on every problem of the backward sweep; n is the problem's number of keys.

@@ -68,17 +68,8 @@ constexpr gate::OptionSpec differential_options[] = {
 
 template <EscapeOperation operation>
 std::vector<gate::KernelRow> kernel_rows() {
-  std::vector<gate::KernelRow> rows;
-  for (const auto& k : kernels::attention_escape_kernels()) {
-    if (k.operation != operation) continue;
-    rows.push_back({.name = k.name,
-                    .input = k.format->name,
-                    .output = k.format->name,
-                    .accumulation = "fp32",
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(kernels::attention_escape_kernels(),
+                              [](const auto& k) { return k.operation == operation; });
 }
 
 template <EscapeOperation operation>

@@ -111,18 +111,11 @@ void run_plugin_row_case(const gate::GateCase& gate_case, const gate::GateSettin
 
 std::span<const gate::OptionSpec> row_options() { return row_option_table; }
 
+std::span<const gate::OptionSpec> dim_option() { return std::span(row_option_table).first(1); }
+
 std::vector<gate::KernelRow> row_kernels(kernels::Operation operation) {
-  std::vector<gate::KernelRow> rows;
-  for (const auto& k : kernels::softmax_kernels()) {
-    if (k.operation != operation) continue;
-    rows.push_back({.name = k.name,
-                    .input = k.input->name,
-                    .output = k.output->name,
-                    .accumulation = k.accumulation->name,
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(kernels::softmax_kernels(),
+                              [&](const auto& k) { return k.operation == operation; });
 }
 
 void plan_row_kernels(const gate::PlanContext& context, kernels::Operation operation,

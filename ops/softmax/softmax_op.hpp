@@ -16,6 +16,8 @@ extern const gate::Operation log_softmax_operation;
 
 // The row options: dim and theta.
 [[nodiscard]] std::span<const gate::OptionSpec> row_options();
+// The dim option alone (the softmax backward takes no theta).
+[[nodiscard]] std::span<const gate::OptionSpec> dim_option();
 
 // The softmax registry's kernels computing `operation`.
 [[nodiscard]] std::vector<gate::KernelRow> row_kernels(kernels::Operation operation);

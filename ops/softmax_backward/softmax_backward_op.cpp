@@ -12,6 +12,7 @@
 #include "io/npy.hpp"
 #include "kernels/softmax_backward.hpp"
 #include "metrics/judge_backward.hpp"
+#include "ops/softmax/softmax_op.hpp"
 
 namespace sharpcheck::ops {
 namespace {
@@ -33,32 +34,9 @@ constexpr gate::TensorSpec backward_tensors[] = {
      .format = "format"},
 };
 
-constexpr gate::OptionSpec backward_options[] = {
-    {.name = "dim",
-     .kind = gate::OptionKind::integer,
-     .default_text = "-1",
-     .meaning = "the softmax axis (negative counts from the end)",
-     .apply =
-         [](gate::OpOptions& o, const std::string& v) {
-           const long long dim = std::stoll(v);
-           if (dim < -64 || dim > 63)
-             throw InputError(InputProblem::out_of_range, "dim wants -64 to 63, got " + v);
-           o.judge.dim = static_cast<int>(dim);
-         }},
-};
-
 std::vector<gate::KernelRow> kernel_rows(bool log_softmax) {
-  std::vector<gate::KernelRow> rows;
-  for (const auto& k : kernels::softmax_backward_kernels()) {
-    if (k.log_softmax != log_softmax) continue;
-    rows.push_back({.name = k.name,
-                    .input = k.format->name,
-                    .output = k.format->name,
-                    .accumulation = "fp32",
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(kernels::softmax_backward_kernels(),
+                              [&](const auto& k) { return k.log_softmax == log_softmax; });
 }
 
 // Every row kind at three sizes (the reference costs more than the forward's, so not the whole
@@ -150,7 +128,7 @@ const gate::Operation softmax_backward_operation{
     .name = "softmax_backward",
     .summary = "dx = y (dy - sum y dy) / theta with y = softmax(logits), along a dim",
     .tensors = backward_tensors,
-    .options = backward_options,
+    .options = dim_option(),
     .allowance =
         "a softmax backward kernel's entry relative to y_j (|dy_j| + sum y |dy|) "
         "(metrics/judge_backward.hpp); default softmax_backward's (fp32)",
@@ -166,7 +144,7 @@ const gate::Operation log_softmax_backward_operation{
     .name = "log_softmax_backward",
     .summary = "dx = (dy - y sum dy) / theta with y = softmax(logits), along a dim",
     .tensors = backward_tensors,
-    .options = backward_options,
+    .options = dim_option(),
     .allowance =
         "a log-softmax backward kernel's entry relative to |dy_j| + y_j sum |dy| "
         "(metrics/judge_backward.hpp); default log_softmax_backward's (fp32)",
