@@ -99,7 +99,7 @@ void HostArray::take_buffer(const py::object& object) {
     strides.push_back(view.strides[axis] / view.itemsize);
   }
   data_ = static_cast<const unsigned char*>(view.buf);
-  check_contiguous(strides);
+  set_layout(strides);
 }
 
 void HostArray::take_dlpack(const py::object& object) {
@@ -125,27 +125,37 @@ void HostArray::take_dlpack(const py::object& object) {
   for (int axis = 0; axis < tensor.ndim; ++axis)
     shape_.push_back(static_cast<std::size_t>(tensor.shape[axis]));
   data_ = static_cast<const unsigned char*>(tensor.data) + tensor.byte_offset;
-  check_contiguous(strides);
+  set_layout(strides);
 }
 
-void HostArray::check_contiguous(const std::vector<std::int64_t>& strides_in_items) {
-  std::int64_t expected = 1;
-  for (std::size_t axis = shape_.size(); axis-- > 0;) {
-    if (shape_[axis] != 1 && strides_in_items[axis] != expected) {
-      refuse_value(name_, "the array is not C-contiguous (axis " + std::to_string(axis) + " has stride " +
-                              std::to_string(strides_in_items[axis]) + " elements, expected " +
-                              std::to_string(expected) +
-                              "); pass a contiguous copy (.contiguous() or "
-                              "numpy.ascontiguousarray)");
-    }
-    expected *= static_cast<std::int64_t>(shape_[axis]);
-  }
+void HostArray::set_layout(const std::vector<std::int64_t>& strides_in_items) {
+  // Any strides are read, negative and zero (a broadcast) included: the arrays are only read, so
+  // elements that share memory cannot disagree. element() maps each C-order flat index to
+  // its element; a C-contiguous array (extent-1 axes may have any stride) reads straight through.
+  strides_ = strides_in_items;
   count_ = 1;
   for (const std::size_t extent : shape_) count_ *= extent;
+  std::int64_t expected = 1;
+  contiguous_ = true;
+  for (std::size_t axis = shape_.size(); axis-- > 0;) {
+    if (shape_[axis] != 1 && strides_[axis] != expected) contiguous_ = false;
+    expected *= static_cast<std::int64_t>(shape_[axis]);
+  }
+}
+
+std::int64_t HostArray::offset_of(std::size_t index) const {
+  std::int64_t offset = 0;
+  for (std::size_t axis = shape_.size(); axis-- > 0;) {
+    const std::size_t extent = shape_[axis];
+    offset += static_cast<std::int64_t>(index % extent) * strides_[axis];
+    index /= extent;
+  }
+  return offset;
 }
 
 double HostArray::element(std::size_t index) const {
-  const unsigned char* at = data_ + index * item_size(type_);
+  const std::int64_t offset = contiguous_ ? static_cast<std::int64_t>(index) : offset_of(index);
+  const unsigned char* at = data_ + offset * static_cast<std::int64_t>(item_size(type_));
   switch (type_) {
     case ElementType::float64: {
       double value = 0;

@@ -5,8 +5,9 @@
 //
 // Accepted element types: float64, float32, float16, bfloat16 (DLPack), int8, uint8, int16, uint16
 // and bool; integer arrays are read as gate/judge_arrays.hpp says (bit patterns of the format, or
-// quantized codes). Arrays must be C-contiguous (dimensions of extent 1 may have any stride) and on
-// the host: the Python layer copies device tensors to the host first and says so.
+// quantized codes). Any strides are read in place (views, transposes, negative and zero strides: no
+// copy); arrays must be on the host: the Python layer copies device tensors to the host first and
+// says so.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -42,7 +43,9 @@ class HostArray final : public gate::Array {
  private:
   void take_buffer(const pybind11::object& object);
   void take_dlpack(const pybind11::object& object);
-  void check_contiguous(const std::vector<std::int64_t>& strides_in_items);
+  void set_layout(const std::vector<std::int64_t>& strides_in_items);
+  // Where the element at C-order flat index `index` lies, in items from data_.
+  [[nodiscard]] std::int64_t offset_of(std::size_t index) const;
   [[nodiscard]] double element(std::size_t index) const;
 
   std::string name_;
@@ -51,6 +54,8 @@ class HostArray final : public gate::Array {
   std::size_t count_ = 1;
   ElementType type_ = ElementType::float64;
   const unsigned char* data_ = nullptr;
+  std::vector<std::int64_t> strides_;  // in items, one per axis
+  bool contiguous_ = true;
   // The buffer-protocol view or the DLManagedTensor, released (buffer) or deleted (DLPack) with
   // the array, also when the constructor refuses it half way.
   std::shared_ptr<void> exported_;
