@@ -44,6 +44,15 @@ std::string save_reproducer(const GateSettings& settings, const std::string& nam
 
 }  // namespace
 
+std::uint64_t case_seed(std::uint64_t base_seed, const std::string& id) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (const char c : id) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  return base_seed ^ hash;
+}
+
 GateCase make_case(std::string kernel, std::string input, std::size_t n, const GateSettings& settings,
                    bool broken, const FloatFormat* plugin_format) {
   return {.operation = {},

@@ -16,6 +16,10 @@ namespace sharpcheck::gate {
 [[nodiscard]] GateCase make_case(std::string kernel, std::string input, std::size_t n,
                                  const GateSettings& settings, bool broken, const FloatFormat* plugin_format);
 
+// A case's own seed: the sweep's base seed mixed with the case id (FNV-1a), so that a case's
+// inputs do not depend on which other cases the sweep holds.
+[[nodiscard]] std::uint64_t case_seed(std::uint64_t base_seed, const std::string& id);
+
 // Records a plugin call that did not return an output (crash, hang, error; an interrupt marks the
 // case interrupted), saving each input as `<case id><suffix>.npy` under the reproducer directory.
 // A reproducer that cannot be written does not hide the crash: the reason joins the failure.

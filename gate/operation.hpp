@@ -97,6 +97,32 @@ template <typename Kernels, typename Keep>
   return rows;
 }
 
+// A case of the gate's sweep handed to a kernel the gate cannot call itself (a Python callable,
+// sharpcheck.cases and sharpcheck.sweep): its id in the gate's form (kernel "python:<op>:<format>"),
+// the operation's input tensors by their names (values already in the format) and its options by
+// their names as JSON values, exactly what the operation's judge takes beside the kernel's results.
+struct ExternalTensor {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::vector<double> values;
+  bool exact_fp64 = false;  // per-head values (sinks, slopes): handed over in fp64, not the format
+};
+struct ExternalCase {
+  std::string id;
+  std::vector<ExternalTensor> tensors;
+  nlohmann::json options = nlohmann::json::object();
+  // What a kernel must declare (sharpcheck.sweep's features=) to be swept on this case: the
+  // options it passes beyond the plain problem ("causal", "align", "window", "softcap", "theta",
+  // "key_lengths", "cu_seqlens") and the tensors ("sinks", "alibi_slopes"), and "gqa" for fewer KV
+  // heads than query heads.
+  std::vector<std::string> needs;
+};
+struct ExternalSweep {
+  const FloatFormat* format = nullptr;
+  std::vector<std::size_t> sizes;  // as the gate's --sizes (default: 16 to 16,384)
+  std::uint64_t seed = 0;          // the gate's --seed; each case mixes in its id, as the gate does
+};
+
 // Everything planning needs: the settings and the sweep's sizes, and whether a kernel is wanted.
 struct PlanContext {
   const GateSettings& settings;
@@ -119,6 +145,9 @@ struct Operation {
   void (*run)(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) = nullptr;
   // Judges arrays computed elsewhere; InputError naming the tensor and element for bad arrays.
   CaseOutcome (*judge)(const OpCall& call) = nullptr;
+  // The sweep's cases for a kernel outside the gate (the same inputs as a plugin's cases); null:
+  // the operation has none yet.
+  std::vector<ExternalCase> (*external_cases)(const ExternalSweep& sweep) = nullptr;
 };
 
 // The format a tensor's stored numbers are read in (TensorSpec::format) under these options.

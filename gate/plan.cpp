@@ -3,21 +3,13 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
+#include "gate/case_tools.hpp"
 #include "gate/cases.hpp"
 #include "gate/operation.hpp"
 #include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::gate {
 namespace {
-
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const char c : text) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
 
 std::vector<std::size_t> sweep_sizes(const GateSettings& settings) {
   std::vector<std::size_t> sizes;
@@ -82,7 +74,7 @@ std::vector<GateCase> plan_cases(const GateSettings& settings) {
   std::vector<GateCase> selected;
   for (std::size_t index = 0; index < cases.size(); ++index) {
     GateCase& gate_case = cases[index];
-    gate_case.seed = settings.seed ^ fnv1a(gate_case.id());
+    gate_case.seed = case_seed(settings.seed, gate_case.id());
     gate_case.index = index;
     if (!settings.only_case.empty() && gate_case.id() != settings.only_case) continue;
     if (index % settings.shard_count != settings.shard_index) continue;

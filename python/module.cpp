@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ namespace py = pybind11;
 namespace {
 
 py::array_t<double> to_numpy(const std::vector<double>& values, const std::vector<std::size_t>& shape) {
+  std::size_t count = 1;
+  for (const std::size_t extent : shape) count *= extent;
+  if (count != values.size())
+    throw std::logic_error("sharpcheck: " + std::to_string(values.size()) + " values for a shape of " +
+                           std::to_string(count) + " elements");
   std::vector<py::ssize_t> extents(shape.begin(), shape.end());
   py::array_t<double> array(extents);
   std::copy(values.begin(), values.end(), array.mutable_data());
@@ -212,6 +218,47 @@ std::string judge_op(const std::string& name, const py::dict& tensors, const py:
   return gate::to_json(outcome).dump();
 }
 
+// The gate's sweep of one operation for a kernel outside it (sharpcheck.cases): each case as a
+// dict of id, tensors (name: float64 array holding values of the format), fp64 (the tensors
+// handed over in fp64, per-head values), options (JSON text, by the schema's names) and needs.
+py::list external_cases(const std::string& name, const std::string& format,
+                        const std::vector<std::size_t>& sizes, std::uint64_t seed) {
+  const gate::Operation& operation = gate::find_operation(ops::all_operations(), name);
+  if (operation.external_cases == nullptr)
+    throw InputError(InputProblem::out_of_range,
+                     "sharpcheck.cases: " + name + " has no sweep for Python kernels yet");
+  const gate::StoredFormat stored = gate::stored_format(format);
+  if (stored.zero_point || stored.name != stored.format->name)
+    throw InputError(InputProblem::out_of_range,
+                     "sharpcheck.cases: format must be a float format, got " + format);
+  for (const std::size_t n : sizes) {
+    if (n == 0) throw InputError(InputProblem::out_of_range, "sharpcheck.cases: sizes: a size of 0");
+  }
+  std::vector<std::size_t> swept = sizes;
+  if (swept.empty()) {
+    for (std::size_t n = 16; n <= 16384; n *= 2) swept.push_back(n);
+  }
+  const std::vector<gate::ExternalCase> cases =
+      operation.external_cases({.format = stored.format, .sizes = swept, .seed = seed});
+  py::list list;
+  for (const gate::ExternalCase& c : cases) {
+    py::dict tensors;
+    py::list fp64;
+    for (const gate::ExternalTensor& tensor : c.tensors) {
+      tensors[py::str(tensor.name)] = to_numpy(tensor.values, tensor.shape);
+      if (tensor.exact_fp64) fp64.append(tensor.name);
+    }
+    py::dict entry;
+    entry["id"] = c.id;
+    entry["tensors"] = tensors;
+    entry["fp64"] = fp64;
+    entry["options"] = c.options.dump();
+    entry["needs"] = c.needs;
+    list.append(entry);
+  }
+  return list;
+}
+
 // The case record of attention outputs (and a log-sum-exp, if given) against q, k and v.
 std::string judge_attention(const py::object& out, const py::object& q, const py::object& k,
                             const py::object& v, const py::object& lse, const py::dict& given) {
@@ -376,6 +423,8 @@ PYBIND11_MODULE(_sharpcheck, module) {
              py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"));
   module.def("ops_json", &ops_json);
   module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
+  module.def("external_cases", &external_cases, py::arg("name"), py::arg("format"), py::arg("sizes"),
+             py::arg("seed"));
   module.def("report_json", &report_json, py::arg("cases"), py::arg("complete") = true);
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));

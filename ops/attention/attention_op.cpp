@@ -235,6 +235,7 @@ const gate::Operation attention_operation{
     .plan_plugin = plan_plugin,
     .run = run_attention_case,
     .judge = judge_attention_call,
+    .external_cases = attention_external_cases,
 };
 
 }  // namespace sharpcheck::ops

@@ -16,6 +16,8 @@ extern const gate::Operation attention_operation;
 // The same less the log-sum-exp's own (lse_base2, lse_format), which the backward's judge does not
 // read: accepted there, they would be ignored silently.
 [[nodiscard]] std::span<const gate::OptionSpec> attention_backward_options();
+// The sweep's attention cases for a kernel outside the gate (ops/attention/attention_external.cpp).
+[[nodiscard]] std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSweep& sweep);
 // A 1-D tensor of one value per query head; InputError for another shape.
 [[nodiscard]] std::vector<double> head_values(const gate::Array& array);
 // The per-head values given as 1-D tensors ("sinks", "alibi_slopes"), read into `arrays`.

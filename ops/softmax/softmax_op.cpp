@@ -146,6 +146,40 @@ void run_row_case(const gate::GateCase& gate_case, const gate::GateSettings& set
   outcome.reference_statistics = evaluation.reference_statistics;
 }
 
+std::vector<gate::ExternalCase> row_external_cases(std::string_view operation,
+                                                   const gate::ExternalSweep& sweep) {
+  // The plugin's cases (plan_plugin_rows): every row kind at every size, and the scaled rows at
+  // theta = 1 / scale for a kernel that declares "theta".
+  const std::string kernel = "python:" + std::string(operation) + ":" + std::string(sweep.format->name);
+  std::vector<gate::ExternalCase> cases;
+  const auto add = [&](inputs::RowKind kind, std::size_t n, double scale) {
+    gate::GateCase shape;  // only for the id, the gate's form
+    shape.kernel = kernel;
+    shape.input = std::string(inputs::row_kind_name(kind));
+    shape.n = n;
+    shape.softmax_scale = scale;
+    gate::ExternalCase c;
+    c.id = shape.id();
+    const std::uint64_t seed = gate::case_seed(sweep.seed, c.id);
+    c.tensors.push_back(
+        {.name = "logits", .shape = {1, n}, .values = inputs::make_row(kind, n, *sweep.format, seed)});
+    if (scale != 1) {
+      c.options["theta"] = 1.0 / scale;
+      c.needs.emplace_back("theta");
+    }
+    cases.push_back(std::move(c));
+  };
+  for (const inputs::RowKind kind : inputs::all_row_kinds) {
+    for (const std::size_t n : sweep.sizes) add(kind, n, 1);
+  }
+  for (const double scale : swept_softmax_scales) {
+    for (const inputs::RowKind kind : scaled_row_kinds) {
+      for (const std::size_t n : sweep.sizes) add(kind, n, scale);
+    }
+  }
+  return cases;
+}
+
 gate::CaseOutcome judge_rows(const gate::OpCall& call, kernels::Operation operation, std::string_view judged,
                              std::string_view default_entry, bool log_softmax) {
   gate::JudgeOptions options = call.options.judge;
@@ -175,6 +209,7 @@ const gate::Operation softmax_operation{
         [](const gate::OpCall& call) {
           return judge_rows(call, kernels::Operation::softmax, "probs", "plugin_softmax");
         },
+    .external_cases = [](const gate::ExternalSweep& sweep) { return row_external_cases("softmax", sweep); },
 };
 
 const gate::Operation log_softmax_operation{
@@ -194,6 +229,8 @@ const gate::Operation log_softmax_operation{
         [](const gate::OpCall& call) {
           return judge_rows(call, kernels::Operation::softmax, "log_probs", "plugin_softmax", true);
         },
+    .external_cases =
+        [](const gate::ExternalSweep& sweep) { return row_external_cases("log_softmax", sweep); },
 };
 
 }  // namespace sharpcheck::ops

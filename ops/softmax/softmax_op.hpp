@@ -27,6 +27,10 @@ void plan_row_kernels(const gate::PlanContext& context, kernels::Operation opera
 // A built-in row kernel's case (one generated row), or a plugin's sharpcheck_softmax case.
 void run_row_case(const gate::GateCase& gate_case, const gate::GateSettings& settings,
                   gate::CaseOutcome& outcome);
+// The sweep's row cases for a kernel outside the gate (a plugin's row cases): every row kind at
+// every size as `logits` [1, n], and scaled rows (option theta, needing "theta").
+[[nodiscard]] std::vector<gate::ExternalCase> row_external_cases(std::string_view operation,
+                                                                 const gate::ExternalSweep& sweep);
 // Rows computed elsewhere: `logits` and the judged tensor `judged` along options' dim, under the
 // tolerance named, else `default_entry`.
 [[nodiscard]] gate::CaseOutcome judge_rows(const gate::OpCall& call, kernels::Operation operation,

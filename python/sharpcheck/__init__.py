@@ -8,7 +8,9 @@ or the buffer protocol) judged against the correctly rounded reference.
 References (every value the exact result rounded once to the format): softmax, log_softmax,
 logsumexp, entropy, attention, and the backward softmax_backward, log_softmax_backward. Asserts: assert_softmax_close, assert_log_softmax_close,
 assert_attention_close, each returning a Report; any operation of sharpcheck.ops() (softmax and
-its backward, attention and its backward, the escapes) by sharpcheck.judge(op, **tensors_and_options). pytest: `-p sharpcheck.pytest_plugin
+its backward, attention and its backward, the escapes) by sharpcheck.judge(op, **tensors_and_options).
+The gate's stress sweep for a kernel written in Python: sharpcheck.sweep(kernel, op, format=...,
+features=...) and, for pytest.mark.parametrize, sharpcheck.cases(op, ...). pytest: `-p sharpcheck.pytest_plugin
 --sharpcheck-report FILE` writes every check of a run as the gate's JSON report.
 """
 
@@ -18,10 +20,14 @@ from ._references import (attention, attention_backward, entropy, log_softmax, l
                           softmax, softmax_backward)
 from ._asserts import (Report, assert_attention_backward_close, assert_attention_close, assert_log_softmax_close,
                        assert_softmax_close, judge, ops)
+from ._sweep import Case, SweepReport, SweepResult, cases, sweep
 
 __all__ = [
+    "Case",
     "FORMATS",
     "Report",
+    "SweepReport",
+    "SweepResult",
     "UndecidedRounding",
     "assert_attention_backward_close",
     "assert_attention_close",
@@ -29,6 +35,7 @@ __all__ = [
     "assert_softmax_close",
     "attention",
     "attention_backward",
+    "cases",
     "entropy",
     "judge",
     "log_softmax",
@@ -37,4 +44,5 @@ __all__ = [
     "ops",
     "softmax",
     "softmax_backward",
+    "sweep",
 ]

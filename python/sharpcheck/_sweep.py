@@ -1,0 +1,195 @@
+"""The gate's stress sweep for a kernel written in Python (issue 34): the cases the gate runs on a
+plugin (near-overflow rows, ties, spikes, masked entries, every size; attention at temperature 2,
+causal, and the scenarios: bottom-right causal with MQA, sliding windows, GQA with soft-capping,
+ALiBi, sinks, key padding, packed variable lengths, a KV-cache decode row, a late dominant key),
+each handed to the kernel as torch tensors (or NumPy arrays) and judged against the correctly
+rounded reference by the operation's own judge.
+
+    report = sharpcheck.sweep(my_attention, "attention", format="bf16", features={"causal", "align"})
+    report.check()                       # AssertionError listing every failing case
+
+    @pytest.mark.parametrize("case", sharpcheck.cases("softmax", format="bf16"), ids=str)
+    def test_my_softmax(case):
+        case.judge(my_softmax(*case.args, **case.kwargs))
+
+Case ids are the gate's (kernel/input/modifiers/n=N, the kernel named python:<op>:<format>), and
+the same seed gives the same inputs, so a failing id reruns alone."""
+
+import json
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import _sharpcheck
+from ._asserts import Report, judge, ops
+
+DEFAULT_SEED = 20241008  # the gate's default --seed
+
+_TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
+                 "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+_NUMPY_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16"}
+
+
+def _spec(op: str) -> Dict[str, Any]:
+    spec = {o["name"]: o for o in ops()}.get(op)
+    if spec is None:
+        raise ValueError(f"no operation named {op!r}; sharpcheck.ops() lists them")
+    return spec
+
+
+def _converter(fmt: str, array: str) -> Callable[[Any], Any]:
+    """float64 NumPy values of the format as the kernel's arrays: exact (every value is one of fmt)."""
+    import numpy as np
+
+    if array == "numpy":
+        if fmt not in _NUMPY_DTYPES:
+            raise ValueError(f"array='numpy' cannot hold {fmt}; use array='torch'")
+        return lambda values: values.astype(_NUMPY_DTYPES[fmt])
+    if array != "torch":
+        raise ValueError(f"array must be 'torch' or 'numpy', got {array!r}")
+    import torch
+
+    dtype = getattr(torch, _TORCH_DTYPES.get(fmt, ""), None)
+    if dtype is None:
+        raise ValueError(f"this torch ({torch.__version__}) has no dtype for {fmt}")
+    return lambda values: torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
+
+
+class Case:
+    """One case of the sweep: `args` (the input tensors, positional, in the operation's order) and
+    `kwargs` (optional tensors such as sinks, and the options: scale, causal, window, ...) are what
+    the kernel is called with; judge(result) judges what it returned."""
+
+    def __init__(self, op: str, fmt: str, entry: Dict[str, Any], array: str):
+        spec = _spec(op)
+        convert = _converter(fmt, array)
+        fp64 = _converter("fp64", array)
+        self.op = op
+        self.format = fmt
+        self.id: str = entry["id"]
+        self.needs: Tuple[str, ...] = tuple(entry["needs"])
+        self.options: Dict[str, Any] = json.loads(entry["options"])
+        for key, value in self.options.items():
+            if isinstance(value, list) and key == "window":
+                self.options[key] = tuple(value)
+        self.inputs: Dict[str, Any] = {name: (fp64 if name in entry["fp64"] else convert)(values)
+                                       for name, values in entry["tensors"].items()}
+        required = [t["name"] for t in spec["tensors"] if t["role"] == "input"]
+        self.args: Tuple[Any, ...] = tuple(self.inputs[name] for name in required if name in self.inputs)
+        self.kwargs: Dict[str, Any] = {name: value for name, value in self.inputs.items() if name not in required}
+        self.kwargs.update(self.options)
+        self._results = [t["name"] for t in spec["tensors"] if t["role"] in ("judged", "optional_judged")]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"Case({self.id!r})"
+
+    def results(self, result: Any) -> Dict[str, Any]:
+        """What the kernel returned, by the operation's result names: one array is the first (out,
+        probs, ...), a tuple or list is them in order (out, lse), a dict is by name."""
+        if isinstance(result, dict):
+            unknown = sorted(set(result) - set(self._results))
+            if unknown:
+                raise ValueError(f"{self.id}: the kernel returned {unknown}; {self.op} returns {self._results}")
+            return dict(result)
+        if isinstance(result, (tuple, list)):
+            if not 1 <= len(result) <= len(self._results):
+                raise ValueError(f"{self.id}: the kernel returned {len(result)} values; {self.op} returns "
+                                 f"{self._results} (the first required)")
+            return dict(zip(self._results, result))
+        return {self._results[0]: result}
+
+    def judge(self, result: Any, **judge_options: Any) -> Report:
+        """Judges the kernel's result on this case (AssertionError when it does not fit, as judge)."""
+        options = dict(self.options)
+        options.update(judge_options)
+        options.setdefault("input_format", self.format)
+        options.setdefault("name", self.id)
+        return judge(self.op, **self.inputs, **self.results(result), **options)
+
+
+def cases(op: str, *, format: str = "fp32", sizes: Sequence[int] = (), seed: int = DEFAULT_SEED,
+          features: Iterable[str] = (), array: str = "torch") -> List[Case]:
+    """The gate's sweep of `op` for a kernel outside it, as Case objects (for pytest.mark.parametrize:
+    ids=str). Cases needing a feature the kernel does not declare in `features` are left out: theta,
+    causal, align (bottom-right), window, softcap, gqa, alibi_slopes, sinks, key_lengths,
+    cu_seqlens (packed). sizes: default 16 to 16,384, as the gate's."""
+    entries = _sharpcheck.external_cases(op, format, [int(n) for n in sizes], int(seed))
+    declared = set(features)
+    known = {need for entry in entries for need in entry["needs"]}
+    unknown = sorted(declared - known)
+    if unknown:
+        raise ValueError(f"features: {unknown} unknown for {op}; its cases need some of {sorted(known)}")
+    return [Case(op, format, entry, array) for entry in entries if set(entry["needs"]) <= declared]
+
+
+class SweepResult:
+    """One case's outcome: status pass, fail, inconclusive, crash (the kernel raised) or error (its
+    result was not an answer: wrong shape, wrong count)."""
+
+    def __init__(self, case_id: str, status: str, message: str = "", report: Optional[Report] = None):
+        self.id = case_id
+        self.status = status
+        self.message = message
+        self.report = report
+
+    def __repr__(self) -> str:
+        return f"SweepResult({self.id!r}, {self.status!r})"
+
+
+class SweepReport:
+    """Every case's result; passed when no case failed, crashed or errored."""
+
+    def __init__(self, op: str, kernel_name: str, results: List[SweepResult]):
+        self.op = op
+        self.kernel = kernel_name
+        self.results = results
+        self.failures = [r for r in results if r.status in ("fail", "crash", "error")]
+        self.passed = not self.failures
+
+    def counts(self) -> Dict[str, int]:
+        counted: Dict[str, int] = {}
+        for result in self.results:
+            counted[result.status] = counted.get(result.status, 0) + 1
+        return counted
+
+    def __repr__(self) -> str:
+        return f"SweepReport({self.kernel!r} on {self.op}: {self.counts()})"
+
+    def __str__(self) -> str:
+        lines = [f"sharpcheck.sweep: {self.kernel} on {self.op}, {len(self.results)} cases: "
+                 + ", ".join(f"{count} {status}" for status, count in sorted(self.counts().items()))]
+        for result in self.failures:
+            first = result.message.strip().splitlines()
+            detail = next((line for line in first if line.startswith("Worst element")), first[0] if first else "")
+            lines.append(f"  {result.status}: {result.id}: {detail}")
+        return "\n".join(lines)
+
+    def check(self) -> "SweepReport":
+        """AssertionError listing every failing case, else self."""
+        if not self.passed:
+            raise AssertionError(str(self))
+        return self
+
+
+def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: Sequence[int] = (),
+          seed: int = DEFAULT_SEED, features: Iterable[str] = (), array: str = "torch",
+          **judge_options: Any) -> SweepReport:
+    """Runs `kernel(*case.args, **case.kwargs)` on every case of cases(op, ...) and judges each
+    result (judge_options: tolerance=, proven_only=, ...). A kernel that raises is a crash of that
+    case, and the sweep goes on; KeyboardInterrupt stops it. Returns a SweepReport (check() asserts)."""
+    results: List[SweepResult] = []
+    for case in cases(op, format=format, sizes=sizes, seed=seed, features=features, array=array):
+        try:
+            result = kernel(*case.args, **case.kwargs)
+        except Exception as error:  # noqa: BLE001 - any exception of the kernel is its case's crash
+            results.append(SweepResult(case.id, "crash", f"{type(error).__name__}: {error}"))
+            continue
+        try:
+            report = case.judge(result, **judge_options)
+            results.append(SweepResult(case.id, report.status, "", report))
+        except AssertionError as failure:
+            results.append(SweepResult(case.id, "fail", str(failure)))
+        except (ValueError, TypeError) as error:
+            results.append(SweepResult(case.id, "error", f"{type(error).__name__}: {error}"))
+    return SweepReport(op, getattr(kernel, "__name__", repr(kernel)), results)

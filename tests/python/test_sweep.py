@@ -1,0 +1,155 @@
+"""sharpcheck.sweep and sharpcheck.cases (issue 34): the gate's stress sweep for kernels written in
+Python. Honest kernels pass it; Python versions of the built-in twins fail it on the cases that
+expose them; a kernel that raises is a crash of its case, not of the sweep."""
+
+import math
+
+import pytest
+import torch
+
+import sharpcheck
+
+FEATURES = {"causal", "align", "window", "softcap", "gqa", "alibi_slopes", "sinks", "key_lengths"}
+
+
+def attention(q, k, v, scale, causal=False, align="top-left", window=None, softcap=0.0, alibi_slopes=None,
+              sinks=None, key_lengths=None, bug=""):
+    """SDPA as a user writes it in torch (fp32 arithmetic, P rounded to the inputs' format before P V),
+    with one of the bug classes of real ports when `bug` names it."""
+    dtype = q.dtype
+    q, k, v = q.float(), k.float(), v.float()
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads != heads:
+        index = torch.arange(heads) % kv_heads if bug == "gqa_modulo" else torch.arange(heads) // (heads // kv_heads)
+        k, v = k[:, index], v[:, index]
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap and bug != "ignored_softcap":
+        s = softcap * torch.tanh(s / softcap)
+    rows, cols = s.shape[-2:]
+    i = torch.arange(rows)[:, None]
+    j = torch.arange(cols)[None, :]
+    offset = cols - rows if align == "bottom-right" else 0
+    if alibi_slopes is not None:
+        s = s - alibi_slopes.float().view(1, -1, 1, 1) * (i + offset - j).abs()
+    masked = torch.zeros(rows, cols, dtype=torch.bool)
+    if causal and bug != "ignored_causal":
+        masked |= j > i + offset
+    if window is not None:
+        left, right = window
+        masked |= (j < i + offset - left) if left >= 0 else torch.zeros_like(masked)
+        masked |= (j > i + offset + right) if right >= 0 else torch.zeros_like(masked)
+    s = s.masked_fill(masked, -math.inf)
+    if key_lengths is not None:
+        for b, n in enumerate(key_lengths):
+            s[b, :, :, n:] = -math.inf
+    if sinks is not None:
+        s = torch.cat([s, sinks.float().view(1, -1, 1, 1).expand(s.shape[0], -1, rows, 1)], -1)
+    p = torch.softmax(s, -1)
+    if sinks is not None:
+        p = p[..., :-1]
+    out = (p.to(dtype).float() if dtype != torch.float32 else p) @ v
+    return out.to(dtype)
+
+
+def torch_softmax(x, theta=1.0):
+    return torch.softmax(x.float() / theta, -1).to(x.dtype)
+
+
+def bf16_accumulation(x):  # the running sum kept in bf16: the built-in twin bf16acc
+    e = torch.exp(x.float() - x.float().amax(-1, keepdim=True))
+    total = torch.zeros(x.shape[:-1] + (1,), dtype=torch.bfloat16)
+    for j in range(e.shape[-1]):
+        total = total + e[..., j:j + 1].bfloat16()
+    return (e / total.float()).bfloat16()
+
+
+def naive_overflow(x):  # exp without the max subtracted
+    e = torch.exp(x.float())
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
+def test_torch_softmax_passes_the_whole_row_sweep(fmt):
+    report = sharpcheck.sweep(torch_softmax, "softmax", format=fmt, features={"theta"}, sizes=(16, 256, 4096))
+    assert report.passed, str(report)
+    assert len(report.results) == 8 * 3 + 2 * 2 * 3  # every row kind, and the scaled rows at theta 4 and 1/4
+
+
+@pytest.mark.parametrize("twin,failing_input", [(bf16_accumulation, "random_normal"),
+                                                (naive_overflow, "near_overflow")])
+def test_softmax_twins_fail_on_the_cases_that_expose_them(twin, failing_input):
+    report = sharpcheck.sweep(twin, "softmax", format="bf16", sizes=(256, 1024))
+    assert not report.passed
+    assert any(failing_input in r.id for r in report.failures), str(report)
+    with pytest.raises(AssertionError, match=failing_input):
+        report.check()
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_an_honest_torch_attention_passes_every_scenario_it_declares(fmt):
+    report = sharpcheck.sweep(attention, "attention", format=fmt, features=FEATURES, sizes=(16, 512))
+    assert report.passed, str(report)
+    ids = [r.id for r in report.results]
+    assert any("sinks" in i for i in ids) and any("window" in i for i in ids) and any("alibi" in i for i in ids)
+
+
+@pytest.mark.parametrize("bug,exposed_by", [("ignored_causal", "causal"), ("ignored_softcap", "softcap_2"),
+                                            ("gqa_modulo", "gqa_4_2")])
+def test_attention_twins_fail_where_their_feature_is_swept(bug, exposed_by):
+    report = sharpcheck.sweep(lambda *a, **kw: attention(*a, bug=bug, **kw), "attention", format="bf16",
+                              features=FEATURES, sizes=(64,))
+    assert any(exposed_by in r.id for r in report.failures), str(report)
+
+
+def test_a_kernel_that_raises_is_a_crash_of_each_case_and_the_sweep_goes_on():
+    calls = []
+
+    def flaky(x):
+        calls.append(x.shape[-1])
+        if x.shape[-1] == 16:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return torch_softmax(x)
+
+    report = sharpcheck.sweep(flaky, "softmax", format="fp32", sizes=(16, 32))
+    assert {r.status for r in report.results if "n=16" in r.id} == {"crash"}
+    assert {r.status for r in report.results if "n=32" in r.id} == {"pass"}
+    assert "illegal memory access" in str(report) and not report.passed
+    assert len(calls) == 16
+
+
+def test_a_result_of_the_wrong_shape_or_count_is_an_error_not_a_pass():
+    report = sharpcheck.sweep(lambda x: torch_softmax(x)[..., :-1], "softmax", format="fp32", sizes=(16,))
+    assert {r.status for r in report.results} == {"error"}
+    report = sharpcheck.sweep(lambda q, k, v, scale: (q, q, q), "attention", format="fp32", sizes=(16,))
+    assert {r.status for r in report.results} == {"error"}
+
+
+def test_cases_are_stable_reproducible_and_named_as_the_gate_names_cases():
+    first = sharpcheck.cases("attention", format="bf16", sizes=(32,), features=FEATURES)
+    again = sharpcheck.cases("attention", format="bf16", sizes=(32,), features=FEATURES)
+    other_seed = sharpcheck.cases("attention", format="bf16", sizes=(32,), features=FEATURES, seed=7)
+    assert [str(c) for c in first] == [str(c) for c in again]
+    assert len({str(c) for c in first}) == len(first)
+    assert all(torch.equal(a.args[0], b.args[0]) for a, b in zip(first, again))
+    assert not torch.equal(first[0].args[0], other_seed[0].args[0])
+    assert str(first[0]) == "python:attention:bf16/attention_normal/n=32"
+    plain = sharpcheck.cases("attention", format="bf16", sizes=(32,))
+    assert len(plain) < len(first) and all(not c.needs for c in plain)
+
+
+def test_a_case_judges_a_result_by_itself_as_pytest_parametrize_uses_it():
+    case = sharpcheck.cases("softmax", format="bf16", sizes=(64,))[0]
+    assert case.judge(torch_softmax(*case.args, **case.kwargs)).passed
+    with pytest.raises(AssertionError):
+        case.judge(bf16_accumulation(*case.args) * 1.02)
+
+
+def test_unknown_features_operations_and_formats_are_refused_by_name():
+    with pytest.raises(ValueError, match="casual"):
+        sharpcheck.cases("attention", features={"casual"})
+    with pytest.raises(ValueError, match="attn"):
+        sharpcheck.sweep(torch_softmax, "attn")
+    with pytest.raises(ValueError, match="no sweep"):
+        sharpcheck.cases("linear_attention")
+    with pytest.raises(ValueError, match="int8"):
+        sharpcheck.cases("softmax", format="int8")
