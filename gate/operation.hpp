@@ -111,6 +111,8 @@ struct ExternalCase {
   std::string id;
   std::vector<ExternalTensor> tensors;
   nlohmann::json options = nlohmann::json::object();
+  // Options the judge reads but the kernel is not given (how fully masked rows are judged).
+  nlohmann::json judge_options = nlohmann::json::object();
   // What a kernel must declare (sharpcheck.sweep's features=) to be swept on this case: the
   // options it passes beyond the plain problem ("causal", "align", "window", "softcap", "theta",
   // "key_lengths", "cu_seqlens") and the tensors ("sinks", "alibi_slopes"), and "gqa" for fewer KV

@@ -253,6 +253,7 @@ py::list external_cases(const std::string& name, const std::string& format,
     entry["tensors"] = tensors;
     entry["fp64"] = fp64;
     entry["options"] = c.options.dump();
+    entry["judge_options"] = c.judge_options.dump();
     entry["needs"] = c.needs;
     list.append(entry);
   }

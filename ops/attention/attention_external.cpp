@@ -77,8 +77,21 @@ void add_lengths(const tensor::AttentionProblem& p, gate::ExternalCase& c) {
   }
 }
 
-gate::ExternalCase problem_case(std::string id, const tensor::AttentionProblem& p, std::vector<double> q,
-                                std::vector<double> k, std::vector<double> v) {
+std::string case_id(const std::string& kernel, std::string input, std::size_t n, double theta, bool causal) {
+  gate::GateCase shape;  // only for the id, in the gate's form
+  shape.kernel = kernel;
+  shape.input = std::move(input);
+  shape.n = n;
+  shape.attention_theta = theta;
+  shape.causal = causal;
+  return shape.id();
+}
+
+}  // namespace
+
+gate::ExternalCase attention_problem_case(std::string id, const tensor::AttentionProblem& p,
+                                          std::vector<double> q, std::vector<double> k,
+                                          std::vector<double> v) {
   gate::ExternalCase c;
   c.id = std::move(id);
   const tensor::AttentionShape& shape = p.shape;
@@ -106,18 +119,6 @@ gate::ExternalCase problem_case(std::string id, const tensor::AttentionProblem& 
   return c;
 }
 
-std::string case_id(const std::string& kernel, std::string input, std::size_t n, double theta, bool causal) {
-  gate::GateCase shape;  // only for the id, in the gate's form
-  shape.kernel = kernel;
-  shape.input = std::move(input);
-  shape.n = n;
-  shape.attention_theta = theta;
-  shape.causal = causal;
-  return shape.id();
-}
-
-}  // namespace
-
 std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSweep& sweep) {
   const std::string kernel = "python:attention:" + std::string(sweep.format->name);
   std::vector<gate::ExternalCase> cases;
@@ -131,8 +132,8 @@ std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSwe
       // 1/sqrt(64)/theta: a power of two, the same function however a kernel rounds its scale.
       p.scores.scale = 0.125 / theta;
       p.scores.causal = causal;
-      cases.push_back(
-          problem_case(std::move(id), p, std::move(q.values), std::move(k.values), std::move(v.values)));
+      cases.push_back(attention_problem_case(std::move(id), p, std::move(q.values), std::move(k.values),
+                                             std::move(v.values)));
     }
   }
   for (const gate::AttentionScenario& scenario : gate::attention_scenarios()) {
@@ -143,8 +144,8 @@ std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSwe
     std::string id = case_id(kernel, "attention_" + std::string(scenario.name), n, 1, false);
     gate::ScenarioInputs inputs =
         gate::make_scenario(scenario, gate::case_seed(sweep.seed, id), *sweep.format);
-    cases.push_back(problem_case(std::move(id), inputs.problem, std::move(inputs.q), std::move(inputs.k),
-                                 std::move(inputs.v)));
+    cases.push_back(attention_problem_case(std::move(id), inputs.problem, std::move(inputs.q),
+                                           std::move(inputs.k), std::move(inputs.v)));
   }
   return cases;
 }

@@ -18,6 +18,13 @@ extern const gate::Operation attention_operation;
 [[nodiscard]] std::span<const gate::OptionSpec> attention_backward_options();
 // The sweep's attention cases for a kernel outside the gate (ops/attention/attention_external.cpp).
 [[nodiscard]] std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSweep& sweep);
+// One attention problem as an external case: q, k, v in its layout (and its sinks and ALiBi
+// slopes), its scores' options (scale always; causal, align, window, softcap, theta, lengths, cu_seqlens
+// as set) and what a kernel must declare to be given it ("gqa" for fewer KV heads).
+[[nodiscard]] gate::ExternalCase attention_problem_case(std::string id,
+                                                        const tensor::AttentionProblem& problem,
+                                                        std::vector<double> q, std::vector<double> k,
+                                                        std::vector<double> v);
 // A 1-D tensor of one value per query head; InputError for another shape.
 [[nodiscard]] std::vector<double> head_values(const gate::Array& array);
 // The per-head values given as 1-D tensors ("sinks", "alibi_slopes"), read into `arrays`.

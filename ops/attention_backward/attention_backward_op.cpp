@@ -209,6 +209,41 @@ void run_case(const GateCase& gate_case, const GateSettings& settings, CaseOutco
   run_backward_case(*kernels::find_attention_backward_kernel(gate_case.kernel), gate_case, outcome);
 }
 
+// The backward sweep's problems for a kernel outside the gate, one head each in bhsd
+// ([1, 1, S, D]), with d_out (and d_lse where the problem has one, needing "d_lse").
+std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep) {
+  const std::string kernel = "python:attention_backward:" + std::string(sweep.format->name);
+  std::vector<gate::ExternalCase> cases;
+  for (const inputs::BackwardKind kind : inputs::all_backward_kinds) {
+    GateCase shape;  // only for the id, the gate's form
+    shape.kernel = kernel;
+    shape.input = std::string(gate::backward_input_prefix) + std::string(inputs::backward_kind_name(kind));
+    shape.n = inputs::backward_shape(kind).keys;
+    const std::string id = shape.id();
+    inputs::BackwardInputs in =
+        inputs::make_backward_inputs(kind, *sweep.format, gate::case_seed(sweep.seed, id));
+    tensor::AttentionProblem p;
+    const std::size_t m = in.queries.rows, n = in.keys.rows;
+    p.shape = {1, 1, 1, m, n, in.queries.cols, in.values.cols};
+    p.scores = in.scores;
+    if (in.scores.alibi_slope != 0) p.alibi_slopes = {in.scores.alibi_slope};
+    if (in.scores.sink) p.sinks = {*in.scores.sink};
+    gate::ExternalCase c = attention_problem_case(id, p, std::move(in.queries.values),
+                                                  std::move(in.keys.values), std::move(in.values.values));
+    c.tensors.push_back(
+        {.name = "d_out", .shape = {1, 1, m, in.d_out.cols}, .values = std::move(in.d_out.values)});
+    if (!in.d_lse.empty()) {
+      c.tensors.push_back({.name = "d_lse", .shape = {1, 1, m}, .values = std::move(in.d_lse)});
+      c.needs.emplace_back("d_lse");
+    }
+    if (in.scores.causal && in.scores.alignment == tensor::DiagonalAlignment::bottom_right && m > n)
+      c.judge_options["fully_masked"] =
+          "zeros";  // queries that see no key: zero gradients, as FlashAttention
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 CaseOutcome judge_call(const gate::OpCall& call) {
   gate::BackwardArrays arrays;
   arrays.q = &call.at("q");
@@ -241,6 +276,7 @@ const gate::Operation attention_backward_operation{
     .plan_plugin = plan_plugin,
     .run = run_case,
     .judge = judge_call,
+    .external_cases = external_cases,
 };
 
 }  // namespace sharpcheck::ops

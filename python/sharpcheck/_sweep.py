@@ -67,6 +67,7 @@ class Case:
         self.id: str = entry["id"]
         self.needs: Tuple[str, ...] = tuple(entry["needs"])
         self.options: Dict[str, Any] = json.loads(entry["options"])
+        self.judge_options: Dict[str, Any] = json.loads(entry["judge_options"])  # not the kernel's
         for key, value in self.options.items():
             if isinstance(value, list) and key == "window":
                 self.options[key] = tuple(value)
@@ -102,6 +103,7 @@ class Case:
     def judge(self, result: Any, **judge_options: Any) -> Report:
         """Judges the kernel's result on this case (AssertionError when it does not fit, as judge)."""
         options = dict(self.options)
+        options.update(self.judge_options)
         options.update(judge_options)
         options.setdefault("input_format", self.format)
         options.setdefault("name", self.id)
@@ -113,7 +115,7 @@ def cases(op: str, *, format: str = "fp32", sizes: Sequence[int] = (), seed: int
     """The gate's sweep of `op` for a kernel outside it, as Case objects (for pytest.mark.parametrize:
     ids=str). Cases needing a feature the kernel does not declare in `features` are left out: theta,
     causal, align (bottom-right), window, softcap, gqa, alibi_slopes, sinks, key_lengths,
-    cu_seqlens (packed). sizes: default 16 to 16,384, as the gate's."""
+    cu_seqlens (packed), d_lse (attention_backward: a gradient through the log-sum-exp). sizes: default 16 to 16,384, as the gate's."""
     entries = _sharpcheck.external_cases(op, format, [int(n) for n in sizes], int(seed))
     declared = set(features)
     known = {need for entry in entries for need in entry["needs"]}

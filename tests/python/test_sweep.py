@@ -153,3 +153,35 @@ def test_unknown_features_operations_and_formats_are_refused_by_name():
         sharpcheck.cases("linear_attention")
     with pytest.raises(ValueError, match="int8"):
         sharpcheck.cases("softmax", format="int8")
+
+
+def flash_backward(q, k, v, d_out, scale, causal=False, align="top-left", bug=""):
+    """FlashAttention 2's backward as a user writes it in torch (fp32): P from the scores, D =
+    rowsum(dO * O), dS = P (dP - D); `bug="stale_d"` forms D from half of dO (a D computed before
+    dO was fully written)."""
+    dtype = q.dtype
+    q, k, v, d_out = (t.float() for t in (q, k, v, d_out))
+    s = (q @ k.transpose(-1, -2)) * scale
+    rows, cols = s.shape[-2:]
+    if causal:
+        offset = cols - rows if align == "bottom-right" else 0
+        s = s.masked_fill(torch.arange(cols)[None, :] > torch.arange(rows)[:, None] + offset, -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    out = p @ v
+    written = d_out.clone()
+    if bug == "stale_d":
+        written[..., d_out.shape[-1] // 2:] = 0
+    d = (written * out).sum(-1, keepdim=True)
+    dp = d_out @ v.transpose(-1, -2)
+    ds = p * (dp - d)
+    return tuple(t.to(dtype) for t in (ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ d_out))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_the_backward_sweep_passes_an_honest_backward_and_fails_a_stale_d(fmt):
+    honest = sharpcheck.sweep(flash_backward, "attention_backward", format=fmt, features={"causal"})
+    assert honest.passed, str(honest)
+    assert len(honest.results) >= 5
+    stale = sharpcheck.sweep(lambda *a, **kw: flash_backward(*a, bug="stale_d", **kw), "attention_backward",
+                             format=fmt, features={"causal"})
+    assert len(stale.failures) == len(stale.results), str(stale)  # every problem shows it
