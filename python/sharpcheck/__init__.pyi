@@ -1,5 +1,5 @@
 # Type stubs for editors and type checkers: the public API of the sharpcheck package.
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 ArrayLike = Any  # NumPy arrays, torch tensors, JAX/CuPy arrays (DLPack), buffers, lists
 FORMATS: Tuple[str, ...]
@@ -58,8 +58,12 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = ..., a
 def attention_backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, dout: ArrayLike, *,
                        d_lse: Optional[ArrayLike] = ..., causal: bool = ..., align: str = ...,
                        scale: Optional[float] = ..., window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
-                       softcap: float = ..., sinks: Optional[Sequence[float]] = ..., layout: str = ...,
-                       theta: float = ..., format: Optional[str] = ..., threads: int = ...) -> Tuple[Any, Any, Any, Any]: ...
+                       softcap: float = ..., sinks: Optional[Sequence[float]] = ...,
+                       alibi_slopes: Optional[Sequence[float]] = ..., attn_mask: Optional[ArrayLike] = ...,
+                       layout: str = ..., query_lengths: Optional[Sequence[int]] = ...,
+                       key_lengths: Optional[Sequence[int]] = ..., cu_seqlens_q: Optional[Sequence[int]] = ...,
+                       cu_seqlens_k: Optional[Sequence[int]] = ..., theta: float = ...,
+                       format: Optional[str] = ..., threads: int = ...) -> Tuple[Any, Any, Any, Any]: ...
 def assert_softmax_close(actual: ArrayLike, logits: ArrayLike, *, dim: int = ..., theta: float = ...,
                          format: Optional[str] = ..., input_format: Optional[str] = ...,
                          tolerance: Optional[str] = ..., proven_only: bool = ..., log_softmax: bool = ...,
@@ -86,9 +90,48 @@ def assert_attention_backward_close(dq: ArrayLike, dk: ArrayLike, dv: ArrayLike,
                                     causal: bool = ..., align: str = ...,
                                     scale: Optional[float] = ...,
                                     window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
-                                    softcap: float = ..., sinks: Optional[Sequence[float]] = ..., layout: str = ...,
+                                    softcap: float = ..., sinks: Optional[Sequence[float]] = ...,
+                                    alibi_slopes: Optional[Sequence[float]] = ...,
+                                    attn_mask: Optional[ArrayLike] = ..., layout: str = ...,
+                                    query_lengths: Optional[Sequence[int]] = ...,
+                                    key_lengths: Optional[Sequence[int]] = ...,
+                                    cu_seqlens_q: Optional[Sequence[int]] = ...,
+                                    cu_seqlens_k: Optional[Sequence[int]] = ...,
                                     theta: float = ..., format: Optional[str] = ..., input_format: Optional[str] = ...,
                                     tolerance: Optional[str] = ..., proven_only: bool = ..., name: Optional[str] = ...,
                                     msg: Optional[str] = ..., threads: int = ...) -> Report: ...
 def ops() -> List[Dict[str, Any]]: ...
 def judge(op: str, *, msg: Optional[str] = ..., **tensors_and_options: Any) -> Report: ...
+
+class Case:
+    op: str
+    format: str
+    id: str
+    needs: Tuple[str, ...]
+    options: Dict[str, Any]
+    judge_options: Dict[str, Any]
+    inputs: Dict[str, Any]
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    def results(self, result: Any) -> Dict[str, Any]: ...
+    def judge(self, result: Any, **judge_options: Any) -> Report: ...
+
+class SweepResult:
+    id: str
+    status: str  # pass, fail, inconclusive, crash (the kernel raised) or error (not an answer)
+    message: str
+    report: Optional[Report]
+
+class SweepReport:
+    op: str
+    kernel: str
+    results: List[SweepResult]
+    failures: List[SweepResult]
+    passed: bool
+    def counts(self) -> Dict[str, int]: ...
+    def check(self) -> "SweepReport": ...
+
+def cases(op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
+          features: Iterable[str] = ..., array: str = ...) -> List[Case]: ...
+def sweep(kernel: Callable[..., Any], op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
+          features: Iterable[str] = ..., array: str = ..., **judge_options: Any) -> SweepReport: ...

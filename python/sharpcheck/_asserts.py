@@ -175,9 +175,14 @@ def assert_softmax_close(actual: Any, logits: Any, *, dim: int = -1, theta: floa
     return _judged(lambda o: _sharpcheck.judge_softmax(out, x, o), options, what, entry, notes, msg)
 
 
-def assert_log_softmax_close(actual: Any, logits: Any, **kwargs: Any) -> Report:
+def assert_log_softmax_close(actual: Any, logits: Any, *, dim: int = -1, theta: float = 1.0,
+                             format: Optional[str] = None, input_format: Optional[str] = None,
+                             tolerance: Optional[str] = None, proven_only: bool = False, name: Optional[str] = None,
+                             msg: Optional[str] = None, threads: int = 0) -> Report:
     """actual ~ log_softmax(logits / theta) along dim; the keywords of assert_softmax_close."""
-    return assert_softmax_close(actual, logits, log_softmax=True, **kwargs)
+    return assert_softmax_close(actual, logits, dim=dim, theta=theta, format=format, input_format=input_format,
+                                tolerance=tolerance, proven_only=proven_only, log_softmax=True, name=name,
+                                msg=msg, threads=threads)
 
 
 def assert_attention_close(out: Any, q: Any, k: Any, v: Any, *, lse: Any = None, causal: bool = False,
