@@ -249,8 +249,8 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
   auto& r = s.request;
   command->add_option(
       "--bundle", r.bundle,
-      "An .npz file whose members named logits, probs, q, k, v, out, lse, sinks, alibi_slopes "
-      "stand for the options not given");
+      "An .npz file whose members named logits, probs, q, k, v, out, lse, sinks, alibi_slopes, "
+      "and for the attention backward dout, dq, dk, dv, d_lse, d, stand for the options not given");
   command->add_option(
       "--logits", r.logits,
       "Logits (.npy or FILE.npz:NAME, any rank, softmax along --dim; bf16 as uint16 or int16 bits)");
@@ -278,6 +278,9 @@ void add_file_options(CLI::App* command, CompareSettings& s) {
   command->add_option("--dv", r.dv, "Attention backward: the kernel's dV (v's layout)");
   command->add_option("--d-lse", r.d_lse,
                       "Attention backward: the gradient reaching the log-sum-exp, if any");
+  command->add_option("--d", r.d,
+                      "Attention backward: the kernel's D = rowsum(dO * O) in fp32, laid out as the "
+                      "log-sum-exp, if it exposes it (judged too)");
   command->add_flag("--lse-base2", r.lse_base2, "The log-sum-exp is base 2 (log2 of the sum)");
   command->add_option("--format", r.format,
                       "The outputs' format: fp64, fp32, tf32, bf16, fp16, fp8_e4m3, fp8_e5m2, int8, uint8");

@@ -182,6 +182,13 @@ with torch.no_grad():
 stale = os.path.join(WORK, "backward_dq_stale.npy")
 np.save(stale, (ds @ kb).numpy())
 compare_backward("dQ from a partial-tile D", 1, {**backward_paths, "dq": stale})
+# The kernel's D (--d, laid out as the log-sum-exp, fp32): the honest one passes, the partial-tile
+# one fails on D itself although dQ, dK and dV are honest.
+honest_d, stale_d_path = os.path.join(WORK, "backward_d.npy"), os.path.join(WORK, "backward_d_stale.npy")
+np.save(honest_d, (doutb * out_b).sum(-1).float().numpy())
+np.save(stale_d_path, stale_d[..., 0].float().numpy())
+compare_backward("torch's gradients with their D", 0, backward_paths, "--d", honest_d)
+compare_backward("a partial-tile D given as --d", 1, backward_paths, "--d", stale_d_path)
 compare_backward("torch's gradients judged without the mask", 1, backward_paths, causal=False)
 compare_backward("ALiBi, which the backward does not support yet, refused", 2, backward_paths, "--alibi-slopes",
                  os.path.join(WORK, "causal_q.npy"))

@@ -10,7 +10,9 @@ logsumexp, entropy, attention, and the backward softmax_backward, log_softmax_ba
 assert_attention_close, each returning a Report; any operation of sharpcheck.ops() (softmax and
 its backward, attention and its backward, the escapes) by sharpcheck.judge(op, **tensors_and_options).
 The gate's stress sweep for a kernel written in Python: sharpcheck.sweep(kernel, op, format=...,
-features=...) and, for pytest.mark.parametrize, sharpcheck.cases(op, ...). pytest: `-p sharpcheck.pytest_plugin
+features=...) and, for pytest.mark.parametrize, sharpcheck.cases(op, ...). Can your own test fail?
+sharpcheck.audit_tolerance(op, check or atol=/rtol=/cosine=/rmse=) lists the canonical wrong
+outputs it lets through. pytest: `-p sharpcheck.pytest_plugin
 --sharpcheck-report FILE` writes every check of a run as the gate's JSON report.
 """
 
@@ -21,8 +23,11 @@ from ._references import (attention, attention_backward, entropy, log_softmax, l
 from ._asserts import (Report, assert_attention_backward_close, assert_attention_close, assert_log_softmax_close,
                        assert_softmax_close, judge, ops)
 from ._sweep import Case, SweepReport, SweepResult, cases, sweep
+from ._audit import AuditEntry, AuditReport, audit_tolerance
 
 __all__ = [
+    "AuditEntry",
+    "AuditReport",
     "Case",
     "FORMATS",
     "Report",
@@ -35,6 +40,7 @@ __all__ = [
     "assert_softmax_close",
     "attention",
     "attention_backward",
+    "audit_tolerance",
     "cases",
     "entropy",
     "judge",

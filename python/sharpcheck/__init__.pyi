@@ -135,3 +135,27 @@ def cases(op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int =
           features: Iterable[str] = ..., array: str = ...) -> List[Case]: ...
 def sweep(kernel: Callable[..., Any], op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
           features: Iterable[str] = ..., array: str = ..., **judge_options: Any) -> SweepReport: ...
+
+class AuditEntry:
+    name: str
+    what: str
+    problem: str
+    check_passed: bool
+    check_note: str
+    sharpcheck_passed: bool
+    honest: bool
+
+class AuditReport:
+    op: str
+    format: str
+    check: str
+    entries: List[AuditEntry]
+    passed_wrong: List[str]
+    caught: List[str]
+    honest_rejected: List[str]
+    sharpcheck_missed: List[str]
+    sharpcheck_rejected_honest: List[str]
+
+def audit_tolerance(op: str, check: Optional[Callable[..., Any]] = ..., *, atol: Optional[float] = ...,
+                    rtol: Optional[float] = ..., cosine: Optional[float] = ..., rmse: Optional[float] = ...,
+                    format: str = ..., seed: int = ...) -> AuditReport: ...
