@@ -59,6 +59,15 @@ struct CaseOutcome {
   // how it was chosen ("pass as flash_bf16: ..." when no recipe was named); empty elsewhere.
   std::string recipe;
   std::string recipe_note;
+  // Judged gradients: each judged tensor's worst ratios (the proven and statistical tiers) and
+  // violations of both, by the tensor's name, so a report lists every gradient's verdict.
+  struct TensorVerdict {
+    std::string name;
+    double proven_ratio = 0, statistical_ratio = 0;
+    std::size_t violations = 0;
+    std::size_t non_finite = 0;
+  };
+  std::vector<TensorVerdict> tensors;
   [[nodiscard]] bool passed() const { return failures.empty(); }
   // Passed, but the case cannot discriminate (metrics::Comparison::inconclusive): not a plain pass.
   [[nodiscard]] bool inconclusive() const { return !crashed && passed() && comparison.inconclusive(); }

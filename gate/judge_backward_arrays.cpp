@@ -191,6 +191,21 @@ struct GroupJudging {
   const kernels::AttentionBackwardKernel& kernel;
 };
 
+// Folds one group's comparison of a tensor into that tensor's verdict (the worst over groups).
+void note_tensor_verdict(const std::string& name, const metrics::Comparison& comparison,
+                         CaseOutcome& outcome) {
+  auto found = std::find_if(outcome.tensors.begin(), outcome.tensors.end(),
+                            [&](const CaseOutcome::TensorVerdict& t) { return t.name == name; });
+  if (found == outcome.tensors.end()) {
+    outcome.tensors.push_back({.name = name});
+    found = outcome.tensors.end() - 1;
+  }
+  found->proven_ratio = std::max(found->proven_ratio, comparison.max_bound_ratio);
+  found->statistical_ratio = std::max(found->statistical_ratio, comparison.max_statistical_ratio);
+  found->violations += comparison.violation_count + comparison.statistical_violation_count;
+  found->non_finite += comparison.non_finite;
+}
+
 void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, CaseOutcome& outcome,
                  Worst& worst) {
   const auto& [options, arrays, p, t, given, kernel] = judging;
@@ -219,6 +234,7 @@ void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, Cas
   for (const auto& [comparison, array, kind] : parts) {
     if (comparison == nullptr) continue;
     outcome.comparison.merge(*comparison);
+    note_tensor_verdict(array == nullptr ? std::string("d_sinks") : array->name(), *comparison, outcome);
     if (comparison->max_bound_ratio <= worst.ratio) continue;
     worst.ratio = comparison->max_bound_ratio;
     const auto& w = comparison->worst;

@@ -171,6 +171,13 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
     record["worst"]["array"] = outcome.worst_array;
     record["worst"]["full_index"] = outcome.worst_index;
   }
+  for (const CaseOutcome::TensorVerdict& t : outcome.tensors) {
+    record["tensors"].push_back({{"name", t.name},
+                                 {"proven_ratio", finite_or_string(t.proven_ratio)},
+                                 {"statistical_ratio", finite_or_string(t.statistical_ratio)},
+                                 {"violations", t.violations},
+                                 {"non_finite", t.non_finite}});
+  }
   if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
     record["recipe"] = outcome.recipe;
     record["recipe_note"] = outcome.recipe_note;

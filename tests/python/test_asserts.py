@@ -276,3 +276,29 @@ def test_scores_that_overflow_double_are_inconclusive_not_a_false_fail():
         with pytest.warns(UserWarning, match="inconclusive"):
             report = sharpcheck.assert_attention_close(judged, q, k, v, theta=1e308, format="fp64")
         assert report.inconclusive
+
+
+def test_a_backward_failure_lists_every_gradients_verdict():
+    g = torch.Generator().manual_seed(5)
+    q, k, v, dout = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(4))
+    dq, dk, dv, _ = sharpcheck.attention_backward(q, k, v, dout)
+    dk = dk.clone()
+    dk[0, 1, 3, :] *= 1.05  # one key's gradient 5% off
+    with pytest.raises(AssertionError) as failure:
+        sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout)
+    line = next(l for l in str(failure.value).splitlines() if l.startswith("Per tensor:"))
+    assert "dq passes" in line and "dk fails" in line and "dv passes" in line
+
+
+def test_a_nan_failure_says_the_differences_are_over_finite_elements():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 1, 8, 16, generator=g) for _ in range(3))
+    out = sharpcheck.attention(q, k, v).clone()
+    out[0, 0, 2, 3] = float("nan")
+    with pytest.raises(AssertionError, match=r"1 NaN or Inf where the result is finite"):
+        sharpcheck.assert_attention_close(out, q, k, v)
+
+
+def test_a_passing_report_leads_with_the_bound_ratio():
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7))
+    assert repr(sharpcheck.assert_softmax_close(torch.softmax(x, -1), x)).startswith("Report(status='pass', bound_ratio=")
