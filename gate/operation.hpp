@@ -37,7 +37,8 @@ struct TensorSpec {
 // few that belong to one operation alone.
 struct OpOptions {
   JudgeOptions judge;
-  double lambda = 0;  // Differential attention's weight of the second softmax
+  double lambda = 0;                         // Differential attention's weight of the second softmax
+  bool merge_any_infinity_is_empty = false;  // attention_merge: +inf marks an empty partial too (vLLM)
 };
 
 enum class OptionKind { flag, integer, real, text, count_list };

@@ -4,6 +4,7 @@
 #include "ops/attention/attention_op.hpp"
 #include "ops/attention_backward/attention_backward_op.hpp"
 #include "ops/attention_escapes/attention_escapes_op.hpp"
+#include "ops/attention_merge/attention_merge_op.hpp"
 #include "ops/row_escapes/row_escapes_op.hpp"
 #include "ops/softmax/softmax_op.hpp"
 #include "ops/softmax_backward/softmax_backward_op.hpp"
@@ -26,6 +27,7 @@ const gate::Operation* const operations[] = {
     &selective_attention_operation,
     &differential_attention_operation,
     &attention_backward_operation,
+    &attention_merge_operation,
 };
 
 }  // namespace

@@ -1,0 +1,137 @@
+"""attention_merge (issue 35): partial states (o_i, lse_i) of a split-KV or cascade kernel merged
+as o = sum_i exp(lse_i - L) o_i, L = logsumexp lse_i, judged against the correctly rounded merge
+(the one-query attention it is). Honest merges pass, in both layouts, bf16 storage and with empty
+partials; the bug classes the serving peers filed fail."""
+
+import math
+
+import pytest
+import torch
+
+import sharpcheck
+
+TOKENS, HEADS, KEYS, DIM, SPLITS = 8, 2, 256, 32, 4
+
+
+def partials(seed=1, lse_shift=0.0):
+    """Partial states from a real split of attention: each chunk's correctly rounded fp32 output and
+    LSE, as [T, S, H, D] and [T, S, H] (FlashInfer's merge_states layout)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, HEADS, n, DIM, generator=g) for n in (TOKENS, KEYS, KEYS))
+    chunk = KEYS // SPLITS
+    outs, lses = [], []
+    for c in range(SPLITS):
+        o, lse = sharpcheck.attention(q, k[:, :, c * chunk:(c + 1) * chunk], v[:, :, c * chunk:(c + 1) * chunk],
+                                      return_lse=True, format="fp32")
+        outs.append(o[0].permute(1, 0, 2))
+        lses.append(lse[0].permute(1, 0) + lse_shift)
+    return torch.stack(outs, 1), torch.stack(lses, 1), (q, k, v)
+
+
+def merge(po, pl, *, bug=""):
+    """A merge kernel as vLLM's or FlashInfer's computes it (fp32), with a bug class when named."""
+    pl = pl.float()
+    if bug == "max_not_logsumexp":
+        big = pl.amax(1)
+    else:
+        big = pl.amax(1)
+        big = big + torch.log(torch.exp(pl - big[:, None]).nan_to_num(0.0).sum(1))
+    if bug == "fixed_max":
+        w = torch.exp(pl) / torch.exp(pl).sum(1, keepdim=True)  # no max subtracted: overflows past 88
+    else:
+        w = torch.exp(pl - big[:, None])
+    if bug != "nan_on_empty":
+        w = w.nan_to_num(0.0)
+        po = torch.where(torch.isinf(pl)[..., None], torch.zeros_like(po), po)
+    out = (w[..., None] * po.float()).sum(1)
+    if bug == "wrong_lse_slot":
+        big = big.flip(1)
+    return out, big
+
+
+def test_an_honest_merge_passes_and_equals_the_unsplit_attention():
+    po, pl, (q, k, v) = partials()
+    out, lse = merge(po, pl)
+    assert sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse).passed
+    full, full_lse = sharpcheck.attention(q, k, v, return_lse=True, format="fp32")
+    assert (full[0].permute(1, 0, 2) - out).abs().max() < 1e-6  # the end-to-end identity, to fp32 merging
+    assert (full_lse[0].permute(1, 0) - lse).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("bug", ["max_not_logsumexp", "wrong_lse_slot"])
+def test_merge_twins_fail(bug):
+    po, pl, _ = partials()
+    out, lse = merge(po, pl, bug=bug)
+    with pytest.raises(AssertionError):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse)
+
+
+def test_a_fixed_max_merge_overflows_where_the_partials_lse_are_large():
+    po, pl, _ = partials(lse_shift=90.0)  # LSEs of 90 and more: exp overflows fp32
+    honest, lse = merge(po, pl)
+    assert sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=honest, lse=lse).passed
+    out, _ = merge(po, pl, bug="fixed_max")  # inf / inf: every weight NaN, zeroed as a kernel's guard does
+    with pytest.raises(AssertionError, match=r"out at index \(\d+, \d+, \d+\)"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse)
+
+
+def test_empty_partials_are_ignored_and_nan_from_two_empty_partials_fails():
+    po, pl, _ = partials()
+    pl[0, :, :] = -math.inf  # token 0: every partial empty (o = 0, L = -inf)
+    pl[1, 2, :] = -math.inf  # token 1: one partial empty
+    po[0] = float("nan")      # an empty partial's output is garbage and must not be read
+    po[1, 2] = float("nan")
+    out, lse = merge(po, pl)
+    assert out[0].abs().max() == 0 and torch.isinf(lse[0]).all()
+    assert sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse).passed
+    bad, _ = merge(po, pl, bug="nan_on_empty")
+    with pytest.raises(AssertionError):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=bad, lse=lse)
+
+
+def test_plus_infinity_marks_empty_only_when_asked_and_nan_is_refused_by_element():
+    po, pl, _ = partials()
+    out, lse = merge(po, pl)
+    marked = pl.clone()
+    marked[3, 1, 0] = math.inf
+    with pytest.raises(ValueError, match=r"partial_lse at \[3, 1, 0\] is \+inf"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=marked, out=out, lse=lse)
+    ref_pl = marked.clone()
+    ref_pl[3, 1, 0] = -math.inf
+    out2, lse2 = merge(po, ref_pl)
+    assert sharpcheck.judge("attention_merge", partial_out=po, partial_lse=marked, out=out2, lse=lse2,
+                            empty="any_inf").passed
+    marked[2, 0, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"partial_lse at \[2, 0, 1\] is NaN"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=marked, out=out, lse=lse, empty="any_inf")
+
+
+def test_splits_first_layout_base_2_and_bf16_storage():
+    po, pl, _ = partials()
+    out, lse = merge(po, pl)
+    first = sharpcheck.judge("attention_merge", partial_out=po.transpose(0, 1), partial_lse=pl.transpose(0, 1),
+                             out=out, lse=lse, layout="sthd")
+    assert first.passed
+    with pytest.raises(AssertionError):  # the same memory read as the other layout is wrong
+        sharpcheck.judge("attention_merge", partial_out=po.transpose(0, 1).contiguous().view(po.shape),
+                         partial_lse=pl.transpose(0, 1).contiguous().view(pl.shape), out=out, lse=lse)
+    base2 = pl.double() / math.log(2)
+    out2, lse2 = merge(po, base2 * math.log(2))
+    assert sharpcheck.judge("attention_merge", partial_out=po, partial_lse=base2, out=out2,
+                            lse=lse2.double() / math.log(2), lse_base2=True).passed
+    with pytest.raises(AssertionError):  # a base-e LSE handed back where base 2 is declared
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=base2, out=out2, lse=lse2, lse_base2=True)
+    pb = po.bfloat16()
+    outb, lseb = merge(pb, pl)
+    assert sharpcheck.judge("attention_merge", partial_out=pb, partial_lse=pl, out=outb.bfloat16(), lse=lseb).passed
+
+
+def test_shapes_that_disagree_are_refused_by_name():
+    po, pl, _ = partials()
+    out, lse = merge(po, pl)
+    with pytest.raises(ValueError, match="partial_lse must be"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl[:, :3], out=out)
+    with pytest.raises(ValueError, match="out must be"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out[:, :1])
+    with pytest.raises(ValueError, match="layout wants"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, layout="bhsd")
