@@ -1,7 +1,9 @@
 // The attention sweep for kernels outside the gate (sharpcheck.cases and sharpcheck.sweep): the
 // plugin's cases (normal Q, K, V at every size, at temperature 2 and causal; the scenarios the
 // plugin ABI can express), each as the tensors and options the attention judge takes.
+#include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "gate/attention_scenarios.hpp"
 #include "gate/case_inputs.hpp"
@@ -89,6 +91,34 @@ std::string case_id(const std::string& kernel, std::string input, std::size_t n,
 
 }  // namespace
 
+namespace {
+
+// Exact probes (issue 35): V constant (3: the peers take ones, but an expected 1 cannot discriminate
+// in the judge's informative-element rule), so every output is exactly 3 (an fp8 kernel that gave 0.637
+// or a row sum that picked up a neighbour's fails at once); Q zero, so every weight is exactly 1/n
+// and the log-sum-exp exactly ln n. Judged like every case, against the exact values.
+void add_probes(const std::string& kernel, const gate::ExternalSweep& sweep,
+                std::vector<gate::ExternalCase>& cases) {
+  for (const char* probe : {"attention_probe_constant_v", "attention_probe_zero_q"}) {
+    for (const std::size_t n : sweep.sizes) {
+      std::string id = case_id(kernel, probe, n, 1, false);
+      auto [q, k, v] = gate::attention_inputs(n, gate::case_seed(sweep.seed, id), *sweep.format);
+      if (std::string_view(probe) == "attention_probe_constant_v") {
+        std::fill(v.values.begin(), v.values.end(), 3.0);
+      } else {
+        std::fill(q.values.begin(), q.values.end(), 0.0);
+      }
+      tensor::AttentionProblem p;
+      p.shape = {1, 1, 1, gate::attention_queries, n, gate::attention_dimension, gate::attention_dimension};
+      p.scores.scale = 0.125;
+      cases.push_back(attention_problem_case(std::move(id), p, std::move(q.values), std::move(k.values),
+                                             std::move(v.values)));
+    }
+  }
+}
+
+}  // namespace
+
 gate::ExternalCase attention_problem_case(std::string id, const tensor::AttentionProblem& p,
                                           std::vector<double> q, std::vector<double> k,
                                           std::vector<double> v) {
@@ -136,6 +166,7 @@ std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSwe
                                              std::move(v.values)));
     }
   }
+  add_probes(kernel, sweep, cases);
   for (const gate::AttentionScenario& scenario : gate::attention_scenarios()) {
     if (!scenario.plugin_callable) continue;
     const tensor::AttentionProblem shape_only = gate::make_scenario(scenario, 0, fp32).problem;

@@ -185,3 +185,19 @@ def test_the_backward_sweep_passes_an_honest_backward_and_fails_a_stale_d(fmt):
     stale = sharpcheck.sweep(lambda *a, **kw: flash_backward(*a, bug="stale_d", **kw), "attention_backward",
                              format=fmt, features={"causal"})
     assert len(stale.failures) == len(stale.results), str(stale)  # every problem shows it
+
+
+def test_exact_probes_are_cases_and_catch_a_row_sum_that_drops_a_key():
+    probes = [c for c in sharpcheck.cases("attention", format="fp32", sizes=(64,)) if "probe" in c.id]
+    assert {c.id for c in probes} == {"python:attention:fp32/attention_probe_constant_v/n=64",
+                                      "python:attention:fp32/attention_probe_zero_q/n=64"}
+    ones = next(c for c in probes if "constant_v" in c.id)
+    assert bool((ones.args[2] == 3).all())
+
+    def short_row_sum(q, k, v, scale):  # the denominator summed over all keys but the last
+        p = torch.exp((q @ k.transpose(-1, -2)) * scale)
+        return (p @ v) / p[..., :-1].sum(-1, keepdim=True)
+
+    report = sharpcheck.sweep(short_row_sum, "attention", format="fp32", sizes=(64,))
+    assert any("probe_constant_v" in r.id for r in report.failures), str(report)
+    assert sharpcheck.sweep(attention, "attention", format="fp32", sizes=(64,)).passed
