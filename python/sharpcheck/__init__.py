@@ -24,12 +24,15 @@ from ._asserts import (Report, assert_attention_backward_close, assert_attention
                        assert_softmax_close, judge, ops)
 from ._sweep import Case, SweepReport, SweepResult, cases, sweep
 from ._audit import AuditEntry, AuditReport, audit_tolerance
+from ._invariance import Difference, InvarianceReport, batch_invariance
 
 __all__ = [
     "AuditEntry",
     "AuditReport",
     "Case",
+    "Difference",
     "FORMATS",
+    "InvarianceReport",
     "Report",
     "SweepReport",
     "SweepResult",
@@ -41,6 +44,7 @@ __all__ = [
     "attention",
     "attention_backward",
     "audit_tolerance",
+    "batch_invariance",
     "cases",
     "entropy",
     "judge",

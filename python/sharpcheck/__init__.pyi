@@ -159,3 +159,28 @@ class AuditReport:
 def audit_tolerance(op: str, check: Optional[Callable[..., Any]] = ..., *, atol: Optional[float] = ...,
                     rtol: Optional[float] = ..., cosine: Optional[float] = ..., rmse: Optional[float] = ...,
                     format: str = ..., seed: int = ...) -> AuditReport: ...
+
+class Difference:
+    batch_size: int
+    position: int
+    request: int
+    elements: int
+    max_abs: float
+
+class InvarianceReport:
+    kernel: str
+    differences: List[Difference]
+    nondeterministic: List[int]
+    failures: List[str]
+    near_ties: int
+    runs: int
+    invariant: bool
+    deterministic: bool
+    accurate: bool
+    passed: bool
+    def check(self) -> "InvarianceReport": ...
+
+def batch_invariance(kernel: Callable[..., Any], op: str = ..., *, format: str = ...,
+                     batch_sizes: Sequence[int] = ..., requests: int = ..., seed: int = ..., heads: int = ...,
+                     kv_heads: int = ..., queries: int = ..., keys: int = ..., dim: int = ...,
+                     options: Optional[Dict[str, Any]] = ..., **judge_options: Any) -> InvarianceReport: ...
