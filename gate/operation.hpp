@@ -106,7 +106,9 @@ struct ExternalTensor {
   std::string name;
   std::vector<std::size_t> shape;
   std::vector<double> values;
-  bool exact_fp64 = false;  // per-head values (sinks, slopes): handed over in fp64, not the format
+  // The format it is handed over in when not the case's: "fp64" for per-head values (sinks,
+  // slopes), "fp32" for the partial LSEs of a merge (kernels keep them in fp32).
+  std::string_view stored_as = {};
 };
 struct ExternalCase {
   std::string id;

@@ -219,8 +219,9 @@ std::string judge_op(const std::string& name, const py::dict& tensors, const py:
 }
 
 // The gate's sweep of one operation for a kernel outside it (sharpcheck.cases): each case as a
-// dict of id, tensors (name: float64 array holding values of the format), fp64 (the tensors
-// handed over in fp64, per-head values), options (JSON text, by the schema's names) and needs.
+// dict of id, tensors (name: float64 array holding values of the format), stored_as (the tensors
+// handed over in another format: fp64 per-head values, fp32 partial LSEs), options (JSON text, by the
+// schema's names) and needs.
 py::list external_cases(const std::string& name, const std::string& format,
                         const std::vector<std::size_t>& sizes, std::uint64_t seed) {
   const gate::Operation& operation = gate::find_operation(ops::all_operations(), name);
@@ -243,15 +244,15 @@ py::list external_cases(const std::string& name, const std::string& format,
   py::list list;
   for (const gate::ExternalCase& c : cases) {
     py::dict tensors;
-    py::list fp64;
+    py::dict stored_as;
     for (const gate::ExternalTensor& tensor : c.tensors) {
       tensors[py::str(tensor.name)] = to_numpy(tensor.values, tensor.shape);
-      if (tensor.exact_fp64) fp64.append(tensor.name);
+      if (!tensor.stored_as.empty()) stored_as[py::str(tensor.name)] = std::string(tensor.stored_as);
     }
     py::dict entry;
     entry["id"] = c.id;
     entry["tensors"] = tensors;
-    entry["fp64"] = fp64;
+    entry["stored_as"] = stored_as;
     entry["options"] = c.options.dump();
     entry["judge_options"] = c.judge_options.dump();
     entry["needs"] = c.needs;

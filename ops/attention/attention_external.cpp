@@ -137,11 +137,11 @@ gate::ExternalCase attention_problem_case(std::string id, const tensor::Attentio
                        .values = std::move(v)});
   if (!p.alibi_slopes.empty()) {
     c.tensors.push_back(
-        {.name = "alibi_slopes", .shape = {shape.heads}, .values = p.alibi_slopes, .exact_fp64 = true});
+        {.name = "alibi_slopes", .shape = {shape.heads}, .values = p.alibi_slopes, .stored_as = "fp64"});
     c.needs.emplace_back("alibi_slopes");
   }
   if (!p.sinks.empty()) {
-    c.tensors.push_back({.name = "sinks", .shape = {shape.heads}, .values = p.sinks, .exact_fp64 = true});
+    c.tensors.push_back({.name = "sinks", .shape = {shape.heads}, .values = p.sinks, .stored_as = "fp64"});
     c.needs.emplace_back("sinks");
   }
   add_score_options(p, c);

@@ -242,6 +242,7 @@ const gate::Operation attention_merge_operation{
     .plan_plugin = nullptr,
     .run = nullptr,
     .judge = judge_merge,
+    .external_cases = merge_external_cases,
 };
 
 }  // namespace sharpcheck::ops

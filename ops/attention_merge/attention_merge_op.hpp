@@ -15,4 +15,7 @@ namespace sharpcheck::ops {
 
 extern const gate::Operation attention_merge_operation;
 
+// The merge sweep for a kernel outside the gate (ops/attention_merge/merge_cases.cpp).
+[[nodiscard]] std::vector<gate::ExternalCase> merge_external_cases(const gate::ExternalSweep& sweep);
+
 }  // namespace sharpcheck::ops

@@ -61,7 +61,6 @@ class Case:
     def __init__(self, op: str, fmt: str, entry: Dict[str, Any], array: str):
         spec = _spec(op)
         convert = _converter(fmt, array)
-        fp64 = _converter("fp64", array)
         self.op = op
         self.format = fmt
         self.id: str = entry["id"]
@@ -71,13 +70,15 @@ class Case:
         for key, value in self.options.items():
             if isinstance(value, list) and key == "window":
                 self.options[key] = tuple(value)
-        self.inputs: Dict[str, Any] = {name: (fp64 if name in entry["fp64"] else convert)(values)
-                                       for name, values in entry["tensors"].items()}
+        stored_as = entry["stored_as"]
+        self.inputs: Dict[str, Any] = {
+            name: (_converter(stored_as[name], array) if name in stored_as else convert)(values)
+            for name, values in entry["tensors"].items()}
         required = [t["name"] for t in spec["tensors"] if t["role"] == "input"]
         self.args: Tuple[Any, ...] = tuple(self.inputs[name] for name in required if name in self.inputs)
         self.kwargs: Dict[str, Any] = {name: value for name, value in self.inputs.items() if name not in required}
         self.kwargs.update(self.options)
-        self._results = [t["name"] for t in spec["tensors"] if t["role"] in ("judged", "optional_judged")]
+        self._results = [t["name"] for t in spec["tensors"] if t["role"] in ("judged", "optional judged")]
 
     def __str__(self) -> str:
         return self.id
@@ -111,18 +112,23 @@ class Case:
 
 
 def cases(op: str, *, format: str = "fp32", sizes: Sequence[int] = (), seed: int = DEFAULT_SEED,
-          features: Iterable[str] = (), array: str = "torch") -> List[Case]:
+          features: Iterable[str] = (), array: str = "torch", match: Optional[str] = None) -> List[Case]:
     """The gate's sweep of `op` for a kernel outside it, as Case objects (for pytest.mark.parametrize:
     ids=str). Cases needing a feature the kernel does not declare in `features` are left out: theta,
     causal, align (bottom-right), window, softcap, gqa, alibi_slopes, sinks, key_lengths,
-    cu_seqlens (packed), d_lse (attention_backward: a gradient through the log-sum-exp). sizes: default 16 to 16,384, as the gate's."""
+    cu_seqlens (packed), d_lse (attention_backward: a gradient through the log-sum-exp).
+    match: only the cases whose id contains it (a failing id reruns alone: match=that id). sizes: default 16 to 16,384, as the gate's."""
     entries = _sharpcheck.external_cases(op, format, [int(n) for n in sizes], int(seed))
     declared = set(features)
     known = {need for entry in entries for need in entry["needs"]}
     unknown = sorted(declared - known)
     if unknown:
         raise ValueError(f"features: {unknown} unknown for {op}; its cases need some of {sorted(known)}")
-    return [Case(op, format, entry, array) for entry in entries if set(entry["needs"]) <= declared]
+    chosen = [entry for entry in entries
+              if set(entry["needs"]) <= declared and (match is None or match in entry["id"])]
+    if match is not None and not chosen:
+        raise ValueError(f"match: no case of {op} at these sizes and features has an id containing {match!r}")
+    return [Case(op, format, entry, array) for entry in chosen]
 
 
 class SweepResult:
@@ -175,13 +181,13 @@ class SweepReport:
 
 
 def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: Sequence[int] = (),
-          seed: int = DEFAULT_SEED, features: Iterable[str] = (), array: str = "torch",
+          seed: int = DEFAULT_SEED, features: Iterable[str] = (), array: str = "torch", match: Optional[str] = None,
           **judge_options: Any) -> SweepReport:
     """Runs `kernel(*case.args, **case.kwargs)` on every case of cases(op, ...) and judges each
     result (judge_options: tolerance=, proven_only=, ...). A kernel that raises is a crash of that
     case, and the sweep goes on; KeyboardInterrupt stops it. Returns a SweepReport (check() asserts)."""
     results: List[SweepResult] = []
-    for case in cases(op, format=format, sizes=sizes, seed=seed, features=features, array=array):
+    for case in cases(op, format=format, sizes=sizes, seed=seed, features=features, array=array, match=match):
         try:
             result = kernel(*case.args, **case.kwargs)
         except Exception as error:  # noqa: BLE001 - any exception of the kernel is its case's crash

@@ -97,8 +97,11 @@ def test_an_honest_torch_attention_passes_every_scenario_it_declares(fmt):
                                             ("gqa_modulo", "gqa_4_2")])
 def test_attention_twins_fail_where_their_feature_is_swept(bug, exposed_by):
     report = sharpcheck.sweep(lambda *a, **kw: attention(*a, bug=bug, **kw), "attention", format="bf16",
-                              features=FEATURES, sizes=(64,))
-    assert any(exposed_by in r.id for r in report.failures), str(report)
+                              features=FEATURES, sizes=(64,), match=exposed_by)
+    assert report.failures and all(exposed_by in r.id for r in report.results), str(report)
+    alone = sharpcheck.sweep(lambda *a, **kw: attention(*a, bug=bug, **kw), "attention", format="bf16",
+                             features=FEATURES, sizes=(64,), match=report.failures[0].id)
+    assert [r.id for r in alone.results] == [report.failures[0].id] and not alone.passed  # the id reruns alone
 
 
 def test_a_kernel_that_raises_is_a_crash_of_each_case_and_the_sweep_goes_on():
@@ -153,6 +156,8 @@ def test_unknown_features_operations_and_formats_are_refused_by_name():
         sharpcheck.cases("linear_attention")
     with pytest.raises(ValueError, match="int8"):
         sharpcheck.cases("softmax", format="int8")
+    with pytest.raises(ValueError, match="no case"):
+        sharpcheck.cases("softmax", match="no such id")
 
 
 def flash_backward(q, k, v, d_out, scale, causal=False, align="top-left", bug=""):
@@ -198,6 +203,17 @@ def test_exact_probes_are_cases_and_catch_a_row_sum_that_drops_a_key():
         p = torch.exp((q @ k.transpose(-1, -2)) * scale)
         return (p @ v) / p[..., :-1].sum(-1, keepdim=True)
 
-    report = sharpcheck.sweep(short_row_sum, "attention", format="fp32", sizes=(64,))
+    report = sharpcheck.sweep(short_row_sum, "attention", format="fp32", sizes=(64,), match="probe")
     assert any("probe_constant_v" in r.id for r in report.failures), str(report)
-    assert sharpcheck.sweep(attention, "attention", format="fp32", sizes=(64,)).passed
+    assert sharpcheck.sweep(attention, "attention", format="fp32", sizes=(64,), match="probe").passed
+
+
+def test_a_kernel_returning_out_and_lse_has_both_judged():
+    def with_lse(q, k, v, scale):
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        return (torch.softmax(s, -1) @ v.float()).to(q.dtype), torch.logsumexp(s, -1)
+
+    assert sharpcheck.sweep(with_lse, "attention", format="fp32", sizes=(64,), match="attention_normal").passed
+    off = sharpcheck.sweep(lambda *a, **kw: (with_lse(*a, **kw)[0], with_lse(*a, **kw)[1] + 1e-3), "attention",
+                           format="fp32", sizes=(64,), match="attention_normal")
+    assert len(off.failures) == len(off.results)  # an LSE off by 1e-3 fails every case
