@@ -106,6 +106,7 @@ def judge(op: str, *, msg: Optional[str] = ..., **tensors_and_options: Any) -> R
 class Case:
     op: str
     format: str
+    output_format: str
     id: str
     needs: Tuple[str, ...]
     options: Dict[str, Any]
@@ -132,10 +133,11 @@ class SweepReport:
     def check(self) -> "SweepReport": ...
 
 def cases(op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
-          features: Iterable[str] = ..., array: str = ..., match: Optional[str] = ...) -> List[Case]: ...
+          features: Iterable[str] = ..., array: str = ..., match: Optional[str] = ...,
+          output_format: Optional[str] = ...) -> List[Case]: ...
 def sweep(kernel: Callable[..., Any], op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
           features: Iterable[str] = ..., array: str = ..., match: Optional[str] = ...,
-          **judge_options: Any) -> SweepReport: ...
+          output_format: Optional[str] = ..., **judge_options: Any) -> SweepReport: ...
 
 class AuditEntry:
     name: str

@@ -43,11 +43,23 @@ def _user_check(check: Optional[Callable[..., Any]], atol: Optional[float], rtol
                          f"(got {given or 'none'})")
     torch = _torch()
     if check is not None:
-        takes_inputs = len(inspect.signature(check).parameters) >= 3
+        # inputs are passed only to a check whose third positional parameter has no default (or
+        # that takes *args): a keyword-only or defaulted tolerance is never filled by accident.
+        parameters = inspect.signature(check).parameters.values()
+        positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                      and p.default is p.empty]
+        takes_inputs = len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
 
         def run(actual, expected, inputs):
+            # Copies: a check that writes into what it is given cannot change sharpcheck's column.
+            actual, expected = actual.clone(), expected.clone()
+            inputs = {key: (value.clone() if hasattr(value, "clone") else value) for key, value in inputs.items()}
             result = check(actual, expected, inputs) if takes_inputs else check(actual, expected)
-            return result is None or bool(result)
+            if result is None:
+                return True
+            if hasattr(result, "all") and hasattr(result, "shape") and getattr(result, "shape", ()) != ():
+                raise TypeError("the check returned an array; return a bool (or raise AssertionError)")
+            return bool(result)
 
         return getattr(check, "__name__", "check"), run
     if cosine is not None:
@@ -72,14 +84,19 @@ def _user_check(check: Optional[Callable[..., Any]], atol: Optional[float], rtol
     return f"assert_close(atol={atol_value:g}, rtol={rtol_value:g})", run
 
 
-def _verdict(run: Callable[..., bool], actual, expected, inputs) -> Tuple[bool, str]:
-    """(passed, why not): an AssertionError or False is a rejection; any other exception too."""
+def _verdict(run: Callable[..., bool], actual, expected, inputs, honest: bool) -> Tuple[bool, str]:
+    """(passed, why not): an AssertionError or False is a rejection. Any other exception on a wrong
+    output rejects it too (a check may break on NaN); on an honest output it means the check itself
+    is broken, and is raised rather than counted as a false alarm."""
     try:
         return (True, "") if run(actual, expected, inputs) else (False, "returned False")
     except AssertionError as failure:
         first = str(failure).strip().splitlines()
         return False, first[0] if first else "AssertionError"
-    except Exception as error:  # noqa: BLE001 - a check that breaks on an output rejects it
+    except Exception as error:  # noqa: BLE001 - a check that breaks on a wrong output rejects it
+        if honest:
+            raise ValueError(f"audit_tolerance: the check raised {type(error).__name__} on an honest output "
+                             f"(the correctly rounded result or an honest kernel's): {error}") from error
         return False, f"{type(error).__name__}: {error}"
 
 
@@ -311,13 +328,14 @@ class AuditReport:
                 f"{len(self.honest_rejected)} honest)")
 
     def __str__(self) -> str:
-        lines = [repr(self), "", "| output | what | your check | sharpcheck |", "|---|---|---|---|"]
+        lines = [repr(self), "", "| output | what | your check | sharpcheck | your check's reason |",
+                 "|---|---|---|---|---|"]
         for e in self.entries:
             kind = "honest" if e.honest else "wrong"
             mine = "passes" if e.check_passed else "fails"
             theirs = "passes" if e.sharpcheck_passed else "fails"
             flag = " (!)" if e.check_passed != e.honest else ""
-            lines.append(f"| {e.name} ({kind}) | {e.what} | {mine}{flag} | {theirs} |")
+            lines.append(f"| {e.name} ({kind}) | {e.what} | {mine}{flag} | {theirs} | {e.check_note} |")
         return "\n".join(lines)
 
 
@@ -348,10 +366,10 @@ def _audit_attention(check_name: str, run: Callable[..., bool], fmt: str, seed: 
         q, k, v = problem["inputs"]
         golden[name] = _reference(q, k, v, problem["options"], "fp64")
 
-    def judged(actual, problem) -> Tuple[bool, bool, str]:
+    def judged(actual, problem, honest=False) -> Tuple[bool, bool, str]:
         q, k, v = problems[problem]["inputs"]
         inputs = {"q": q, "k": k, "v": v, **problems[problem]["options"]}
-        passed, note = _verdict(run, actual, golden[problem], inputs)
+        passed, note = _verdict(run, actual, golden[problem], inputs, honest)
         public = {key: value for key, value in problems[problem]["options"].items() if not key.startswith("_")}
         try:
             assert_attention_close(actual, q, k, v, **public)
@@ -366,7 +384,7 @@ def _audit_attention(check_name: str, run: Callable[..., bool], fmt: str, seed: 
                 (f"correctly_rounded[{problem}]", "the exact result rounded once", _reference(q, k, v, problems[problem]["options"], fmt)),
                 (f"flash_kernel[{problem}]", "FlashAttention-2 in torch: P in the format, fp32 sums",
                  _flash(q, k, v, problems[problem]["options"]))):
-            passed, ours, note = judged(output, problem)
+            passed, ours, note = judged(output, problem, honest=True)
             entries.append(AuditEntry(name, what, problem, passed, note, ours, honest=True))
     for name, what, problem, build in _attention_catalogue(fmt, seed):
         passed, ours, note = judged(build(), problem)
@@ -380,9 +398,10 @@ def _audit_softmax(check_name: str, run: Callable[..., bool], fmt: str, seed: in
     golden = {name: _references.softmax(p["inputs"][0], format="fp64", **p["options"]) for name, p in problems.items()}
     entries: List[AuditEntry] = []
 
-    def judged(actual, problem) -> Tuple[bool, bool, str]:
+    def judged(actual, problem, honest=False) -> Tuple[bool, bool, str]:
         logits = problems[problem]["inputs"][0]
-        passed, note = _verdict(run, actual, golden[problem], {"logits": logits, **problems[problem]["options"]})
+        passed, note = _verdict(run, actual, golden[problem], {"logits": logits, **problems[problem]["options"]},
+                                honest)
         try:
             assert_softmax_close(actual, logits, **problems[problem]["options"])
             ours = True
@@ -398,7 +417,7 @@ def _audit_softmax(check_name: str, run: Callable[..., bool], fmt: str, seed: in
                  _references.softmax(logits, format=fmt, **spec["options"])),
                 (f"torch_softmax[{problem}]", "torch.softmax in fp32, rounded to the format",
                  torch.softmax(logits.float() / theta, -1).to(logits.dtype))):
-            passed, ours, note = judged(output, problem)
+            passed, ours, note = judged(output, problem, honest=True)
             entries.append(AuditEntry(name, what, problem, passed, note, ours, honest=True))
     for name, what, problem, build in _softmax_catalogue(fmt, seed):
         passed, ours, note = judged(build(), problem)

@@ -92,6 +92,8 @@ def _near_ties(out, fmt: str) -> int:
     import torch
 
     values = out.double().flatten(0, -2)
+    if values.shape[-1] < 2:
+        return 0
     top = values.topk(2, dim=-1).values
     ulp = {"fp32": 2.0 ** -23, "bf16": 2.0 ** -7, "fp16": 2.0 ** -10}[fmt] * top[:, 0].abs().clamp_min(1e-30)
     return int(((top[:, 0] - top[:, 1]) <= ulp).sum())
@@ -111,12 +113,29 @@ def batch_invariance(kernel: Callable[..., Any], op: str = "attention", *, forma
         raise ValueError(f"batch_invariance: op must be 'attention' (the serving kernels' operation), got {op!r}")
     if format not in _DTYPES:
         raise ValueError(f"batch_invariance: format must be one of {sorted(_DTYPES)}, got {format!r}")
-    if requests < 1 or any(int(b) < 1 for b in batch_sizes):
-        raise ValueError("batch_invariance: requests and batch sizes must be at least 1")
+    for name, value in [("requests", requests)] + [("batch size", b) for b in batch_sizes]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"batch_invariance: {name} must be a whole number of at least 1, got {value!r}")
+    if kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(f"batch_invariance: kv_heads ({kv_heads}) must divide heads ({heads})")
     call_options = dict(options or {})
     call_options.setdefault("scale", dim ** -0.5)
     pool = _requests(requests, format, seed, heads, kv_heads, queries, keys, dim)
-    run = lambda q, k, v: kernel(q, k, v, **call_options)  # noqa: E731
+    def run(q, k, v):
+        # Copies in (a kernel that writes into its inputs cannot move later runs or the reference),
+        # and the result checked: one tensor of the batch's shape, in the format.
+        out = kernel(q.clone(), k.clone(), v.clone(), **call_options)
+        want = (q.shape[0], heads, queries, dim)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"batch_invariance: the kernel returned {type(out).__name__}; expected one tensor "
+                            f"of shape {list(want)}")
+        if tuple(out.shape) != want:
+            raise ValueError(f"batch_invariance: the kernel returned shape {list(out.shape)} for a batch of "
+                             f"{q.shape[0]}; expected {list(want)}")
+        if out.dtype != q.dtype:
+            raise TypeError(f"batch_invariance: the kernel returned {out.dtype} for {q.dtype} inputs")
+        return out
+
     alone = [run(*r) for r in pool]
     nondeterministic = [i for i, r in enumerate(pool) if not torch.equal(_bits(run(*r)), _bits(alone[i]))]
     failures: List[str] = []

@@ -53,16 +53,30 @@ def _converter(fmt: str, array: str) -> Callable[[Any], Any]:
     return lambda values: torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
 
 
+def _copy(value: Any) -> Any:
+    clone = getattr(value, "clone", None) or getattr(value, "copy", None)
+    return clone() if callable(clone) and hasattr(value, "shape") else value
+
+
+def _dtype_format(value: Any) -> Optional[str]:
+    name = str(getattr(value, "dtype", "")).replace("torch.", "")
+    return {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name)
+
+
 class Case:
     """One case of the sweep: `args` (the input tensors, positional, in the operation's order) and
     `kwargs` (optional tensors such as sinks, and the options: scale, causal, window, ...) are what
-    the kernel is called with; judge(result) judges what it returned."""
+    the kernel is called with, fresh copies at every access (a kernel that writes into its inputs
+    cannot move the reference: judge(result) judges against the case's own untouched inputs).
+    output_format: the format the results must come back in (default: the case's format; a kernel
+    returning another dtype is an error, not judged in the looser format)."""
 
-    def __init__(self, op: str, fmt: str, entry: Dict[str, Any], array: str):
+    def __init__(self, op: str, fmt: str, entry: Dict[str, Any], array: str, output_format: Optional[str] = None):
         spec = _spec(op)
         convert = _converter(fmt, array)
         self.op = op
         self.format = fmt
+        self.output_format = output_format or fmt
         self.id: str = entry["id"]
         self.needs: Tuple[str, ...] = tuple(entry["needs"])
         self.options: Dict[str, Any] = json.loads(entry["options"])
@@ -74,11 +88,20 @@ class Case:
         self.inputs: Dict[str, Any] = {
             name: (_converter(stored_as[name], array) if name in stored_as else convert)(values)
             for name, values in entry["tensors"].items()}
-        required = [t["name"] for t in spec["tensors"] if t["role"] == "input"]
-        self.args: Tuple[Any, ...] = tuple(self.inputs[name] for name in required if name in self.inputs)
-        self.kwargs: Dict[str, Any] = {name: value for name, value in self.inputs.items() if name not in required}
-        self.kwargs.update(self.options)
+        self._required = [t["name"] for t in spec["tensors"] if t["role"] == "input"]
         self._results = [t["name"] for t in spec["tensors"] if t["role"] in ("judged", "optional judged")]
+        # Results stored in the output's format (out, probs, dq, ...), whose dtype must match it.
+        self._in_output_format = {t["name"] for t in spec["tensors"] if t["format"] == "format"}
+
+    @property
+    def args(self) -> Tuple[Any, ...]:
+        return tuple(_copy(self.inputs[name]) for name in self._required if name in self.inputs)
+
+    @property
+    def kwargs(self) -> Dict[str, Any]:
+        kwargs = {name: _copy(value) for name, value in self.inputs.items() if name not in self._required}
+        kwargs.update(self.options)
+        return kwargs
 
     def __str__(self) -> str:
         return self.id
@@ -108,17 +131,41 @@ class Case:
         options.update(judge_options)
         options.setdefault("input_format", self.format)
         options.setdefault("name", self.id)
-        return judge(self.op, **self.inputs, **self.results(result), **options)
+        results = self.results(result)
+        for name, value in results.items():
+            got = _dtype_format(value)
+            if name in self._in_output_format and got is not None and got != self.output_format:
+                raise TypeError(f"{self.id}: {name} came back as {got} where {self.output_format} was asked "
+                                f"(output_format={got!r} judges a {got} output)")
+        options.setdefault("format", self.output_format)
+        return judge(self.op, **self.inputs, **results, **options)
+
+
+def _sizes(sizes: Sequence[int]) -> List[int]:
+    if isinstance(sizes, (str, bytes)):
+        raise TypeError(f"sizes: expected a sequence of whole numbers, got the string {sizes!r}")
+    checked: List[int] = []
+    for n in sizes:
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or int(n) != n or not 1 <= n <= 1 << 20:
+            raise ValueError(f"sizes: each size must be a whole number from 1 to 1,048,576, got {n!r}")
+        if int(n) not in checked:
+            checked.append(int(n))
+    return checked
 
 
 def cases(op: str, *, format: str = "fp32", sizes: Sequence[int] = (), seed: int = DEFAULT_SEED,
-          features: Iterable[str] = (), array: str = "torch", match: Optional[str] = None) -> List[Case]:
+          features: Iterable[str] = (), array: str = "torch", match: Optional[str] = None,
+          output_format: Optional[str] = None) -> List[Case]:
     """The gate's sweep of `op` for a kernel outside it, as Case objects (for pytest.mark.parametrize:
     ids=str). Cases needing a feature the kernel does not declare in `features` are left out: theta,
     causal, align (bottom-right), window, softcap, gqa, alibi_slopes, sinks, key_lengths,
     cu_seqlens (packed), d_lse (attention_backward: a gradient through the log-sum-exp).
     match: only the cases whose id contains it (a failing id reruns alone: match=that id). sizes: default 16 to 16,384, as the gate's."""
-    entries = _sharpcheck.external_cases(op, format, [int(n) for n in sizes], int(seed))
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed: expected a whole number from 0 to 2^64 - 1, got {seed!r}")
+    if not isinstance(format, str):
+        raise TypeError(f"format: expected a format name such as 'bf16', got {format!r}")
+    entries = _sharpcheck.external_cases(op, format, _sizes(sizes), seed)
     declared = set(features)
     known = {need for entry in entries for need in entry["needs"]}
     unknown = sorted(declared - known)
@@ -128,7 +175,7 @@ def cases(op: str, *, format: str = "fp32", sizes: Sequence[int] = (), seed: int
               if set(entry["needs"]) <= declared and (match is None or match in entry["id"])]
     if match is not None and not chosen:
         raise ValueError(f"match: no case of {op} at these sizes and features has an id containing {match!r}")
-    return [Case(op, format, entry, array) for entry in chosen]
+    return [Case(op, format, entry, array, output_format) for entry in chosen]
 
 
 class SweepResult:
@@ -182,12 +229,13 @@ class SweepReport:
 
 def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: Sequence[int] = (),
           seed: int = DEFAULT_SEED, features: Iterable[str] = (), array: str = "torch", match: Optional[str] = None,
-          **judge_options: Any) -> SweepReport:
+          output_format: Optional[str] = None, **judge_options: Any) -> SweepReport:
     """Runs `kernel(*case.args, **case.kwargs)` on every case of cases(op, ...) and judges each
     result (judge_options: tolerance=, proven_only=, ...). A kernel that raises is a crash of that
     case, and the sweep goes on; KeyboardInterrupt stops it. Returns a SweepReport (check() asserts)."""
     results: List[SweepResult] = []
-    for case in cases(op, format=format, sizes=sizes, seed=seed, features=features, array=array, match=match):
+    for case in cases(op, format=format, sizes=sizes, seed=seed, features=features, array=array, match=match,
+                      output_format=output_format):
         try:
             result = kernel(*case.args, **case.kwargs)
         except Exception as error:  # noqa: BLE001 - any exception of the kernel is its case's crash

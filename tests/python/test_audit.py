@@ -45,8 +45,24 @@ def test_a_check_returning_false_or_raising_another_error_rejects_and_inputs_rea
     audit = sharpcheck.audit_tolerance("softmax", check, format="fp32")
     assert audit.passed_wrong == [] and len(audit.honest_rejected) == 6
     assert ["logits"] in seen and ["logits", "theta"] in seen
-    broken = sharpcheck.audit_tolerance("softmax", lambda a, e: 1 / 0, format="fp32")
-    assert "ZeroDivisionError" in broken.entries[0].check_note
+    with pytest.raises(ValueError, match="ZeroDivisionError"):  # a broken check is not a false alarm
+        sharpcheck.audit_tolerance("softmax", lambda a, e: 1 / 0, format="fp32")
+
+
+def test_a_check_cannot_change_sharpchecks_column_and_keyword_tolerances_stay_keywords():
+    def vandal(actual, expected, inputs):
+        actual.copy_(expected.to(actual.dtype))  # would make every wrong output the right one
+        inputs["logits"].zero_()
+        return True
+
+    audit = sharpcheck.audit_tolerance("softmax", vandal, format="fp32")
+    assert len(audit.sharpcheck_missed) == 0 and audit.sharpcheck_rejected_honest == []
+
+    def close(actual, expected, *, rtol=1e-2):
+        return torch.allclose(actual.double(), expected, rtol=rtol, atol=1e-3)
+
+    keyword = sharpcheck.audit_tolerance("softmax", close)
+    assert keyword.honest_rejected == [] and "half_scaled" in keyword.caught
 
 
 def test_cosine_and_rmse_budgets_are_checks_too():

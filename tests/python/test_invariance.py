@@ -60,8 +60,19 @@ def test_a_nondeterministic_kernel_is_named():
     assert not report.deterministic and report.nondeterministic
 
 
+def test_a_kernel_that_drops_batch_members_or_returns_another_type_is_an_error():
+    with pytest.raises(ValueError, match="shape"):
+        sharpcheck.batch_invariance(lambda q, k, v, scale: per_request(q[:1], k[:1], v[:1], scale), format="fp32")
+    with pytest.raises(TypeError, match="tuple"):
+        sharpcheck.batch_invariance(lambda q, k, v, scale: (per_request(q, k, v, scale),), format="fp32")
+
+
 def test_misuse_is_refused():
     with pytest.raises(ValueError, match="op must be"):
         sharpcheck.batch_invariance(per_request, "softmax")
     with pytest.raises(ValueError, match="format"):
         sharpcheck.batch_invariance(per_request, format="fp8_e4m3")
+    with pytest.raises(ValueError, match="kv_heads"):
+        sharpcheck.batch_invariance(per_request, kv_heads=3)
+    with pytest.raises(ValueError, match="batch size"):
+        sharpcheck.batch_invariance(per_request, batch_sizes=(2.5,))

@@ -217,3 +217,35 @@ def test_a_kernel_returning_out_and_lse_has_both_judged():
     off = sharpcheck.sweep(lambda *a, **kw: (with_lse(*a, **kw)[0], with_lse(*a, **kw)[1] + 1e-3), "attention",
                            format="fp32", sizes=(64,), match="attention_normal")
     assert len(off.failures) == len(off.results)  # an LSE off by 1e-3 fails every case
+
+
+def test_a_kernel_writing_into_its_inputs_is_judged_against_the_untouched_inputs():
+    def scale_twice(q, k, v, scale):  # q scaled in place, then scaled again by the attention
+        q.mul_(scale)
+        return attention(q, k, v, scale)
+
+    def constant_v(q, k, v, scale):  # V overwritten with 3: the output is 3 everywhere
+        v.fill_(3.0)
+        return attention(q, k, v, scale)
+
+    for kernel in (scale_twice, constant_v):
+        report = sharpcheck.sweep(kernel, "attention", format="fp32", sizes=(64,), match="attention_normal")
+        assert len(report.failures) == len(report.results), str(report)
+
+
+def test_a_result_in_another_format_than_asked_is_an_error_unless_declared():
+    bf16_out = lambda x: torch.softmax(x.float(), -1).bfloat16()  # noqa: E731
+    report = sharpcheck.sweep(bf16_out, "softmax", format="fp32", sizes=(64,))
+    assert {r.status for r in report.results} == {"error"} and "bf16 where fp32 was asked" in str(report)
+    fp32_out = lambda q, k, v, scale: attention(q, k, v, scale).float()  # noqa: E731 - bf16 in, fp32 out
+    assert sharpcheck.sweep(fp32_out, "attention", format="bf16", output_format="fp32", sizes=(64,),
+                            match="attention_normal").passed
+
+
+def test_sizes_and_seeds_are_checked():
+    for sizes, kind in (("16", TypeError), ([16.5], ValueError), ([0], ValueError), ([1 << 40], ValueError)):
+        with pytest.raises(kind):
+            sharpcheck.cases("softmax", sizes=sizes)
+    with pytest.raises(ValueError, match="seed"):
+        sharpcheck.cases("softmax", seed=-1)
+    assert len(sharpcheck.cases("softmax", sizes=[17, 17])) == len(sharpcheck.cases("softmax", sizes=[17]))
