@@ -368,6 +368,15 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
                                              " elements, the problem (" + problem.describe() + ") has " +
                                              std::to_string(problem.output_elements()));
   }
+  // The same count in another shape (a flattened or transposed output) is refused too: the output
+  // is q's shape with v's last dimension.
+  std::vector<std::size_t> want = arrays.q->shape();
+  if (!want.empty() && !arrays.v->shape().empty()) want.back() = arrays.v->shape().back();
+  if (arrays.out->shape() != want) {
+    refuse(InputProblem::shape_mismatch, arrays.out->name() + " has shape " +
+                                             shape_text(arrays.out->shape()) + "; expected " +
+                                             shape_text(want) + " (q's shape with v's last dimension)");
+  }
   metrics::JudgeSpec spec{kernels::Operation::attention, output.format, nullptr};
   spec.lse_base2 = options.lse_base2;
   spec.lse_format = stored_format(options.lse_format).format;

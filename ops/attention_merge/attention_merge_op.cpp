@@ -162,6 +162,14 @@ std::string lse_element(const MergeConvention& c, std::size_t t, std::size_t j, 
          std::to_string(h) + "]";
 }
 
+// "[t, s, h, d]" of partial_out in the user's own order.
+std::string partial_element(const MergeConvention& c, std::size_t t, std::size_t j, std::size_t h,
+                            std::size_t d) {
+  const std::size_t first = c.splits_first ? j : t, second = c.splits_first ? t : j;
+  return "[" + std::to_string(first) + ", " + std::to_string(second) + ", " + std::to_string(h) + ", " +
+         std::to_string(d) + "]";
+}
+
 OneQueryProblem one_query_problem(const gate::OpCall& call, const MergeShape& s, const MergeConvention& c) {
   const std::vector<double> lse = all_values(call.at("partial_lse"));
   const std::vector<double> out = all_values(call.at("partial_out"));
@@ -183,7 +191,15 @@ OneQueryProblem one_query_problem(const gate::OpCall& call, const MergeShape& s,
         const bool empty = std::isinf(x);
         keep[(t * s.heads + h) * s.splits + j] = empty ? 0 : 1;
         k[to] = empty ? 0 : x;
-        for (std::size_t d = 0; d < s.dim; ++d) v[to * s.dim + d] = empty ? 0 : out[from * s.dim + d];
+        for (std::size_t d = 0; d < s.dim; ++d) {
+          const double o = out[from * s.dim + d];
+          if (!empty && !std::isfinite(o))  // named here, in the user's order, not the one-query view's
+            throw InputError(std::isnan(o) ? InputProblem::nan_value : InputProblem::non_finite_value,
+                             "attention_merge: partial_out at " + partial_element(c, t, j, h, d) +
+                                 (std::isnan(o) ? " is NaN" : " is infinite") +
+                                 " in a partial that is not empty");
+          v[to * s.dim + d] = empty ? 0 : o;
+        }
       }
     }
   }

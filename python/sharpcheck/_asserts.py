@@ -328,5 +328,12 @@ def judge(op: str, *, msg: Optional[str] = None, **tensors_and_options: Any) -> 
     judged = [t["name"] for t in spec["tensors"] if t["role"] == "judged" and t["name"] in tensors]
     if "format" not in options and judged:
         options["format"] = check_format(format_of(tensors_and_options[judged[0]], judged[0]))
+    # A log-sum-exp handed over in bf16 or fp16 is judged in that format (as assert_attention_close).
+    for t in spec["tensors"]:
+        if t["format"] == "lse_format" and t["name"] in tensors and "lse_format" not in options:
+            lse_format = _lse_format(tensors_and_options[t["name"]])
+            if lse_format is not None:
+                options["lse_format"] = lse_format
+                notes.append(f"{t['name']} is judged in {lse_format}, its dtype (its own rounding allowed)")
     tolerance = options.get("tolerance", "the operation's default")
     return _judged(lambda o: _sharpcheck.judge_op(op, tensors, o), options, f"{op} results", tolerance, notes, msg)

@@ -302,3 +302,11 @@ def test_a_nan_failure_says_the_differences_are_over_finite_elements():
 def test_a_passing_report_leads_with_the_bound_ratio():
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7))
     assert repr(sharpcheck.assert_softmax_close(torch.softmax(x, -1), x)).startswith("Report(status='pass', bound_ratio=")
+
+
+def test_an_attention_output_of_the_right_count_in_another_shape_is_refused():
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    out = sharpcheck.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"has shape \[256\]; expected \[1, 2, 8, 16\]"):
+        sharpcheck.assert_attention_close(out.reshape(-1), q, k, v)

@@ -153,3 +153,24 @@ def test_the_merge_sweep_passes_an_honest_merge_and_fails_the_twins_where_they_b
     assert "merge_large_lse" in {r.id.split("/")[1] for r in fixed_max.failures}
     wrong_slot = sharpcheck.sweep(lambda po, pl: merge(po, pl, bug="wrong_lse_slot"), "attention_merge")
     assert len(wrong_slot.failures) == 6
+
+
+def test_a_nan_in_a_partial_that_is_not_empty_is_named_in_the_users_order():
+    po, pl, _ = partials()
+    out, lse = merge(po, pl)
+    po[2, 0, 1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"partial_out at \[2, 0, 1, 3\] is NaN"):
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse)
+    with pytest.raises(ValueError, match=r"partial_out at \[0, 2, 1, 3\] is NaN"):
+        sharpcheck.judge("attention_merge", partial_out=po.transpose(0, 1), partial_lse=pl.transpose(0, 1),
+                         out=out, lse=lse, layout="sthd")
+
+
+def test_a_bf16_merged_lse_is_judged_in_bf16():
+    po, pl, _ = partials()
+    out, lse = merge(po, pl)
+    report = sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse.bfloat16())
+    assert report.passed and any("bf16" in note for note in report.notes)
+    with pytest.raises(AssertionError):  # an LSE off by about five bf16 steps
+        sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out,
+                         lse=(lse * (1 + 2 ** -5)).bfloat16())
