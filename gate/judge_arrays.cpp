@@ -352,6 +352,29 @@ std::string other_recipe_line(const JudgeOptions& options, const metrics::JudgeS
 
 }  // namespace
 
+namespace {
+
+std::vector<std::size_t> without_unit_axes(const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> kept;
+  for (const std::size_t extent : shape) {
+    if (extent != 1) kept.push_back(extent);
+  }
+  return kept;
+}
+
+// Whether an array of shape `got` holds the elements of shape `want` in the same C order with the
+// same axes: equal once axes of extent 1 are dropped, or with want's last two axes merged.
+bool same_order_shape(const std::vector<std::size_t>& got, const std::vector<std::size_t>& want) {
+  const std::vector<std::size_t> g = without_unit_axes(got), w = without_unit_axes(want);
+  if (g == w) return true;
+  if (want.size() < 2) return false;
+  std::vector<std::size_t> merged(want.begin(), want.end() - 1);
+  merged.back() *= want.back();
+  return g == without_unit_axes(merged);
+}
+
+}  // namespace
+
 CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionArrays& arrays) {
   if (!arrays.q || !arrays.k || !arrays.v || !arrays.out)
     refuse(InputProblem::out_of_range, "attention needs q, k, v and out");
@@ -368,11 +391,12 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
                                              " elements, the problem (" + problem.describe() + ") has " +
                                              std::to_string(problem.output_elements()));
   }
-  // The same count in another shape (a flattened or transposed output) is refused too: the output
-  // is q's shape with v's last dimension.
+  // The same count in another shape (a flattened or permuted output) is refused too: the output
+  // is q's shape with v's last dimension, up to axes of extent 1 and the heads and the value
+  // dimension merged into one axis (vLLM's [tokens, heads * dim]), which read in the same order.
   std::vector<std::size_t> want = arrays.q->shape();
   if (!want.empty() && !arrays.v->shape().empty()) want.back() = arrays.v->shape().back();
-  if (arrays.out->shape() != want) {
+  if (!same_order_shape(arrays.out->shape(), want)) {
     refuse(InputProblem::shape_mismatch, arrays.out->name() + " has shape " +
                                              shape_text(arrays.out->shape()) + "; expected " +
                                              shape_text(want) + " (q's shape with v's last dimension)");

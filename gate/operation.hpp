@@ -150,8 +150,8 @@ struct Operation {
   void (*run)(const GateCase& gate_case, const GateSettings& settings, CaseOutcome& outcome) = nullptr;
   // Judges arrays computed elsewhere; InputError naming the tensor and element for bad arrays.
   CaseOutcome (*judge)(const OpCall& call) = nullptr;
-  // The sweep's cases for a kernel outside the gate (the same inputs as a plugin's cases); null:
-  // the operation has none yet.
+  // The sweep's cases for a kernel outside the gate (the generators and id form of a plugin's
+  // cases; the kernel part of the id, python:<op>:<format>, seeds them); null: none yet.
   std::vector<ExternalCase> (*external_cases)(const ExternalSweep& sweep) = nullptr;
 };
 

@@ -239,8 +239,9 @@ gate::CaseOutcome judge_merge(const gate::OpCall& call) {
   gate::CaseOutcome outcome = gate::judge_attention_arrays(options, arrays);
   // The worst element's index in the user's [T, H, D] out or [T, H] lse, not the one-query view's.
   auto& index = outcome.worst_index;
-  if (index.size() == 4 && outcome.worst_array == call.at("out").name()) index.erase(index.begin() + 1);
-  if (index.size() == 3 && lse != nullptr && outcome.worst_array == lse->name()) index.pop_back();
+  // (the attention judge names them "out" and "lse", whatever the arrays are called).
+  if (index.size() == 4 && outcome.worst_array == "out") index.erase(index.begin() + 1);
+  if (index.size() == 3 && lse != nullptr && outcome.worst_array == "lse") index.pop_back();
   return outcome;
 }
 

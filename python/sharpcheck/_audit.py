@@ -251,7 +251,7 @@ def _softmax_problems(fmt: str, seed: int) -> Dict[str, Dict[str, Any]]:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[fmt]
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(32, 2048, generator=g) * 2).to(dtype)
-    large = (torch.randn(32, 2048, generator=g) + (60.0 if fmt == "fp16" else 90.0)).to(dtype)
+    large = (torch.randn(32, 2048, generator=g) + 90.0).to(dtype)  # exp overflows fp32 past 88.7
     return {"plain": {"inputs": (logits,), "options": {}},
             "large": {"inputs": (large,), "options": {}},
             "theta": {"inputs": (logits,), "options": {"theta": 2.0}}}

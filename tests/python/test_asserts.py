@@ -310,3 +310,18 @@ def test_an_attention_output_of_the_right_count_in_another_shape_is_refused():
     out = sharpcheck.attention(q, k, v)
     with pytest.raises(ValueError, match=r"has shape \[256\]; expected \[1, 2, 8, 16\]"):
         sharpcheck.assert_attention_close(out.reshape(-1), q, k, v)
+
+
+def test_outputs_in_the_same_order_with_merged_or_unit_axes_are_read():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(12, 2, 16, generator=g) for _ in range(3))  # packed [T, H, D]
+    cu = [0, 5, 12]
+    out = sharpcheck.attention(q, k, v, layout="packed", cu_seqlens_q=cu, cu_seqlens_k=cu)
+    merged = out.reshape(12, 32)  # vLLM's [tokens, heads * dim]
+    assert sharpcheck.assert_attention_close(merged, q, k, v, layout="packed", cu_seqlens_q=cu, cu_seqlens_k=cu).passed
+    with pytest.raises(ValueError, match="has shape"):
+        sharpcheck.assert_attention_close(out.transpose(0, 1).contiguous(), q, k, v, layout="packed",
+                                          cu_seqlens_q=cu, cu_seqlens_k=cu)
+    q2, k2, v2 = q[:, 0], k[:, 0], v[:, 0]  # one head's matrices
+    out2 = sharpcheck.attention(q2, k2, v2)
+    assert sharpcheck.assert_attention_close(out2.reshape(1, 1, 12, 16), q2, k2, v2).passed

@@ -174,3 +174,26 @@ def test_a_bf16_merged_lse_is_judged_in_bf16():
     with pytest.raises(AssertionError):  # an LSE off by about five bf16 steps
         sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out,
                          lse=(lse * (1 + 2 ** -5)).bfloat16())
+
+
+def test_compare_names_the_worst_element_in_the_users_shape(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    import numpy as np
+
+    program = os.environ.get("SHARPCHECK_PROGRAM")
+    if not program:
+        pytest.skip("SHARPCHECK_PROGRAM is set by ctest")
+    po, pl, _ = partials()
+    out, lse = merge(po, pl)
+    out[2, 1, 5] += 0.5
+    for name, array in (("po", po), ("pl", pl), ("out", out), ("lse", lse)):
+        np.save(tmp_path / f"{name}.npy", array.numpy())
+    report = tmp_path / "r.json"
+    subprocess.run([program, "compare", "--op", "attention_merge", f"partial_out={tmp_path / 'po.npy'}",
+                    f"partial_lse={tmp_path / 'pl.npy'}", f"out={tmp_path / 'out.npy'}",
+                    f"lse={tmp_path / 'lse.npy'}", "--json", str(report)], check=False, capture_output=True)
+    worst = json.loads(report.read_text())["cases"][0]["worst"]
+    assert worst["full_index"] == [2, 1, 5]

@@ -249,3 +249,12 @@ def test_sizes_and_seeds_are_checked():
     with pytest.raises(ValueError, match="seed"):
         sharpcheck.cases("softmax", seed=-1)
     assert len(sharpcheck.cases("softmax", sizes=[17, 17])) == len(sharpcheck.cases("softmax", sizes=[17]))
+
+
+def test_tf32_sweeps_take_float32_results_and_an_id_reruns_alone_and_fp8_is_refused():
+    assert sharpcheck.sweep(lambda x: torch.softmax(x, -1), "softmax", format="tf32", sizes=(16,)).passed
+    one = sharpcheck.cases("softmax", match="python:softmax:fp32/random_normal/n=16")
+    assert [c.id for c in one] == ["python:softmax:fp32/random_normal/n=16"]  # not n=16384 too
+    assert sharpcheck.cases("attention", features={"causal", "theta"}, sizes=(16,))  # theta: another op's feature
+    with pytest.raises(ValueError, match="fp8"):
+        sharpcheck.cases("softmax", format="fp8_e4m3")
