@@ -11,6 +11,7 @@
 // code c meaning (c - zero point) / 256.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -51,6 +52,26 @@ class Array : public tensor::TensorSource {
   // Lanes [first, first + count) of `lanes`, one per row of the result.
   [[nodiscard]] virtual Matrix read_lanes(const io::NpyLanes& lanes, std::size_t first,
                                           std::size_t count) const;
+};
+
+// Values already in memory with a shape and a name: arrays a judge builds itself (the merge's
+// one-query view) or a test hands it.
+class MemoryArray final : public Array {
+ public:
+  MemoryArray(std::string name, std::vector<std::size_t> shape, std::vector<double> values)
+      : name_(std::move(name)), shape_(std::move(shape)), values_(std::move(values)) {}
+  [[nodiscard]] std::size_t size() const override { return values_.size(); }
+  void read(std::size_t first, std::span<double> out) const override {
+    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
+  }
+  [[nodiscard]] const std::vector<std::size_t>& shape() const override { return shape_; }
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  [[nodiscard]] const std::vector<double>& values() const { return values_; }
+
+ private:
+  std::string name_;
+  std::vector<std::size_t> shape_;
+  std::vector<double> values_;
 };
 
 // The lanes of `array` along `dim` (negative counts from the end, as torch's dim; a 0-D array is

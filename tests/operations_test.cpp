@@ -29,24 +29,7 @@ namespace {
 
 using Pairs = std::vector<std::pair<std::string, std::string>>;
 
-// Values in memory with a shape and a name: what a front end hands a judge.
-class MemoryArray final : public gate::Array {
- public:
-  MemoryArray(std::string name, std::vector<std::size_t> shape, std::vector<double> values)
-      : name_(std::move(name)), shape_(std::move(shape)), values_(std::move(values)) {}
-  [[nodiscard]] std::size_t size() const override { return values_.size(); }
-  void read(std::size_t first, std::span<double> out) const override {
-    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
-  }
-  [[nodiscard]] const std::vector<std::size_t>& shape() const override { return shape_; }
-  [[nodiscard]] const std::string& name() const override { return name_; }
-  [[nodiscard]] const std::vector<double>& values() const { return values_; }
-
- private:
-  std::string name_;
-  std::vector<std::size_t> shape_;
-  std::vector<double> values_;
-};
+using gate::MemoryArray;
 
 const gate::Operation& op(std::string_view name) { return gate::find_operation(ops::all_operations(), name); }
 

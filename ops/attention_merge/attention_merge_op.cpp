@@ -70,24 +70,6 @@ constexpr gate::OptionSpec merge_options[] = {
      .apply = [](gate::OpOptions& o, const std::string& v) { o.judge.lse_format = v; }},
 };
 
-// Values in memory with a shape: the one-query problem's arrays.
-class MemoryArray final : public gate::Array {
- public:
-  MemoryArray(std::string name, std::vector<std::size_t> shape, std::vector<double> values)
-      : name_(std::move(name)), shape_(std::move(shape)), values_(std::move(values)) {}
-  [[nodiscard]] std::size_t size() const override { return values_.size(); }
-  void read(std::size_t first, std::span<double> out) const override {
-    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
-  }
-  [[nodiscard]] const std::vector<std::size_t>& shape() const override { return shape_; }
-  [[nodiscard]] const std::string& name() const override { return name_; }
-
- private:
-  std::string name_;
-  std::vector<std::size_t> shape_;
-  std::vector<double> values_;
-};
-
 // A user's array seen with another shape of the same C order (out [T, H, D] as bshd [T, 1, H, D]).
 class ReshapedArray final : public gate::Array {
  public:
@@ -146,7 +128,7 @@ std::vector<double> all_values(const gate::Array& array) {
 // The one-query problem: q = 1 (d = 1), k_j = lse_j (0 where empty, masked), v_j = o_j (0 where
 // empty), in bshd with batch = tokens, seq_q = 1, seq_k = splits; keep [T, H, 1, S].
 struct OneQueryProblem {
-  std::unique_ptr<MemoryArray> k, v;
+  std::unique_ptr<gate::MemoryArray> k, v;
   std::vector<std::uint8_t> keep;
 };
 
@@ -203,9 +185,9 @@ OneQueryProblem one_query_problem(const gate::OpCall& call, const MergeShape& s,
       }
     }
   }
-  return {std::make_unique<MemoryArray>(
+  return {std::make_unique<gate::MemoryArray>(
               "partial_lse", std::vector<std::size_t>{s.tokens, s.splits, s.heads, 1}, std::move(k)),
-          std::make_unique<MemoryArray>(
+          std::make_unique<gate::MemoryArray>(
               "partial_out", std::vector<std::size_t>{s.tokens, s.splits, s.heads, s.dim}, std::move(v)),
           std::move(keep)};
 }
@@ -216,7 +198,7 @@ gate::CaseOutcome judge_merge(const gate::OpCall& call) {
                           .any_infinity_is_empty = call.options.merge_any_infinity_is_empty};
   const MergeShape s = shape_of(call, c.splits_first);
   OneQueryProblem p = one_query_problem(call, s, c);
-  const MemoryArray q("q", {s.tokens, 1, s.heads, 1}, std::vector<double>(s.tokens * s.heads, 1.0));
+  const gate::MemoryArray q("q", {s.tokens, 1, s.heads, 1}, std::vector<double>(s.tokens * s.heads, 1.0));
   const ReshapedArray out(call.at("out"), {s.tokens, 1, s.heads, s.dim});
   std::unique_ptr<ReshapedArray> lse;
   if (const gate::Array* given = call.find("lse"))

@@ -358,9 +358,22 @@ def audit_tolerance(op: str, check: Optional[Callable[..., Any]] = None, *, atol
     return _audit_softmax(check_name, run, format, seed)
 
 
+def _entries(judged: Callable[..., Tuple[bool, bool, str]], honest: List[Tuple[str, str, str, Any]],
+             wrong: List[Tuple[str, str, str, Callable[[], Any]]]) -> List[AuditEntry]:
+    """Each honest output (name, what, problem, output) and each wrong one (name, what, problem,
+    build) judged by the user's check and by sharpcheck."""
+    entries: List[AuditEntry] = []
+    for name, what, problem, output in honest:
+        passed, ours, note = judged(output, problem, honest=True)
+        entries.append(AuditEntry(name, what, problem, passed, note, ours, honest=True))
+    for name, what, problem, build in wrong:
+        passed, ours, note = judged(build(), problem)
+        entries.append(AuditEntry(name, what, problem, passed, note, ours))
+    return entries
+
+
 def _audit_attention(check_name: str, run: Callable[..., bool], fmt: str, seed: int) -> AuditReport:
     problems = _attention_problems(fmt, seed)
-    entries: List[AuditEntry] = []
     golden: Dict[str, Any] = {}
     for name, problem in problems.items():
         q, k, v = problem["inputs"]
@@ -378,25 +391,20 @@ def _audit_attention(check_name: str, run: Callable[..., bool], fmt: str, seed: 
             ours = False
         return passed, ours, note
 
+    honest = []
     for problem in problems:
         q, k, v = problems[problem]["inputs"]
-        for name, what, output in (
-                (f"correctly_rounded[{problem}]", "the exact result rounded once", _reference(q, k, v, problems[problem]["options"], fmt)),
-                (f"flash_kernel[{problem}]", "FlashAttention-2 in torch: P in the format, fp32 sums",
-                 _flash(q, k, v, problems[problem]["options"]))):
-            passed, ours, note = judged(output, problem, honest=True)
-            entries.append(AuditEntry(name, what, problem, passed, note, ours, honest=True))
-    for name, what, problem, build in _attention_catalogue(fmt, seed):
-        passed, ours, note = judged(build(), problem)
-        entries.append(AuditEntry(name, what, problem, passed, note, ours))
-    return AuditReport("attention", fmt, check_name, entries)
+        honest += [(f"correctly_rounded[{problem}]", "the exact result rounded once", problem,
+                    _reference(q, k, v, problems[problem]["options"], fmt)),
+                   (f"flash_kernel[{problem}]", "FlashAttention-2 in torch: P in the format, fp32 sums", problem,
+                    _flash(q, k, v, problems[problem]["options"]))]
+    return AuditReport("attention", fmt, check_name, _entries(judged, honest, _attention_catalogue(fmt, seed)))
 
 
 def _audit_softmax(check_name: str, run: Callable[..., bool], fmt: str, seed: int) -> AuditReport:
     torch = _torch()
     problems = _softmax_problems(fmt, seed)
     golden = {name: _references.softmax(p["inputs"][0], format="fp64", **p["options"]) for name, p in problems.items()}
-    entries: List[AuditEntry] = []
 
     def judged(actual, problem, honest=False) -> Tuple[bool, bool, str]:
         logits = problems[problem]["inputs"][0]
@@ -409,17 +417,12 @@ def _audit_softmax(check_name: str, run: Callable[..., bool], fmt: str, seed: in
             ours = False
         return passed, ours, note
 
+    honest = []
     for problem, spec in problems.items():
         logits = spec["inputs"][0]
         theta = spec["options"].get("theta", 1.0)
-        for name, what, output in (
-                (f"correctly_rounded[{problem}]", "the exact result rounded once",
-                 _references.softmax(logits, format=fmt, **spec["options"])),
-                (f"torch_softmax[{problem}]", "torch.softmax in fp32, rounded to the format",
-                 torch.softmax(logits.float() / theta, -1).to(logits.dtype))):
-            passed, ours, note = judged(output, problem, honest=True)
-            entries.append(AuditEntry(name, what, problem, passed, note, ours, honest=True))
-    for name, what, problem, build in _softmax_catalogue(fmt, seed):
-        passed, ours, note = judged(build(), problem)
-        entries.append(AuditEntry(name, what, problem, passed, note, ours))
-    return AuditReport("softmax", fmt, check_name, entries)
+        honest += [(f"correctly_rounded[{problem}]", "the exact result rounded once", problem,
+                    _references.softmax(logits, format=fmt, **spec["options"])),
+                   (f"torch_softmax[{problem}]", "torch.softmax in fp32, rounded to the format", problem,
+                    torch.softmax(logits.float() / theta, -1).to(logits.dtype))]
+    return AuditReport("softmax", fmt, check_name, _entries(judged, honest, _softmax_catalogue(fmt, seed)))
