@@ -5,6 +5,7 @@ plugin (sharpcheck.pytest_plugin)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -284,6 +285,16 @@ def ops() -> List[Dict[str, Any]]:
     return json.loads(_sharpcheck.ops_json())
 
 
+@functools.lru_cache(maxsize=None)
+def _operation_specs() -> Dict[str, Dict[str, Any]]:
+    """ops() by name, read once (the registry is fixed for the process); callers do not mutate it."""
+    return {o["name"]: o for o in ops()}
+
+
+def operation_spec(op: str) -> Optional[Dict[str, Any]]:
+    return _operation_specs().get(op)
+
+
 def _option_text(key: str, value: Any) -> str:
     """An option's value as the schema's text: flags true/false, reals exactly (hex), lists of
     counts comma-separated (None in a window: -1, unbounded); NumPy scalars as their Python value."""
@@ -310,7 +321,7 @@ def judge(op: str, *, msg: Optional[str] = None, **tensors_and_options: Any) -> 
     sharpcheck.judge("linear_attention", q=q, k=k, v=v, out=out, causal=True). format defaults to
     the judged tensor's dtype; an unknown keyword or a wrong value is a ValueError naming it.
     AssertionError when the results do not fit the operation's allowance, as assert_*_close."""
-    spec = {o["name"]: o for o in ops()}.get(op)
+    spec = operation_spec(op)
     if spec is None:
         raise ValueError(f"no operation named {op!r}; sharpcheck.ops() lists them: "
                          + ", ".join(o["name"] for o in ops()))

@@ -19,7 +19,7 @@ import json
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import _sharpcheck
-from ._asserts import Report, judge, ops
+from ._asserts import Report, judge, operation_spec
 
 DEFAULT_SEED = 20241008  # the gate's default --seed
 # Every feature a case may need (gate/operation.hpp's ExternalCase::needs).
@@ -32,7 +32,7 @@ _NUMPY_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16"
 
 
 def _spec(op: str) -> Dict[str, Any]:
-    spec = {o["name"]: o for o in ops()}.get(op)
+    spec = operation_spec(op)
     if spec is None:
         raise ValueError(f"no operation named {op!r}; sharpcheck.ops() lists them")
     return spec
