@@ -107,7 +107,8 @@ float flash_row(const AttentionDesign& design, const Head& h, std::size_t i,
     for (std::size_t a = 0; a < length; ++a) {
       const float w = std::exp(tile_scores[a] - new_max);
       sum = add(sum, w);
-      const float p = round_to(w, *design.input);  // P in the input format before P V
+      // P in the input format before P V
+      const float p = round_to(w, design.bug == ForwardBug::p_in_e4m3 ? fp8_e4m3 : *design.input);
       const float* value = &h.v[keys[start + a] * h.dv];
       for (std::size_t c = 0; c < h.dv; ++c) accumulator[c] += p * value[c];
     }

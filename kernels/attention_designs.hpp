@@ -23,7 +23,9 @@
 //   window_off_by_one:        one key too many on the left of the sliding window;
 //   alibi_sign_flipped:       + slope distance instead of - slope distance;
 //   sink_in_log2_units:       the sink logit read as a base-2 logit (times log2 e);
-//   nan_key_tail:             keys past the last full block of 128 read as NaN (an unmasked tail).
+//   nan_key_tail:             keys past the last full block of 128 read as NaN (an unmasked tail);
+//   p_in_e4m3:                P rounded to fp8 e4m3 before P V where the design says bf16 (an FP8
+//                             port's P wired into a bf16 kernel), with no log-sum-exp to judge.
 #pragma once
 
 #include <vector>
@@ -46,6 +48,7 @@ enum class ForwardBug {
   alibi_sign_flipped,
   sink_in_log2_units,
   nan_key_tail,
+  p_in_e4m3,
 };
 
 struct AttentionDesign {

@@ -188,6 +188,8 @@ const AttentionKernel attention_table[] = {
                                                 "broken: the sink logit read in base-2 units"),
     flash2_twin<ForwardBug::nan_key_tail>("flash2_bf16_nan_tail",
                                           "broken: keys past the last full block of 128 read as NaN"),
+    flash2_twin<ForwardBug::p_in_e4m3>("flash2_bf16_p_e4m3_no_lse",
+                                       "broken: P rounded to e4m3 where the design says bf16, no LSE", false),
 };
 
 }  // namespace

@@ -52,6 +52,10 @@ struct Tolerance {
   // Whether the softmax denominator may be summed from the rounded P (then the log-sum-exp moves
   // with P's rounding too). Recipes that sum the fp32 exponentials say false.
   bool row_sum_of_rounded_probabilities = true;
+  // A math-path recipe whose score roundings are emulated exactly (metrics/score_emulation.hpp):
+  // its statistical tier is centred on the attention of the emulated scores, and charges only P's
+  // rounding and the fp32 arithmetic around it, where the head's scores are the plain math path's.
+  bool scores_emulated = false;
 };
 
 // An attention backward kernel's tolerance (metrics/judge_backward.hpp): each gradient element

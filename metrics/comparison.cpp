@@ -211,21 +211,32 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
   const bool s_charged = tolerance.scores_in_output > 0 && inside.s.cols > 0;
   if (p_charged) rest.probabilities_in_output = 0;
   if (s_charged) rest.scores_in_output = 0;
-  const double magnitude = (*input.magnitudes)(r, j);
-  const double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;
+  const bool centred = inside.centre.cols > 0;
+  const double magnitude = centred ? inside.centre_magnitude(r, j) : (*input.magnitudes)(r, j);
+  double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;
+  // Judged around the emulated centre o~, the kernel's own output rounding is u_out |y| with
+  // |y| near |o~|, which may exceed |expected| where o cancels: the larger is charged.
+  if (centred && rounded >= 0) rounded = std::max(rounded, std::fabs(inside.centre(r, j)));
   const auto unit = [&](const FloatFormat* format) {
     return (format != nullptr ? *format : output).unit_roundoff();
   };
   const double u_p = p_charged ? unit(tolerance.probability_format) : 0.0;
   const double u_s = s_charged ? unit(tolerance.score_format) : 0.0;
   const double growth = std::exp(2.0001 * u_s * input.scales[r].largest_score);
+  // Around an emulated centre, P's spread is the emulated weights' own (no growth), and the fp32
+  // terms, evaluated at the exact row's |z|, are grown instead: the emulated |z~| exceed them by
+  // at most the scores' two roundings.
+  const double p_growth = centred ? 1.0 : growth;
   double charge = 0;
   if (p_charged)
-    charge += statistical_lambda * u_p * inside.p(r, j) * growth * growth + 4 * u_p * u_p * magnitude;
-  if (s_charged)
+    charge += statistical_lambda * u_p * inside.p(r, j) * p_growth * p_growth + 4 * u_p * u_p * magnitude;
+  if (centred)  // the emulation's ambiguity: spreads already in the scores' units and over W
+    charge += statistical_lambda * inside.s(r, j) + inside.s_second(r, j);
+  else if (s_charged)
     charge += growth * (statistical_lambda * 2.0001 * u_s * inside.s(r, j) + inside.s_second(r, j));
   return allowed_error(rest, magnitude, (*input.z_magnitudes)(r, j), input.scales[r], output,
-                       Tier::statistical, rounded) +
+                       Tier::statistical, rounded) *
+             (centred ? growth : 1.0) +
          charge * (1 + 0x1p-20);
 }
 
@@ -254,12 +265,21 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
           ? allowed
           : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical, rounded) +
                 additional;
-  if (input.inside != nullptr && (tolerance.probabilities_in_output > 0 || tolerance.scores_in_output > 0)) {
+  const bool centred = input.inside != nullptr && input.inside->centre.cols > 0;
+  if (centred) {
+    // Emulated scores: the statistical tier is judged around o~ alone (an allowance around the
+    // exact o would charge the very roundings the emulation knows).
+    judged.statistical_allowed = inside_charge(input, tolerance, output, r, j) + additional;
+  } else if (input.inside != nullptr &&
+             (tolerance.probabilities_in_output > 0 || tolerance.scores_in_output > 0)) {
     judged.statistical_allowed =
         std::min(judged.statistical_allowed, inside_charge(input, tolerance, output, r, j) + additional);
   }
   judged.statistical_allowed = cannot_judge_if_nan(judged.statistical_allowed);
-  judged.statistical_ratio = bound_ratio(e, a, judged.statistical_allowed);
+  const bool matches = a == e || (std::isnan(a) && std::isnan(e));
+  judged.statistical_ratio = centred && !matches
+                                 ? bound_ratio(input.inside->centre(r, j), a, judged.statistical_allowed)
+                                 : bound_ratio(e, a, judged.statistical_allowed);
   return judged;
 }
 

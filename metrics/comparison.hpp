@@ -77,8 +77,13 @@ struct Comparison {
 // scores' rounding by lambda 2.0001 u_S s plus s_second (first and second order; both over the
 // denominator's least value exp(-eps), eps = 2.0001 u_S max|z|). Matrices of the compared shape; a
 // matrix with no columns charges nothing of its kind.
+// A recipe whose scores are emulated (metrics/score_emulation.hpp) also gives the centre its
+// statistical tier is judged around, the exact attention o~ of the emulated scores (in double),
+// and that centre's magnitude sum_j p~_j |v_jc|; `s_second` then holds what the scores an honest
+// kernel may form otherwise can move it (charged in full), and `s` is 0.
 struct InsideSpreads {
   Matrix p, s, s_second;
+  Matrix centre, centre_magnitude;  // no columns: not emulated
 };
 
 // The inputs of a comparison, row by row. `magnitudes` and `z_magnitudes` give, per element,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -10,6 +11,7 @@
 #include "core/errors.hpp"
 #include "kernels/escape_kernels.hpp"
 #include "metrics/inside_rounding.hpp"
+#include "metrics/score_emulation.hpp"
 #include "reference/attention.hpp"
 #include "reference/dispersion_escapes.hpp"
 #include "reference/dot_product.hpp"
@@ -277,6 +279,68 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   return row_scale;
 }
 
+// Emulated scores' weights p~ over the visible keys (the sink, last in `row`, takes its share of
+// the denominator; returned).
+double emulated_weights(const EmulatedRow& row, std::size_t keys, VisibleWeights& weights) {
+  weights.p.assign(keys, 0.0);
+  weights.z.assign(keys, 0.0);
+  const double top = *std::max_element(row.z.begin(), row.z.end());
+  double sum = 0;
+  for (const double z : row.z) sum += std::exp(z - top);
+  for (std::size_t a = 0; a < keys; ++a) {
+    weights.p[a] = std::exp(row.z[a] - top) / sum;
+    weights.z[a] = std::fabs(row.z[a] - top);
+  }
+  return row.z.size() > keys ? std::exp(row.z.back() - top) / sum : 0.0;
+}
+
+// The statistical tier around emulated scores of one chain: each row's o~ and spreads, then the
+// comparison and row-scale test of `base` again around o~. nullopt if a row cannot be emulated.
+std::optional<Comparison> judge_emulated(ScoreChain chain, const JudgeSpec& spec, const Matrix& queries,
+                                         const Matrix& keys, const Matrix& values,
+                                         const tensor::HeadScores& head, const ComparisonInput& base) {
+  const ScoreEmulator emulator(chain, queries, keys, head, *spec.tolerance->score_format);
+  const std::size_t rows = queries.rows, columns = values.cols;
+  InsideSpreads spreads{Matrix(rows, columns), Matrix(rows, columns), Matrix(rows, columns),
+                        Matrix(rows, columns), Matrix(rows, columns)};
+  std::vector<RowRounding> roundings(rows);
+  std::vector<std::size_t> visible;
+  EmulatedRow row;
+  VisibleWeights weights;
+  for (std::size_t i = 0; i < rows; ++i) {
+    head.visible_keys(i, visible);
+    if (!emulator.row(i, visible, row)) return std::nullopt;
+    if (row.z.empty()) continue;  // o = 0: the base comparison's zeros stand
+    const EmulatedSink sink{emulated_weights(row, visible.size(), weights),
+                            row.z.size() > visible.size() ? row.ambiguity.back() : 0.0};
+    for (std::size_t c = 0; c < columns; ++c) {
+      double magnitude = 0;
+      for (std::size_t a = 0; a < visible.size(); ++a)
+        magnitude += weights.p[a] * std::fabs(values(visible[a], c));
+      spreads.centre_magnitude(i, c) = magnitude * (1 + 1e-9);
+    }
+    roundings[i] = emulated_rounding(values, visible, weights, {row.ambiguity.data(), visible.size()}, sink,
+                                     spreads.centre_magnitude.row(i));
+    for (std::size_t c = 0; c < columns; ++c) spreads.centre(i, c) = roundings[i].exact[c];
+    store_spreads(roundings[i], i, spreads);
+  }
+  ComparisonInput input = base;
+  input.allowed = nullptr;
+  input.inside = &spreads;
+  Comparison comparison = compare(input, *spec.tolerance, *spec.output);
+  for (std::size_t i = 0; i < rows; ++i) {
+    if (!roundings[i].emulated) continue;
+    judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), *spec.tolerance,
+                    base.scales[i], *spec.output, comparison);
+  }
+  return comparison;
+}
+
+// How far a comparison is from passing the statistical tier (the elements and the row scales).
+double statistical_closeness(const Comparison& comparison) {
+  return std::max(comparison.max_statistical_ratio, comparison.max_row_scale_ratio);
+}
+
 }  // namespace
 
 Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
@@ -303,8 +367,11 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   if (head.queries == 0) head.queries = queries.rows;
   if (head.keys == 0) head.keys = keys.rows;
   if (head.row_stride == 0) head.row_stride = keys.rows;
-  InsideSpreads spreads{Matrix(queries.rows, values.cols), Matrix(queries.rows, values.cols),
-                        Matrix(queries.rows, values.cols)};
+  InsideSpreads spreads{.p = Matrix(queries.rows, values.cols),
+                        .s = Matrix(queries.rows, values.cols),
+                        .s_second = Matrix(queries.rows, values.cols),
+                        .centre = {},
+                        .centre_magnitude = {}};
   input.inside = &spreads;
   const double u_s = inside_units(*spec.tolerance, *spec.output).s;
   std::vector<RowRounding> roundings(queries.rows);
@@ -322,11 +389,28 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
         {roundings[i].lse_p_spread, roundings[i].lse_s_spread, roundings[i].lse_s_second});
   }
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
+  evaluation.row_scales = input.scales;
+  if (spec.tolerance->scores_emulated && spec.tolerance->score_format != nullptr && scores_emulable(head)) {
+    // The math path's scores, emulated chain by chain; the chain that fits best is the verdict's
+    // (its proven tier is the one above: the worst case of any two roundings).
+    input.inside = nullptr;
+    std::optional<Comparison> best;
+    for (const ScoreChain chain : score_chains()) {
+      std::optional<Comparison> emulated = judge_emulated(chain, spec, queries, keys, values, head, input);
+      if (emulated && (!best || statistical_closeness(*emulated) < statistical_closeness(*best))) {
+        best = std::move(emulated);
+        evaluation.score_chain = describe(chain);
+      }
+    }
+    if (best) {
+      evaluation.comparison = std::move(*best);
+      return evaluation;
+    }
+  }
   for (std::size_t i = 0; i < queries.rows; ++i) {
     judge_row_scale(evaluation.actual, i, roundings[i], magnitudes.row(i), *spec.tolerance, input.scales[i],
                     *spec.output, evaluation.comparison);
   }
-  evaluation.row_scales = input.scales;
   return evaluation;
 }
 

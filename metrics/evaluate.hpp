@@ -3,6 +3,8 @@
 // to a verdict that the tests, the gate and the studies share.
 #pragma once
 
+#include <string_view>
+
 #include "core/matrix.hpp"
 #include "kernels/registry.hpp"
 #include "metrics/comparison.hpp"
@@ -24,6 +26,9 @@ struct Evaluation {
     double p = 0, s = 0, s_second = 0;
   };
   std::vector<LseSpreads> lse_spreads;
+  // A recipe with emulated scores: the chain whose centre the statistical tier was judged around
+  // (metrics/score_emulation.hpp), empty where the head's scores could not be emulated.
+  std::string_view score_chain;
 };
 
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits,

@@ -122,6 +122,85 @@ RowRounding row_rounding(const Matrix& values, std::span<const std::size_t> visi
   return r;
 }
 
+namespace {
+
+// One group of the emulated row's ambiguous keys: its first-order sums per column and for the
+// row-scale statistic.
+struct AmbiguityGroup {
+  std::vector<double> columns;
+  double scale = 0;
+};
+
+bool same_group(const VisibleWeights& w, std::span<const double> a, std::size_t x, std::size_t y) {
+  return w.p[x] == w.p[y] && a[x] == a[y];
+}
+
+}  // namespace
+
+RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t> visible,
+                              const VisibleWeights& w, std::span<const double> ambiguity, EmulatedSink sink,
+                              std::span<const double> magnitudes) {
+  RowRounding r = row_rounding(values, visible, w, 0.0);
+  const std::size_t columns = values.cols;
+  double widest = sink.ambiguity, weight = 0;
+  for (const double a : ambiguity) widest = std::max(widest, a);
+  for (const double o : r.exact) weight += std::fabs(o);
+  std::vector<double> first(columns, 0.0), second(columns, 0.0);
+  double scale_first = 0, scale_second = 0;
+  const auto add_group = [&](const AmbiguityGroup& g) {
+    for (std::size_t c = 0; c < columns; ++c) first[c] += g.columns[c] * g.columns[c];
+    scale_first += g.scale * g.scale;
+  };
+  std::vector<std::size_t> order;
+  for (std::size_t e = 0; e < visible.size(); ++e)
+    if (ambiguity[e] > 0 && w.p[e] > 0) order.push_back(e);
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return w.p[x] != w.p[y] ? w.p[x] < w.p[y] : ambiguity[x] < ambiguity[y];
+  });
+  AmbiguityGroup group{std::vector<double>(columns, 0.0)};
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::size_t e = order[k];
+    const double p = w.p[e], a = ambiguity[e], rho = p * (std::expm1(a) - a);
+    const double* v = values.row(visible[e]).data();
+    double projection = 0, absolute = 0;
+    for (std::size_t c = 0; c < columns; ++c) {
+      group.columns[c] += p * a * (v[c] - r.exact[c]);
+      second[c] += rho * (std::fabs(v[c]) + std::fabs(r.exact[c]));
+      projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
+      absolute += std::fabs(v[c]);
+    }
+    group.scale += p * a * (projection - weight);
+    scale_second += rho * (absolute + weight);
+    if (k + 1 == order.size() || !same_group(w, ambiguity, e, order[k + 1])) {
+      add_group(group);
+      group = AmbiguityGroup{std::vector<double>(columns, 0.0)};
+    }
+  }
+  if (sink.ambiguity > 0 && sink.weight > 0) {
+    const double a = sink.ambiguity, rho = sink.weight * (std::expm1(a) - a);
+    for (std::size_t c = 0; c < columns; ++c) {
+      group.columns[c] = -sink.weight * a * r.exact[c];
+      second[c] += rho * std::fabs(r.exact[c]);
+    }
+    group.scale = -sink.weight * a * weight;
+    scale_second += rho * weight;
+    add_group(group);
+  }
+  const double over_w = std::exp(widest) * (1 + 0x1p-30);
+  const double arithmetic = static_cast<double>(visible.size() + 11) * 0x1p-50;
+  double arithmetic_total = 0;
+  for (std::size_t c = 0; c < columns; ++c) {
+    const double own = arithmetic * (magnitudes[c] + std::fabs(r.exact[c]));
+    arithmetic_total += own;
+    r.s_spread[c] = std::sqrt(first[c]) * over_w;
+    r.s_second[c] = second[c] * over_w + own;
+  }
+  r.scale_s_spread = std::sqrt(scale_first) * over_w;
+  r.scale_s_second = scale_second * over_w + arithmetic_total;
+  r.emulated = true;
+  return r;
+}
+
 InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) {
   InsideUnits units;
   if (tolerance.probabilities_in_output > 0)
@@ -165,11 +244,18 @@ void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& r
   }
   if (weight == 0) return;
   const double growth = std::exp(2.0001 * u.s * scale.largest_score);  // 1 / W and p's own growth
-  const double p_noise = u.p * rounding.scale_p_spread * growth * growth;
-  const double s_noise = 2.0001 * u.s * rounding.scale_s_spread * growth;
+  // Emulated weights are the kernel's own: P's spread needs no growth; the fp32 terms (at the
+  // exact row's |z|) get it, as comparison.cpp's inside_charge does.
+  const double p_growth = rounding.emulated ? 1.0 : growth;
+  if (rounding.emulated) charged *= growth;
+  const double p_noise = u.p * rounding.scale_p_spread * p_growth * p_growth;
+  // Emulated: the scores' spreads are the ambiguity's, already in their units and over W.
+  const double s_noise =
+      rounding.emulated ? rounding.scale_s_spread : 2.0001 * u.s * rounding.scale_s_spread * growth;
+  const double s_second = rounding.emulated ? rounding.scale_s_second : growth * rounding.scale_s_second;
   const double allowed =
-      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) +
-       growth * rounding.scale_s_second + charged) *
+      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) + s_second +
+       charged) *
       (1 + 0x1p-20) / weight;
   record_row_scale(comparison, row, std::fabs(deviation) / weight, allowed);
 }

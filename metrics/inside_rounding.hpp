@@ -38,12 +38,34 @@ struct RowRounding {
   // rounded P, by ln(1 + sum_j d_j p_j) (spread sqrt(sum_j p_j^2)).
   double scale_p_spread = 0, scale_s_spread = 0, scale_s_second = 0;
   double lse_p_spread = 0, lse_s_spread = 0, lse_s_second = 0;
+  // Computed for emulated scores' weights (metrics/score_emulation.hpp): `exact` is then the
+  // centre o~, the scores' spreads are 0 and their second order is what the emulation leaves open.
+  bool emulated = false;
 };
 
 // The row's exact output o_c (in double) and the spreads above, u_s the scores' unit roundoff (0:
 // the recipe keeps them in fp32).
 [[nodiscard]] RowRounding row_rounding(const Matrix& values, std::span<const std::size_t> visible,
                                        const VisibleWeights& w, double u_s);
+
+// An emulated row (metrics/score_emulation.hpp): the kernel's own weights p~ (from its emulated
+// scores), so `exact` is the centre o~ and the P spreads are p~'s, and in place of the scores'
+// roundings what the emulation leaves open: score j may move by Delta_j, |Delta_j| <= a_j (0 for
+// all but the scores near a rounding tie), moving o~_c by sum_j p~_j (e^Delta_j - 1) (v_jc - o~_c)
+// / W, W >= exp(-max a). Its first order sum_j p~_j Delta_j (v_jc - o~_c) is charged by Hoeffding
+// as the statistical tier charges every rounding (which side of its tie a score lands on is set by
+// the dot product's low bits, unrelated to p and v; keys of equal weight and ambiguity as one),
+// spread sqrt(sum_G (sum_G p~ a (v_c - o~_c))^2) in `s_spread` (already in the scores' units, and
+// over W); the second order sum_j p~_j (expm1(a_j) - a_j) (|v_jc| + |o~_c|) over W and the double
+// arithmetic's own error, (n + 10) 2^-50 (M~_c + |o~_c|), in full in `s_second`. The sink (no
+// value) moves every o~_c the same way with v = 0. The row-scale fields likewise, projected on
+// the signs of o~.
+struct EmulatedSink {
+  double weight = 0, ambiguity = 0;
+};
+[[nodiscard]] RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t> visible,
+                                            const VisibleWeights& w, std::span<const double> ambiguity,
+                                            EmulatedSink sink, std::span<const double> magnitudes);
 
 // The unit roundoffs a tolerance's inside roundings are charged in (0 where it has none).
 struct InsideUnits {

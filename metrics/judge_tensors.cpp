@@ -54,8 +54,11 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
     z_magnitudes(i, 0) = evaluation.row_scales[i].largest_magnitude;
   }
   // The inside roundings' statistical charges (evaluate.cpp's RowRounding), in the LSE's unit.
-  InsideSpreads inside{Matrix(rows, recipe.probabilities_in_output > 0 ? 1 : 0), Matrix(rows, 1),
-                       Matrix(rows, 1)};
+  InsideSpreads inside{.p = Matrix(rows, recipe.probabilities_in_output > 0 ? 1 : 0),
+                       .s = Matrix(rows, 1),
+                       .s_second = Matrix(rows, 1),
+                       .centre = {},
+                       .centre_magnitude = {}};
   for (std::size_t i = 0; i < rows && i < evaluation.lse_spreads.size(); ++i) {
     const auto& spreads = evaluation.lse_spreads[i];
     if (inside.p.cols > 0) inside.p(i, 0) = spreads.p * unit;

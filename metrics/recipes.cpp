@@ -129,6 +129,7 @@ kernels::Tolerance derive_forward(const AttentionRecipe& recipe) {
   entry.probability_format = recipe.intermediates;  // nullptr: the output's format
   entry.score_format = recipe.intermediates;
   entry.row_sum_of_rounded_probabilities = recipe.row_sum == RowSum::rounded;
+  entry.scores_emulated = recipe.score_roundings > 0 && recipe.intermediates != nullptr;
   // Below the format's normal range P's rounding errs absolutely, by half the subnormal step f: the
   // weights the kernel rounds lie in [0, 1] (exp(z - max), or P itself) and l >= 1, so the output
   // moves by at most f sum_j |v_j| (fp16: 2^-25). Recipes in the output's format take fp16's, the

@@ -31,6 +31,10 @@ def test_assert_close_loose_tolerances_miss_wrong_attention_outputs_that_sharpch
     assert "dropped_sink" not in audit.sharpcheck_missed
     assert {"half_scaled", "zeros", "gqa_by_modulo", "swapped_causal_alignment"} <= set(audit.caught)
     assert audit.sharpcheck_rejected_honest == []
+    # sharpcheck's default (no recipe named, no LSE) catches every wrong output, a denominator summed
+    # in bf16 and a P rounded to e4m3 included: the math path's recipe, which the default also tries,
+    # emulates its scores instead of charging their roundings as noise (docs/verdicts.md).
+    assert audit.sharpcheck_missed == []
     table = str(audit)
     assert "| dropped_sink (wrong) |" in table and "passes (!)" in table
 

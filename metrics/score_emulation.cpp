@@ -1,0 +1,151 @@
+#include "metrics/score_emulation.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sharpcheck::metrics {
+namespace {
+
+constexpr ScoreChain chains[] = {ScoreChain::product_then_scale, ScoreChain::both_prescaled,
+                                 ScoreChain::query_prescaled, ScoreChain::scaled_accumulator};
+
+// How far one fp32 step may move a value, relative: its own rounding (2^-24) and the scale's
+// conversion to fp32 (2^-24), or a division by fp32(1 / scale) instead of a product with
+// fp32(scale) (two roundings of 2^-24); 2^-22 covers each with room for double's own rounding of
+// the real product the interval is formed from.
+constexpr double fp32_step = 0x1p-22;
+
+// An additive bias at or below this hides its key (exp(-1e4) is 0 in every format); the chains
+// add it exactly and the key's weight is 0 either way.
+constexpr double hiding_bias = -1e4;
+
+double widen_down(double x) { return x - std::fabs(x) * fp32_step; }
+double widen_up(double x) { return x + std::fabs(x) * fp32_step; }
+
+}  // namespace
+
+std::span<const ScoreChain> score_chains() { return chains; }
+
+std::string_view describe(ScoreChain chain) {
+  switch (chain) {
+    case ScoreChain::product_then_scale:
+      return "scores = F(F(q k^T) * scale)";
+    case ScoreChain::both_prescaled:
+      return "scores = F(F(q * sqrt(scale)) F(k * sqrt(scale))^T)";
+    case ScoreChain::query_prescaled:
+      return "scores = F(F(q * scale) k^T)";
+    case ScoreChain::scaled_accumulator:
+      return "scores = F(fp32(q k^T) * scale)";
+  }
+  return "";
+}
+
+bool scores_emulable(const tensor::HeadScores& scores) {
+  if (scores.softcap != 0.0 || scores.alibi_slope != 0.0 || scores.theta != 1.0) return false;
+  return std::all_of(scores.bias.begin(), scores.bias.end(),
+                     [](double b) { return b == 0.0 || b <= hiding_bias; });
+}
+
+ScoreEmulator::ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matrix& keys,
+                             const tensor::HeadScores& scores, const FloatFormat& format)
+    : chain_(chain), scores_(scores), format_(format) {
+  scale_ = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
+  const double root = std::sqrt(scale_);
+  q_ = prepare(queries, chain == ScoreChain::both_prescaled    ? root
+                        : chain == ScoreChain::query_prescaled ? scale_
+                                                               : 1.0);
+  k_ = prepare(keys, chain == ScoreChain::both_prescaled ? root : 1.0);
+}
+
+// The operand the kernel multiplies: x rounded to F (the tensors it is handed), then, if a factor
+// is applied first, F(fp32(x) * fp32(factor)) computed as the kernel computes it, with the
+// interval an honest kernel's product may lie in rounded to F at both ends for the deviation.
+ScoreEmulator::Operand ScoreEmulator::prepare(const Matrix& x, double factor) const {
+  Operand operand{Matrix(x.rows, x.cols), Matrix(x.rows, x.cols)};
+  const auto fp32_factor = static_cast<float>(factor);
+  for (std::size_t e = 0; e < x.values.size(); ++e) {
+    const double given = round_to_format(x.values[e], format_);
+    if (factor == 1.0) {
+      operand.centre.values[e] = given;
+      continue;
+    }
+    const double centre =
+        round_to_format(static_cast<double>(static_cast<float>(given) * fp32_factor), format_);
+    const double real = given * factor;
+    const double low = round_to_format(widen_down(real), format_);
+    const double high = round_to_format(widen_up(real), format_);
+    operand.centre.values[e] = centre;
+    operand.deviation.values[e] = std::max(std::fabs(centre - low), std::fabs(high - centre));
+  }
+  return operand;
+}
+
+void ScoreEmulator::finish(double accumulator, double lo, double hi, double& z, double& ambiguity) const {
+  const auto fp32_scale = static_cast<float>(scale_);
+  double centre = 0, low = 0, high = 0;
+  switch (chain_) {
+    case ScoreChain::product_then_scale: {
+      const double product = round_to_format(accumulator, format_);
+      const double product_low = round_to_format(widen_down(lo), format_);
+      const double product_high = round_to_format(widen_up(hi), format_);
+      centre = round_to_format(static_cast<double>(static_cast<float>(product) * fp32_scale), format_);
+      low = round_to_format(widen_down(std::min(product_low * scale_, product_high * scale_)), format_);
+      high = round_to_format(widen_up(std::max(product_low * scale_, product_high * scale_)), format_);
+      break;
+    }
+    case ScoreChain::both_prescaled:
+    case ScoreChain::query_prescaled:
+      centre = round_to_format(accumulator, format_);
+      low = round_to_format(widen_down(lo), format_);
+      high = round_to_format(widen_up(hi), format_);
+      break;
+    case ScoreChain::scaled_accumulator:
+      centre = round_to_format(static_cast<double>(static_cast<float>(accumulator) * fp32_scale), format_);
+      low = round_to_format(widen_down(std::min(lo * scale_, hi * scale_)), format_);
+      high = round_to_format(widen_up(std::max(lo * scale_, hi * scale_)), format_);
+      break;
+  }
+  z = centre;
+  ambiguity = std::max(centre - low, high - centre);
+}
+
+// The fp32 accumulator of q'.k' (q', k' the operands' centres, whose products are exact in fp32
+// for 16-bit formats) holds the exact dot product up to gamma = (d + 2) 2^-24 times sum |q' k'|
+// in any summation order (d - 1 additions; the 2 more cover an fp32 conversion of the result and
+// double's own error here), and an honest kernel's operands may differ from the centres by their
+// deviations: the interval [dot - E, dot + E] below holds every value it may accumulate.
+bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const {
+  out.z.clear();
+  out.ambiguity.clear();
+  const std::size_t d = q_.centre.cols;
+  const double gamma = static_cast<double>(d + 2) * 0x1p-24;
+  const double* q = q_.centre.row(query).data();
+  const double* dq = q_.deviation.row(query).data();
+  for (const std::size_t j : visible) {
+    const double* k = k_.centre.row(j).data();
+    const double* dk = k_.deviation.row(j).data();
+    double dot = 0, magnitude = 0, moved = 0;
+    for (std::size_t t = 0; t < d; ++t) {
+      dot += q[t] * k[t];
+      magnitude += std::fabs(q[t] * k[t]);
+      moved += dq[t] * std::fabs(k[t]) + std::fabs(q[t]) * dk[t] + dq[t] * dk[t];
+    }
+    const double reach =
+        gamma * (magnitude + moved) * (1 + 0x1p-20) + moved + static_cast<double>(d) * 0x1p-149;
+    double z = 0, ambiguity = 0;
+    finish(static_cast<double>(static_cast<float>(dot)), dot - reach, dot + reach, z, ambiguity);
+    if (scores_.has_bias()) z += scores_.bias_of(query, j);  // 0, or a mask that hides the key
+    if (!std::isfinite(z) || !std::isfinite(ambiguity)) return false;
+    out.z.push_back(z);
+    out.ambiguity.push_back(ambiguity);
+  }
+  if (scores_.sink) {
+    const double sink = round_to_format(*scores_.sink, format_);
+    if (!std::isfinite(sink)) return false;
+    out.z.push_back(sink);
+    out.ambiguity.push_back(std::fabs(sink - *scores_.sink));
+  }
+  return true;
+}
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,83 @@
+// The math path's scores, emulated: what PyTorch's math path on bf16/fp16 tensors gives each
+// score, bit for bit, so that a math-path recipe's statistical tier is centred on the attention of
+// those very scores instead of charging their roundings as noise (metrics/recipes.cpp). Charged as
+// noise, the scores' two roundings (about 2 u |s| each) allowed as much as a softmax denominator
+// summed in bf16 or a P rounded to e4m3 does to an output (docs/verdicts.md, the audit); emulated,
+// only what an honest kernel may really do differently is left: where its fp32 accumulation order
+// could round a score the other way (a tie within the accumulation's error), the score is marked
+// with how far it may move, and that is charged in full.
+//
+// Contract: for every chain below and every honest kernel that forms its scores that way (any
+// fp32 summation order of q.k, multiplying by the scale or dividing by 1/scale, with the scale
+// converted to fp32 once), the kernel's score for key j lies within `ambiguity[j]` of `z[j]`.
+// The proof is interval arithmetic: each step maps the interval of values the kernel may hold to
+// the interval of its results (fp32 rounding widens a value by at most 2^-24 relative, a format's
+// rounding is monotone), and the centre is that step computed in IEEE float exactly as the kernel
+// computes it.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "formats/float_format.hpp"
+#include "tensor/head_scores.hpp"
+
+namespace sharpcheck::metrics {
+
+// How a math-path kernel forms a score from q, k and the scale, F the recipe's format (the
+// inputs are F's values: q and k are rounded to F first) and every product or sum in fp32:
+enum class ScoreChain {
+  product_then_scale,  // F(F(q . k) * scale): `(q @ k^T) * scale`, or `/ math.sqrt(d)`
+  both_prescaled,      // F(F(q * sqrt(scale)) . F(k * sqrt(scale))): PyTorch's SDPA math before 2.5
+  query_prescaled,     // F(F(q * scale) . k): `q = q * scale` first (Hugging Face's eager attention)
+  scaled_accumulator,  // F(fp32(q . k) * scale): baddbmm(alpha=scale), a fused epilogue
+};
+
+// Every chain, the most common first (the order a judgement tries them in).
+[[nodiscard]] std::span<const ScoreChain> score_chains();
+// "scores = F(F(q k^T) * scale)", for reports.
+[[nodiscard]] std::string_view describe(ScoreChain chain);
+
+// Whether a head's scores are the plain math path's, which the chains describe: no soft-cap, no
+// ALiBi, theta 1, and any additive bias 0 or a mask (-inf, or at most -1e4: a key it hides).
+// Heads with more (a soft-cap or ALiBi, each rounded in ways kernels do not agree on) keep the
+// scores' roundings charged as noise.
+[[nodiscard]] bool scores_emulable(const tensor::HeadScores& scores);
+
+// One query row's emulated scores: per visible key (in the order given), then the sink if any.
+struct EmulatedRow {
+  std::vector<double> z;
+  std::vector<double> ambiguity;  // 0 unless the kernel's fp32 order could round the score otherwise
+};
+
+class ScoreEmulator {
+ public:
+  // queries and keys as the judge holds them (double); the head's scores; F.
+  ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matrix& keys, const tensor::HeadScores& scores,
+                const FloatFormat& format);
+  // Row `query`'s scores for the keys in `visible`; false if one is not finite (a score beyond F's
+  // range), when the row cannot be emulated.
+  bool row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const;
+
+ private:
+  // An operand after its prescaling: the values the kernel holds (centre) and how far an honest
+  // kernel's may be from them.
+  struct Operand {
+    Matrix centre;
+    Matrix deviation;
+  };
+  [[nodiscard]] Operand prepare(const Matrix& x, double factor) const;
+  // The score from the interval [lo, hi] the fp32 accumulator may hold and the centre it holds.
+  void finish(double accumulator, double lo, double hi, double& z, double& ambiguity) const;
+
+  ScoreChain chain_;
+  const tensor::HeadScores& scores_;
+  const FloatFormat& format_;
+  double scale_ = 1;
+  Operand q_, k_;
+};
+
+}  // namespace sharpcheck::metrics

@@ -1,0 +1,179 @@
+// The math path's scores, emulated (metrics/score_emulation.hpp), against kernels written
+// independently here in IEEE float the way PyTorch's math path and its variants form them, in
+// several summation orders: every kernel score must lie within the emulation's ambiguity of its
+// centre, the ambiguity must be rare (else the emulation would not discriminate), and a kernel of
+// another chain must fall outside it (the test can fail).
+#include "metrics/score_emulation.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "core/random.hpp"
+
+namespace sharpcheck::metrics {
+namespace {
+
+using Order = std::function<float(const std::vector<float>&)>;
+
+float in_order(const std::vector<float>& terms) {
+  float sum = 0;
+  for (const float t : terms) sum += t;
+  return sum;
+}
+float reversed(const std::vector<float>& terms) {
+  float sum = 0;
+  for (auto t = terms.rbegin(); t != terms.rend(); ++t) sum += *t;
+  return sum;
+}
+float eight_lanes(const std::vector<float>& terms) {  // a SIMD GEMM's lanes, then their sum
+  float lanes[8] = {};
+  for (std::size_t t = 0; t < terms.size(); ++t) lanes[t % 8] += terms[t];
+  return std::accumulate(std::begin(lanes), std::end(lanes), 0.0F);
+}
+float pairwise(const std::vector<float>& terms) {
+  std::vector<float> level = terms;
+  while (level.size() > 1) {
+    std::vector<float> next;
+    for (std::size_t t = 0; t < level.size(); t += 2)
+      next.push_back(t + 1 < level.size() ? level[t] + level[t + 1] : level[t]);
+    level = next;
+  }
+  return level.empty() ? 0.0F : level[0];
+}
+
+float to(const FloatFormat& format, float x) {
+  return static_cast<float>(round_to_format(static_cast<double>(x), format));
+}
+
+// A kernel's score, chain by chain, as PyTorch code forms it (q, k already in the format).
+float kernel_score(ScoreChain chain, const FloatFormat& f, std::span<const float> q, std::span<const float> k,
+                   double scale, const Order& order, bool divide) {
+  const auto root = static_cast<float>(std::sqrt(scale));
+  std::vector<float> terms(q.size());
+  for (std::size_t t = 0; t < q.size(); ++t) {
+    float a = q[t], b = k[t];
+    if (chain == ScoreChain::both_prescaled) a = to(f, a * root), b = to(f, b * root);
+    if (chain == ScoreChain::query_prescaled) a = to(f, a * static_cast<float>(scale));
+    terms[t] = a * b;
+  }
+  const float accumulator = order(terms);
+  switch (chain) {
+    case ScoreChain::product_then_scale:
+      return divide ? to(f, to(f, accumulator) / static_cast<float>(1 / scale))
+                    : to(f, to(f, accumulator) * static_cast<float>(scale));
+    case ScoreChain::scaled_accumulator:
+      return to(f, accumulator * static_cast<float>(scale));
+    default:
+      return to(f, accumulator);
+  }
+}
+
+struct Head {
+  Matrix q, k;
+  std::vector<float> qf, kf;
+};
+
+Head random_head(std::size_t m, std::size_t n, std::size_t d, const FloatFormat& f, double sigma,
+                 std::uint64_t seed) {
+  DeterministicRandom random(seed);
+  Head h{Matrix(m, d), Matrix(n, d), {}, {}};
+  for (double& x : h.q.values) x = round_to_format(random.normal(0, sigma), f);
+  for (double& x : h.k.values) x = round_to_format(random.normal(0, sigma), f);
+  for (const double x : h.q.values) h.qf.push_back(static_cast<float>(x));
+  for (const double x : h.k.values) h.kf.push_back(static_cast<float>(x));
+  return h;
+}
+
+struct Tally {
+  std::size_t scores = 0, ambiguous = 0, outside = 0;
+};
+
+// Every score of `kernel_chain`'s kernel (each order, multiplying and dividing) against the
+// emulation of `emulated`.
+Tally tally(ScoreChain emulated, ScoreChain kernel_chain, const FloatFormat& f, std::size_t d, double sigma,
+            std::uint64_t seed) {
+  const Head h = random_head(16, 64, d, f, sigma, seed);
+  tensor::HeadScores scores;
+  scores.queries = 16;
+  scores.keys = scores.row_stride = 64;
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  const ScoreEmulator emulator(emulated, h.q, h.k, scores, f);
+  std::vector<std::size_t> visible(64);
+  std::iota(visible.begin(), visible.end(), 0);
+  Tally result;
+  EmulatedRow row;
+  for (std::size_t i = 0; i < 16; ++i) {
+    EXPECT_TRUE(emulator.row(i, visible, row));
+    for (std::size_t j = 0; j < 64; ++j) {
+      ++result.scores;
+      result.ambiguous += row.ambiguity[j] > 0 ? 1 : 0;
+      for (const Order& order : {Order(in_order), Order(reversed), Order(eight_lanes), Order(pairwise)}) {
+        for (const bool divide : {false, true}) {
+          const float got =
+              kernel_score(kernel_chain, f, {&h.qf[i * d], d}, {&h.kf[j * d], d}, scale, order, divide);
+          if (std::fabs(static_cast<double>(got) - row.z[j]) > row.ambiguity[j]) ++result.outside;
+        }
+      }
+    }
+  }
+  return result;
+}
+
+TEST(ScoreEmulation, EveryHonestKernelScoreLiesWithinTheAmbiguityWhichIsRare) {
+  std::uint64_t seed = 1;
+  for (const FloatFormat* f : {&bf16, &fp16}) {
+    for (const ScoreChain chain : score_chains()) {
+      for (const std::size_t d : {64UL, 80UL, 128UL}) {  // 1/8 is exact; 1/sqrt(80), 1/sqrt(128) are not
+        for (const double sigma : {1.0, 3.0}) {
+          const Tally t = tally(chain, chain, *f, d, sigma, ++seed);
+          EXPECT_EQ(t.outside, 0U) << f->name << " " << describe(chain) << " d=" << d << " sigma=" << sigma;
+          // A score is ambiguous only near a rounding tie (the fp32 sum's worst case, d 2^-24 sum |q k|,
+          // against the format's step): under half of them even for fp16 at d = 128.
+          EXPECT_LT(t.ambiguous * 2, t.scores) << f->name << " " << describe(chain) << " d=" << d;
+        }
+      }
+    }
+  }
+}
+
+// The mutation check: a kernel of another chain (the scale applied before the one rounding, or
+// the product not rounded before the scale) is not the emulated one: at d = 128 (a scale that is
+// not a power of two) at least a tenth of its scores fall outside the ambiguity.
+TEST(ScoreEmulation, AKernelOfAnotherChainFallsOutside) {
+  const Tally single =
+      tally(ScoreChain::product_then_scale, ScoreChain::scaled_accumulator, bf16, 128, 1.0, 7);
+  EXPECT_GT(single.outside * 10, single.scores * 8) << single.outside << " of " << single.scores * 8;
+  const Tally prescaled =
+      tally(ScoreChain::product_then_scale, ScoreChain::both_prescaled, bf16, 128, 1.0, 8);
+  EXPECT_GT(prescaled.outside * 10, prescaled.scores * 8)
+      << prescaled.outside << " of " << prescaled.scores * 8;
+}
+
+TEST(ScoreEmulation, OnlyThePlainMathPathIsEmulable) {
+  tensor::HeadScores plain;
+  EXPECT_TRUE(scores_emulable(plain));
+  tensor::HeadScores capped = plain;
+  capped.softcap = 30;
+  EXPECT_FALSE(scores_emulable(capped));
+  tensor::HeadScores alibi = plain;
+  alibi.alibi_slope = 0.5;
+  EXPECT_FALSE(scores_emulable(alibi));
+  tensor::HeadScores warm = plain;
+  warm.theta = 2;
+  EXPECT_FALSE(scores_emulable(warm));
+  const std::vector<double> mask = {0.0, -INFINITY, -1e9, 0.0};
+  tensor::HeadScores masked = plain;
+  masked.bias = mask;
+  EXPECT_TRUE(scores_emulable(masked));
+  const std::vector<double> bias = {0.0, -0.5};
+  tensor::HeadScores biased = plain;
+  biased.bias = bias;
+  EXPECT_FALSE(scores_emulable(biased));
+}
+
+}  // namespace
+}  // namespace sharpcheck::metrics
