@@ -1,6 +1,7 @@
 // NumPy .npy files: the way outputs of GPU, PyTorch or JAX kernels reach sharpcheck, and the
 // way sharpcheck hands reproducers back. Reads format versions 1.0, 2.0 and 3.0, C and Fortran
-// order, dtypes float64, float32, float16, int8, uint8, uint16 and int16 (bf16 bit patterns), little or
+// order, dtypes float64, float32, float16, int8, uint8, uint16 and int16 (bf16 bit patterns), int32
+// and int64 (integers), little or
 // big endian; writes version 1.0, C order, little endian.
 #pragma once
 
@@ -18,7 +19,8 @@ namespace sharpcheck::io {
 
 // uint16 and int16 arrays are read as 16-bit patterns (0 to 65535): torch saves bf16 as
 // .view(torch.int16) (torch 1.13 has no uint16), numpy users as uint16.
-enum class NpyType { float64, float32, float16, int8, uint8, uint16, int16 };
+// int32 and int64 arrays (block tables, page indices) are read as their integer values.
+enum class NpyType { float64, float32, float16, int8, uint8, uint16, int16, int32, int64 };
 
 struct NpyArray {
   NpyType type = NpyType::float64;

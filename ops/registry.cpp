@@ -5,6 +5,7 @@
 #include "ops/attention_backward/attention_backward_op.hpp"
 #include "ops/attention_escapes/attention_escapes_op.hpp"
 #include "ops/attention_merge/attention_merge_op.hpp"
+#include "ops/paged_attention/paged_attention_op.hpp"
 #include "ops/row_escapes/row_escapes_op.hpp"
 #include "ops/softmax/softmax_op.hpp"
 #include "ops/softmax_backward/softmax_backward_op.hpp"
@@ -28,6 +29,7 @@ const gate::Operation* const operations[] = {
     &differential_attention_operation,
     &attention_backward_operation,
     &attention_merge_operation,
+    &paged_attention_operation,
 };
 
 }  // namespace

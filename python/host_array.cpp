@@ -13,8 +13,10 @@ namespace {
 std::size_t item_size(ElementType type) {
   switch (type) {
     case ElementType::float64:
+    case ElementType::int64:
       return 8;
     case ElementType::float32:
+    case ElementType::int32:
       return 4;
     case ElementType::float16:
     case ElementType::bfloat16:
@@ -35,13 +37,15 @@ ElementType buffer_type(std::string format, std::size_t itemsize, const std::str
   static const std::pair<const char*, ElementType> known[] = {
       {"d", ElementType::float64}, {"f", ElementType::float32}, {"e", ElementType::float16},
       {"b", ElementType::int8},    {"B", ElementType::uint8},   {"h", ElementType::int16},
-      {"H", ElementType::uint16},  {"?", ElementType::boolean}};
+      {"H", ElementType::uint16},  {"i", ElementType::int32},   {"l", ElementType::int64},
+      {"l", ElementType::int32},   {"q", ElementType::int64},   {"?", ElementType::boolean}};
   for (const auto& [code, type] : known) {
     if (format == code && itemsize == item_size(type)) return type;
   }
   refuse_type(name,
               "unsupported dtype (buffer format '" + format +
-                  "'); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
+                  "'); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16, int32, "
+                  "int64 or bool");
 }
 
 ElementType dlpack_type(const DLDataType& dtype, const std::string& name) {
@@ -53,12 +57,15 @@ ElementType dlpack_type(const DLDataType& dtype, const std::string& name) {
   if (dtype.code == kDLBfloat && bits == 16) return ElementType::bfloat16;
   if (dtype.code == kDLInt && bits == 8) return ElementType::int8;
   if (dtype.code == kDLInt && bits == 16) return ElementType::int16;
+  if (dtype.code == kDLInt && bits == 32) return ElementType::int32;
+  if (dtype.code == kDLInt && bits == 64) return ElementType::int64;
   if (dtype.code == kDLUInt && bits == 8) return ElementType::uint8;
   if (dtype.code == kDLUInt && bits == 16) return ElementType::uint16;
   if (dtype.code == 6 && bits == 8) return ElementType::boolean;  // kDLBool (DLPack 0.8 and later)
   refuse_type(name,
               "unsupported dtype (DLPack code " + std::to_string(dtype.code) + ", " + std::to_string(bits) +
-                  " bits); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16 or bool");
+                  " bits); expected float64, float32, float16, bfloat16, int8, uint8, int16, uint16, int32, "
+                  "int64 or bool");
 }
 
 std::uint16_t bits16(const unsigned char* at) {
@@ -179,6 +186,16 @@ double HostArray::element(std::size_t index) const {
       return gate::decode_stored(static_cast<signed char>(*at), io::NpyType::int8, stored_, name_, index);
     case ElementType::uint8:
       return gate::decode_stored(*at, io::NpyType::uint8, stored_, name_, index);
+    case ElementType::int32: {  // integers (block tables, page indices): their values
+      std::int32_t value = 0;
+      std::memcpy(&value, at, sizeof value);
+      return value;
+    }
+    case ElementType::int64: {  // exact up to 2^53, far beyond any index a judge accepts
+      std::int64_t value = 0;
+      std::memcpy(&value, at, sizeof value);
+      return static_cast<double>(value);
+    }
     case ElementType::boolean:
       return *at != 0 ? 1.0 : 0.0;
   }

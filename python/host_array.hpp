@@ -21,7 +21,19 @@
 
 namespace sharpcheck::python {
 
-enum class ElementType { float64, float32, float16, bfloat16, int8, uint8, int16, uint16, boolean };
+enum class ElementType {
+  float64,
+  float32,
+  float16,
+  bfloat16,
+  int8,
+  uint8,
+  int16,
+  uint16,
+  int32,
+  int64,
+  boolean
+};
 
 class HostArray final : public gate::Array {
  public:

@@ -1,0 +1,221 @@
+"""paged_attention: attention over a paged KV cache, judged by gathering each sequence's pages into
+the packed problem. The caches here are what serving kernels read: pages in scrambled physical
+order, page ids above 65,535, NaN in every slot no sequence reaches; decode (one query per
+sequence) and several queries per sequence (speculative decode, chunked prefill) aligned
+bottom-right; the block-table form (vLLM, FlashAttention) and FlashInfer's indptr form, NHD and
+HND. Honest kernels pass; kernels with the bugs serving kernels shipped fail."""
+
+import math
+
+import pytest
+import torch
+
+import sharpcheck
+
+HEADS, KV_HEADS, DIM = 4, 2, 16
+
+
+def make_cache(lengths, page, *, pages=None, layout="NHD", seed=0, dtype=torch.bfloat16):
+    """Per-sequence keys and values, written into a NaN-poisoned cache at scrambled page ids (all
+    above 65,535 when the cache has more pages than that). Returns (k_cache, v_cache, block_table,
+    seq_lens, contiguous k and v per sequence)."""
+    g = torch.Generator().manual_seed(seed)
+    used = [(n + page - 1) // page for n in lengths]
+    pages = pages or sum(used) + 3
+    low = 65_536 if pages > 65_536 + sum(used) else 0
+    ids = low + torch.randperm(pages - low, generator=g)[: sum(used)]
+    shape = (pages, page, KV_HEADS, DIM) if layout == "NHD" else (pages, KV_HEADS, page, DIM)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    table = torch.zeros(len(lengths), max(used), dtype=torch.int32)
+    ks, vs, at = [], [], 0
+    for b, n in enumerate(lengths):
+        k = torch.randn(n, KV_HEADS, DIM, generator=g).to(dtype)
+        v = torch.randn(n, KV_HEADS, DIM, generator=g).to(dtype)
+        ks.append(k)
+        vs.append(v)
+        for i in range(used[b]):
+            pid = int(ids[at])
+            at += 1
+            table[b, i] = pid
+            rows = slice(i * page, min(n, (i + 1) * page))
+            count = rows.stop - rows.start
+            if layout == "NHD":
+                k_cache[pid, :count] = k[rows]
+                v_cache[pid, :count] = v[rows]
+            else:
+                k_cache[pid, :, :count] = k[rows].transpose(0, 1)
+                v_cache[pid, :, :count] = v[rows].transpose(0, 1)
+    return k_cache, v_cache, table, torch.tensor(lengths, dtype=torch.int32), ks, vs
+
+
+def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", bug=None):
+    """A paged decode / chunked-prefill kernel as users write it: gather each sequence's pages by
+    the block table, attention in fp32 with the diagonal bottom-right, output in q's dtype."""
+    page = k_cache.shape[1] if layout == "NHD" else k_cache.shape[2]
+    outs, start = [], 0
+    for b in range(table.shape[0]):
+        n = int(seq_lens[b]) - (1 if bug == "last_page_off_by_one" else 0)
+        rows = []
+        for j in range(n + (1 if bug == "reads_past_the_end" else 0)):
+            pid = int(table[b, j // page])
+            if bug == "block_ids_16_bit":
+                pid &= 0xFFFF
+            rows.append((pid, j % page))
+        def gather(cache):
+            if layout == "NHD":
+                return torch.stack([cache[p, s] for p, s in rows]).float()
+            return torch.stack([cache[p, :, s] for p, s in rows]).float()
+        k = gather(k_cache).repeat_interleave(HEADS // KV_HEADS, dim=1)  # [n, H, D]
+        v = gather(v_cache).repeat_interleave(HEADS // KV_HEADS, dim=1)
+        m = q_lens[b]
+        qb = q[start:start + m].float()  # [m, H, D]
+        s = torch.einsum("mhd,nhd->hmn", qb, k) / math.sqrt(DIM)
+        i = torch.arange(m)[:, None]
+        j = torch.arange(len(rows))[None, :]
+        s = s.masked_fill(j > i + (len(rows) - m), float("-inf"))  # bottom-right causal
+        outs.append(torch.einsum("hmn,nhd->mhd", torch.softmax(s, dim=-1), v).to(q.dtype))
+        start += m
+    return torch.cat(outs)
+
+
+def queries(q_lens, seed=1, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(sum(q_lens), HEADS, DIM, generator=g).to(dtype)
+
+
+def cu(lengths):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+@pytest.mark.parametrize("page", [1, 16, 200])
+def test_an_honest_decode_kernel_passes_on_a_poisoned_scrambled_cache(page):
+    lengths = [37, 1, 64, 130]
+    k_cache, v_cache, table, seq_lens, _, _ = make_cache(lengths, page)
+    q = queries([1] * len(lengths))
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, [1] * len(lengths))
+    report = sharpcheck.judge("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache, block_table=table,
+                              seq_lens=seq_lens, out=out)
+    assert report.passed and report.elements == len(lengths) * HEADS * DIM
+
+
+def test_the_paged_judgement_equals_the_gathered_contiguous_one():
+    lengths, q_lens = [40, 9, 77], [3, 1, 5]  # speculative decode / chunked prefill
+    k_cache, v_cache, table, seq_lens, ks, vs = make_cache(lengths, 8, seed=3)
+    q = queries(q_lens, seed=4)
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens)
+    paged = sharpcheck.judge("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache, block_table=table,
+                             seq_lens=seq_lens, out=out, cu_seqlens_q=cu(q_lens), causal=True)
+    packed = sharpcheck.assert_attention_close(out, q, torch.cat(ks), torch.cat(vs), layout="packed",
+                                               cu_seqlens_q=cu(q_lens), cu_seqlens_k=cu(lengths),
+                                               causal=True, align="bottom-right")
+    assert paged.passed
+    for field in ("bound_ratio", "statistical_ratio", "max_ulp", "mean_ulp", "max_abs_error", "elements",
+                  "recipe", "row_scale_ratio"):
+        assert getattr(paged, field) == getattr(packed, field), field
+
+
+def test_flashinfer_form_and_hnd_pages_with_ids_above_65535():
+    lengths = [5, 3, 9]
+    k_cache, v_cache, table, seq_lens, _, _ = make_cache(lengths, 4, pages=66_000, layout="HND", seed=5)
+    assert int(table[table > 0].min()) > 65_535  # every page a sequence uses
+    q = queries([1] * 3, seed=6)
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, [1] * 3, layout="HND")
+    used = [(n + 3) // 4 for n in lengths]
+    indptr = torch.tensor(cu(used), dtype=torch.int32)
+    indices = torch.cat([table[b, :used[b]] for b in range(3)]).to(torch.int64)
+    last = torch.tensor([n - (u - 1) * 4 for n, u in zip(lengths, used)], dtype=torch.int32)
+    report = sharpcheck.judge("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache, kv_indptr=indptr,
+                              kv_indices=indices, kv_last_page_len=last, out=out, page_layout="HND")
+    assert report.passed
+
+
+@pytest.mark.parametrize("bug", ["block_ids_16_bit", "last_page_off_by_one", "reads_past_the_end"])
+def test_paged_twins_fail(bug):
+    lengths = [37, 70, 12]
+    k_cache, v_cache, table, seq_lens, _, _ = make_cache(lengths, 16, pages=70_000, seed=7)
+    assert int(table[table > 0].min()) > 0xFFFF  # a 16-bit id reads another (poisoned) page
+    q = queries([1] * 3, seed=8)
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, [1] * 3, bug=bug)
+    with pytest.raises(AssertionError, match="paged_attention|not close"):
+        sharpcheck.judge("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache, block_table=table,
+                         seq_lens=seq_lens, out=out)
+
+
+def test_bad_tables_are_refused_by_element():
+    lengths = [10, 20]
+    k_cache, v_cache, table, seq_lens, _, _ = make_cache(lengths, 8, seed=9)
+    q = queries([1, 1], seed=10)
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, [1, 1])
+    common = dict(q=q, k_cache=k_cache, v_cache=v_cache, out=out)
+    bad = table.clone()
+    bad[1, 2] = k_cache.shape[0]
+    with pytest.raises(ValueError, match=r"block_table at \[1, 2\] = \d+, but the caches hold \d+ pages"):
+        sharpcheck.judge("paged_attention", block_table=bad, seq_lens=seq_lens, **common)
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = 40 needs 5 pages of 8, block_table has 3 columns"):
+        sharpcheck.judge("paged_attention", block_table=table, seq_lens=torch.tensor([10, 40]), **common)
+    with pytest.raises(ValueError, match="no page table given"):
+        sharpcheck.judge("paged_attention", **common)
+    with pytest.raises(ValueError, match="not both"):
+        sharpcheck.judge("paged_attention", block_table=table, seq_lens=seq_lens,
+                         kv_indptr=torch.tensor([0, 2, 5]), kv_indices=table.flatten(),
+                         kv_last_page_len=torch.tensor([2, 4]), **common)
+    with pytest.raises(ValueError, match="non-negative integers"):
+        sharpcheck.judge("paged_attention", block_table=table.float() - 0.5, seq_lens=seq_lens, **common)
+    with pytest.raises(ValueError, match="give cu_seqlens_q"):
+        sharpcheck.judge("paged_attention", block_table=table, seq_lens=seq_lens, **dict(common, q=queries([2, 1])))
+    poisoned = k_cache.clone()
+    poisoned[int(table[0, 1]), 1, 0, 3] = float("nan")  # key 9 of sequence 0: a slot it reaches
+    with pytest.raises(ValueError, match=r"k_cache page \d+ slot 1 head 0 dim 3 \(sequence 0, key 9\) is NaN"):
+        sharpcheck.judge("paged_attention", block_table=table, seq_lens=seq_lens, **dict(common, k_cache=poisoned))
+
+
+def test_the_lse_is_judged_in_tokens_by_heads_order():
+    lengths = [33, 17]
+    k_cache, v_cache, table, seq_lens, ks, vs = make_cache(lengths, 8, seed=11, dtype=torch.float32)
+    q = queries([1, 1], seed=12, dtype=torch.float32)
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, [1, 1])
+    lse = []
+    for b in range(2):
+        k = ks[b].double().repeat_interleave(2, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].double(), k) / math.sqrt(DIM)
+        lse.append(torch.logsumexp(s, dim=-1))
+    lse = torch.stack(lse).float()  # [T, H]
+    common = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_table=table, seq_lens=seq_lens, out=out)
+    assert sharpcheck.judge("paged_attention", lse=lse, **common).passed
+    wrong = lse.clone()
+    wrong[1, 3] += 1e-3
+    with pytest.raises(AssertionError, match=r"lse at index \(1, 3\)"):
+        sharpcheck.judge("paged_attention", lse=wrong, **common)
+
+
+def test_compare_reads_int32_and_int64_tables_from_npy_files(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    import numpy as np
+
+    program = os.environ.get("SHARPCHECK_PROGRAM")
+    if not program:
+        pytest.skip("SHARPCHECK_PROGRAM is set by ctest")
+    lengths = [21, 6]
+    k_cache, v_cache, table, seq_lens, _, _ = make_cache(lengths, 4, seed=13, dtype=torch.float32)
+    q = queries([1, 1], seed=14, dtype=torch.float32)
+    out = paged_kernel(q, k_cache, v_cache, table, seq_lens, [1, 1])
+    arrays = {"q": q.numpy(), "kc": k_cache.numpy(), "vc": v_cache.numpy(), "out": out.numpy(),
+              "bt": table.numpy().astype(np.int32), "sl": seq_lens.numpy().astype(np.int64)}
+    for name, array in arrays.items():
+        np.save(tmp_path / f"{name}.npy", array)
+    command = [program, "compare", "--op", "paged_attention", f"q={tmp_path / 'q.npy'}",
+               f"k_cache={tmp_path / 'kc.npy'}", f"v_cache={tmp_path / 'vc.npy'}", f"block_table={tmp_path / 'bt.npy'}",
+               f"seq_lens={tmp_path / 'sl.npy'}", f"out={tmp_path / 'out.npy'}", "--json", str(tmp_path / "r.json")]
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    arrays["out"][1, 2, 7] += 0.25
+    np.save(tmp_path / "out.npy", arrays["out"])
+    assert subprocess.run(command, capture_output=True).returncode == 1
+    worst = json.loads((tmp_path / "r.json").read_text())["cases"][0]["worst"]
+    assert worst["full_index"] == [1, 2, 7]
