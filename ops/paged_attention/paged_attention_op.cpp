@@ -6,7 +6,9 @@
 #include <memory>
 
 #include "core/errors.hpp"
+#include "gate/case_tools.hpp"
 #include "ops/attention/attention_op.hpp"
+#include "ops/paged_attention/paged_kernels.hpp"
 
 namespace sharpcheck::ops {
 namespace {
@@ -332,6 +334,64 @@ gate::CaseOutcome judge_paged(const gate::OpCall& call) {
   return outcome;
 }
 
+// The gate's cases: every built-in paged kernel on every scenario (paged_kernels.hpp), the
+// input named "paged_" + the scenario and n its keys in all.
+constexpr std::string_view input_prefix = "paged_";
+
+void plan_builtin(const gate::PlanContext& context, std::vector<gate::GateCase>& cases) {
+  for (const paged::Kernel& kernel : paged::kernels()) {
+    if (!context.wanted(kernel.name)) continue;
+    for (const paged::Scenario& scenario : paged::scenarios()) {
+      cases.push_back(gate::make_case(
+          std::string(kernel.name), std::string(input_prefix) + std::string(scenario.name),
+          paged::total_keys(scenario), context.settings, kernel.deliberately_broken, nullptr));
+    }
+  }
+}
+
+// Runs a built-in paged kernel on its scenario and judges its output as arrays handed over are.
+void run_case(const gate::GateCase& gate_case, const gate::GateSettings&, gate::CaseOutcome& outcome) {
+  const paged::Kernel& kernel = *paged::find_kernel(gate_case.kernel);
+  const paged::Scenario& scenario = *paged::find_scenario(gate_case.input.substr(input_prefix.size()));
+  const paged::Problem problem = paged::make_problem(scenario, gate_case.seed);
+  const auto out = paged::run(kernel, scenario, problem);
+  gate::OpCall call;
+  call.tensors = {{"q", problem.q.get()},
+                  {"k_cache", problem.k_cache.get()},
+                  {"v_cache", problem.v_cache.get()},
+                  {"out", out.get()}};
+  for (const auto& table : problem.tables) call.tensors[table->name()] = table.get();
+  gate::JudgeOptions& options = call.options.judge;
+  options.format = options.input_format = "bf16";
+  options.layout = scenario.heads_first ? "HND" : "NHD";
+  options.scores.causal = scenario.causal;
+  options.cu_seqlens_q = problem.query_offsets;
+  options.threads = 1;  // the gate runs cases side by side
+  options.name = std::string(kernel.name);
+  gate::CaseOutcome judged = judge_paged(call);
+  outcome.format = judged.format;
+  outcome.comparison = std::move(judged.comparison);
+  outcome.reference_statistics = judged.reference_statistics;
+  outcome.failures = std::move(judged.failures);
+  outcome.worst_array = std::move(judged.worst_array);
+  outcome.worst_index = std::move(judged.worst_index);
+  outcome.recipe = std::move(judged.recipe);
+  outcome.recipe_note = std::move(judged.recipe_note);
+}
+
+std::vector<gate::KernelRow> kernel_rows() {
+  std::vector<gate::KernelRow> rows;
+  for (const paged::Kernel& k : paged::kernels()) {
+    rows.push_back({.name = k.name,
+                    .input = "bf16",
+                    .output = "bf16",
+                    .accumulation = "fp32",
+                    .description = k.description,
+                    .deliberately_broken = k.deliberately_broken});
+  }
+  return rows;
+}
+
 }  // namespace
 
 const gate::Operation paged_attention_operation{
@@ -341,10 +401,10 @@ const gate::Operation paged_attention_operation{
     .options = paged_options(),
     .allowance = "attention's precision recipes (metrics/recipes.hpp) on the gathered problem",
     .plugin_entry = {},
-    .kernels = [] { return std::vector<gate::KernelRow>{}; },
-    .plan_builtin = nullptr,
+    .kernels = kernel_rows,
+    .plan_builtin = plan_builtin,
     .plan_plugin = nullptr,
-    .run = nullptr,
+    .run = run_case,
     .judge = judge_paged,
     .external_cases = nullptr,
 };

@@ -1,0 +1,242 @@
+#include "ops/paged_attention/paged_kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/random.hpp"
+#include "formats/float_format.hpp"
+#include "kernels/attention_designs.hpp"
+
+namespace sharpcheck::ops::paged {
+namespace {
+
+constexpr Kernel kernel_table[] = {
+    {.name = "paged_flash2_bf16",
+     .description =
+         "FlashAttention 2/3's bf16 loop over the keys read from a paged cache (either table form)"},
+    {.name = "paged_flash2_bf16_block_ids_16_bit",
+     .description = "broken: page ids truncated to 16 bits (silent KV corruption above 65,535)",
+     .bug = Bug::block_ids_16_bit,
+     .deliberately_broken = true},
+    {.name = "paged_flash2_bf16_last_page_short",
+     .description = "broken: the last page's length off by one (the sequence's last key dropped)",
+     .bug = Bug::last_page_short,
+     .deliberately_broken = true},
+    {.name = "paged_flash2_bf16_reads_past_the_end",
+     .description = "broken: reads one slot past the sequence (the page's tail or the table's next column)",
+     .bug = Bug::reads_past_the_end,
+     .deliberately_broken = true},
+};
+
+constexpr std::size_t decode_keys[] = {1, 37, 130, 300};
+constexpr std::size_t decode_queries[] = {1, 1, 1, 1};
+constexpr std::size_t single_page_keys[] = {5, 64, 33};
+constexpr std::size_t single_page_queries[] = {1, 1, 1};
+constexpr std::size_t speculative_keys[] = {300, 17, 129};
+constexpr std::size_t speculative_queries[] = {4, 2, 8};
+constexpr std::size_t prefill_keys[] = {200, 90};
+constexpr std::size_t prefill_queries[] = {64, 30};
+
+constexpr Scenario scenario_table[] = {
+    {.name = "decode_nhd_page16_ids_above_65535",
+     .keys = decode_keys,
+     .queries = decode_queries,
+     .page = 16,
+     .high_ids = true},
+    {.name = "decode_hnd_page1_indptr_ids_above_65535",
+     .keys = single_page_keys,
+     .queries = single_page_queries,
+     .page = 1,
+     .heads_first = true,
+     .indptr_form = true,
+     .high_ids = true},
+    {.name = "speculative_decode_nhd_page256_causal",
+     .keys = speculative_keys,
+     .queries = speculative_queries,
+     .page = 256,
+     .causal = true},
+    {.name = "chunked_prefill_hnd_page64_indptr_causal",
+     .keys = prefill_keys,
+     .queries = prefill_queries,
+     .page = 64,
+     .heads_first = true,
+     .indptr_form = true,
+     .causal = true},
+};
+
+constexpr kernels::AttentionDesign flash_bf16{.input = &bf16, .output = &bf16};
+
+std::size_t pages_for(std::size_t keys, std::size_t page) { return (keys + page - 1) / page; }
+
+// Where (slot, head) of a page starts within the page, in the cache's layout.
+std::size_t within_page(const Scenario& s, const Problem& p, std::size_t slot, std::size_t head) {
+  return s.heads_first ? (head * s.page + slot) * p.dim : (slot * p.kv_heads + head) * p.dim;
+}
+
+std::unique_ptr<gate::MemoryArray> integers(const char* name, const std::vector<std::size_t>& values) {
+  std::vector<double> doubles(values.begin(), values.end());
+  return std::make_unique<gate::MemoryArray>(name, std::vector<std::size_t>{values.size()},
+                                             std::move(doubles));
+}
+
+void add_tables(const Scenario& s, Problem& p) {
+  const std::size_t batch = s.keys.size();
+  if (!s.indptr_form) {
+    std::size_t width = 0;
+    for (const auto& row : p.page_rows) width = std::max(width, row.size());
+    std::vector<double> table(batch * width, static_cast<double>(p.page_rows[0].back()));
+    for (std::size_t b = 0; b < batch; ++b)
+      std::copy(p.page_rows[b].begin(), p.page_rows[b].end(),
+                table.begin() + static_cast<std::ptrdiff_t>(b * width));
+    p.tables.push_back(std::make_unique<gate::MemoryArray>(
+        "block_table", std::vector<std::size_t>{batch, width}, std::move(table)));
+    p.tables.push_back(integers("seq_lens", {s.keys.begin(), s.keys.end()}));
+    return;
+  }
+  std::vector<std::size_t> indptr{0}, indices, last;
+  for (std::size_t b = 0; b < batch; ++b) {
+    const std::size_t used = pages_for(s.keys[b], s.page);
+    indices.insert(indices.end(), p.page_rows[b].begin(),
+                   p.page_rows[b].begin() + static_cast<std::ptrdiff_t>(used));
+    indptr.push_back(indices.size());
+    last.push_back(s.keys[b] - (used - 1) * s.page);
+  }
+  p.tables.push_back(integers("kv_indptr", indptr));
+  p.tables.push_back(integers("kv_indices", indices));
+  p.tables.push_back(integers("kv_last_page_len", last));
+}
+
+}  // namespace
+
+std::span<const Kernel> kernels() { return kernel_table; }
+
+const Kernel* find_kernel(std::string_view name) {
+  for (const Kernel& k : kernel_table) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
+}
+
+std::span<const Scenario> scenarios() { return scenario_table; }
+
+const Scenario* find_scenario(std::string_view name) {
+  for (const Scenario& s : scenario_table) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::size_t total_keys(const Scenario& scenario) {
+  return std::accumulate(scenario.keys.begin(), scenario.keys.end(), std::size_t{0});
+}
+
+PoisonedCache::PoisonedCache(std::string name, std::vector<std::size_t> shape)
+    : name_(std::move(name)), shape_(std::move(shape)), per_page_(shape_[1] * shape_[2] * shape_[3]) {}
+
+void PoisonedCache::read(std::size_t first, std::span<double> out) const {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::size_t at = first + i;
+    const auto found = pages_.find(at / per_page_);
+    out[i] = found == pages_.end() ? std::numeric_limits<double>::quiet_NaN() : found->second[at % per_page_];
+  }
+}
+
+std::vector<double>& PoisonedCache::page(std::size_t id) {
+  auto [found, added] = pages_.try_emplace(id);
+  if (added) found->second.assign(per_page_, std::numeric_limits<double>::quiet_NaN());
+  return found->second;
+}
+
+// Page ids drawn without repeats from [low, low + used + 8), low = 65,536 when asked (the cache
+// then has that many pages more, never written); each sequence's row ends with one id no
+// sequence uses (what a read past its pages finds).
+Problem make_problem(const Scenario& s, std::uint64_t seed) {
+  DeterministicRandom random(seed);
+  Problem p;
+  std::size_t used_total = 0;
+  for (const std::size_t n : s.keys) used_total += pages_for(n, s.page);
+  const std::size_t low = s.high_ids ? 65'536 : 0, pages = low + used_total + 8;
+  std::vector<std::size_t> ids(pages - low);
+  std::iota(ids.begin(), ids.end(), low);
+  for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[random.below(i)]);
+  const std::vector<std::size_t> shape = s.heads_first
+                                             ? std::vector<std::size_t>{pages, p.kv_heads, s.page, p.dim}
+                                             : std::vector<std::size_t>{pages, s.page, p.kv_heads, p.dim};
+  p.k_cache = std::make_unique<PoisonedCache>("k_cache", shape);
+  p.v_cache = std::make_unique<PoisonedCache>("v_cache", shape);
+  std::size_t next = 0;
+  for (const std::size_t n : s.keys) {
+    std::vector<std::size_t> row;
+    for (std::size_t i = 0; i < pages_for(n, s.page); ++i) row.push_back(ids[next++]);
+    for (std::size_t j = 0; j < n; ++j) {
+      for (std::size_t h = 0; h < p.kv_heads; ++h) {
+        const std::size_t at = within_page(s, p, j % s.page, h);
+        for (PoisonedCache* cache : {p.k_cache.get(), p.v_cache.get()}) {
+          std::vector<double>& page = cache->page(row[j / s.page]);
+          for (std::size_t d = 0; d < p.dim; ++d) page[at + d] = round_to_format(random.normal(), bf16);
+        }
+      }
+    }
+    row.push_back(ids.back());  // never written: NaN
+    p.page_rows.push_back(std::move(row));
+  }
+  p.query_offsets = {0};
+  for (const std::size_t m : s.queries) p.query_offsets.push_back(p.query_offsets.back() + m);
+  std::vector<double> q(p.query_offsets.back() * p.heads * p.dim);
+  for (double& x : q) x = round_to_format(random.normal(), bf16);
+  p.q = std::make_unique<gate::MemoryArray>(
+      "q", std::vector<std::size_t>{p.query_offsets.back(), p.heads, p.dim}, std::move(q));
+  add_tables(s, p);
+  return p;
+}
+
+namespace {
+
+// The rows of keys (or values) of sequence b for KV head h as the kernel reads them.
+Matrix read_rows(const Kernel& kernel, const Scenario& s, const Problem& p, const PoisonedCache& cache,
+                 std::size_t b, std::size_t h, std::size_t count) {
+  Matrix rows(count, p.dim);
+  const std::size_t per_page = cache.size() / cache.shape()[0];
+  for (std::size_t j = 0; j < count; ++j) {
+    std::size_t id = p.page_rows[b][j / s.page];
+    if (kernel.bug == Bug::block_ids_16_bit) id &= 0xFFFF;
+    cache.read(id * per_page + within_page(s, p, j % s.page, h), rows.row(j));
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, const Problem& p) {
+  std::vector<double> out(p.query_offsets.back() * p.heads * p.dim, 0.0);
+  for (std::size_t b = 0; b < s.keys.size(); ++b) {
+    std::size_t count = s.keys[b];
+    if (kernel.bug == Bug::last_page_short) --count;
+    if (kernel.bug == Bug::reads_past_the_end) ++count;
+    const std::size_t m = s.queries[b], first = p.query_offsets[b];
+    for (std::size_t h = 0; h < p.heads; ++h) {
+      if (count == 0) continue;  // nothing read: zeros
+      const std::size_t kv = h / (p.heads / p.kv_heads);
+      Matrix queries(m, p.dim);
+      for (std::size_t i = 0; i < m; ++i) p.q->read(((first + i) * p.heads + h) * p.dim, queries.row(i));
+      tensor::HeadScores scores;
+      scores.queries = m;
+      scores.keys = scores.row_stride = count;
+      scores.causal = s.causal;
+      scores.alignment = tensor::DiagonalAlignment::bottom_right;
+      Matrix result;
+      kernels::attention_by_design(flash_bf16, queries, read_rows(kernel, s, p, *p.k_cache, b, kv, count),
+                                   read_rows(kernel, s, p, *p.v_cache, b, kv, count), scores, result,
+                                   nullptr);
+      for (std::size_t i = 0; i < m; ++i)
+        std::copy(result.row(i).begin(), result.row(i).end(),
+                  out.begin() + static_cast<std::ptrdiff_t>(((first + i) * p.heads + h) * p.dim));
+    }
+  }
+  return std::make_unique<gate::MemoryArray>(
+      "out", std::vector<std::size_t>{p.query_offsets.back(), p.heads, p.dim}, std::move(out));
+}
+
+}  // namespace sharpcheck::ops::paged

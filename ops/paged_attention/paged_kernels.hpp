@@ -1,0 +1,85 @@
+// The gate's paged_attention cases: serving problems over a paged KV cache as serving kernels meet
+// them (scrambled physical pages, page ids above 65,535, NaN in every slot no sequence reaches,
+// page sizes 1 to 256, decode, speculative decode and chunked prefill, both page-table forms,
+// NHD and HND), and built-in paged kernels to run on them: FlashAttention 2/3's bf16 loop
+// (kernels/attention_designs.hpp) over the keys it reads from the pages, and twins carrying the
+// paged-cache bugs serving kernels shipped. Internal to ops/paged_attention.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "gate/judge_arrays.hpp"
+
+namespace sharpcheck::ops::paged {
+
+enum class Bug {
+  none,
+  block_ids_16_bit,    // page ids truncated to 16 bits (silent corruption above 65,535)
+  last_page_short,     // the last page's length off by one: the sequence's last key dropped
+  reads_past_the_end,  // one slot past the sequence's last (the page's tail or the table's next column)
+};
+
+struct Kernel {
+  std::string_view name, description;
+  Bug bug = Bug::none;
+  bool deliberately_broken = false;
+};
+[[nodiscard]] std::span<const Kernel> kernels();
+[[nodiscard]] const Kernel* find_kernel(std::string_view name);
+
+struct Scenario {
+  std::string_view name;
+  std::span<const std::size_t> keys;     // per sequence
+  std::span<const std::size_t> queries;  // per sequence, its last ones
+  std::size_t page = 16;
+  bool heads_first = false;  // HND
+  bool indptr_form = false;  // FlashInfer's kv_indptr / kv_indices / kv_last_page_len
+  bool high_ids = false;     // every page id above 65,535
+  bool causal = false;
+};
+[[nodiscard]] std::span<const Scenario> scenarios();
+[[nodiscard]] const Scenario* find_scenario(std::string_view name);
+[[nodiscard]] std::size_t total_keys(const Scenario& scenario);
+
+// A cache of `pages` pages that holds only the pages written; every other element reads as NaN,
+// so a cache with ids above 65,535 costs only the pages used.
+class PoisonedCache final : public gate::Array {
+ public:
+  PoisonedCache(std::string name, std::vector<std::size_t> shape);
+  [[nodiscard]] std::size_t size() const override { return shape_[0] * per_page_; }
+  void read(std::size_t first, std::span<double> out) const override;
+  [[nodiscard]] const std::vector<std::size_t>& shape() const override { return shape_; }
+  [[nodiscard]] const std::string& name() const override { return name_; }
+  // Page `id`'s elements (in the page's own order), NaN where not written.
+  std::vector<double>& page(std::size_t id);
+
+ private:
+  std::string name_;
+  std::vector<std::size_t> shape_;
+  std::size_t per_page_ = 0;
+  std::unordered_map<std::size_t, std::vector<double>> pages_;
+};
+
+// One scenario's inputs (bf16 values): the arrays a judge reads by name, and each sequence's row
+// of page ids as a kernel reads them (the used pages, then a column holding an unreferenced page).
+struct Problem {
+  std::size_t heads = 4, kv_heads = 2, dim = 64;
+  std::unique_ptr<gate::MemoryArray> q;
+  std::unique_ptr<PoisonedCache> k_cache, v_cache;
+  std::vector<std::unique_ptr<gate::MemoryArray>> tables;  // block_table, seq_lens or the indptr form
+  std::vector<std::vector<std::size_t>> page_rows;
+  std::vector<std::size_t> query_offsets;  // cu_seqlens_q
+};
+[[nodiscard]] Problem make_problem(const Scenario& scenario, std::uint64_t seed);
+
+// The kernel's output [T, H, D] in bf16.
+[[nodiscard]] std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& scenario,
+                                                     const Problem& problem);
+
+}  // namespace sharpcheck::ops::paged
