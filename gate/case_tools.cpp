@@ -93,4 +93,16 @@ void record_plugin_failure(const kernels::PluginRun& run, const GateSettings& se
   outcome.failures.push_back(failure);
 }
 
+void adopt_judgement(CaseOutcome judged, CaseOutcome& outcome) {
+  outcome.format = std::move(judged.format);
+  outcome.comparison = std::move(judged.comparison);
+  outcome.reference_statistics = judged.reference_statistics;
+  outcome.failures = std::move(judged.failures);
+  outcome.worst_array = std::move(judged.worst_array);
+  outcome.worst_index = std::move(judged.worst_index);
+  outcome.recipe = std::move(judged.recipe);
+  outcome.recipe_note = std::move(judged.recipe_note);
+  outcome.tensors = std::move(judged.tensors);
+}
+
 }  // namespace sharpcheck::gate

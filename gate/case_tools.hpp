@@ -28,4 +28,9 @@ void record_plugin_failure(const kernels::PluginRun& run, const GateSettings& se
                            const std::vector<std::pair<std::string, const Matrix*>>& inputs,
                            CaseOutcome& outcome);
 
+// A case run by the gate but judged as arrays handed over are (a paged kernel's output, a
+// plugin's version-6 outputs): the judgement's verdict, figures and worst element, into `outcome`
+// (whose case, console and timing stay the gate's).
+void adopt_judgement(CaseOutcome judged, CaseOutcome& outcome);
+
 }  // namespace sharpcheck::gate

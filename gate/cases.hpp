@@ -37,6 +37,9 @@ struct GateCase {
   // An attention scenario of gate/attention_scenarios.hpp (a whole multi-head problem with masks
   // and modifiers), when not empty; `input` is then "attention_" + its name and n its keys.
   std::string scenario = {};
+  // A plugin's case of an operation through the version-6 entry sharpcheck_op: `input` and `n` are
+  // those of the operation's external case (Operation::external_cases) it runs.
+  bool plugin_operation = false;
   [[nodiscard]] std::string id() const;
 };
 
@@ -100,6 +103,8 @@ struct GateSettings {
 // The cases of a sweep, in a fixed order (so shards partition it the same way on every machine).
 // InputError for an unknown kernel or case id, a size of 0, or a sweep with no cases.
 [[nodiscard]] std::vector<GateCase> plan_cases(const GateSettings& settings);
+// The sweep's sizes: --sizes with repeats folded (InputError for 0), or 16 to 16,384.
+[[nodiscard]] std::vector<std::size_t> sweep_sizes(const GateSettings& settings);
 
 // Runs one case and judges it by the tolerance table.
 [[nodiscard]] CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings);

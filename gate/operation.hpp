@@ -121,6 +121,9 @@ struct ExternalCase {
   // "key_lengths", "cu_seqlens") and the tensors ("sinks", "alibi_slopes"), and "gqa" for fewer KV
   // heads than query heads.
   std::vector<std::string> needs;
+  // The judged tensors a kernel returns (names and shapes; values empty), for a plugin's
+  // version-6 entry, which fills buffers the gate allocates. Empty: the case cannot be run there.
+  std::vector<ExternalTensor> outputs;
 };
 struct ExternalSweep {
   const FloatFormat* format = nullptr;

@@ -6,10 +6,10 @@
 #include "gate/case_tools.hpp"
 #include "gate/cases.hpp"
 #include "gate/operation.hpp"
+#include "gate/plugin_operations.hpp"
 #include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::gate {
-namespace {
 
 std::vector<std::size_t> sweep_sizes(const GateSettings& settings) {
   std::vector<std::size_t> sizes;
@@ -23,6 +23,8 @@ std::vector<std::size_t> sweep_sizes(const GateSettings& settings) {
   }
   return sizes;
 }
+
+namespace {
 
 void check_kernel_names(const GateSettings& settings) {
   for (const auto& name : settings.kernels) {
@@ -54,6 +56,7 @@ std::vector<GateCase> all_cases(const GateSettings& settings, const std::vector<
   for (const Operation* operation : settings.operations) plan(*operation, operation->plan_builtin);
   if (!settings.plugin) return cases;
   for (const Operation* operation : settings.operations) plan(*operation, operation->plan_plugin);
+  plan_plugin_operations(context, cases);
   return cases;
 }
 

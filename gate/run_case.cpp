@@ -5,6 +5,7 @@
 #include "core/errors.hpp"
 #include "gate/cases.hpp"
 #include "gate/operation.hpp"
+#include "gate/plugin_operations.hpp"
 
 namespace sharpcheck::gate {
 
@@ -18,7 +19,12 @@ CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings) {
   const auto start = std::chrono::steady_clock::now();
   CaseOutcome outcome;
   outcome.gate_case = gate_case;
-  find_operation(settings.operations, gate_case.operation).run(gate_case, settings, outcome);
+  const Operation& operation = find_operation(settings.operations, gate_case.operation);
+  if (gate_case.plugin_operation) {
+    run_plugin_operation_case(operation, gate_case, settings, outcome);
+  } else {
+    operation.run(gate_case, settings, outcome);
+  }
   if (!outcome.crashed && !outcome.interrupted && !outcome.comparison.passed(settings.strictest) &&
       outcome.failures.empty()) {
     outcome.failures.push_back(outcome.comparison.failure_summary(settings.strictest));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <span>
 #include <utility>
@@ -301,6 +302,115 @@ void* symbol_in_child(const std::string& path, const char* symbol) {
   return entry;
 }
 
+using OperationEntry = int (*)(const sharpcheck_op_call*);
+
+std::size_t storage_bytes(std::uint32_t storage) {
+  switch (storage) {
+    case SHARPCHECK_STORE_BF16:
+    case SHARPCHECK_STORE_FP16:
+      return 2;
+    case SHARPCHECK_STORE_FP32:
+      return 4;
+    default:
+      return 8;
+  }
+}
+
+void store(double value, std::uint32_t storage, char* at) {
+  switch (storage) {
+    case SHARPCHECK_STORE_FP32: {
+      const auto narrow = static_cast<float>(value);
+      std::memcpy(at, &narrow, sizeof narrow);
+      return;
+    }
+    case SHARPCHECK_STORE_BF16:
+    case SHARPCHECK_STORE_FP16: {
+      const auto bits =
+          static_cast<std::uint16_t>(encode(value, storage == SHARPCHECK_STORE_BF16 ? bf16 : fp16));
+      std::memcpy(at, &bits, sizeof bits);
+      return;
+    }
+    case SHARPCHECK_STORE_INT64: {
+      const auto integer = std::isfinite(value) ? static_cast<std::int64_t>(value) : std::int64_t{-1};
+      std::memcpy(at, &integer, sizeof integer);
+      return;
+    }
+    default:
+      std::memcpy(at, &value, sizeof value);
+  }
+}
+
+double load(const char* at, std::uint32_t storage) {
+  switch (storage) {
+    case SHARPCHECK_STORE_FP32: {
+      float value = 0;
+      std::memcpy(&value, at, sizeof value);
+      return value;
+    }
+    case SHARPCHECK_STORE_BF16:
+    case SHARPCHECK_STORE_FP16: {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, at, sizeof bits);
+      return decode(bits, storage == SHARPCHECK_STORE_BF16 ? bf16 : fp16);
+    }
+    case SHARPCHECK_STORE_INT64: {
+      std::int64_t integer = 0;
+      std::memcpy(&integer, at, sizeof integer);
+      return static_cast<double>(integer);
+    }
+    default: {
+      double value = 0;
+      std::memcpy(&value, at, sizeof value);
+      return value;
+    }
+  }
+}
+
+std::size_t element_count(const PluginTensor& tensor) {
+  std::size_t count = 1;
+  for (const std::size_t extent : tensor.shape) count *= extent;
+  return count;
+}
+
+// One tensor's bytes in its storage and the ABI's view of it.
+struct StoredTensor {
+  std::vector<char> bytes;
+  sharpcheck_tensor view{};
+};
+
+StoredTensor stored(const PluginTensor& tensor, bool output) {
+  StoredTensor t;
+  const std::size_t count = element_count(tensor), size = storage_bytes(tensor.storage);
+  t.bytes.resize(count * size);
+  for (std::size_t i = 0; i < count; ++i)
+    store(output ? std::numeric_limits<double>::quiet_NaN() : tensor.values[i], tensor.storage,
+          t.bytes.data() + i * size);
+  t.view = {tensor.name.c_str(), tensor.storage, tensor.shape.size(), tensor.shape.data(), t.bytes.data()};
+  return t;
+}
+
+// Runs in the child: stores the inputs, calls sharpcheck_op, returns the outputs as doubles' bytes.
+std::pair<std::string, int> call_operation(OperationEntry entry, const std::string& operation,
+                                           const FloatFormat& format, const std::string& options,
+                                           const std::vector<PluginTensor>& inputs,
+                                           const std::vector<PluginTensor>& outputs) {
+  std::vector<StoredTensor> in, out;
+  std::vector<sharpcheck_tensor> in_views, out_views;
+  for (const PluginTensor& tensor : inputs) in_views.push_back(in.emplace_back(stored(tensor, false)).view);
+  for (const PluginTensor& tensor : outputs) out_views.push_back(out.emplace_back(stored(tensor, true)).view);
+  const sharpcheck_op_call call{operation.c_str(), format_code(format), options.c_str(), in_views.size(),
+                                in_views.data(),   out_views.size(),    out_views.data()};
+  const int code = entry(&call);
+  if (code != 0) return {"", 10 + (code & 0x7F)};
+  std::vector<double> result;
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    const std::size_t size = storage_bytes(outputs[o].storage);
+    for (std::size_t i = 0; i < element_count(outputs[o]); ++i)
+      result.push_back(load(out[o].bytes.data() + i * size, outputs[o].storage));
+  }
+  return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
+}
+
 // The child's side of Plugin::open: the description as lines, or "error" and a message.
 std::pair<std::string, int> describe_in_child(const std::string& path) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -352,6 +462,12 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   if (info->softmax_formats != 0 && dlsym(handle, "sharpcheck_softmax") == nullptr) {
     return {"error\ndeclares softmax formats but does not export sharpcheck_softmax", 0};
   }
+  const char* operations = info->abi_version >= 6 && info->operations != nullptr ? info->operations : "";
+  const std::uint32_t operation_formats = info->abi_version >= 6 ? info->operation_formats : 0U;
+  if (*operations != '\0' && dlsym(handle, "sharpcheck_op") == nullptr)
+    return {"error\ndeclares operations but does not export sharpcheck_op", 0};
+  if (*operations != '\0' && operation_formats == 0)
+    return {"error\ndeclares operations but no operation_formats to compute them in", 0};
   const auto one_line = [](const char* text, const char* fallback) {
     std::string line = text != nullptr ? text : fallback;
     for (char& c : line) {
@@ -361,7 +477,8 @@ std::pair<std::string, int> describe_in_child(const std::string& path) {
   };
   return {"ok\n" + one_line(info->name, "unnamed") + "\n" + one_line(info->description, "") + "\n" +
               std::to_string(info->softmax_formats) + "\n" + std::to_string(info->attention_formats) + "\n" +
-              std::to_string(features) + "\n",
+              std::to_string(features) + "\n" + one_line(operations, "") + "\n" +
+              std::to_string(operation_formats) + "\n",
           0};
 }
 
@@ -413,7 +530,7 @@ std::shared_ptr<Plugin> Plugin::open(const std::string& path, const ChildLimits&
   if (lines.size() >= 2 && lines[0] == "error") {
     throw InputError(InputProblem::out_of_range, "plugin " + shown + " " + to_valid_utf8(lines[1]));
   }
-  if (lines.size() != 6 || lines[0] != "ok") {
+  if (lines.size() != 8 || lines[0] != "ok") {
     throw PluginCrash("plugin " + shown + ": its description could not be read");
   }
   plugin->name_ = to_valid_utf8(lines[1]);
@@ -421,14 +538,22 @@ std::shared_ptr<Plugin> Plugin::open(const std::string& path, const ChildLimits&
   const auto softmax_bits = std::stoul(lines[3]);
   const auto attention_bits = std::stoul(lines[4]);
   plugin->features_ = static_cast<std::uint32_t>(std::stoul(lines[5]));
+  const auto operation_bits = std::stoul(lines[7]);
   for (const auto& [bit, format] : {std::pair{SHARPCHECK_FP32, &fp32}, std::pair{SHARPCHECK_BF16, &bf16},
                                     std::pair{SHARPCHECK_FP16, &fp16}}) {
     if ((softmax_bits & bit) != 0) plugin->softmax_formats_.push_back(format);
     if ((attention_bits & bit) != 0) plugin->attention_formats_.push_back(format);
+    if ((operation_bits & bit) != 0) plugin->operation_formats_.push_back(format);
   }
-  if (plugin->softmax_formats_.empty() && plugin->attention_formats_.empty()) {
-    throw InputError(InputProblem::empty_input,
-                     "plugin " + shown + " declares no softmax or attention format: nothing to judge");
+  for (std::size_t start = 0; start < lines[6].size();) {
+    const std::size_t comma = std::min(lines[6].find(',', start), lines[6].size());
+    if (comma > start) plugin->operations_.push_back(lines[6].substr(start, comma - start));
+    start = comma + 1;
+  }
+  if (plugin->softmax_formats_.empty() && plugin->attention_formats_.empty() && plugin->operations_.empty()) {
+    throw InputError(
+        InputProblem::empty_input,
+        "plugin " + shown + " declares no softmax or attention format and no operation: nothing to judge");
   }
   return plugin;
 }
@@ -483,6 +608,20 @@ PluginRun Plugin::run_attention_backward(const FloatFormat& format,
                             problem.keys.rows * problem.values.cols + problem.queries.rows +
                             (problem.head(0).sink ? 1 : 0);
   return interpret(child, limits_, count, 1, count, name);
+}
+
+PluginRun Plugin::run_operation(const std::string& operation, const FloatFormat& format,
+                                const std::string& options, const std::vector<PluginTensor>& inputs,
+                                const std::vector<PluginTensor>& outputs) const {
+  const ChildOutcome child = run_in_child(
+      [&] {
+        const auto entry = reinterpret_cast<OperationEntry>(symbol_in_child(path_, "sharpcheck_op"));
+        return call_operation(entry, operation, format, options, inputs, outputs);
+      },
+      limits_);
+  std::size_t count = 0;
+  for (const PluginTensor& tensor : outputs) count += element_count(tensor);
+  return interpret(child, limits_, count, 1, count, "sharpcheck_op");
 }
 
 }  // namespace sharpcheck::kernels

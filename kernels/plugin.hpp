@@ -26,6 +26,16 @@ struct PluginRun {
 };
 [[nodiscard]] const char* plugin_status_name(PluginRun::Status status);
 
+// A tensor of an operation's case as the version-6 entry sharpcheck_op takes it
+// (kernels/plugin_abi.h): its name, storage (enum sharpcheck_storage) and shape, and for an input
+// its values (values of the storage's format, exactly).
+struct PluginTensor {
+  std::string name;
+  std::uint32_t storage = 0;
+  std::vector<std::size_t> shape;
+  std::vector<double> values;
+};
+
 class Plugin {
  public:
   // Loads and describes the plugin in a child under `limits`. Throws InputError naming the path
@@ -46,6 +56,12 @@ class Plugin {
   }
   // The features it declares (enum sharpcheck_feature of kernels/plugin_abi.h; 0 for ABI version 1).
   [[nodiscard]] std::uint32_t features() const { return features_; }
+  // ABI version 6: the operations sharpcheck_op computes (by their names in `sharpcheck ops`) and
+  // the formats it computes them in.
+  [[nodiscard]] const std::vector<std::string>& operations() const { return operations_; }
+  [[nodiscard]] const std::vector<const FloatFormat*>& operation_formats() const {
+    return operation_formats_;
+  }
 
   // Runs the plugin's softmax on rows of logits (values of `format`) in a forked child under the
   // limits given to open().
@@ -66,6 +82,13 @@ class Plugin {
   // (InputError if the plugin does not declare it).
   [[nodiscard]] PluginRun run_attention_backward(const FloatFormat& format,
                                                  const tensor::AttentionBackwardProblem& problem) const;
+  // ABI version 6: one case of `operation` through sharpcheck_op, its options a JSON object. The
+  // outputs are allocated as `outputs` says (their values are ignored) and filled with NaN before
+  // the call, so an element the plugin does not write is caught; `out` is one row: every output's
+  // values in order, converted exactly to double.
+  [[nodiscard]] PluginRun run_operation(const std::string& operation, const FloatFormat& format,
+                                        const std::string& options, const std::vector<PluginTensor>& inputs,
+                                        const std::vector<PluginTensor>& outputs) const;
 
  private:
   Plugin() = default;
@@ -74,6 +97,8 @@ class Plugin {
   std::string path_, name_, description_;
   std::vector<const FloatFormat*> softmax_formats_;
   std::vector<const FloatFormat*> attention_formats_;
+  std::vector<std::string> operations_;
+  std::vector<const FloatFormat*> operation_formats_;
 };
 
 }  // namespace sharpcheck::kernels

@@ -19,9 +19,11 @@ extern "C" {
 /* Version 2 added `features`; version 3 the attention features below 1u << 3 and
  * sharpcheck_attention_layer; version 4 the attention backward (SHARPCHECK_ATTENTION_BACKWARD and
  * sharpcheck_attention_backward); version 5 the backward through the log-sum-exp and the sinks
- * (SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK and sharpcheck_attention_backward_lse). The gate still
- * loads plugins of every earlier version. */
-#define SHARPCHECK_PLUGIN_ABI_VERSION 5u
+ * (SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK and sharpcheck_attention_backward_lse); version 6 one
+ * entry for any operation `sharpcheck ops` lists, named by the operation (sharpcheck_op, below),
+ * and the description's `operations` and `operation_formats`. The gate still loads plugins of
+ * every earlier version, and none of them needs the version-6 fields. */
+#define SHARPCHECK_PLUGIN_ABI_VERSION 6u
 
 enum sharpcheck_format {
   SHARPCHECK_FP32 = 1u << 0,
@@ -79,6 +81,44 @@ struct sharpcheck_plugin_description {
   uint32_t softmax_formats;   /* bitmask of enum sharpcheck_format with a softmax entry point */
   uint32_t attention_formats; /* bitmask with an attention entry point (0: none) */
   uint32_t features;          /* version >= 2: bitmask of enum sharpcheck_feature */
+  /* Version 6: the operations sharpcheck_op computes, comma-separated by their names in
+   * `sharpcheck ops` ("attention_merge,paged_attention"; null or "": none), and the formats
+   * (bitmask of enum sharpcheck_format) it computes them in. */
+  const char* operations;
+  uint32_t operation_formats;
+};
+
+/* Version 6: how a tensor handed to or filled by sharpcheck_op is stored. A tensor in the case's
+ * format (q, k, v, a cache, an output) is stored as that format says (float, or uint16 bits);
+ * values kept in full precision (per-head sinks and slopes) are doubles; values a kernel keeps in
+ * fp32 (partial log-sum-exps, a log-sum-exp output) are floats; indices are int64. */
+enum sharpcheck_storage {
+  SHARPCHECK_STORE_FP32 = 1u, /* float */
+  SHARPCHECK_STORE_BF16 = 2u, /* uint16_t bit patterns */
+  SHARPCHECK_STORE_FP16 = 3u, /* uint16_t bit patterns */
+  SHARPCHECK_STORE_FP64 = 4u, /* double */
+  SHARPCHECK_STORE_INT64 = 5u /* int64_t */
+};
+
+struct sharpcheck_tensor {
+  const char* name; /* the operation's tensor name, as `sharpcheck ops` lists it */
+  uint32_t storage; /* enum sharpcheck_storage */
+  size_t rank;
+  const size_t* shape; /* row-major, rank extents */
+  void* data;          /* inputs: read only; outputs: every element written by the plugin */
+};
+
+/* One case of an operation: its input tensors and options (a JSON object, the options
+ * `sharpcheck ops` lists with the case's values, e.g. {"layout":"sthd","lse_base2":true}), and
+ * the judged tensors the gate allocated for the plugin to fill. */
+struct sharpcheck_op_call {
+  const char* operation;
+  uint32_t format; /* enum sharpcheck_format: the case's format */
+  const char* options;
+  size_t input_count;
+  const struct sharpcheck_tensor* inputs;
+  size_t output_count;
+  struct sharpcheck_tensor* outputs;
 };
 
 /* Required. */
@@ -114,6 +154,11 @@ int sharpcheck_attention_backward(uint32_t format, const void* q, const void* k,
 int sharpcheck_attention_backward_lse(uint32_t format, const void* q, const void* k, const void* v,
                                       const void* dout, const float* d_lse, void* dq, void* dk, void* dv,
                                       float* d, float* d_sinks, const struct sharpcheck_attention_call* call);
+
+/* Required when version-6 `operations` are declared: computes call->operation on one case.
+ * Tensors are found by name; an operation or option the plugin does not know is an error
+ * (non-zero), which the gate reports as a failure of the case. */
+int sharpcheck_op(const struct sharpcheck_op_call* call);
 
 #ifdef __cplusplus
 }

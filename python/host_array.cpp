@@ -86,6 +86,12 @@ HostArray::HostArray(const py::object& object, std::string name, gate::StoredFor
     refuse_type(name_, std::string("expected an array (buffer protocol or DLPack), got ") +
                            py::str(py::type::of(object).attr("__name__")).cast<std::string>());
   }
+  // int32 and int64 hold indices (block tables, page ids, lengths), read as plain numbers: a
+  // tensor of values (logits, outputs, q) in them is a mistake worth naming, not reading.
+  if ((type_ == ElementType::int32 || type_ == ElementType::int64) && *stored_.format != fp64)
+    refuse_type(name_,
+                "int32 and int64 are read only for index tensors (block tables, page ids, lengths); "
+                "convert values to a floating dtype");
 }
 
 void HostArray::take_buffer(const py::object& object) {

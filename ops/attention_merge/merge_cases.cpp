@@ -62,6 +62,8 @@ gate::ExternalCase merge_case(std::string id, std::size_t splits, Partials p) {
                        .shape = {tokens, splits, heads},
                        .values = std::move(p.lse),
                        .stored_as = "fp32"});
+  c.outputs.push_back({.name = "out", .shape = {tokens, heads, dim}, .values = {}});
+  c.outputs.push_back({.name = "lse", .shape = {tokens, heads}, .values = {}, .stored_as = "fp32"});
   return c;
 }
 

@@ -368,15 +368,7 @@ void run_case(const gate::GateCase& gate_case, const gate::GateSettings&, gate::
   options.cu_seqlens_q = problem.query_offsets;
   options.threads = 1;  // the gate runs cases side by side
   options.name = std::string(kernel.name);
-  gate::CaseOutcome judged = judge_paged(call);
-  outcome.format = judged.format;
-  outcome.comparison = std::move(judged.comparison);
-  outcome.reference_statistics = judged.reference_statistics;
-  outcome.failures = std::move(judged.failures);
-  outcome.worst_array = std::move(judged.worst_array);
-  outcome.worst_index = std::move(judged.worst_index);
-  outcome.recipe = std::move(judged.recipe);
-  outcome.recipe_note = std::move(judged.recipe_note);
+  gate::adopt_judgement(judge_paged(call), outcome);
 }
 
 std::vector<gate::KernelRow> kernel_rows() {
@@ -406,7 +398,7 @@ const gate::Operation paged_attention_operation{
     .plan_plugin = nullptr,
     .run = run_case,
     .judge = judge_paged,
-    .external_cases = nullptr,
+    .external_cases = paged::external_cases,
 };
 
 }  // namespace sharpcheck::ops

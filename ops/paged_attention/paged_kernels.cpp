@@ -7,6 +7,7 @@
 
 #include "core/random.hpp"
 #include "formats/float_format.hpp"
+#include "gate/case_tools.hpp"
 #include "kernels/attention_designs.hpp"
 
 namespace sharpcheck::ops::paged {
@@ -152,7 +153,7 @@ std::vector<double>& PoisonedCache::page(std::size_t id) {
 // Page ids drawn without repeats from [low, low + used + 8), low = 65,536 when asked (the cache
 // then has that many pages more, never written); each sequence's row ends with one id no
 // sequence uses (what a read past its pages finds).
-Problem make_problem(const Scenario& s, std::uint64_t seed) {
+Problem make_problem(const Scenario& s, std::uint64_t seed, const FloatFormat& format) {
   DeterministicRandom random(seed);
   Problem p;
   std::size_t used_total = 0;
@@ -175,7 +176,7 @@ Problem make_problem(const Scenario& s, std::uint64_t seed) {
         const std::size_t at = within_page(s, p, j % s.page, h);
         for (PoisonedCache* cache : {p.k_cache.get(), p.v_cache.get()}) {
           std::vector<double>& page = cache->page(row[j / s.page]);
-          for (std::size_t d = 0; d < p.dim; ++d) page[at + d] = round_to_format(random.normal(), bf16);
+          for (std::size_t d = 0; d < p.dim; ++d) page[at + d] = round_to_format(random.normal(), format);
         }
       }
     }
@@ -185,7 +186,7 @@ Problem make_problem(const Scenario& s, std::uint64_t seed) {
   p.query_offsets = {0};
   for (const std::size_t m : s.queries) p.query_offsets.push_back(p.query_offsets.back() + m);
   std::vector<double> q(p.query_offsets.back() * p.heads * p.dim);
-  for (double& x : q) x = round_to_format(random.normal(), bf16);
+  for (double& x : q) x = round_to_format(random.normal(), format);
   p.q = std::make_unique<gate::MemoryArray>(
       "q", std::vector<std::size_t>{p.query_offsets.back(), p.heads, p.dim}, std::move(q));
   add_tables(s, p);
@@ -237,6 +238,39 @@ std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, 
   }
   return std::make_unique<gate::MemoryArray>(
       "out", std::vector<std::size_t>{p.query_offsets.back(), p.heads, p.dim}, std::move(out));
+}
+
+namespace {
+
+gate::ExternalTensor whole(const gate::Array& array, std::string_view stored_as = {}) {
+  std::vector<double> values(array.size());
+  array.read(0, values);
+  return {.name = array.name(), .shape = array.shape(), .values = std::move(values), .stored_as = stored_as};
+}
+
+}  // namespace
+
+std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep) {
+  const std::string kernel = "python:paged_attention:" + std::string(sweep.format->name);
+  std::vector<gate::ExternalCase> cases;
+  for (const Scenario& s : scenario_table) {
+    gate::GateCase shape;  // only for the id, the gate's form
+    shape.kernel = kernel;
+    shape.input = "paged_" + std::string(s.name);
+    shape.n = total_keys(s);
+    gate::ExternalCase c;
+    c.id = shape.id();
+    const Problem p = make_problem(s, gate::case_seed(sweep.seed, c.id), *sweep.format);
+    if (p.k_cache->size() > (std::size_t{1} << 24)) continue;
+    c.tensors = {whole(*p.q), whole(*p.k_cache), whole(*p.v_cache)};
+    for (const auto& table : p.tables) c.tensors.push_back(whole(*table, "int64"));
+    c.options = {{"page_layout", s.heads_first ? "HND" : "NHD"},
+                 {"causal", s.causal},
+                 {"cu_seqlens_q", p.query_offsets}};
+    c.outputs.push_back({.name = "out", .shape = p.q->shape(), .values = {}});
+    cases.push_back(std::move(c));
+  }
+  return cases;
 }
 
 }  // namespace sharpcheck::ops::paged

@@ -14,7 +14,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "formats/float_format.hpp"
 #include "gate/judge_arrays.hpp"
+#include "gate/operation.hpp"
 
 namespace sharpcheck::ops::paged {
 
@@ -76,10 +78,17 @@ struct Problem {
   std::vector<std::vector<std::size_t>> page_rows;
   std::vector<std::size_t> query_offsets;  // cu_seqlens_q
 };
-[[nodiscard]] Problem make_problem(const Scenario& scenario, std::uint64_t seed);
+// Values of `format` (the gate's built-in kernels run in bf16).
+[[nodiscard]] Problem make_problem(const Scenario& scenario, std::uint64_t seed,
+                                   const FloatFormat& format = bf16);
 
 // The kernel's output [T, H, D] in bf16.
 [[nodiscard]] std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& scenario,
                                                      const Problem& problem);
+
+// The scenarios as cases for a kernel outside the gate (sharpcheck.sweep, a plugin's sharpcheck_op):
+// the caches in full (NaN where no sequence reaches), the tables as int64; those whose caches
+// exceed 2^24 elements (ids above 65,535 over pages of 16) stay the gate's own.
+[[nodiscard]] std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep);
 
 }  // namespace sharpcheck::ops::paged

@@ -27,8 +27,8 @@ FEATURES = frozenset({"theta", "causal", "align", "window", "softcap", "gqa", "a
                       "key_lengths", "query_lengths", "cu_seqlens", "d_lse"})
 
 _TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
-                 "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-_NUMPY_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16"}
+                 "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2", "int64": "int64"}
+_NUMPY_DTYPES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16", "int64": "int64"}
 
 
 def _spec(op: str) -> Dict[str, Any]:

@@ -101,7 +101,9 @@ const sharpcheck_plugin_description info{
         SHARPCHECK_ATTENTION_WINDOW | SHARPCHECK_ATTENTION_SOFTCAP | SHARPCHECK_ATTENTION_ALIBI |
         SHARPCHECK_ATTENTION_SINK | SHARPCHECK_ATTENTION_GQA | SHARPCHECK_ATTENTION_LSE |
         SHARPCHECK_ATTENTION_KEY_PADDING | SHARPCHECK_ATTENTION_BACKWARD |
-        SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK};
+        SHARPCHECK_ATTENTION_BACKWARD_LSE_SINK,
+    nullptr,
+    0};
 
 // One query row's softmax weights (one head; ALiBi and the sink as attend_row), each logit's
 // slope d logit / d (q . k), and the sink's weight.

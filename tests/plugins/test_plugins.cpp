@@ -65,7 +65,9 @@ const sharpcheck_plugin_description info{
     "a scalar three-pass softmax for the gate's own tests",
     softmax_formats,
     attention_formats,
-    SHARPCHECK_SOFTMAX_SCALE | SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL | extra_features};
+    SHARPCHECK_SOFTMAX_SCALE | SHARPCHECK_ATTENTION_SCALE | SHARPCHECK_ATTENTION_CAUSAL | extra_features,
+    nullptr,
+    0};
 
 // Spins forever under a process name a test can look for (it must not outlive the gate).
 [[noreturn]] void spin_as(const char* name) {

@@ -53,6 +53,8 @@ def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", 
     """A paged decode / chunked-prefill kernel as users write it: gather each sequence's pages by
     the block table, attention in fp32 with the diagonal bottom-right, output in q's dtype."""
     page = k_cache.shape[1] if layout == "NHD" else k_cache.shape[2]
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[2] if layout == "NHD" else k_cache.shape[1]
     outs, start = [], 0
     for b in range(table.shape[0]):
         n = int(seq_lens[b]) - (1 if bug == "last_page_off_by_one" else 0)
@@ -66,11 +68,11 @@ def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", 
             if layout == "NHD":
                 return torch.stack([cache[p, s] for p, s in rows]).float()
             return torch.stack([cache[p, :, s] for p, s in rows]).float()
-        k = gather(k_cache).repeat_interleave(HEADS // KV_HEADS, dim=1)  # [n, H, D]
-        v = gather(v_cache).repeat_interleave(HEADS // KV_HEADS, dim=1)
+        k = gather(k_cache).repeat_interleave(heads // kv_heads, dim=1)  # [n, H, D]
+        v = gather(v_cache).repeat_interleave(heads // kv_heads, dim=1)
         m = q_lens[b]
         qb = q[start:start + m].float()  # [m, H, D]
-        s = torch.einsum("mhd,nhd->hmn", qb, k) / math.sqrt(DIM)
+        s = torch.einsum("mhd,nhd->hmn", qb, k) / math.sqrt(dim)
         i = torch.arange(m)[:, None]
         j = torch.arange(len(rows))[None, :]
         s = s.masked_fill(j > i + (len(rows) - m), float("-inf"))  # bottom-right causal
@@ -219,3 +221,31 @@ def test_compare_reads_int32_and_int64_tables_from_npy_files(tmp_path):
     assert subprocess.run(command, capture_output=True).returncode == 1
     worst = json.loads((tmp_path / "r.json").read_text())["cases"][0]["worst"]
     assert worst["full_index"] == [1, 2, 7]
+
+
+def sweep_kernel(bug=None):
+    """paged_kernel with the sweep's calling convention (q, caches, tables, then options by name),
+    for either table form and layout."""
+    def kernel(q, k_cache, v_cache, block_table=None, seq_lens=None, kv_indptr=None, kv_indices=None,
+               kv_last_page_len=None, page_layout="NHD", causal=False, cu_seqlens_q=None):
+        page = k_cache.shape[1] if page_layout == "NHD" else k_cache.shape[2]
+        if block_table is None:  # FlashInfer's form as a block table
+            rows = [kv_indices[kv_indptr[b]:kv_indptr[b + 1]] for b in range(len(kv_indptr) - 1)]
+            width = max(len(r) for r in rows)
+            block_table = torch.zeros(len(rows), width, dtype=torch.int64)
+            for b, r in enumerate(rows):
+                block_table[b, :len(r)] = r
+            seq_lens = [(len(r) - 1) * page + int(kv_last_page_len[b]) for b, r in enumerate(rows)]
+        q_lens = [cu_seqlens_q[b + 1] - cu_seqlens_q[b] for b in range(len(cu_seqlens_q) - 1)]
+        return paged_kernel(q, k_cache, v_cache, block_table, seq_lens, q_lens, layout=page_layout, bug=bug)
+    return kernel
+
+
+def test_the_paged_sweep_runs_a_python_kernel_and_catches_its_twin():
+    cases = sharpcheck.cases("paged_attention", format="bf16")
+    assert len(cases) == 3 and any("ids_above_65535" in c.id for c in cases)
+    assert all(c.inputs[name].dtype == torch.int64 for c in cases for name in c.inputs
+               if name in ("block_table", "seq_lens", "kv_indptr", "kv_indices", "kv_last_page_len"))
+    sharpcheck.sweep(sweep_kernel(), "paged_attention", format="bf16").check()
+    broken = sharpcheck.sweep(sweep_kernel("block_ids_16_bit"), "paged_attention", format="bf16")
+    assert [r.id for r in broken.results if r.status != "pass"] == [c.id for c in cases if "65535" in c.id]

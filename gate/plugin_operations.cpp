@@ -1,0 +1,176 @@
+#include "gate/plugin_operations.hpp"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+
+#include "core/errors.hpp"
+#include "gate/case_tools.hpp"
+#include "kernels/plugin_abi.h"
+
+namespace sharpcheck::gate {
+namespace {
+
+std::string kernel_name(const kernels::Plugin& plugin, std::string_view operation,
+                        const FloatFormat& format) {
+  return "plugin:" + plugin.name() + ":" + std::string(operation) + "_" + std::string(format.name);
+}
+
+// An external case's id without its kernel: the input and the n of "<kernel>/<input>/n=<n>".
+struct IdTail {
+  std::string input;
+  std::size_t n = 0;
+};
+
+IdTail tail_of(const std::string& id) {
+  const std::size_t first = id.find('/'), last = id.rfind("/n=");
+  if (first == std::string::npos || last == std::string::npos || last <= first)
+    throw std::logic_error("an external case id without the gate's form: " + id);
+  return {id.substr(first + 1, last - first - 1), std::stoul(id.substr(last + 3))};
+}
+
+// An operation's external cases for one format, made once per process (a plugin's cases share them).
+std::shared_ptr<const std::vector<ExternalCase>> cases_of(const Operation& operation,
+                                                          const FloatFormat& format,
+                                                          const GateSettings& settings) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const std::vector<ExternalCase>>> made;
+  const std::string key =
+      std::string(operation.name) + "/" + std::string(format.name) + "/" + std::to_string(settings.seed);
+  const std::lock_guard lock(mutex);
+  auto& cases = made[key];
+  if (!cases) {
+    cases = std::make_shared<const std::vector<ExternalCase>>(
+        operation.external_cases(ExternalSweep{&format, sweep_sizes(settings), settings.seed}));
+  }
+  return cases;
+}
+
+std::uint32_t storage_of(const ExternalTensor& tensor, const FloatFormat& format) {
+  if (tensor.stored_as == "fp64") return SHARPCHECK_STORE_FP64;
+  if (tensor.stored_as == "fp32") return SHARPCHECK_STORE_FP32;
+  if (tensor.stored_as == "int64") return SHARPCHECK_STORE_INT64;
+  if (format == bf16) return SHARPCHECK_STORE_BF16;
+  if (format == fp16) return SHARPCHECK_STORE_FP16;
+  return SHARPCHECK_STORE_FP32;
+}
+
+std::string option_text(const nlohmann::json& value) {
+  if (value.is_boolean()) return value.get<bool>() ? "true" : "false";
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_array()) {
+    std::string text;
+    for (const auto& item : value) text += (text.empty() ? "" : ",") + option_text(item);
+    return text;
+  }
+  return value.dump();
+}
+
+// The case as `key=value` pairs for the operation's schema: its tensors (by name), format, options.
+std::vector<std::pair<std::string, std::string>> schema_pairs(const ExternalCase& c,
+                                                              const FloatFormat& format) {
+  std::vector<std::pair<std::string, std::string>> pairs{{"format", std::string(format.name)}};
+  for (const auto* tensors : {&c.tensors, &c.outputs}) {
+    for (const ExternalTensor& t : *tensors) pairs.emplace_back(t.name, t.name);
+  }
+  for (const auto* options : {&c.options, &c.judge_options}) {
+    for (const auto& [key, value] : options->items()) pairs.emplace_back(key, option_text(value));
+  }
+  return pairs;
+}
+
+const ExternalCase& find_case(const std::vector<ExternalCase>& cases, const GateCase& gate_case) {
+  for (const ExternalCase& c : cases) {
+    const IdTail tail = tail_of(c.id);
+    if (tail.input == gate_case.input && tail.n == gate_case.n) return c;
+  }
+  throw std::logic_error("no external case for " + gate_case.id());
+}
+
+const Operation& declared_operation(const PlanContext& context, const std::string& name) {
+  const std::string plugin = "plugin " + context.settings.plugin->name();
+  for (const Operation* operation : context.settings.operations) {
+    if (operation->name != name) continue;
+    if (operation->external_cases == nullptr)
+      throw InputError(
+          InputProblem::out_of_range,
+          plugin + " declares operation '" + name + "', whose cases cannot be run through sharpcheck_op yet");
+    return *operation;
+  }
+  throw InputError(InputProblem::out_of_range, plugin + " declares operation '" + name +
+                                                   "', which sharpcheck does not have (`sharpcheck ops`)");
+}
+
+}  // namespace
+
+void plan_plugin_operations(const PlanContext& context, std::vector<GateCase>& cases) {
+  const auto& plugin = context.settings.plugin;
+  if (!plugin) return;
+  for (const std::string& name : plugin->operations()) {
+    const Operation& operation = declared_operation(context, name);
+    for (const FloatFormat* format : plugin->operation_formats()) {
+      const std::size_t before = cases.size();
+      for (const ExternalCase& c : *cases_of(operation, *format, context.settings)) {
+        if (c.outputs.empty()) continue;
+        const IdTail tail = tail_of(c.id);
+        GateCase gate_case = make_case(kernel_name(*plugin, name, *format), tail.input, tail.n,
+                                       context.settings, false, format);
+        gate_case.operation = name;
+        gate_case.plugin_operation = true;
+        cases.push_back(std::move(gate_case));
+      }
+      if (cases.size() == before)
+        throw InputError(InputProblem::out_of_range,
+                         "plugin " + plugin->name() + " declares operation '" + name + "', none of whose " +
+                             std::string(format->name) + " cases can be run through sharpcheck_op yet");
+    }
+  }
+}
+
+void run_plugin_operation_case(const Operation& operation, const GateCase& gate_case,
+                               const GateSettings& settings, CaseOutcome& outcome) {
+  const FloatFormat& format = *gate_case.plugin_format;
+  outcome.format = std::string(format.name);
+  const auto all = cases_of(operation, format, settings);
+  const ExternalCase& c = find_case(*all, gate_case);
+  std::vector<kernels::PluginTensor> inputs, outputs;
+  for (const ExternalTensor& t : c.tensors)
+    inputs.push_back({t.name, storage_of(t, format), t.shape, t.values});
+  for (const ExternalTensor& t : c.outputs) outputs.push_back({t.name, storage_of(t, format), t.shape, {}});
+  const kernels::PluginRun run =
+      settings.plugin->run_operation(std::string(operation.name), format, c.options.dump(), inputs, outputs);
+  if (run.status != kernels::PluginRun::Status::ok) {
+    std::vector<Matrix> kept;
+    kept.reserve(inputs.size());
+    std::vector<std::pair<std::string, const Matrix*>> named;
+    for (const kernels::PluginTensor& t : inputs) {
+      Matrix& m = kept.emplace_back(1, t.values.size());
+      m.values = t.values;
+      named.emplace_back("_" + t.name, &m);
+    }
+    record_plugin_failure(run, settings, gate_case, named, outcome);
+    return;
+  }
+  outcome.console = run.console;
+  std::vector<std::unique_ptr<MemoryArray>> arrays;
+  OpCall call;
+  for (const ExternalTensor& t : c.tensors)
+    call.tensors[t.name] =
+        arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, t.values)).get();
+  auto next = run.out.values.begin();
+  for (const kernels::PluginTensor& t : outputs) {
+    std::size_t count = 1;
+    for (const std::size_t extent : t.shape) count *= extent;
+    std::vector<double> values(next, next + static_cast<std::ptrdiff_t>(count));
+    next += static_cast<std::ptrdiff_t>(count);
+    call.tensors[t.name] =
+        arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, std::move(values))).get();
+  }
+  call.options = parse_op_arguments(operation, schema_pairs(c, format)).options;
+  call.options.judge.name = gate_case.kernel;
+  call.options.judge.threads = 1;  // the gate runs cases side by side
+  adopt_judgement(operation.judge(call), outcome);
+}
+
+}  // namespace sharpcheck::gate
