@@ -296,10 +296,9 @@ double emulated_weights(const EmulatedRow& row, std::size_t keys, VisibleWeights
 
 // The statistical tier around emulated scores of one chain: each row's o~ and spreads, then the
 // comparison and row-scale test of `base` again around o~. nullopt if a row cannot be emulated.
-std::optional<Comparison> judge_emulated(ScoreChain chain, const JudgeSpec& spec, const Matrix& queries,
-                                         const Matrix& keys, const Matrix& values,
+std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const JudgeSpec& spec,
+                                         const Matrix& queries, const Matrix& values,
                                          const tensor::HeadScores& head, const ComparisonInput& base) {
-  const ScoreEmulator emulator(chain, queries, keys, head, *spec.tolerance->score_format);
   const std::size_t rows = queries.rows, columns = values.cols;
   InsideSpreads spreads{Matrix(rows, columns), Matrix(rows, columns), Matrix(rows, columns),
                         Matrix(rows, columns), Matrix(rows, columns)};
@@ -391,19 +390,37 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   evaluation.row_scales = input.scales;
   if (spec.tolerance->scores_emulated && spec.tolerance->score_format != nullptr && scores_emulable(head)) {
-    // The math path's scores, emulated chain by chain; the chain that fits best is the verdict's
-    // (its proven tier is the one above: the worst case of any two roundings).
+    // The math path's scores, emulated chain by chain and by how the scale is held; the variant
+    // that fits best is this head's verdict, and every variant's comparison is kept so that a
+    // judgement of many heads picks one variant for all of them (judge_tensors.cpp): a kernel forms
+    // its scores one way. The proven tier is the one above: the worst case of any two roundings.
     input.inside = nullptr;
-    std::optional<Comparison> best;
+    std::vector<Comparison> variants;
     for (const ScoreChain chain : score_chains()) {
-      std::optional<Comparison> emulated = judge_emulated(chain, spec, queries, keys, values, head, input);
-      if (emulated && (!best || statistical_closeness(*emulated) < statistical_closeness(*best))) {
-        best = std::move(emulated);
-        evaluation.score_chain = describe(chain);
+      const std::size_t fp32_variant = variants.size();
+      for (const FactorRounding rounding : factor_roundings()) {
+        const ScoreEmulator emulator(chain, queries, keys, head, *spec.tolerance->score_format, rounding);
+        if (!emulator.distinct()) {  // the same factors as the fp32 variant: the same comparison
+          variants.push_back(variants[fp32_variant]);
+          continue;
+        }
+        std::optional<Comparison> emulated = judge_emulated(emulator, spec, queries, values, head, input);
+        if (!emulated) break;  // a row the chains cannot emulate (a score beyond F's range)
+        variants.push_back(std::move(*emulated));
+      }
+      if (variants.size() != fp32_variant + factor_roundings().size()) {
+        variants.clear();
+        break;
       }
     }
-    if (best) {
-      evaluation.comparison = std::move(*best);
+    if (!variants.empty()) {
+      std::size_t best = 0;
+      for (std::size_t v = 1; v < variants.size(); ++v) {
+        if (statistical_closeness(variants[v]) < statistical_closeness(variants[best])) best = v;
+      }
+      evaluation.score_chain = describe(score_chains()[best / factor_roundings().size()]);
+      evaluation.comparison = variants[best];
+      evaluation.emulated_variants = std::move(variants);
       return evaluation;
     }
   }

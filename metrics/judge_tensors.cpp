@@ -1,6 +1,8 @@
 #include "metrics/judge_tensors.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -13,6 +15,7 @@ struct HeadJudgement {
   Comparison output;
   Comparison lse;
   reference::ZivStatistics statistics;
+  std::vector<Comparison> emulated_variants;  // Evaluation::emulated_variants
 };
 
 // One head's rows (each contiguous in every layout) from the source.
@@ -97,7 +100,8 @@ HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& 
   head_spec.lse = lse != nullptr;
   const Evaluation evaluation =
       judge_attention(head_spec, queries, key_rows, value_rows, problem.head(b, h), std::move(actual));
-  HeadJudgement judgement{evaluation.comparison, {}, evaluation.reference_statistics};
+  HeadJudgement judgement{
+      evaluation.comparison, {}, evaluation.reference_statistics, evaluation.emulated_variants};
   if (lse != nullptr) {
     std::vector<double> given(rows);
     for (std::size_t s = 0; s < rows; ++s) lse->read(problem.lse_offset(b, h, s), {&given[s], 1});
@@ -113,6 +117,38 @@ void fold(Comparison& total, tensor::ElementIndex& worst, const Comparison& head
       head.elements > 0 && (total.elements == 0 || head.max_bound_ratio > total.max_bound_ratio);
   total.merge(head);
   if (worse) worst = {b, h, head.worst.row, head.worst.index};
+}
+
+double closeness(const Comparison& c) {
+  return c.non_finite > 0 ? INFINITY
+                          : std::max({c.max_bound_ratio, c.max_statistical_ratio, c.max_row_scale_ratio});
+}
+
+// A recipe with emulated scores (metrics/score_emulation.hpp): each head kept its best variant, but
+// a kernel forms every head's scores one way, so the output's verdict is the single variant that
+// fits all heads best (heads that could not be emulated keep their one comparison in each).
+void one_emulated_variant(const tensor::AttentionProblem& problem, const std::vector<HeadJudgement>& judged,
+                          TensorJudgement& judgement) {
+  std::size_t variants = 0;
+  for (const HeadJudgement& head : judged) variants = std::max(variants, head.emulated_variants.size());
+  if (variants == 0) return;
+  std::optional<Comparison> best;
+  tensor::ElementIndex best_worst;
+  for (std::size_t v = 0; v < variants; ++v) {
+    Comparison total;
+    tensor::ElementIndex worst;
+    for (std::size_t item = 0; item < judged.size(); ++item) {
+      const HeadJudgement& head = judged[item];
+      fold(total, worst, head.emulated_variants.empty() ? head.output : head.emulated_variants[v],
+           item / problem.shape.heads, item % problem.shape.heads);
+    }
+    if (!best || closeness(total) < closeness(*best)) {
+      best = std::move(total);
+      best_worst = worst;
+    }
+  }
+  judgement.output = std::move(*best);
+  judgement.worst_output = best_worst;
 }
 
 }  // namespace
@@ -171,6 +207,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
     if (judgement.lse) fold(*judgement.lse, judgement.worst_lse, judged[item].lse, b, h);
     judgement.statistics.merge(judged[item].statistics);
   }
+  one_emulated_variant(problem, judged, judgement);
   return judgement;
 }
 

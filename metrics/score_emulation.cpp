@@ -24,7 +24,23 @@ double widen_up(double x) { return x + std::fabs(x) * fp32_step; }
 
 }  // namespace
 
+constexpr FactorRounding roundings[] = {FactorRounding::fp32, FactorRounding::format_product,
+                                        FactorRounding::format_quotient};
+
 std::span<const ScoreChain> score_chains() { return chains; }
+std::span<const FactorRounding> factor_roundings() { return roundings; }
+
+std::string_view describe(FactorRounding rounding) {
+  switch (rounding) {
+    case FactorRounding::fp32:
+      return "the scale in fp32";
+    case FactorRounding::format_product:
+      return "the scale rounded to F (torch 1.13's CPU scalars)";
+    case FactorRounding::format_quotient:
+      return "1/scale rounded to F and divided by";
+  }
+  return "";
+}
 
 std::string_view describe(ScoreChain chain) {
   switch (chain) {
@@ -46,13 +62,38 @@ bool scores_emulable(const tensor::HeadScores& scores) {
                      [](double b) { return b == 0.0 || b <= hiding_bias; });
 }
 
+namespace {
+
+// The factor as the kernel holds it (in the real numbers; fp32's own rounding is in fp32_step).
+double held(double factor, FactorRounding rounding, const FloatFormat& format) {
+  switch (rounding) {
+    case FactorRounding::fp32:
+      return factor;
+    case FactorRounding::format_product:
+      return round_to_format(factor, format);
+    case FactorRounding::format_quotient:
+      return 1.0 / round_to_format(1.0 / factor, format);
+  }
+  return factor;
+}
+
+}  // namespace
+
 ScoreEmulator::ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matrix& keys,
-                             const tensor::HeadScores& scores, const FloatFormat& format)
+                             const tensor::HeadScores& scores, const FloatFormat& format,
+                             FactorRounding rounding)
     : chain_(chain), scores_(scores), format_(format) {
-  scale_ = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
-  const double root = std::sqrt(scale_);
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
+  const double root = held(std::sqrt(scale), rounding, format);
+  const double factor = held(scale, rounding, format);
+  // A fused epilogue (baddbmm's alpha) keeps the scale in fp32 whatever the scalars' dtype.
+  if (chain == ScoreChain::scaled_accumulator && rounding != FactorRounding::fp32) distinct_ = false;
+  if (rounding != FactorRounding::fp32 &&
+      (chain == ScoreChain::both_prescaled ? root == std::sqrt(scale) : factor == scale))
+    distinct_ = false;
+  scale_ = factor;
   q_ = prepare(queries, chain == ScoreChain::both_prescaled    ? root
-                        : chain == ScoreChain::query_prescaled ? scale_
+                        : chain == ScoreChain::query_prescaled ? factor
                                                                : 1.0);
   k_ = prepare(keys, chain == ScoreChain::both_prescaled ? root : 1.0);
 }

@@ -5,11 +5,12 @@
 // summed in bf16 or a P rounded to e4m3 does to an output (docs/verdicts.md, the audit); emulated,
 // only what an honest kernel may really do differently is left: where its fp32 accumulation order
 // could round a score the other way (a tie within the accumulation's error), the score is marked
-// with how far it may move, and that is charged in full.
+// with how far it may move, and that is charged as the statistical tier charges a rounding (its
+// first order by Hoeffding, its second order in full).
 //
 // Contract: for every chain below and every honest kernel that forms its scores that way (any
-// fp32 summation order of q.k, multiplying by the scale or dividing by 1/scale, with the scale
-// converted to fp32 once), the kernel's score for key j lies within `ambiguity[j]` of `z[j]`.
+// fp32 summation order of q.k, multiplying by the scale or dividing by 1/scale, with the factor
+// held as FactorRounding says), the kernel's score for key j lies within `ambiguity[j]` of `z[j]`.
 // The proof is interval arithmetic: each step maps the interval of values the kernel may hold to
 // the interval of its results (fp32 rounding widens a value by at most 2^-24 relative, a format's
 // rounding is monotone), and the centre is that step computed in IEEE float exactly as the kernel
@@ -36,10 +37,19 @@ enum class ScoreChain {
   scaled_accumulator,  // F(fp32(q . k) * scale): baddbmm(alpha=scale), a fused epilogue
 };
 
+// How the kernel holds the factor it multiplies by (the scale, or sqrt(scale) for both_prescaled):
+// in fp32 (multiplied, or 1/factor divided; one interval covers both), or rounded to F first, as
+// torch 1.13 on the CPU rounds a Python scalar to the tensor's dtype: `s * scale` multiplies by
+// F(scale), `s / math.sqrt(d)` divides by F(sqrt(d)), i.e. multiplies by 1 / F(1 / factor).
+enum class FactorRounding { fp32, format_product, format_quotient };
+
 // Every chain, the most common first (the order a judgement tries them in).
 [[nodiscard]] std::span<const ScoreChain> score_chains();
+// Every way of holding the factor, fp32 first.
+[[nodiscard]] std::span<const FactorRounding> factor_roundings();
 // "scores = F(F(q k^T) * scale)", for reports.
 [[nodiscard]] std::string_view describe(ScoreChain chain);
+[[nodiscard]] std::string_view describe(FactorRounding rounding);
 
 // Whether a head's scores are the plain math path's, which the chains describe: no soft-cap, no
 // ALiBi, theta 1, and any additive bias 0 or a mask (-inf, or at most -1e4: a key it hides).
@@ -57,7 +67,9 @@ class ScoreEmulator {
  public:
   // queries and keys as the judge holds them (double); the head's scores; F.
   ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matrix& keys, const tensor::HeadScores& scores,
-                const FloatFormat& format);
+                const FloatFormat& format, FactorRounding rounding = FactorRounding::fp32);
+  // False when `rounding` gives the same factors as fp32 (a power-of-two scale): nothing new to try.
+  [[nodiscard]] bool distinct() const { return distinct_; }
   // Row `query`'s scores for the keys in `visible`; false if one is not finite (a score beyond F's
   // range), when the row cannot be emulated.
   bool row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const;
@@ -76,7 +88,8 @@ class ScoreEmulator {
   ScoreChain chain_;
   const tensor::HeadScores& scores_;
   const FloatFormat& format_;
-  double scale_ = 1;
+  double scale_ = 1;  // the factor applied after the product (product_then_scale, scaled_accumulator)
+  bool distinct_ = true;
   Operand q_, k_;
 };
 

@@ -153,6 +153,47 @@ TEST(ScoreEmulation, AKernelOfAnotherChainFallsOutside) {
       << prescaled.outside << " of " << prescaled.scores * 8;
 }
 
+// torch 1.13 on the CPU rounds a Python scalar to the tensor's dtype: `s * scale` multiplies by
+// F(scale), `s / math.sqrt(d)` divides by F(sqrt(d)). Such kernels lie within the ambiguity of the
+// emulation that holds the factor so, and (the mutation check) many fall outside the fp32 one at
+// d = 80 and 128, whose scales are not powers of two.
+TEST(ScoreEmulation, AScaleRoundedToTheFormatIsEmulatedToo) {
+  for (const FloatFormat* f : {&bf16, &fp16}) {
+    for (const std::size_t d : {80UL, 128UL}) {
+      const Head h = random_head(16, 64, d, *f, 2.0, d);
+      tensor::HeadScores scores;
+      scores.queries = 16;
+      scores.keys = scores.row_stride = 64;
+      const double scale = 1 / std::sqrt(static_cast<double>(d));
+      std::vector<std::size_t> visible(64);
+      std::iota(visible.begin(), visible.end(), 0);
+      for (const FactorRounding rounding :
+           {FactorRounding::format_product, FactorRounding::format_quotient}) {
+        const ScoreEmulator held(ScoreChain::product_then_scale, h.q, h.k, scores, *f, rounding);
+        const ScoreEmulator fp32(ScoreChain::product_then_scale, h.q, h.k, scores, *f);
+        ASSERT_TRUE(held.distinct());
+        std::size_t outside_held = 0, outside_fp32 = 0;
+        EmulatedRow a, b;
+        for (std::size_t i = 0; i < 16; ++i) {
+          ASSERT_TRUE(held.row(i, visible, a) && fp32.row(i, visible, b));
+          for (std::size_t j = 0; j < 64; ++j) {
+            std::vector<float> terms(d);
+            for (std::size_t t = 0; t < d; ++t) terms[t] = h.qf[i * d + t] * h.kf[j * d + t];
+            const float s1 = to(*f, in_order(terms));
+            const float got = rounding == FactorRounding::format_product
+                                  ? to(*f, s1 * to(*f, static_cast<float>(scale)))
+                                  : to(*f, s1 / to(*f, static_cast<float>(1 / scale)));
+            outside_held += std::fabs(static_cast<double>(got) - a.z[j]) > a.ambiguity[j] ? 1 : 0;
+            outside_fp32 += std::fabs(static_cast<double>(got) - b.z[j]) > b.ambiguity[j] ? 1 : 0;
+          }
+        }
+        EXPECT_EQ(outside_held, 0U) << f->name << " d=" << d << " " << describe(rounding);
+        EXPECT_GT(outside_fp32, 0U) << f->name << " d=" << d << " " << describe(rounding);
+      }
+    }
+  }
+}
+
 TEST(ScoreEmulation, OnlyThePlainMathPathIsEmulable) {
   tensor::HeadScores plain;
   EXPECT_TRUE(scores_emulable(plain));
