@@ -39,16 +39,8 @@ constexpr gate::TensorSpec attention_tensors[] = {
      .shape = "[B,H,S], [H,T] packed, or [S]",
      .meaning = "the kernel's log-sum-exp",
      .format = "lse_format"},
-    {.name = "sinks",
-     .role = TensorRole::optional_input,
-     .shape = "[H]",
-     .meaning = "one sink logit per query head",
-     .format = "fp64"},
-    {.name = "alibi_slopes",
-     .role = TensorRole::optional_input,
-     .shape = "[H]",
-     .meaning = "one ALiBi slope per query head",
-     .format = "fp64"},
+    sinks_tensor,
+    alibi_slopes_tensor,
 };
 
 // The key count a scenario's case reports as n.

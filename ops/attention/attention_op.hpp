@@ -11,6 +11,18 @@ namespace sharpcheck::ops {
 
 extern const gate::Operation attention_operation;
 
+// The per-head tensors every attention-like operation takes (attention, its backward, paged).
+inline constexpr gate::TensorSpec sinks_tensor{.name = "sinks",
+                                               .role = gate::TensorRole::optional_input,
+                                               .shape = "[H]",
+                                               .meaning = "one sink logit per query head",
+                                               .format = "fp64"};
+inline constexpr gate::TensorSpec alibi_slopes_tensor{.name = "alibi_slopes",
+                                                      .role = gate::TensorRole::optional_input,
+                                                      .shape = "[H]",
+                                                      .meaning = "one ALiBi slope per query head",
+                                                      .format = "fp64"};
+
 // The options of an attention problem's scores and layout, shared with attention_backward.
 [[nodiscard]] std::span<const gate::OptionSpec> attention_options();
 // The same less the log-sum-exp's own (lse_base2, lse_format), which the backward's judge does not

@@ -61,16 +61,8 @@ constexpr gate::TensorSpec backward_tensors[] = {
      .shape = "[H]",
      .meaning = "the kernel's sink gradients",
      .format = "fp64"},
-    {.name = "sinks",
-     .role = TensorRole::optional_input,
-     .shape = "[H]",
-     .meaning = "one sink logit per query head",
-     .format = "fp64"},
-    {.name = "alibi_slopes",
-     .role = TensorRole::optional_input,
-     .shape = "[H]",
-     .meaning = "one ALiBi slope per query head",
-     .format = "fp64"},
+    sinks_tensor,
+    alibi_slopes_tensor,
 };
 
 std::vector<gate::KernelRow> kernel_rows() {
