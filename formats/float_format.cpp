@@ -125,13 +125,15 @@ double round_to_format(mpfr_srcptr x, const FloatFormat& format) {
 }
 
 bool is_representable(double x, const FloatFormat& format) {
-  if (std::isnan(x)) return true;
+  if (std::isnan(x)) return format.overflow != OverflowBehaviour::saturate;
   if (std::isinf(x)) return format.has_infinity();
   if (std::fabs(x) > format.max_finite) return false;
   return round_to_format(x, format) == x;
 }
 
 std::uint64_t encode(double x, const FloatFormat& format) {
+  if (std::isnan(x) && format.overflow == OverflowBehaviour::saturate)
+    throw std::invalid_argument("encode: " + std::string(format.name) + " has no NaN");
   if (std::isnan(x)) return nan_pattern(format);
   if (!is_representable(x, format)) {
     throw std::invalid_argument("encode: " + hex_float(x) + " is not a value of " + std::string(format.name));
@@ -163,7 +165,8 @@ double decode(std::uint64_t bits, const FloatFormat& format) {
       if (fraction != 0) return quiet_nan;
       return negative ? -infinity : infinity;
     }
-    if (fraction == fraction_mask) return quiet_nan;  // e4m3: only S.1111.111 is NaN
+    // e4m3: only S.1111.111 is NaN; a saturating format has no NaN code.
+    if (fraction == fraction_mask && format.overflow == OverflowBehaviour::to_nan) return quiet_nan;
   }
   double magnitude = 0.0;
   if (biased == 0) {

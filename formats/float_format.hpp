@@ -23,7 +23,8 @@ namespace sharpcheck {
 enum class OverflowBehaviour {
   to_infinity,  // IEEE 754: round to nearest gives +-infinity (fp64, fp32, bf16, fp16, fp8 e5m2).
   to_nan,       // OCP fp8 e4m3 "fn" has no infinity; like PyTorch's cast, overflow gives NaN.
-  saturate,     // fixed-point grids of quantized kernels: beyond the range (infinities too) clamps.
+  saturate,     // fixed-point grids of quantized kernels and the OCP MX element formats fp6/fp4:
+                // beyond the range (infinities too) clamps; no code is NaN or infinite.
 };
 
 struct FloatFormat {
@@ -72,6 +73,16 @@ inline constexpr FloatFormat q8_probabilities{"q8_probabilities",         2, 8, 
                                               OverflowBehaviour::saturate};
 inline constexpr FloatFormat q8_logits{"q8_logits", 4, 7, 3, 3, 127.0 / 16, OverflowBehaviour::saturate};
 
+// The OCP Microscaling (MX v1.0) element formats beyond fp8: no infinities and no NaN (every code is
+// a finite value; NaN lives in the block's E8M0 scale), conversion saturates. Used as elements of
+// formats/block_scaled.hpp's formats, not as formats of a whole tensor, so they are not in the list
+// below.
+//  fp6_e3m2: bias 3, values up to 28; fp6_e2m3: bias 1, up to 7.5; fp4_e2m1: bias 1, up to 6
+//  (the eight magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+inline constexpr FloatFormat fp6_e3m2{"fp6_e3m2", 3, 2, -2, 4, 28.0, OverflowBehaviour::saturate};
+inline constexpr FloatFormat fp6_e2m3{"fp6_e2m3", 2, 3, 0, 2, 7.5, OverflowBehaviour::saturate};
+inline constexpr FloatFormat fp4_e2m1{"fp4_e2m1", 2, 1, 0, 2, 6.0, OverflowBehaviour::saturate};
+
 // All formats, widest first.
 inline constexpr const FloatFormat* all_float_formats[] = {&fp64, &fp32,     &tf32,    &bf16,
                                                            &fp16, &fp8_e4m3, &fp8_e5m2};
@@ -86,13 +97,16 @@ inline constexpr const FloatFormat* all_float_formats[] = {&fp64, &fp32,     &tf
 // Same contract, from an MPFR value of any precision, rounded once (never through a double).
 [[nodiscard]] double round_to_format(mpfr_srcptr x, const FloatFormat& format);
 
-// True when x is a value of the format (NaN counts as representable: every format has one).
+// True when x is a value of the format. NaN counts as representable in every format that has a NaN
+// code, that is every format but the saturating ones (the quantized grids, fp6, fp4).
 [[nodiscard]] bool is_representable(double x, const FloatFormat& format);
 
 // Bit pattern of a representable value (sign, biased exponent, fraction); NaN encodes as the
-// format's canonical quiet NaN. Throws std::invalid_argument if x is not representable.
+// format's canonical quiet NaN. Throws std::invalid_argument if x is not representable (NaN
+// included for a saturating format, which has no NaN code).
 [[nodiscard]] std::uint64_t encode(double x, const FloatFormat& format);
-// The value of a bit pattern (only the low total_bits() bits are read).
+// The value of a bit pattern (only the low total_bits() bits are read). A saturating format's every
+// code is finite.
 [[nodiscard]] double decode(std::uint64_t bits, const FloatFormat& format);
 
 // Neighbouring values in the format; next_up(max_finite) is +inf (or NaN for e4m3),

@@ -92,10 +92,11 @@ const Operation& declared_operation(const PlanContext& context, const std::strin
   const std::string plugin = "plugin " + context.settings.plugin->name();
   for (const Operation* operation : context.settings.operations) {
     if (operation->name != name) continue;
-    if (operation->external_cases == nullptr)
-      throw InputError(
-          InputProblem::out_of_range,
-          plugin + " declares operation '" + name + "', whose cases cannot be run through sharpcheck_op yet");
+    if (operation->external_cases == nullptr) {
+      std::string message = plugin;
+      message += " declares operation '" + name + "', whose cases cannot be run through sharpcheck_op yet";
+      throw InputError(InputProblem::out_of_range, message);
+    }
     return *operation;
   }
   throw InputError(InputProblem::out_of_range, plugin + " declares operation '" + name +

@@ -340,6 +340,31 @@ double statistical_closeness(const Comparison& comparison) {
   return std::max(comparison.max_statistical_ratio, comparison.max_row_scale_ratio);
 }
 
+// The math path's scores, emulated chain by chain and by how the scale is held: one comparison per
+// variant (score_chains() x factor_roundings(), in that order), or none when a row cannot be emulated
+// (a score beyond F's range). The variant that fits best is a head's verdict, and every variant is
+// kept so that a judgement of many heads picks one variant for all of them (judge_tensors.cpp): a
+// kernel forms its scores one way. The proven tier stays the worst case of any two roundings.
+std::vector<Comparison> emulated_variants(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
+                                          const Matrix& values, const tensor::HeadScores& head,
+                                          const ComparisonInput& input) {
+  std::vector<Comparison> variants;
+  for (const ScoreChain chain : score_chains()) {
+    const std::size_t fp32_variant = variants.size();
+    for (const FactorRounding rounding : factor_roundings()) {
+      const ScoreEmulator emulator(chain, queries, keys, head, *spec.tolerance->score_format, rounding);
+      if (!emulator.distinct()) {  // the same factors as the fp32 variant: the same comparison
+        variants.push_back(variants[fp32_variant]);
+        continue;
+      }
+      std::optional<Comparison> emulated = judge_emulated(emulator, spec, queries, values, head, input);
+      if (!emulated) return {};
+      variants.push_back(std::move(*emulated));
+    }
+  }
+  return variants;
+}
+
 }  // namespace
 
 Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
@@ -390,29 +415,8 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   evaluation.row_scales = input.scales;
   if (spec.tolerance->scores_emulated && spec.tolerance->score_format != nullptr && scores_emulable(head)) {
-    // The math path's scores, emulated chain by chain and by how the scale is held; the variant
-    // that fits best is this head's verdict, and every variant's comparison is kept so that a
-    // judgement of many heads picks one variant for all of them (judge_tensors.cpp): a kernel forms
-    // its scores one way. The proven tier is the one above: the worst case of any two roundings.
     input.inside = nullptr;
-    std::vector<Comparison> variants;
-    for (const ScoreChain chain : score_chains()) {
-      const std::size_t fp32_variant = variants.size();
-      for (const FactorRounding rounding : factor_roundings()) {
-        const ScoreEmulator emulator(chain, queries, keys, head, *spec.tolerance->score_format, rounding);
-        if (!emulator.distinct()) {  // the same factors as the fp32 variant: the same comparison
-          variants.push_back(variants[fp32_variant]);
-          continue;
-        }
-        std::optional<Comparison> emulated = judge_emulated(emulator, spec, queries, values, head, input);
-        if (!emulated) break;  // a row the chains cannot emulate (a score beyond F's range)
-        variants.push_back(std::move(*emulated));
-      }
-      if (variants.size() != fp32_variant + factor_roundings().size()) {
-        variants.clear();
-        break;
-      }
-    }
+    std::vector<Comparison> variants = emulated_variants(spec, queries, keys, values, head, input);
     if (!variants.empty()) {
       std::size_t best = 0;
       for (std::size_t v = 1; v < variants.size(); ++v) {
