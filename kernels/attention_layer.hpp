@@ -22,4 +22,15 @@ struct LayerOutputs {
                                                std::span<const double> q, std::span<const double> k,
                                                std::span<const double> v);
 
+struct LayerInputs {
+  std::vector<double> q, k, v;
+};
+
+// The inputs as `kernel` declares it computes with them (AttentionKernel::declared_inputs), each
+// head's Q, K and V replaced in the problem's layout; copies of the inputs when it declares none.
+[[nodiscard]] LayerInputs declared_layer_inputs(const AttentionKernel& kernel,
+                                                const tensor::AttentionProblem& problem,
+                                                std::span<const double> q, std::span<const double> k,
+                                                std::span<const double> v);
+
 }  // namespace sharpcheck::kernels

@@ -11,6 +11,7 @@
 #include "kernels/attention_kernels.hpp"
 #include "kernels/escape_kernels.hpp"
 #include "kernels/fp8_attention.hpp"
+#include "kernels/mx_attention.hpp"
 #include "kernels/quantized_softmax.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_kernels.hpp"
@@ -155,6 +156,21 @@ void attention_fp8_inputs(const Matrix& q, const Matrix& k, const Matrix& v, con
   out = Matrix(q.rows, v.cols);
   for (std::size_t i = 0; i < result.size(); ++i) out.values[i] = result[i].to_float();
   if (lse != nullptr) lse->assign(lse32.begin(), lse32.end());
+}
+
+// MXFP8 attention (kernels/mx_attention.hpp) on bf16 inputs, which it quantises itself under the
+// OCP floor rule it declares; Bug and the lazy-rescale threshold (log2 units) make the twins.
+template <MxAttentionBug Bug, int RescaleThresholdLog2>
+void attention_mxfp8_inputs(const Matrix& q, const Matrix& k, const Matrix& v,
+                            const tensor::HeadScores& scores, Matrix& out, std::vector<double>* lse) {
+  MxAttentionOptions options;
+  options.bug = Bug;
+  options.rescale_threshold_log2 = RescaleThresholdLog2;
+  attention_mxfp8(q, k, v, scores, options, out, lse);
+}
+
+inline void mxfp8_floor_inputs(Matrix& q, Matrix& k, Matrix& v) {
+  declared_mx_inputs(q, k, v, ScaleRule::ocp_floor);
 }
 
 }  // namespace sharpcheck::kernels::adapters

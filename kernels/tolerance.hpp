@@ -42,7 +42,8 @@ struct Tolerance {
   double scores_in_output = 0;
   double probabilities_in_output = 0;
   // Attention: an absolute error per key's probability (an e4m3 P's subnormal step), charged
-  // times sum_j |v_j| (RowScale::value_mass), since a tiny weight's error is not relative to it.
+  // times sum_j |v_j| / Z (RowScale::value_mass), since a tiny weight's error is not relative to it;
+  // in units of the row sum's least value over Z (l >= offset Z: the offset is the weight of the max).
   double probability_floor = 0;
   // The formats the two counts above are charged in: where a precision recipe rounds P (or the
   // scores) inside the kernel (metrics/recipes.hpp). nullptr: the output's format, which is what

@@ -193,8 +193,13 @@ Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matr
                               const Matrix& keys, const Matrix& values, const tensor::HeadScores& scores) {
   Matrix actual;
   kernel.run(queries, keys, values, scores, actual, nullptr);
-  return judge_attention({kernels::Operation::attention, kernel.output, &tolerance_for(kernel.name)}, queries,
-                         keys, values, scores, std::move(actual));
+  const JudgeSpec spec{kernels::Operation::attention, kernel.output, &tolerance_for(kernel.name)};
+  if (kernel.declared_inputs == nullptr)
+    return judge_attention(spec, queries, keys, values, scores, std::move(actual));
+  // A kernel that quantises its own inputs is judged on the values its declared quantisation gives.
+  Matrix q = queries, k = keys, v = values;
+  kernel.declared_inputs(q, k, v);
+  return judge_attention(spec, q, k, v, scores, std::move(actual));
 }
 
 namespace {
@@ -275,7 +280,12 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     const double* v = values.row(key).data();
     for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += std::fabs(v[c]);
   }
-  for (const double mass : sums) row_scale.value_mass = std::max(row_scale.value_mass, mass * (1 + 1e-9));
+  // Over Z = sum (>= 1): the row sum a probability_floor's absolute error is relative to. A kernel's
+  // max may exceed the exact one by the logits' rounding (fp32, 2^-24 per unit), which shrinks its
+  // weights by at most exp(2^-23 logit_rounding): charged outward.
+  const double shift = std::exp(row_scale.logit_rounding * 0x1p-23);
+  for (const double mass : sums)
+    row_scale.value_mass = std::max(row_scale.value_mass, mass / sum * shift * (1 + 1e-9));
   return row_scale;
 }
 

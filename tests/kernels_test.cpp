@@ -447,24 +447,31 @@ TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
     // A mutation can only be caught where leaving the modifier out moves the exact answer beyond the
     // tolerance (benchdnn's MISTRUSTED otherwise): a coarse kernel (FP8) cannot see a sink or a
     // bottom-right diagonal that changes the outputs less than its own rounding allows.
-    const Matrix exact_without = reference::attention(q, k, v, *kernel.output).output;
+    // A kernel that quantises its own inputs (MXFP8) is judged on what its declared rule gives.
+    Matrix judged_q = q, judged_k = k, judged_v = v;
+    if (kernel.declared_inputs != nullptr) kernel.declared_inputs(judged_q, judged_k, judged_v);
+    const Matrix exact_without = reference::attention(judged_q, judged_k, judged_v, *kernel.output).output;
     std::size_t discriminating = 0;
     for (const auto& variant : variants) {
       const auto honest = metrics::evaluate_attention(kernel, q, k, v, variant.scores);
       EXPECT_TRUE(honest.comparison.passed())
           << kernel.name << " " << variant.name << ": " << honest.comparison.worst.describe();
-      if (metrics::judge_attention(spec, q, k, v, variant.scores, exact_without).comparison.passed())
+      if (metrics::judge_attention(spec, judged_q, judged_k, judged_v, variant.scores, exact_without)
+              .comparison.passed())
         continue;
       ++discriminating;
       Matrix ignoring;
       kernel.run(q, k, v, tensor::HeadScores{}, ignoring, nullptr);
-      const auto mutant = metrics::judge_attention(spec, q, k, v, variant.scores, ignoring);
+      const auto mutant =
+          metrics::judge_attention(spec, judged_q, judged_k, judged_v, variant.scores, ignoring);
       EXPECT_FALSE(mutant.comparison.passed()) << kernel.name << " ignoring " << variant.name;
     }
-    // Every variant discriminates for the fp32 and bf16 kernels; FP8's tolerance lets two through,
+    // Every variant discriminates for the fp32 and bf16 kernels; FP8's and MXFP8's tolerance (e4m3 P)
+    // lets two through,
     // and so does a recipe that rounds the scores to bf16/fp16 (PyTorch's math path): a sink or a
     // temperature that moves the logits by less than the scores' own rounding cannot be told apart.
-    const bool coarse = kernel.input == &fp8_e4m3 || metrics::tolerance_for(kernel.name).scores_in_output > 0;
+    const metrics::Tolerance& tolerance = metrics::tolerance_for(kernel.name);
+    const bool coarse = tolerance.probability_format == &fp8_e4m3 || tolerance.scores_in_output > 0;
     EXPECT_GE(discriminating, coarse ? variants.size() - 2 : variants.size()) << kernel.name;
   }
 }

@@ -172,8 +172,12 @@ void run_scenario_case(const GateCase& gate_case, const GateSettings& settings, 
   const FloatFormat& output = kernel != nullptr ? *kernel->output : format;
   outcome.format = std::string(output.name);
   const metrics::JudgeSpec spec{kernels::Operation::attention, &output, &tolerance};
+  // A kernel that quantises its own inputs is judged on the values its declared quantisation gives.
+  const kernels::LayerInputs judged =
+      kernel != nullptr ? kernels::declared_layer_inputs(*kernel, problem, inputs.q, inputs.k, inputs.v)
+                        : kernels::LayerInputs{inputs.q, inputs.k, inputs.v};
   const auto judgement =
-      metrics::judge_attention_tensors(spec, problem, inputs.q, inputs.k, inputs.v, out, lse);
+      metrics::judge_attention_tensors(spec, problem, judged.q, judged.k, judged.v, out, lse);
   outcome.comparison = judgement.output;
   if (judgement.lse) outcome.comparison.merge(*judgement.lse);
   outcome.reference_statistics = judgement.statistics;

@@ -1,0 +1,135 @@
+// MXFP8 attention (kernels/mx_attention.hpp) under sharpcheck's entry and, on the same outputs, the
+// peers' gates (cosine >= 0.99, RMSE <= 11% of the reference's range, mean |error| <= 0.02: the
+// Transformer Engine and SageAttention practice of issue 36): the honest kernel passes, every twin
+// fails sharpcheck, and the test states which twin each peer gate misses.
+#include "kernels/mx_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "core/errors.hpp"
+#include "core/random.hpp"
+#include "formats/float_format.hpp"
+#include "kernels/registry.hpp"
+#include "metrics/evaluate.hpp"
+
+namespace sharpcheck {
+namespace {
+
+struct Problem {
+  Matrix q, k, v;
+};
+
+double to_bf16(double x) { return round_to_format(x, bf16); }
+
+// Normal Q and K, V uniform in (-1.5, 1.5) with 1.5 in every block of 32 keys of every column, so
+// every V block has the same E8M0 scale (a uniform scale error is then invisible to cosine).
+Problem uniform_scale_problem(std::uint64_t seed, std::size_t keys, bool late_dominant_key) {
+  DeterministicRandom random(seed);
+  Problem p{Matrix(32, 64), Matrix(keys, 64), Matrix(keys, 64)};
+  for (double& x : p.q.values) x = to_bf16(random.normal());
+  for (double& x : p.k.values) x = to_bf16(random.normal());
+  for (std::size_t r = 0; r < keys; ++r) {
+    for (std::size_t c = 0; c < 64; ++c)
+      p.v(r, c) = r % 32 == c % 32 ? 1.5 : to_bf16(random.uniform(-1.4, 1.4));
+  }
+  if (late_dominant_key) {
+    // Query i's dominant key is 448 + i, in the last tile: its score 0.75 |q_i|^2 / 8 (about 6) is
+    // some 3.5 above the earlier tiles' max, between log(448/16) = 3.33 and a threshold of 2^6
+    // (4.16): a kernel rescaling that lazily keeps its stale max and saturates P there.
+    for (std::size_t i = 0; i < 32; ++i) {
+      for (std::size_t t = 0; t < 64; ++t) p.k(448 + i, t) = to_bf16(0.75 * p.q(i, t));
+    }
+  }
+  return p;
+}
+
+struct PeerVerdicts {
+  bool cosine = false, rmse = false, mean_error = false;
+};
+
+PeerVerdicts peer_gates(const Matrix& expected, const Matrix& actual) {
+  double dot = 0, ee = 0, aa = 0, squared = 0, absolute = 0;
+  const auto [low, high] = std::minmax_element(expected.values.begin(), expected.values.end());
+  for (std::size_t i = 0; i < expected.values.size(); ++i) {
+    const double e = expected.values[i], a = actual.values[i];
+    dot += e * a;
+    ee += e * e;
+    aa += a * a;
+    squared += (a - e) * (a - e);
+    absolute += std::fabs(a - e);
+  }
+  const auto n = static_cast<double>(expected.values.size());
+  return {.cosine = dot / std::sqrt(ee * aa) >= 0.99,
+          .rmse = std::sqrt(squared / n) <= 0.11 * (*high - *low),
+          .mean_error = absolute / n <= 0.02};
+}
+
+struct Outcome {
+  bool sharpcheck = false;
+  PeerVerdicts peers;
+  double bound_ratio = 0;
+};
+
+Outcome judge(std::string_view kernel_name, const Problem& p) {
+  const kernels::AttentionKernel* kernel = kernels::find_attention_kernel(kernel_name);
+  EXPECT_NE(kernel, nullptr) << kernel_name;
+  tensor::HeadScores scores;
+  scores.causal = false;
+  const metrics::Evaluation e = metrics::evaluate_attention(*kernel, p.q, p.k, p.v, scores);
+  return {.sharpcheck = e.comparison.passed(metrics::Tier::proven),
+          .peers = peer_gates(e.expected, e.actual),
+          .bound_ratio = e.comparison.max_bound_ratio};
+}
+
+TEST(MxAttention, TheHonestKernelPassesEveryGate) {
+  for (const bool late : {false, true}) {
+    const Outcome o = judge("attention_mxfp8", uniform_scale_problem(1, 512, late));
+    EXPECT_TRUE(o.sharpcheck) << "late " << late << " bound ratio " << o.bound_ratio;
+    EXPECT_TRUE(o.peers.cosine && o.peers.rmse && o.peers.mean_error) << "late " << late;
+  }
+}
+
+TEST(MxAttention, EveryTwinFailsSharpcheckAndThePeersMissSome) {
+  const Problem plain = uniform_scale_problem(2, 512, false);
+  const Outcome v_scale = judge("attention_mxfp8_v_scale_dropped", plain);
+  EXPECT_FALSE(v_scale.sharpcheck);
+  EXPECT_TRUE(v_scale.peers.cosine);  // every output scaled by 2^8: cosine cannot see it
+  EXPECT_FALSE(v_scale.peers.mean_error);
+  const Outcome q_scale = judge("attention_mxfp8_q_scale_missing", plain);
+  EXPECT_FALSE(q_scale.sharpcheck);
+  const Outcome lazy = judge("attention_mxfp8_lazy_rescale_6", uniform_scale_problem(3, 512, true));
+  EXPECT_FALSE(lazy.sharpcheck) << "bound ratio " << lazy.bound_ratio;
+  EXPECT_TRUE(lazy.peers.rmse);  // saturation in a few rows of the 32: the RMSE gate misses it
+  for (const auto& [name, o] : {std::pair{"v_scale_dropped", v_scale}, std::pair{"q_scale_missing", q_scale},
+                                std::pair{"lazy_rescale_6", lazy}}) {
+    std::printf("%-16s sharpcheck %s (bound ratio %.3g), cosine %s, rmse %s, mean |error| %s\n", name,
+                o.sharpcheck ? "pass" : "FAIL", o.bound_ratio, o.peers.cosine ? "pass" : "FAIL",
+                o.peers.rmse ? "pass" : "FAIL", o.peers.mean_error ? "pass" : "FAIL");
+  }
+}
+
+TEST(MxAttention, DeclaredInputsAreTheFloorRulesValuesAndAFixedPoint) {
+  Problem p = uniform_scale_problem(4, 64, false);
+  p.q(0, 0) = 480.0;  // significand 1.875: the floor rule saturates it to 448
+  p.q(0, 1) = 1.0;
+  Matrix q = p.q, k = p.k, v = p.v;
+  kernels::declared_mx_inputs(q, k, v, ScaleRule::ocp_floor);
+  EXPECT_EQ(q(0, 0), 448.0);
+  EXPECT_NE(v.values, p.v.values);  // bf16 values lose bits in e4m3
+  Matrix q2 = q, k2 = k, v2 = v;
+  kernels::declared_mx_inputs(q2, k2, v2, ScaleRule::ocp_floor);
+  EXPECT_EQ(q2.values, q.values);
+  EXPECT_EQ(k2.values, k.values);
+  Matrix bad = p.q;
+  bad(3, 3) = NAN;
+  EXPECT_THROW(kernels::declared_mx_inputs(bad, k, v, ScaleRule::ocp_floor), InputError);
+}
+
+}  // namespace
+}  // namespace sharpcheck
