@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <utility>
 
 #include "core/child_process.hpp"
@@ -49,15 +50,17 @@ std::pair<std::string, int> call_plugin(SoftmaxEntry softmax, const FloatFormat&
   std::vector<double> result(count);
   int code = 0;
   if (format == fp32) {
-    std::vector<float> in(count), out(count);
+    std::vector<float> in(count), out = guarded<float>(count);
     for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(logits.values[i]);
     code = softmax(SHARPCHECK_FP32, in.data(), out.data(), logits.rows, logits.cols, scale);
+    if (!intact(out, count)) return {"out", overrun_status};
     for (std::size_t i = 0; i < count; ++i) result[i] = out[i];
   } else {
-    std::vector<std::uint16_t> in(count), out(count);
+    std::vector<std::uint16_t> in(count), out = guarded<std::uint16_t>(count);
     for (std::size_t i = 0; i < count; ++i)
       in[i] = static_cast<std::uint16_t>(encode(logits.values[i], format));
     code = softmax(format_code(format), in.data(), out.data(), logits.rows, logits.cols, scale);
+    if (!intact(out, count)) return {"out", overrun_status};
     for (std::size_t i = 0; i < count; ++i) result[i] = decode(out[i], format);
   }
   if (code != 0) return {"", 10 + (code & 0x7F)};
@@ -105,9 +108,11 @@ std::pair<std::string, int> call_attention(AttentionEntry attention, const Float
   const auto k_bytes = to_storage(k, format);
   const auto v_bytes = to_storage(v, format);
   const std::size_t count = q.rows * v.cols;
-  std::vector<char> out(count * (format == fp32 ? sizeof(float) : sizeof(std::uint16_t)));
+  const std::size_t bytes = count * (format == fp32 ? sizeof(float) : sizeof(std::uint16_t));
+  std::vector<char> out = guarded<char>(bytes);
   const int code = attention(format_code(format), q_bytes.data(), k_bytes.data(), v_bytes.data(), out.data(),
                              q.rows, k.rows, q.cols, v.cols, scale, causal ? 1 : 0);
+  if (!intact(out, bytes)) return {"out", overrun_status};
   if (code != 0) return {"", 10 + (code & 0x7F)};
   const auto result = from_storage(out, count, format);
   return {std::string(reinterpret_cast<const char*>(result.data()), count * sizeof(double)), 0};
@@ -185,13 +190,16 @@ std::pair<std::string, int> call_attention_layer(LayerEntry entry, const FloatFo
                                    [&](auto h, auto s) { return p.key_offset(b, h, s, 0); });
     const Matrix vh = gather_heads(v, shape.kv_heads, keys, shape.value_dim,
                                    [&](auto h, auto s) { return p.value_offset(b, h, s, 0); });
-    std::vector<float> slopes, sinks, lse(shape.heads * rows);
+    std::vector<float> slopes, sinks, lse = guarded<float>(shape.heads * rows);
     sharpcheck_attention_call call = layer_call(p, b, keys, slopes, sinks);
     if (want_lse) call.lse = lse.data();
     const std::size_t count = shape.heads * rows * shape.value_dim;
-    std::vector<char> out(count * (format == fp32 ? sizeof(float) : sizeof(std::uint16_t)));
+    const std::size_t bytes = count * (format == fp32 ? sizeof(float) : sizeof(std::uint16_t));
+    std::vector<char> out = guarded<char>(bytes);
     const int code = entry(format_code(format), to_storage(qh, format).data(), to_storage(kh, format).data(),
                            to_storage(vh, format).data(), out.data(), &call);
+    if (!intact(out, bytes)) return {"out", overrun_status};
+    if (!intact(lse, shape.heads * rows)) return {"lse", overrun_status};
     if (code != 0) return {"", 10 + (code & 0x7F)};
     const auto values = from_storage(out, count, format);
     for (std::size_t h = 0; h < shape.heads; ++h) {
@@ -224,8 +232,9 @@ std::pair<std::string, int> call_attention_backward(void* symbol, const FloatFor
   if (head.alibi_slope != 0) call.alibi_slopes = slope.data();
   if (head.sink) call.sinks = sink.data();
   const std::size_t width = format == fp32 ? sizeof(float) : sizeof(std::uint16_t);
-  std::vector<char> dq(m * d * width), dk(n * d * width), dvv(n * dv * width);
-  std::vector<float> d_rows(m, 0.0F), d_sinks(1, 0.0F);
+  std::vector<char> dq = guarded<char>(m * d * width), dk = guarded<char>(n * d * width),
+                    dvv = guarded<char>(n * dv * width);
+  std::vector<float> d_rows = guarded<float>(m), d_sinks = guarded<float>(1);
   const auto q = to_storage(p.queries, format), k = to_storage(p.keys, format),
              v = to_storage(p.values, format), dout = to_storage(p.d_out, format);
   const int code = needs_lse_entry(p) ? reinterpret_cast<BackwardLseEntry>(symbol)(
@@ -236,12 +245,19 @@ std::pair<std::string, int> call_attention_backward(void* symbol, const FloatFor
                                             format_code(format), q.data(), k.data(), v.data(), dout.data(),
                                             dq.data(), dk.data(), dvv.data(), d_rows.data(), &call);
   if (code != 0) return {"", 10 + (code & 0x7F)};
+  for (const auto& [name, buffer, bytes] :
+       {std::tuple{"dq", &dq, m * d * width}, std::tuple{"dk", &dk, n * d * width},
+        std::tuple{"dv", &dvv, n * dv * width}}) {
+    if (!intact(*buffer, bytes)) return {name, overrun_status};
+  }
+  if (!intact(d_rows, m)) return {"d", overrun_status};
+  if (!intact(d_sinks, 1)) return {"d_sinks", overrun_status};
   std::vector<double> result = from_storage(dq, m * d, format);
   for (const auto& [bytes, count] : {std::pair{&dk, n * d}, std::pair{&dvv, n * dv}}) {
     const auto values = from_storage(*bytes, count, format);
     result.insert(result.end(), values.begin(), values.end());
   }
-  result.insert(result.end(), d_rows.begin(), d_rows.end());
+  result.insert(result.end(), d_rows.begin(), d_rows.begin() + static_cast<std::ptrdiff_t>(m));
   if (head.sink) result.push_back(d_sinks[0]);
   return {std::string(reinterpret_cast<const char*>(result.data()), result.size() * sizeof(double)), 0};
 }
@@ -269,6 +285,11 @@ PluginRun interpret(const ChildOutcome& child, const ChildLimits& limits, std::s
   }
   if (child.exit_code == load_failure_status) {
     return failed(PluginRun::Status::crashed, "could not be loaded in the child: " + child.output);
+  }
+  if (child.exit_code == overrun_status) {
+    return failed(PluginRun::Status::crashed, std::string(entry) + " wrote past the end of its " +
+                                                  child.output +
+                                                  " output buffer (the bytes after it changed)");
   }
   if (child.exit_code >= 10) {
     return failed(PluginRun::Status::returned_error,

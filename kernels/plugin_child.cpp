@@ -87,7 +87,7 @@ struct StoredTensor {
 StoredTensor stored(const PluginTensor& tensor, bool output) {
   StoredTensor t;
   const std::size_t count = element_count(tensor), size = storage_bytes(tensor.storage);
-  t.bytes.resize(count * size);
+  t.bytes = output ? guarded<char>(count * size) : std::vector<char>(count * size);
   for (std::size_t i = 0; i < count; ++i)
     store(output ? std::numeric_limits<double>::quiet_NaN() : tensor.values[i], tensor.storage,
           t.bytes.data() + i * size);
@@ -115,6 +115,10 @@ std::pair<std::string, int> call_operation(void* symbol, const std::string& oper
                                 in_views.data(),   out_views.size(), out_views.data()};
   const int code = reinterpret_cast<OperationEntry>(symbol)(&call);
   if (code != 0) return {"", 10 + (code & 0x7F)};
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    if (!intact(out[o].bytes, element_count(outputs[o]) * storage_bytes(outputs[o].storage)))
+      return {outputs[o].name, overrun_status};
+  }
   std::vector<double> result;
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     const std::size_t size = storage_bytes(outputs[o].storage);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,33 @@
 #include "kernels/plugin.hpp"
 
 namespace sharpcheck::kernels {
+
+// A child's exit status for a plugin that wrote past the end of an output buffer; its output is the
+// buffer's name.
+inline constexpr int overrun_status = 8;
+
+// Output buffers handed to a plugin carry a tail of canary bytes after their `count` elements: a
+// small buffer's overrun reaches no unmapped page (a large one's would crash), so a write past its
+// end is seen only by intact() after the call.
+inline constexpr std::size_t canary_bytes = 256;
+inline constexpr unsigned char canary_byte = 0xA5;
+
+template <typename T>
+std::vector<T> guarded(std::size_t count, T fill = T{}) {
+  std::vector<T> buffer(count + (canary_bytes + sizeof(T) - 1) / sizeof(T), fill);
+  std::memset(static_cast<void*>(buffer.data() + count), canary_byte, (buffer.size() - count) * sizeof(T));
+  return buffer;
+}
+
+template <typename T>
+bool intact(const std::vector<T>& buffer, std::size_t count) {
+  const auto* tail = reinterpret_cast<const unsigned char*>(buffer.data() + count);
+  const std::size_t bytes = (buffer.size() - count) * sizeof(T);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    if (tail[i] != canary_byte) return false;
+  }
+  return true;
+}
 
 // The number of elements of `tensor`: the product of its shape (1 for a scalar).
 std::size_t element_count(const PluginTensor& tensor);
