@@ -147,13 +147,12 @@ GateSettings settings_of(const GateOptions& options, bool kernels_named) {
       throw InputError(InputProblem::empty_input, "--sizes is empty: give sizes like 16,1024");
   }
   run.threads = static_cast<unsigned>(parse_count(options.threads, "--threads", 0, 1024));
-  if (options.plugin_path) {
-    const ChildLimits limits{.timeout_seconds = parse_seconds(options.plugin_timeout, "--plugin-timeout"),
-                             .memory_bytes = options.plugin_memory.empty()
-                                                 ? default_child_memory()
-                                                 : parse_bytes(options.plugin_memory, "--plugin-memory")};
-    run.plugin = kernels::Plugin::open(*options.plugin_path, limits);
-  }
+  // The limits are checked with or without a plugin: a bad value is refused, never ignored.
+  const ChildLimits limits{.timeout_seconds = parse_seconds(options.plugin_timeout, "--plugin-timeout"),
+                           .memory_bytes = options.plugin_memory.empty()
+                                               ? default_child_memory()
+                                               : parse_bytes(options.plugin_memory, "--plugin-memory")};
+  if (options.plugin_path) run.plugin = kernels::Plugin::open(*options.plugin_path, limits);
   // With a plugin and no --kernel, only the plugin is judged.
   if (!kernels_named) run.kernels = {run.plugin ? "none" : "all"};
   run.explicit_kernels = std::find(run.kernels.begin(), run.kernels.end(), "all") == run.kernels.end();

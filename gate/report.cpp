@@ -81,7 +81,13 @@ void check_case_record(const nlohmann::json& c, const std::string& where) {
     malformed(where, "a case has the unknown status \"" + status + "\" (pass, fail, crash or inconclusive)");
   need("deliberately_broken", &nlohmann::json::is_boolean);
   need("max_ulps", &nlohmann::json::is_number_unsigned);
-  need("max_bound_ratio", &nlohmann::json::is_primitive);  // a number, or "inf"/"nan" as written
+  // A number, or the text a report writes for a non-finite ratio ("inf", "-inf", "nan").
+  const nlohmann::json& ratio = c.contains("max_bound_ratio") ? c["max_bound_ratio"] : nlohmann::json();
+  const bool ratio_valid =
+      ratio.is_number() || (ratio.is_string() && (ratio == "inf" || ratio == "-inf" || ratio == "nan"));
+  if (!ratio_valid)
+    malformed(where,
+              "a case's \"max_bound_ratio\" is " + ratio.dump() + ", not a number, \"inf\" or \"nan\"");
   need("failures", &nlohmann::json::is_array);
   need("seconds", &nlohmann::json::is_number);
   need("seed", &nlohmann::json::is_number_unsigned);
@@ -148,7 +154,9 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
       {"informative_elements", c.informative},
       {"tiers",
        {{"proven",
-         {{"violations", c.violation_count}, {"max_bound_ratio", finite_or_string(c.max_bound_ratio)}}},
+         {{"violations", c.violation_count},
+          {"mismatched_elements", c.element_violation_count},
+          {"max_bound_ratio", finite_or_string(c.max_bound_ratio)}}},
         {"statistical",
          {{"violations", c.statistical_violation_count},
           {"max_bound_ratio", finite_or_string(c.max_statistical_ratio)},
@@ -258,6 +266,8 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
         !report.contains("seed")) {
       malformed(where, "has no 'cases' array or 'seed'");
     }
+    if (!report["seed"].is_number_unsigned())
+      malformed(where, "has the seed " + report["seed"].dump() + ", not a non-negative integer");
     if (report["seed"] != reports.front()["seed"])
       malformed(where, "comes from a different seed than report 1");
     const auto [index, count] = shard_of(report);

@@ -66,6 +66,7 @@ void Comparison::merge(const Comparison& other) {
   if (take_worst) worst = other.worst;
   max_bound_ratio = std::max(max_bound_ratio, other.max_bound_ratio);
   violation_count += other.violation_count;
+  element_violation_count += other.element_violation_count;
   for (const auto& text : other.violations) {
     if (violations.size() < max_described_violations) violations.push_back(text);
   }
@@ -309,6 +310,7 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
   // rounding error alone is beyond e^700, say): it does not count as informative.
   if (is_informative(element.expected, output) && std::isfinite(element.allowed)) ++result.informative;
   if (!(element.bound_ratio <= 1)) {
+    ++result.element_violation_count;
     add_violation(result, element.describe());
   } else if (!(judged.statistical_ratio <= 1)) {
     ElementReport statistical = element;

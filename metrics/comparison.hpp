@@ -39,9 +39,10 @@ struct Comparison {
   std::size_t false_zeros = 0;           // actual exactly 0 where the reference is not
   std::size_t non_finite = 0;            // NaN or infinity where the reference is finite
   double max_bound_ratio = 0;
-  ElementReport worst;  // the element with the largest bound ratio
-  std::size_t violation_count = 0;
-  std::vector<std::string> violations;  // the first few, described
+  ElementReport worst;                      // the element with the largest bound ratio
+  std::size_t violation_count = 0;          // elements and rows (a distribution's sum) outside the bound
+  std::size_t element_violation_count = 0;  // of those, the elements
+  std::vector<std::string> violations;      // the first few, described
 
   // The statistical tier (metrics/tolerance_table.hpp): each element against its statistical
   // allowance and, for distributions, each row's signed error sum sum_j (actual_j - expected_j)

@@ -215,10 +215,22 @@ open('deep.json', 'w').write(text.replace('\"seed\":', '\"extra\": ' + '[' * 100
     sed 's/"status": "pass"/"status": "FAIL"/' one.json > unknown.json
     run merge unknown.json --json merged.json
     expect_code 2; expect_text "unknown status"
+    # Wrongly typed fields are refused naming the field (a ratio "abc" and a seed -1 were copied).
+    sed '0,/"max_bound_ratio": [0-9.e-]*/s//"max_bound_ratio": "abc"/' one.json > ratio.json
+    run merge ratio.json --json merged.json
+    expect_code 2; expect_text '"max_bound_ratio" is "abc"'
+    sed 's/"seed": 20241008/"seed": -1/' one.json > seed.json
+    run merge seed.json --json merged.json
+    expect_code 2; expect_text "has the seed -1"
     # An empty report path is refused, on every command that writes one.
     for command in "gate --kernel safe3 --sizes 16" "bounds" "prove --filter Lemma"; do
       run $command --json ""
       expect_code 2; expect_text "report path is empty"
+    done
+    # A plugin limit with a bad value is refused even without a plugin (nan was accepted).
+    for limit in "--plugin-timeout nan" "--plugin-timeout -1" "--plugin-memory abc"; do
+      run gate --kernel safe3 --sizes 16 $limit
+      expect_code 2; expect_text "${limit%% *}"
     done
     # A filter that matches no proof obligation is a usage error, not a failed proof.
     run prove --filter no_such_obligation

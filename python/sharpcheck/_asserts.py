@@ -78,15 +78,19 @@ class Report:
         """assert_close's lines (count, greatest differences, where), then sharpcheck's."""
         worst = self.record["worst"]
         where = f"{self.worst_array} at index {self.worst_index}" if self.worst_index else f"row {worst['row']}"
-        share = 100.0 * self.proven_mismatched / self.elements if self.elements else 0.0
+        # Elements only (rows judged by their sum are findings too, counted in the next clause).
+        elements_out = self.record["tiers"]["proven"].get("mismatched_elements", self.proven_mismatched)
+        rows_out = self.proven_mismatched - elements_out
+        share = 100.0 * elements_out / self.elements if self.elements else 0.0
         ulps = "no ulp distance (NaN)" if worst["ulps"] is None else f"{worst['ulps']} ulp"
         non_finite = self.record.get("non_finite", 0)
         finite_only = f" (over finite elements; {non_finite} NaN or Inf where the result is finite)" if non_finite else ""
         lines = [
             f"{what} are not close to the correctly rounded reference!",
             "",
-            f"Mismatched elements: {self.proven_mismatched} / {self.elements} ({share:.1f}%) outside the proven "
-            f"bound; {self.statistical_mismatched} more findings (elements, or rows by their bias or scale) "
+            f"Mismatched elements: {elements_out} / {self.elements} ({share:.1f}%) outside the proven "
+            f"bound" + (f", and {rows_out} row findings (a sum off 1, a moved argmax)" if rows_out else "") +
+            f"; {self.statistical_mismatched} more findings (elements, or rows by their bias or scale) "
             "within it but outside the statistical tier",
             f"Greatest absolute difference: {self.max_abs_error:.6g}" + finite_only,
             f"Greatest relative difference: {self.max_rel_error:.6g}" + finite_only,

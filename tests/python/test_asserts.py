@@ -325,3 +325,12 @@ def test_outputs_in_the_same_order_with_merged_or_unit_axes_are_read():
     q2, k2, v2 = q[:, 0], k[:, 0], v[:, 0]  # one head's matrices
     out2 = sharpcheck.attention(q2, k2, v2)
     assert sharpcheck.assert_attention_close(out2.reshape(1, 1, 12, 16), q2, k2, v2).passed
+
+
+def test_the_mismatch_count_counts_elements_and_names_row_findings_apart():
+    # A negated softmax once read "72 / 64 (112.5%)": the rows' sums counted as elements.
+    x = np.random.default_rng(0).normal(size=(4, 16)).astype(np.float32)
+    p = sharpcheck.softmax(x).astype(np.float32)
+    with pytest.raises(AssertionError, match=r"Mismatched elements: 64 / 64 \(100\.0%\) outside the proven bound, "
+                                             r"and \d+ row findings"):
+        sharpcheck.assert_softmax_close(-p, x)
