@@ -11,6 +11,7 @@
 #include "kernels/attention_backward.hpp"
 #include "metrics/judge_backward.hpp"
 #include "metrics/recipes.hpp"
+#include "reference/attention_backward.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -324,7 +325,10 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
                         read_gradient(arrays.dv, "dv", p.value_elements(), output),
                         {}};
   if (arrays.d != nullptr)
-    given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(), stored_format("fp32"));
+    // D in the format the reference rounds it to (reference::d_format): fp32 for a narrower target,
+    // else the target itself (an fp64 D was refused as "not a fp32 value").
+    given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(),
+                                 stored_format(std::string(reference::d_format(*output.format).name)));
   std::optional<CaseOutcome> closest;
   double closest_ratio = INFINITY;
   std::string tried;

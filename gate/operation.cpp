@@ -9,6 +9,7 @@
 
 #include "core/errors.hpp"
 #include "gate/array_checks.hpp"
+#include "reference/attention_backward.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -174,6 +175,8 @@ StoredFormat tensor_format(const TensorSpec& tensor, const OpOptions& options) {
   if (tensor.format == "input_format")
     return stored_format(judge.input_format.empty() ? judge.format : judge.input_format);
   if (tensor.format == "lse_format") return stored_format(judge.lse_format);
+  if (tensor.format == "d_format")  // the backward's D: fp32 under a narrower target, else the target
+    return stored_format(std::string(reference::d_format(*stored_format(judge.format).format).name));
   return stored_format(std::string(tensor.format));
 }
 

@@ -29,7 +29,8 @@ struct TensorSpec {
   std::string_view shape;  // e.g. "[B, H, S, D] in the layout, or [S, D]"
   std::string_view meaning;
   // Which format its stored numbers are read in: the option named ("input_format", which falls
-  // back to "format"; "format"; "lse_format") or a fixed format ("fp32", "fp64").
+  // back to "format"; "format"; "lse_format"; "d_format", the backward's D: fp32 under a narrower
+  // format, else the format) or a fixed format ("fp32", "fp64").
   std::string_view format = "input_format";
 };
 

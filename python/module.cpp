@@ -23,6 +23,7 @@
 #include "python/host_array.hpp"
 #include "python/options.hpp"
 #include "reference/attention.hpp"
+#include "reference/attention_backward.hpp"
 #include "reference/softmax.hpp"
 #include "reference/softmax_backward.hpp"
 
@@ -339,7 +340,9 @@ std::string judge_attention_backward(const py::tuple& gradients, const py::tuple
   const AttentionExtras extras = options.attention_extras();
   options.require_all_used();
   std::optional<HostArray> d_array;
-  if (!d.is_none()) d_array.emplace(d, "d", gate::stored_format("fp32"));
+  // D as the reference rounds it (reference::d_format): fp32 under a narrower format, else the format.
+  if (!d.is_none())
+    d_array.emplace(d, "d", gate::stored_format(std::string(reference::d_format(*output.format).name)));
   gate::BackwardArrays arrays{.q = &queries,
                               .k = &keys,
                               .v = &values,

@@ -244,3 +244,17 @@ def test_a_wrong_sink_gradient_is_named_as_such():
     with pytest.raises(AssertionError, match=r"d_sinks at index \(1,\)"):
         sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, sinks=sinks, d_sinks=wrong,
                                                    format="fp64")
+
+
+def test_an_fp64_d_is_read_in_fp64_as_the_reference_rounds_it():
+    # D was read as fp32 whatever the format: a correctly rounded fp64 D was refused as "not a fp32
+    # value" (reference/attention_backward.hpp: D is rounded to the target when it is fp32 or wider).
+    rng = np.random.default_rng(1)
+    q, k, v, dout = rng.normal(size=(3, 2)), rng.normal(size=(4, 2)), rng.normal(size=(4, 2)), rng.normal(size=(3, 2))
+    dq, dk, dv = sharpcheck.attention_backward(q, k, v, dout, format="fp64")[:3]
+    out = sharpcheck.attention(q, k, v, format="fp64")
+    d = np.sum(dout * out, axis=-1)  # within a few fp64 ulps of the exact D
+    report = sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, format="fp64", d=d)
+    assert report.status == "pass"
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, format="fp64", d=d * 1.5)
