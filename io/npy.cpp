@@ -133,7 +133,8 @@ std::size_t NpyArray::element_count() const {
   return count;
 }
 
-NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
+NpyLayout parse_npy_header(std::string_view bytes, const std::string& source,
+                           std::optional<std::size_t> total_size) {
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) fail(source, "not a .npy file (bad magic)");
   const int major = static_cast<unsigned char>(bytes[6]);
   std::size_t header_length = 0;
@@ -195,10 +196,11 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source) {
   }
   const std::size_t size = item_size(layout.type);
   layout.data_start = header_start + header_length;
-  if (count > (bytes.size() - layout.data_start) / size || bytes.size() - layout.data_start != count * size) {
-    fail(source, "data holds " + std::to_string(bytes.size() - layout.data_start) +
-                     " bytes, the header promises " + std::to_string(count) + " elements of " +
-                     std::to_string(size) + " bytes");
+  const std::size_t total = total_size.value_or(bytes.size());
+  if (total < layout.data_start) fail(source, "truncated header");
+  if (count > (total - layout.data_start) / size || total - layout.data_start != count * size) {
+    fail(source, "data holds " + std::to_string(total - layout.data_start) + " bytes, the header promises " +
+                     std::to_string(count) + " elements of " + std::to_string(size) + " bytes");
   }
   return layout;
 }
@@ -342,8 +344,19 @@ NpyFile::NpyFile(const std::string& path) : path_(path) {
   std::string_view bytes = mapping_->bytes();
   if (!where.member.empty()) {
     const auto members = list_npz_members(bytes, where.file);
-    bytes =
-        npz_member_bytes(bytes, find_npz_member(members, where.member, where.file), inflated_, where.file);
+    const NpzMember& member = find_npz_member(members, where.member, where.file);
+    if (member.method == 8) {
+      // The header alone first: its shape is checked before the member costs its inflated size.
+      constexpr std::size_t header_prefix = std::size_t{1} << 20;
+      deflated_ = member;
+      layout_ = parse_npy_header(npz_member_prefix(bytes, member, header_prefix, where.file), path,
+                                 static_cast<std::size_t>(member.size));
+      cols_ = layout_.shape.empty() ? 1 : layout_.shape.back();
+      rows_ = 1;
+      for (std::size_t axis = 0; axis + 1 < layout_.shape.size(); ++axis) rows_ *= layout_.shape[axis];
+      return;
+    }
+    bytes = npz_member_bytes(bytes, member, inflated_, where.file);
   } else if (names_an_archive(where.file)) {
     fail(path, "is an .npz bundle: name one of its arrays as " + path + ":NAME");
   }
@@ -356,8 +369,23 @@ NpyFile::NpyFile(const std::string& path) : path_(path) {
 
 NpyFile::~NpyFile() = default;
 
+const char* NpyFile::bytes() const {
+  if (deflated_) {
+    std::call_once(inflate_once_, [&] {
+      const ArrayPath where = split_array_path(path_);
+      const std::string_view whole = npz_member_bytes(mapping_->bytes(), *deflated_, inflated_, where.file);
+      // The full member must say what its header said.
+      const NpyLayout full = parse_npy_header(whole, path_);
+      if (full.shape != layout_.shape || full.type != layout_.type || full.data_start != layout_.data_start)
+        fail(path_, "the inflated member disagrees with its header");
+      bytes_ = whole.data();
+    });
+  }
+  return bytes_;
+}
+
 void NpyFile::read_elements(std::size_t first, std::span<double> out) const {
-  const char* data = bytes_ + layout_.data_start;
+  const char* data = bytes() + layout_.data_start;
   for (std::size_t i = 0; i < out.size(); ++i)
     out[i] = decode_npy_item(layout_, data, storage_position(layout_, first + i));
 }
@@ -365,7 +393,7 @@ void NpyFile::read_elements(std::size_t first, std::span<double> out) const {
 // The pages of elements already read are not needed again: let the kernel drop them from memory
 // (C order, read in place only).
 void NpyFile::release(std::size_t first_element, std::size_t count) const {
-  if (layout_.fortran_order || !inflated_.empty()) return;
+  if (layout_.fortran_order || deflated_) return;
   const std::size_t item = item_size(layout_.type);
   const auto offset = static_cast<std::size_t>(bytes_ - mapping_->bytes().data()) + layout_.data_start;
   mapping_->release(offset + first_element * item, offset + (first_element + count) * item);
@@ -395,7 +423,7 @@ NpyLanes lanes_along(const std::vector<std::size_t>& shape, std::size_t axis) {
 Matrix NpyFile::read_lanes(const NpyLanes& lanes, std::size_t first, std::size_t count) const {
   if (lanes.inner == 1) return read_rows(first, count);
   Matrix matrix(count, lanes.extent);
-  const char* data = bytes_ + layout_.data_start;
+  const char* data = bytes() + layout_.data_start;
   for (std::size_t r = 0; r < count; ++r) {
     for (std::size_t a = 0; a < lanes.extent; ++a)
       matrix(r, a) = decode_npy_item(layout_, data, storage_position(layout_, lanes.c_index(first + r, a)));

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -14,6 +16,7 @@
 
 #include "core/matrix.hpp"
 #include "io/mapped_file.hpp"
+#include "io/npz.hpp"
 
 namespace sharpcheck::io {
 
@@ -41,8 +44,10 @@ struct NpyLayout {
   [[nodiscard]] std::size_t element_count() const;
 };
 // Parses and checks the header of a .npy file's bytes (which must hold the whole file: the data's
-// size is checked against the shape). Throws InputError like parse_npy.
-[[nodiscard]] NpyLayout parse_npy_header(std::string_view bytes, const std::string& source);
+// size is checked against the shape), or of a prefix holding the whole header when `total_size`
+// gives the file's size. Throws InputError like parse_npy.
+[[nodiscard]] NpyLayout parse_npy_header(std::string_view bytes, const std::string& source,
+                                         std::optional<std::size_t> total_size = std::nullopt);
 // The value at storage position `position` of the data, converted exactly to double.
 [[nodiscard]] double decode_npy_item(const NpyLayout& layout, const char* data, std::size_t position);
 // The storage position of the element at C-order position `c_position`.
@@ -61,7 +66,9 @@ struct NpyLanes {
 
 // A .npy file (or a member of an .npz bundle, named "bundle.npz:q") mapped into memory and read
 // a block at a time: judging files larger than memory costs the blocks, not copies of the files.
-// A stored .npz member is read in place; a deflated one is inflated once into memory. Rows are
+// A stored .npz member is read in place; a deflated one is inflated into memory when first read,
+// after its header (inflated alone) has given its shape, so a shape check refuses a hostile member
+// before it costs its inflated size. Rows are
 // the lanes of the last axis (a 1-D array is one row, a 0-D array one row of one element).
 class NpyFile {
  public:
@@ -82,10 +89,13 @@ class NpyFile {
 
  private:
   void release(std::size_t first_element, std::size_t count) const;
+  [[nodiscard]] const char* bytes() const;  // inflates a deflated member on the first call
   std::string path_;
   std::unique_ptr<MappedFile> mapping_;  // the whole file (an .npz archive for a member)
-  std::string inflated_;                 // a deflated .npz member's bytes
-  const char* bytes_ = nullptr;          // the .npy bytes: in the mapping or in inflated_
+  std::optional<NpzMember> deflated_;    // a deflated member, inflated when first read
+  mutable std::once_flag inflate_once_;
+  mutable std::string inflated_;         // a deflated .npz member's bytes
+  mutable const char* bytes_ = nullptr;  // the .npy bytes: in the mapping or in inflated_
   NpyLayout layout_;
   std::size_t rows_ = 0, cols_ = 0;
 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <new>
 
 #include "core/errors.hpp"
 
@@ -139,8 +140,10 @@ const NpzMember& find_npz_member(const std::vector<NpzMember>& members, const st
                                                    (names.empty() ? "none" : names) + ")");
 }
 
-std::string_view npz_member_bytes(std::string_view archive, const NpzMember& member, std::string& storage,
-                                  const std::string& source) {
+namespace {
+
+// The member's stored (possibly deflated) bytes in the archive.
+std::string_view packed_bytes(std::string_view archive, const NpzMember& member, const std::string& source) {
   const Reader in{archive, source};
   const std::string where = source + ":" + member.name;
   const std::uint64_t header = member.local_header_offset;
@@ -148,7 +151,34 @@ std::string_view npz_member_bytes(std::string_view archive, const NpzMember& mem
   const std::uint64_t data = header + 30 + in.u16(header + 26) + in.u16(header + 28);
   if (data > archive.size() || archive.size() - data < member.compressed_size)
     malformed(where, "the member's data runs past the end");
-  const std::string_view packed = archive.substr(data, member.compressed_size);
+  return archive.substr(data, member.compressed_size);
+}
+
+}  // namespace
+
+std::string npz_member_prefix(std::string_view archive, const NpzMember& member, std::size_t limit,
+                              const std::string& source) {
+  const std::string_view packed = packed_bytes(archive, member, source);
+  const std::size_t wanted = static_cast<std::size_t>(std::min<std::uint64_t>(limit, member.size));
+  if (member.method != 8) return std::string(packed.substr(0, std::min(wanted, packed.size())));
+  std::string prefix(wanted, '\0');
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK)
+    malformed(source + ":" + member.name, "zlib could not start");
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(packed.data()));
+  stream.avail_in = static_cast<uInt>(std::min<std::size_t>(packed.size(), std::numeric_limits<uInt>::max()));
+  stream.next_out = reinterpret_cast<Bytef*>(prefix.data());
+  stream.avail_out = static_cast<uInt>(prefix.size());
+  inflate(&stream, Z_SYNC_FLUSH);  // stops when the prefix is full; a corrupt stream is caught later
+  prefix.resize(stream.total_out);
+  inflateEnd(&stream);
+  return prefix;
+}
+
+std::string_view npz_member_bytes(std::string_view archive, const NpzMember& member, std::string& storage,
+                                  const std::string& source) {
+  const std::string where = source + ":" + member.name;
+  const std::string_view packed = packed_bytes(archive, member, source);
   std::string_view bytes;
   if (member.method == 0) {
     if (member.size != member.compressed_size) malformed(where, "a stored member whose sizes differ");
@@ -158,7 +188,12 @@ std::string_view npz_member_bytes(std::string_view archive, const NpzMember& mem
     if (member.size > 1032 * member.compressed_size + 1024) malformed(where, "an impossible inflated size");
     if (member.size > std::numeric_limits<uInt>::max() || packed.size() > std::numeric_limits<uInt>::max())
       malformed(where, "a deflated member over 4 GiB (save the bundle with np.savez, uncompressed)");
-    storage.assign(member.size, '\0');
+    try {
+      storage.assign(member.size, '\0');
+    } catch (const std::bad_alloc&) {
+      malformed(where, "inflating it needs " + std::to_string(member.size) +
+                           " bytes, more memory than this process may use");
+    }
     z_stream stream{};
     if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) malformed(where, "zlib could not start");
     stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(packed.data()));

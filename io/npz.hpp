@@ -36,6 +36,11 @@ struct NpzMember {
 [[nodiscard]] std::string_view npz_member_bytes(std::string_view archive, const NpzMember& member,
                                                 std::string& storage, const std::string& source);
 
+// The first min(limit, size) bytes of a deflated member's contents, inflated alone (enough for a
+// .npy header, so that its shape is known before the whole member is inflated; no CRC check).
+[[nodiscard]] std::string npz_member_prefix(std::string_view archive, const NpzMember& member,
+                                            std::size_t limit, const std::string& source);
+
 // "bundle.npz:q" names member q of bundle.npz; any other path names a whole file (member "").
 struct ArrayPath {
   std::string file;

@@ -227,6 +227,21 @@ open('deep.json', 'w').write(text.replace('\"seed\":', '\"extra\": ' + '[' * 100
       run $command --json ""
       expect_code 2; expect_text "report path is empty"
     done
+    # An .npz zip bomb: a 2 MB member whose header promises 2 GiB is refused by its header's shape
+    # before it is inflated (it cost 17 s and 2.1 GB, and under a memory limit named no file).
+    /usr/bin/python3 - <<'PY' || fail "could not write the bomb"
+import io, zipfile, numpy as np
+with zipfile.ZipFile("bomb.npz", "w", compression=zipfile.ZIP_DEFLATED) as z:
+    b = io.BytesIO(); np.save(b, np.zeros((4, 16), np.float32)); z.writestr("logits.npy", b.getvalue())
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (131072, 4096)})
+    with z.open("probs.npy", "w", force_zip64=True) as f:
+        f.write(header.getvalue())
+        for _ in range(128): f.write(bytes(1 << 24))
+PY
+    out=$(ulimit -v 1000000; timeout 120 "$sharpcheck" compare --bundle bomb.npz 2>&1)
+    code=$?
+    expect_code 2; expect_text "does not match"
     # A plugin limit with a bad value is refused even without a plugin (nan was accepted).
     for limit in "--plugin-timeout nan" "--plugin-timeout -1" "--plugin-memory abc"; do
       run gate --kernel safe3 --sizes 16 $limit
