@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "gate/array_checks.hpp"
 #include "gate/judge_arrays.hpp"
 #include "gate/judge_backward_arrays.hpp"
 #include "gate/operation.hpp"
@@ -124,6 +126,16 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
     const py::gil_scoped_release release;
     parallel_for(lanes.count, threads, [&](std::size_t lane) {
       const Matrix row = logits.read_lanes(lanes, lane, 1), grad = gradient.read_lanes(lanes, lane, 1);
+      // A non-finite dy is named in dy, at its full index (the lane's message named the logits).
+      for (std::size_t a = 0; a < lanes.extent; ++a) {
+        if (std::isfinite(grad.values[a])) continue;
+        std::string where;
+        for (const std::size_t i : gate::unravel(lanes.c_index(lane, a), logits.shape()))
+          where += (where.empty() ? "" : ", ") + std::to_string(i);
+        throw InputError(InputProblem::non_finite_value, gradient.name() + "[" + where + "] is " +
+                                                             std::to_string(grad.values[a]) + ": " +
+                                                             operation + " needs a finite dy");
+      }
       try {
         const auto values =
             operation == "softmax_backward"
