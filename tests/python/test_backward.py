@@ -73,7 +73,7 @@ def test_a_torch_autograd_gradient_is_close_to_the_reference():
 
 @pytest.mark.parametrize("call,words", [
     (lambda: sharpcheck.softmax_backward(np.ones(3), np.ones(4)), "shape"),
-    (lambda: sharpcheck.softmax_backward(np.array([1.0, np.inf]), np.zeros(2)), "dy 1 is not finite"),
+    (lambda: sharpcheck.softmax_backward(np.array([1.0, np.inf]), np.zeros(2)), r"dy\[1\] is not finite"),
     (lambda: sharpcheck.log_softmax_backward(np.ones(2), np.zeros(2), theta=0.0), "theta"),
 ])
 def test_bad_input_is_refused(call, words):
