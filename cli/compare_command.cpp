@@ -10,6 +10,7 @@
 #include "cli/commands.hpp"
 #include "cli/options.hpp"
 #include "core/errors.hpp"
+#include "core/interrupt.hpp"
 #include "core/text.hpp"
 #include "formats/float_format.hpp"
 #include "gate/compare_files.hpp"
@@ -217,13 +218,27 @@ int run_compare(const CompareSettings& settings) {
   const nlohmann::json budget =
       settings.budget_path.empty() ? nlohmann::json::object() : gate::read_budget(settings.budget_path);
   gate::CaseOutcome outcome;
-  if (!settings.op.empty()) {
-    outcome = compare_op(settings);
-  } else {
-    gate::CompareRequest request = request_from(settings);
-    if (request.tolerance_entry.empty())  // the budget's precision model, unless --tolerance-of names one
-      request.tolerance_entry = gate::budget_tolerance(budget, gate::kernel_name_of(request));
-    outcome = gate::compare_files(request);
+  // SIGINT/SIGTERM stop the judgement between heads (core/parallel.hpp); the report then says the
+  // run is incomplete instead of being absent.
+  catch_interrupts();
+  try {
+    if (!settings.op.empty()) {
+      outcome = compare_op(settings);
+    } else {
+      gate::CompareRequest request = request_from(settings);
+      if (request.tolerance_entry.empty())  // the budget's precision model, unless --tolerance-of names one
+        request.tolerance_entry = gate::budget_tolerance(budget, gate::kernel_name_of(request));
+      outcome = gate::compare_files(request);
+    }
+  } catch (const Interrupted& interrupted) {
+    if (!settings.json_path.empty()) {
+      const nlohmann::json report{{"cases", nlohmann::json::array()},
+                                  {"complete", false},
+                                  {"interrupted_by_signal", interrupted.signal_number()},
+                                  {"rerun", to_valid_utf8(rerun_command(settings))}};
+      io::write_file_atomically(settings.json_path, report.dump(1) + "\n");
+    }
+    throw;
   }
   gate::apply_budget(outcome, budget);
   if (!settings.baseline_path.empty() && !settings.update_baseline) {

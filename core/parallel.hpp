@@ -1,6 +1,8 @@
 // Runs `count` independent work items on up to `threads` threads (0: every core), each item
 // once. Worker threads never let an exception escape: the first one thrown is rethrown to the
-// caller after every thread has joined, and no new item starts once one has failed.
+// caller after every thread has joined, and no new item starts once one has failed. Where the
+// process catches interrupts (core/interrupt.hpp: the gate, compare), no item starts after SIGINT or
+// SIGTERM either: Interrupted is thrown instead, so a long judgement stops within one item.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/errors.hpp"
+#include "core/interrupt.hpp"
+
 namespace sharpcheck {
 
 [[nodiscard]] inline unsigned thread_count(unsigned requested) {
@@ -20,8 +25,14 @@ namespace sharpcheck {
 template <typename Work>
 void parallel_for(std::size_t count, unsigned threads, const Work& work) {
   const std::size_t workers = std::min<std::size_t>(thread_count(threads), count);
+  const auto stop_if_interrupted = [] {
+    if (const int signal = interrupt_signal(); signal != 0) throw Interrupted(signal);
+  };
   if (workers <= 1) {
-    for (std::size_t item = 0; item < count; ++item) work(item);
+    for (std::size_t item = 0; item < count; ++item) {
+      stop_if_interrupted();
+      work(item);
+    }
     return;
   }
   std::atomic<std::size_t> next{0};
@@ -31,6 +42,7 @@ void parallel_for(std::size_t count, unsigned threads, const Work& work) {
   const auto run = [&]() {
     for (std::size_t item = next++; item < count && !failed; item = next++) {
       try {
+        stop_if_interrupted();
         work(item);
       } catch (...) {
         const std::lock_guard lock(error_mutex);

@@ -159,7 +159,23 @@ case $attack in
     out=$(cat int.out)
     expect_code 130
     expect_report int.json 1
-    [ "$(grep -c '<testcase' int.xml)" = "$(grep -c '"id":' int.json)" ] || fail "JSON and JUnit disagree" ;;
+    [ "$(grep -c '<testcase' int.xml)" = "$(grep -c '"id":' int.json)" ] || fail "JSON and JUnit disagree"
+    # SIGTERM during compare: exit 143 with a message and a report saying the run is incomplete
+    # (compare died with neither).
+    /usr/bin/python3 -c "
+import numpy as np
+r = np.random.default_rng(3)
+for name in 'qkv': np.save(name + '_big.npy', r.normal(size=(1, 16, 1024, 64)).astype(np.float32))
+np.save('out_big.npy', np.zeros((1, 16, 1024, 64), np.float32))
+" || fail "could not write the arrays"
+    "$sharpcheck" compare --q q_big.npy --k k_big.npy --v v_big.npy --out out_big.npy \
+      --json compare_term.json >compare_term.out 2>&1 &
+    compare_pid=$!
+    sleep 1
+    kill -TERM $compare_pid; wait $compare_pid; code=$?
+    out=$(cat compare_term.out)
+    expect_code 143; expect_text "interrupted by signal 15"
+    grep -q '"complete": false' compare_term.json || fail "compare's interrupted report is missing or complete" ;;
   vacuous_inputs)
     dict="{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }"
     printf '\x93NUMPY\x01\x00\x76\x00%s%*s\n' "$dict" $((128 - 10 - ${#dict} - 1)) '' > empty.npy
