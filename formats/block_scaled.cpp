@@ -66,8 +66,9 @@ int shared_exponent(double amax, const FloatFormat& element, ScaleRule rule) {
   return exponent;
 }
 
-void quantize_mx_block(std::span<const double> block, const BlockScaledFormat& format, ScaleRule rule,
-                       BlockScaledTensor& tensor) {
+void quantize_mx_block(std::span<const double> block, const BlockScaledFormat& format,
+                       const ScaleSettings& settings, BlockScaledTensor& tensor) {
+  const ScaleRule rule = settings.rule;
   double amax = 0;
   bool non_finite = false;
   for (const double x : block) {
@@ -80,8 +81,10 @@ void quantize_mx_block(std::span<const double> block, const BlockScaledFormat& f
     tensor.codes.insert(tensor.codes.end(), block.size(), 0);
     return;
   }
+  // Where a consumer decodes E8M0 0x00 as zero, a non-zero block never takes that code.
+  const int least = settings.e8m0_zero_is_zero ? 1 - e8m0_bias : -e8m0_bias;
   const int exponent =
-      amax == 0 ? -e8m0_bias : std::clamp(shared_exponent(amax, element, rule), -e8m0_bias, e8m0_bias);
+      amax == 0 ? -e8m0_bias : std::clamp(shared_exponent(amax, element, rule), least, e8m0_bias);
   tensor.scale_codes.push_back(static_cast<std::uint8_t>(exponent + e8m0_bias));
   for (const double x : block) {
     const double scaled = std::ldexp(x, -exponent);  // exact unless far below the element's range
@@ -102,6 +105,9 @@ double nvfp4_tensor_scale(std::span<const double> values) {
   Exact q(320);
   quotient(q, amax, nvfp4_tensor_divisor);
   const double scale = round_to_format(q.get(), fp32);
+  if (std::isinf(scale))
+    throw InputError(InputProblem::out_of_range, "nvfp4: the tensor's largest magnitude " + hex_float(amax) +
+                                                     " puts its fp32 scale amax / 2688 beyond fp32's range");
   return scale > 0 ? scale : std::ldexp(1.0, fp32.min_subnormal_exponent());
 }
 
@@ -158,7 +164,7 @@ BlockScaledTensor quantize(std::span<const double> values, const BlockScaledForm
     const std::span<const double> block =
         values.subspan(start, std::min(format.block, values.size() - start));
     if (format.scale == ScaleKind::e8m0) {
-      quantize_mx_block(block, format, settings.rule, tensor);
+      quantize_mx_block(block, format, settings, tensor);
     } else {
       quantize_nvfp4_block(block, tensor);
     }
@@ -215,6 +221,9 @@ double fp32_scale(mpfr_ptr numerator, long denominator) {
   Exact q(mpfr_get_prec(numerator) + 64);
   mpfr_div_si(q.get(), numerator, denominator, MPFR_RNDN);
   const double scale = round_to_format(q.get(), fp32);
+  if (std::isinf(scale))
+    throw InputError(InputProblem::out_of_range,
+                     "integer quantisation: the group's range puts its fp32 scale beyond fp32's range");
   return scale > 0 ? scale : std::ldexp(1.0, fp32.min_subnormal_exponent());
 }
 

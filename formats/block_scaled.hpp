@@ -95,14 +95,16 @@ struct BlockScaledTensor {
 };
 
 // Quantises `values` as a producer of `format` under `settings.rule`:
-//  MX: the block's scale 2^e by the rule, e clamped to E8M0's [-127, 127]; each element x / 2^e
+//  MX: the block's scale 2^e by the rule, e clamped to E8M0's [-127, 127] ([-126, 127] for a
+//   non-zero block where e8m0_zero_is_zero); each element x / 2^e
 //   rounded (saturating) into the element format. A block holding NaN or an infinity gets the
 //   NaN scale 0xFF (OCP: the whole block is NaN); an all-zero block gets 2^-127.
 //  NVFP4 (the rule is ignored: its scales are not powers of two): tensor scale
 //   g = RN_fp32(amax_tensor / (448 * 6)) (1 for an all-zero tensor); block scale
 //   s = RN_e4m3(amax_block / (6 g)), saturating at 448; elements RN_e2m1(x / (s g)), saturating,
-//   dividing by the rounded scale as the encoders do. A block whose scale rounds to 0 is all zeros.
-//   InputError for a non-finite value (NVFP4 has no NaN scale).
+//   dividing by the rounded scale as the encoders do. A block whose scale rounds to 0 is all zeros;
+//   g that rounds to 0 is taken as fp32's least subnormal. InputError for a non-finite value (NVFP4
+//   has no NaN scale) or an amax beyond 2688 times fp32's largest (g would be infinite).
 [[nodiscard]] BlockScaledTensor quantize(std::span<const double> values, const BlockScaledFormat& format,
                                          const ScaleSettings& settings = {});
 
@@ -142,7 +144,8 @@ struct IntegerGroup {
 // Quantises one group (a tensor, a block, a channel or a token: the caller chooses the grouping).
 // Symmetric: scale = RN_fp32(amax / highest) (1 for an all-zero group), zero point 0. Asymmetric:
 // scale = RN_fp32((max - min) / (highest - lowest)), zero_point = clamp(lowest - round(min / scale)).
-// Codes as above, the quotient x / scale rounded once, exactly. InputError for a non-finite value.
+// Codes as above, the quotient x / scale rounded once, exactly; a scale that rounds to 0 is taken as
+// fp32's least subnormal. InputError for a non-finite value or a scale beyond fp32's range.
 [[nodiscard]] IntegerGroup quantize_integer(std::span<const double> values, const IntegerFormat& format);
 
 }  // namespace sharpcheck

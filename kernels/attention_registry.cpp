@@ -19,7 +19,8 @@ constexpr Tolerance fp8_attention_tolerance{
     .reason = "P rounded to e4m3 (u = 2^-4) dominates; tiny weights err absolutely",
     .probabilities_in_output = 2,
     .probability_floor = 0x1.004p-18,
-    .probability_format = &fp8_e4m3};
+    .probability_format = &fp8_e4m3,
+    .floor_over_row_sum = true};
 
 // MXFP8 attention (kernels/mx_attention.hpp), judged against the exact attention of its inputs as
 // its declared OCP floor rule quantises them (declared_inputs). On attention_fp8's entry: each dot
@@ -30,7 +31,7 @@ constexpr Tolerance fp8_attention_tolerance{
 // in e4m3's unit as for attention_fp8 (covering a row sum of either P). A weight below 2^-6 moves by
 // at most 2^-10 absolute; the weight of the running max is 16 and a stale max only makes weights
 // larger, so l >= 16 Z and the output moves by at most 2^-14 |v_j| / Z per such weight:
-// "probability_floor 2^-14" (RowScale::value_mass is sum_j |v_j| / Z; 2^-10 margin).
+// "probability_floor 2^-14" charged against sum_j |v_j| / Z (floor_over_row_sum; 2^-10 margin).
 constexpr Tolerance mxfp8_attention_tolerance{
     .accumulation = &fp32,
     .argument = 3,
@@ -42,7 +43,8 @@ constexpr Tolerance mxfp8_attention_tolerance{
     .reason = "P rounded to e4m3 (u = 2^-4) dominates; tiny weights err absolutely",
     .probabilities_in_output = 2,
     .probability_floor = 0x1.004p-14,
-    .probability_format = &fp8_e4m3};
+    .probability_format = &fp8_e4m3,
+    .floor_over_row_sum = true};
 
 template <MxAttentionBug Bug, int ThresholdLog2 = 4>
 constexpr AttentionKernel mxfp8_kernel(std::string_view name, std::string_view description) {

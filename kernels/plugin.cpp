@@ -244,7 +244,6 @@ std::pair<std::string, int> call_attention_backward(void* symbol, const FloatFor
                                       : reinterpret_cast<BackwardEntry>(symbol)(
                                             format_code(format), q.data(), k.data(), v.data(), dout.data(),
                                             dq.data(), dk.data(), dvv.data(), d_rows.data(), &call);
-  if (code != 0) return {"", 10 + (code & 0x7F)};
   for (const auto& [name, buffer, bytes] :
        {std::tuple{"dq", &dq, m * d * width}, std::tuple{"dk", &dk, n * d * width},
         std::tuple{"dv", &dvv, n * dv * width}}) {
@@ -252,6 +251,7 @@ std::pair<std::string, int> call_attention_backward(void* symbol, const FloatFor
   }
   if (!intact(d_rows, m)) return {"d", overrun_status};
   if (!intact(d_sinks, 1)) return {"d_sinks", overrun_status};
+  if (code != 0) return {"", 10 + (code & 0x7F)};
   std::vector<double> result = from_storage(dq, m * d, format);
   for (const auto& [bytes, count] : {std::pair{&dk, n * d}, std::pair{&dvv, n * dv}}) {
     const auto values = from_storage(*bytes, count, format);

@@ -114,11 +114,11 @@ std::pair<std::string, int> call_operation(void* symbol, const std::string& oper
   const sharpcheck_op_call call{operation.c_str(), format_code,      options.c_str(), in_views.size(),
                                 in_views.data(),   out_views.size(), out_views.data()};
   const int code = reinterpret_cast<OperationEntry>(symbol)(&call);
-  if (code != 0) return {"", 10 + (code & 0x7F)};
-  for (std::size_t o = 0; o < outputs.size(); ++o) {
+  for (std::size_t o = 0; o < outputs.size(); ++o) {  // an overrun counts before a returned error
     if (!intact(out[o].bytes, element_count(outputs[o]) * storage_bytes(outputs[o].storage)))
       return {outputs[o].name, overrun_status};
   }
+  if (code != 0) return {"", 10 + (code & 0x7F)};
   std::vector<double> result;
   for (std::size_t o = 0; o < outputs.size(); ++o) {
     const std::size_t size = storage_bytes(outputs[o].storage);

@@ -42,8 +42,8 @@ struct Tolerance {
   double scores_in_output = 0;
   double probabilities_in_output = 0;
   // Attention: an absolute error per key's probability (an e4m3 P's subnormal step), charged
-  // times sum_j |v_j| / Z (RowScale::value_mass), since a tiny weight's error is not relative to it;
-  // in units of the row sum's least value over Z (l >= offset Z: the offset is the weight of the max).
+  // times sum_j |v_j| (RowScale::value_mass; over Z where floor_over_row_sum says so), since a tiny
+  // weight's error is not relative to it.
   double probability_floor = 0;
   // The formats the two counts above are charged in: where a precision recipe rounds P (or the
   // scores) inside the kernel (metrics/recipes.hpp). nullptr: the output's format, which is what
@@ -57,6 +57,10 @@ struct Tolerance {
   // its statistical tier is centred on the attention of the emulated scores, and charges only P's
   // rounding and the fp32 arithmetic around it, where the head's scores are the plain math path's.
   bool scores_emulated = false;
+  // The floor is charged against sum_j |v_j| / Z (RowScale::value_mass_over_z): only for kernels
+  // that round unnormalised weights exp(z - m) at a fixed offset and divide by their sum afterwards
+  // (the FP8 and MXFP8 attention kernels). A recipe rounding the normalised P charges sum_j |v_j|.
+  bool floor_over_row_sum = false;
 };
 
 // An attention backward kernel's tolerance (metrics/judge_backward.hpp): each gradient element

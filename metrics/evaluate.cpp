@@ -280,12 +280,14 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
     const double* v = values.row(key).data();
     for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += std::fabs(v[c]);
   }
-  // Over Z = sum (>= 1): the row sum a probability_floor's absolute error is relative to. A kernel's
-  // max may exceed the exact one by the logits' rounding (fp32, 2^-24 per unit), which shrinks its
-  // weights by at most exp(2^-23 logit_rounding): charged outward.
+  // Over Z = sum (>= 1) too: the row sum an unnormalised weight's absolute error is relative to. A
+  // kernel's max may exceed the exact one by its fp32 logits' rounding (2^-24 per unit), which
+  // shrinks its weights by at most exp(2^-23 logit_rounding): charged outward.
   const double shift = std::exp(row_scale.logit_rounding * 0x1p-23);
-  for (const double mass : sums)
-    row_scale.value_mass = std::max(row_scale.value_mass, mass / sum * shift * (1 + 1e-9));
+  for (const double mass : sums) {
+    row_scale.value_mass = std::max(row_scale.value_mass, mass * (1 + 1e-9));
+    row_scale.value_mass_over_z = std::max(row_scale.value_mass_over_z, mass / sum * shift * (1 + 1e-9));
+  }
   return row_scale;
 }
 

@@ -71,7 +71,8 @@ double charged_length(double n, Tier tier) {
 double absolute_floor(const Tolerance& t, const RowScale& row, const FloatFormat& output) {
   return std::ldexp(1.0, output.min_subnormal_exponent()) +
          4 * std::ldexp(1.0, t.accumulation->min_subnormal_exponent()) +
-         (row.negligible > 0 ? negligible_contribution : 0.0) + t.probability_floor * row.value_mass;
+         (row.negligible > 0 ? negligible_contribution : 0.0) +
+         t.probability_floor * (t.floor_over_row_sum ? row.value_mass_over_z : row.value_mass);
 }
 
 // The output rounding relative to the value itself (attention). An attention element is judged

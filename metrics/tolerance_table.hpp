@@ -26,12 +26,14 @@ struct RowScale {
   // Attention only: max_j |s_j / theta| over the entries seen, s_j the scaled score (after any
   // soft-cap and bias): what a rounding of the scores to the output's format is relative to.
   double largest_score = 0;
-  // Attention only: max over output columns c of sum_j |v_jc| over the keys seen, divided by
-  // Z = sum_j exp(z_j - max z) (sink included; Z >= 1): what a probability_floor is charged against.
-  // A kernel's weights are exp(z_j - m) times a fixed offset for a running max m <= max z, so its
-  // row sum is at least the offset times Z, and an absolute error f in one weight moves the output
-  // by at most f |v_j| / (offset Z).
+  // Attention only: max over output columns c of sum_j |v_jc| over the keys seen (what a
+  // probability_floor is charged against), and the same over Z = sum_j exp(z_j - max z) (sink
+  // included; Z >= 1), which a kernel rounding unnormalised weights exp(z_j - m) times a fixed
+  // offset charges instead: its row sum is at least offset Z, so an absolute error f in one weight
+  // moves the output by at most f |v_j| / (offset Z). A recipe rounding the normalised P gets no
+  // such division (Tolerance::floor_over_row_sum).
   double value_mass = 0;
+  double value_mass_over_z = 0;
   // Shifted softmax only: entries with z_j < -negligible_below (an additive mask such as -1e4,
   // -1e9 or finfo.min, or a logit far below the rest). They are left out of n and of
   // largest_magnitude and counted here; see the derivation in tolerance_table.cpp.

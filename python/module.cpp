@@ -129,13 +129,15 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
       // A non-finite dy is named in dy, at its full index (the lane's message named the logits).
       for (std::size_t a = 0; a < lanes.extent; ++a) {
         if (std::isfinite(grad.values[a]) || row.values[a] == -INFINITY) continue;  // masked: unread
-        std::string where;
-        for (const std::size_t i : gate::unravel(lanes.c_index(lane, a), logits.shape()))
-          where += (where.empty() ? "" : ", ") + std::to_string(i);
-        throw InputError(InputProblem::non_finite_value,
-                         gradient.name() + "[" + where + "] is not finite (" +
-                             std::to_string(grad.values[a]) + "): " + operation +
-                             " needs a finite dy where the logit is not -inf");
+        std::string message = gradient.name() + "[";
+        for (const std::size_t i : gate::unravel(lanes.c_index(lane, a), logits.shape())) {
+          if (message.back() != '[') message += ", ";
+          message += std::to_string(i);
+        }
+        message += "] is not finite (" + std::to_string(grad.values[a]) + "): ";
+        message += operation;
+        message += " needs a finite dy where the logit is not -inf";
+        throw InputError(InputProblem::non_finite_value, message);
       }
       try {
         const auto values =

@@ -211,6 +211,12 @@ TEST(MxQuantiser, NonFiniteBlocksGetTheNanScaleAndZeroBlocksTheLeastScale) {
   EXPECT_TRUE(std::isnan(tensor.value(1)));
   EXPECT_EQ(tensor.value(2), 2.0);
   EXPECT_EQ(tensor.value(3), 3.0);
+  // A consumer that decodes 0x00 as zero never sees a non-zero block take it.
+  const std::vector<double> tiny(32, std::ldexp(1.0, -130));
+  const BlockScaledTensor tiny_block =
+      quantize(tiny, mxfp8_e4m3, {.rule = ScaleRule::ocp_floor, .e8m0_zero_is_zero = true});
+  EXPECT_EQ(tiny_block.scale_codes.front(), 1);
+  EXPECT_EQ(tiny_block.value(0), std::ldexp(1.0, -130));
   const std::vector<double> zeros(32, 0.0);
   EXPECT_EQ(quantize(zeros, mxfp4).scale_codes.front(), 0);
   EXPECT_EQ(quantize(zeros, mxfp4).value(5), 0.0);
@@ -240,6 +246,9 @@ TEST(Nvfp4, ScalesAndElementsFollowTheTwoLevelRuleWithTheRoundedBlockScale) {
   EXPECT_GT(rounded_differs_from_unrounded, 0);  // dividing by the unrounded scale is a different encoder
   const std::vector<double> with_nan = {1.0, NAN};
   EXPECT_THROW((void)quantize(with_nan, nvfp4), InputError);
+  const std::vector<double> beyond_fp32_scale = {1e42, 1.0};  // g = amax / 2688 overflows fp32
+  EXPECT_THROW((void)quantize(beyond_fp32_scale, nvfp4), InputError);
+  EXPECT_THROW((void)quantize_integer(beyond_fp32_scale, {}), InputError);
 }
 
 TEST(IntegerQuantiser, SymmetricAndAsymmetricCodesAreTheNearestWithTheNamedTieRule) {
