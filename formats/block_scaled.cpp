@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/errors.hpp"
+#include "core/mpfr_number.hpp"
 
 namespace sharpcheck {
 namespace {
@@ -16,23 +17,10 @@ constexpr int e8m0_bias = 127;
 constexpr std::uint8_t e8m0_nan = 0xFF;
 constexpr double nvfp4_tensor_divisor = 448.0 * 6.0;  // e4m3's largest scale times e2m1's largest value
 
-// An MPFR number that frees itself; precision in bits.
-class Exact {
- public:
-  explicit Exact(mpfr_prec_t precision) { mpfr_init2(value_, precision); }
-  ~Exact() { mpfr_clear(value_); }
-  Exact(const Exact&) = delete;
-  Exact& operator=(const Exact&) = delete;
-  mpfr_ptr get() { return value_; }
-
- private:
-  mpfr_t value_;
-};
-
 // x / divisor, exact to within 2^-256 relative: enough that rounding it once to any format here, or
 // to an integer, gives the rounding of the exact quotient (see the header).
-void quotient(Exact& result, double x, double divisor) {
-  Exact numerator(64);
+void quotient(MpfrNumber& result, double x, double divisor) {
+  MpfrNumber numerator(64);
   mpfr_set_d(numerator.get(), x, MPFR_RNDN);
   mpfr_div_d(result.get(), numerator.get(), divisor, MPFR_RNDN);
 }
@@ -40,7 +28,7 @@ void quotient(Exact& result, double x, double divisor) {
 // RN of x / divisor into `format`, clamped to its largest magnitude (the MX and NVFP4 encoders
 // saturate, e4m3 included, whose own overflow is NaN).
 double saturating_quotient(double x, double divisor, const FloatFormat& format) {
-  Exact q(320);
+  MpfrNumber q(320);
   quotient(q, x, divisor);
   if (mpfr_cmp_d(q.get(), format.max_finite) > 0) return format.max_finite;
   if (mpfr_cmp_d(q.get(), -format.max_finite) < 0) return -format.max_finite;
@@ -102,7 +90,7 @@ double nvfp4_tensor_scale(std::span<const double> values) {
     amax = std::max(amax, std::fabs(values[i]));
   }
   if (amax == 0) return 1.0;
-  Exact q(320);
+  MpfrNumber q(320);
   quotient(q, amax, nvfp4_tensor_divisor);
   const double scale = round_to_format(q.get(), fp32);
   if (std::isinf(scale))
@@ -202,7 +190,7 @@ namespace {
 // round(x / scale) by `rounding`, exactly, clamped to [lowest, highest] before converting.
 std::int32_t integer_quotient(double x, double scale, IntegerRounding rounding, std::int32_t lowest,
                               std::int32_t highest) {
-  Exact q(320);
+  MpfrNumber q(320);
   quotient(q, x, scale);
   if (rounding == IntegerRounding::nearest_even) {
     mpfr_rint(q.get(), q.get(), MPFR_RNDN);
@@ -218,7 +206,7 @@ std::int32_t integer_quotient(double x, double scale, IntegerRounding rounding, 
 // when that rounds to zero, 1 when the numerator is zero (a scale must divide).
 double fp32_scale(mpfr_ptr numerator, long denominator) {
   if (mpfr_zero_p(numerator)) return 1.0;
-  Exact q(mpfr_get_prec(numerator) + 64);
+  MpfrNumber q(mpfr_get_prec(numerator) + 64);
   mpfr_div_si(q.get(), numerator, denominator, MPFR_RNDN);
   const double scale = round_to_format(q.get(), fp32);
   if (std::isinf(scale))
@@ -242,7 +230,7 @@ IntegerGroup quantize_integer(std::span<const double> values, const IntegerForma
   }
   IntegerGroup group;
   // The difference of two doubles is exact in 2,200 bits (their exponents differ by at most 2,098).
-  Exact span(2200);
+  MpfrNumber span(2200);
   if (format.symmetric) {
     mpfr_set_d(span.get(), amax, MPFR_RNDN);
     group.scale = fp32_scale(span.get(), highest);
