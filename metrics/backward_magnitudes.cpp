@@ -25,26 +25,48 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
   RowGeometry g;
   double top = head.sink ? *head.sink / head.theta : -INFINITY;
   for (const std::size_t j : visible) {
-    double raw = 0, absolute = 0;
-    for (std::size_t t = 0; t < d; ++t) {
-      raw += p.queries(i, t) * p.keys(j, t);
-      absolute += std::fabs(p.queries(i, t) * p.keys(j, t));
+    // In long double (a 15-bit exponent) where the products leave double's range: q . k near
+    // 2^1026 at theta near 2^1021, or products that underflow at a tiny theta (as the forward's
+    // geometry, metrics/evaluate.cpp); the logits over theta are ordinary numbers.
+    long double raw = 0, absolute = 0;
+    {
+      double narrow_raw = 0, narrow_absolute = 0;
+      bool underflow = false;
+      for (std::size_t t = 0; t < d; ++t) {
+        const double product = p.queries(i, t) * p.keys(j, t);
+        narrow_raw += product;
+        narrow_absolute += std::fabs(product);
+        underflow = underflow || (product == 0 && p.queries(i, t) != 0 && p.keys(j, t) != 0);
+      }
+      raw = narrow_raw;
+      absolute = narrow_absolute;
+      if (underflow || !(narrow_absolute * static_cast<double>(d + 8) < 0x1p1000) ||
+          (narrow_absolute != 0 && narrow_absolute < 0x1p-960)) {
+        raw = absolute = 0;
+        for (std::size_t t = 0; t < d; ++t) {
+          const long double product = static_cast<long double>(p.queries(i, t)) * p.keys(j, t);
+          raw += product;
+          absolute += std::fabs(product);
+        }
+      }
     }
-    double s = raw * scale, slope = scale;
+    long double s = raw * scale, slope = scale;
     if (head.softcap != 0) {
-      const double t = std::tanh(s / head.softcap);
+      const long double t = std::tanh(s / head.softcap);
       s = head.softcap * t;
       slope = scale * (1 - t * t);
     }
     // A bias is rounded to the kernel's format and added: errors u |b| and u |s + b|, the second
     // within the 4 |z| below, the first charged as 2 |b / theta|.
     const double bias = head.has_bias() ? head.bias_of(i % p.positions(), j) : 0.0;
-    g.z.push_back((s + bias) / head.theta);
-    g.slope.push_back(std::fabs(slope / head.theta));
+    const long double theta = head.theta;
+    g.z.push_back(static_cast<double>((s + bias) / theta));
+    g.slope.push_back(static_cast<double>(std::fabs(slope / theta)));
     top = std::max(top, g.z.back());
     m.logit_rounding =
-        std::max(m.logit_rounding, static_cast<double>(d) * absolute * std::fabs(scale / head.theta) +
-                                       4 * std::fabs(g.z.back()) + 2 * std::fabs(bias / head.theta));
+        std::max(m.logit_rounding,
+                 static_cast<double>(static_cast<long double>(d) * absolute * std::fabs(scale / theta)) +
+                     4 * std::fabs(g.z.back()) + 2 * std::fabs(bias / head.theta));
   }
   double sum = head.sink ? std::exp(*head.sink / head.theta - top) : 0.0;
   for (const double z : g.z) sum += std::exp(z - top);

@@ -214,29 +214,64 @@ namespace {
 // their relative error is below (n + 10) 2^-53 (exp, sum, division), far below the 1e-9 the
 // magnitudes are inflated by for n up to 2^20 keys.
 
+// Logit z of one entry and its rounding bound (above), in `Real` arithmetic.
+template <typename Real>
+std::pair<double, double> logit_and_rounding(Real dot, Real absolute, std::size_t d,
+                                             const tensor::HeadScores& scores, Real scale, double bias) {
+  const Real theta = std::fabs(static_cast<Real>(scores.theta));
+  const Real scaled = dot * scale;
+  const auto cap = static_cast<Real>(scores.softcap);
+  const Real capped = scores.softcap != 0.0 ? cap * std::tanh(scaled / cap) : scaled;
+  const Real z = (capped + bias) / static_cast<Real>(scores.theta);
+  Real rounding = static_cast<Real>(d) * absolute * std::fabs(scale) / theta;
+  if (scores.softcap != 0.0 || scores.has_bias()) {
+    rounding +=
+        (4 * std::fabs(scaled) + 2 * std::fabs(static_cast<Real>(bias)) + 2 * std::fabs(capped)) / theta +
+        2 * std::fabs(z);
+  }
+  return {static_cast<double>(z), static_cast<double>(rounding)};
+}
+
+// The dot product in double, or, where its products leave double's range (q . k near 1e320 with
+// theta near 1e308, or products below 2^-960 with a tiny theta), in long double (a 15-bit
+// exponent on x86-64 and AArch64): the logits and their bound stay finite where they are, and an
+// allowance with them (before, it was NaN and the judgement inconclusive whatever the output).
+std::pair<double, double> entry_logit(std::span<const double> q, std::span<const double> k,
+                                      const tensor::HeadScores& scores, double bias) {
+  const auto [dot, absolute] = reference::dot_and_magnitude(q.data(), k.data(), q.size());
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(q.size()));
+  // Headroom for the bound's own products (d |q.k| |scale|, 4 |s|) before the division by theta.
+  const double headroom = static_cast<double>(q.size() + 8) * std::max(1.0, std::fabs(scale));
+  bool in_range = absolute > 0x1p-960 && absolute * headroom < 0x1p1000;
+  if (absolute == 0.0) {  // every product exactly 0, or some underflowed
+    in_range = true;
+    for (std::size_t t = 0; t < q.size(); ++t) in_range = in_range && (q[t] == 0.0 || k[t] == 0.0);
+  }
+  if (in_range) return logit_and_rounding<double>(dot, absolute, q.size(), scores, scale, bias);
+  long double wide_dot = 0, wide_absolute = 0;
+  for (std::size_t t = 0; t < q.size(); ++t) {
+    const long double product = static_cast<long double>(q[t]) * static_cast<long double>(k[t]);
+    wide_dot += product;
+    wide_absolute += std::fabs(product);
+  }
+  const long double wide_scale = scores.scale ? static_cast<long double>(*scores.scale)
+                                              : 1.0L / std::sqrt(static_cast<long double>(q.size()));
+  // long double's own rounding (64-bit significand) is below double's, which the bound charges.
+  return logit_and_rounding<long double>(wide_dot, wide_absolute, q.size(), scores, wide_scale, bias);
+}
+
 RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                 const tensor::HeadScores& scores, std::size_t query,
                                 std::span<const std::size_t> visible, std::span<double> magnitudes,
                                 VisibleWeights& weights_out) {
-  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
-  const double theta = std::fabs(scores.theta);
   thread_local std::vector<double> logits, roundings, weights, sums;
   logits.clear();
   roundings.clear();
   const auto q = queries.row(query);
   for (const std::size_t j : visible) {
-    const auto [dot, absolute] = reference::dot_and_magnitude(q.data(), keys.row(j).data(), q.size());
-    const double scaled = dot * scale;
-    const double capped =
-        scores.softcap != 0.0 ? scores.softcap * std::tanh(scaled / scores.softcap) : scaled;
     const double bias = scores.has_bias() ? scores.bias_of(query, j) : 0.0;
-    const double z = (capped + bias) / scores.theta;
+    const auto [z, rounding] = entry_logit(q, keys.row(j), scores, bias);
     logits.push_back(z);
-    double rounding = static_cast<double>(q.size()) * absolute * std::fabs(scale) / theta;
-    if (scores.softcap != 0.0 || scores.has_bias()) {
-      rounding +=
-          (4 * std::fabs(scaled) + 2 * std::fabs(bias) + 2 * std::fabs(capped)) / theta + 2 * std::fabs(z);
-    }
     roundings.push_back(rounding);
   }
   if (scores.sink) {

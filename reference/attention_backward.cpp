@@ -14,6 +14,7 @@
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "reference/attention_backward_exact.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
 #include "reference/ziv_loop.hpp"
@@ -121,6 +122,7 @@ class BackwardPass {
     const std::size_t positions = in_.positions(), h = i / positions;
     const tensor::HeadScores& head = heads_[h];
     const ScoreConstants& constants = constants_[h];
+    if (i % positions >= head.queries) return;  // a padded query contributes nothing
     head.visible_keys(i % positions, visible_);
     const std::size_t count = visible_.size();
     const std::optional<double> sink = head.sink;
@@ -291,6 +293,29 @@ std::optional<std::size_t> decide_all(BallVector& balls, std::vector<double>& va
   return first;
 }
 
+// Rounds every still undecided result that the exact stage finds rational (its ties above all,
+// which no precision decides).
+void decide_rational_results(BackwardExactCases& exact, const FloatFormat& target, AttentionGradients& out,
+                             std::vector<std::vector<bool>>& done) {
+  const auto settle = [](std::optional<Rational> value, const FloatFormat& format, double& slot,
+                         std::vector<bool>::reference flag) {
+    if (!value) return;
+    slot = round_exact_ratio(mpq_numref(value->get()), mpq_denref(value->get()), format);
+    flag = true;
+  };
+  const std::size_t d = out.d_queries.cols, dv = out.d_values.cols;
+  for (std::size_t e = 0; e < done[0].size(); ++e)
+    if (!done[0][e]) settle(exact.d_query(e / d, e % d), target, out.d_queries.values[e], done[0][e]);
+  for (std::size_t e = 0; e < done[1].size(); ++e)
+    if (!done[1][e]) settle(exact.d_key(e / d, e % d), target, out.d_keys.values[e], done[1][e]);
+  for (std::size_t e = 0; e < done[2].size(); ++e)
+    if (!done[2][e]) settle(exact.d_value(e / dv, e % dv), target, out.d_values.values[e], done[2][e]);
+  for (std::size_t h = 0; h < done[3].size(); ++h)
+    if (!done[3][h]) settle(exact.d_sink(h), target, out.d_sinks[h], done[3][h]);
+  for (std::size_t i = 0; i < done[4].size(); ++i)
+    if (!done[4][i]) settle(exact.d_row(i), d_format(target), out.d_rows[i], done[4][i]);
+}
+
 struct Undecided {
   std::string where;
   [[nodiscard]] bool any() const { return !where.empty(); }
@@ -323,6 +348,24 @@ Undecided decide_pass(const AttentionBackwardInputs& in, const std::vector<tenso
   return undecided;
 }
 
+// The first result still undecided, named as decide_pass names it.
+Undecided first_undecided(const AttentionGradients& out, const std::vector<std::vector<bool>>& done) {
+  const auto index = [&](std::size_t which) -> std::optional<std::size_t> {
+    const auto at = std::find(done[which].begin(), done[which].end(), false);
+    if (at == done[which].end()) return std::nullopt;
+    return static_cast<std::size_t>(at - done[which].begin());
+  };
+  const auto element = [](const char* what, const Matrix& m, std::size_t e) {
+    return std::string(what) + "(" + std::to_string(e / m.cols) + ", " + std::to_string(e % m.cols) + ")";
+  };
+  if (const auto e = index(0)) return {element("dQ", out.d_queries, *e)};
+  if (const auto e = index(1)) return {element("dK", out.d_keys, *e)};
+  if (const auto e = index(2)) return {element("dV", out.d_values, *e)};
+  if (const auto e = index(4)) return {"D(" + std::to_string(*e) + ")"};
+  if (const auto e = index(3)) return {"dsink(" + std::to_string(*e) + ")"};
+  return {};
+}
+
 }  // namespace
 
 AttentionGradients attention_backward(const AttentionBackwardInputs& in, const FloatFormat& target,
@@ -340,10 +383,16 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
                                       std::vector<bool>(m)};
   if (statistics != nullptr) ++statistics->calls;
   Undecided undecided;
+  std::optional<BackwardExactCases> exact;  // built once a pass leaves something undecided
   run_ziv_passes(
       ZivSchedule::for_format(target), 0, statistics,
       [&](mpfr_prec_t precision) {
         undecided = decide_pass(in, heads, static_cast<slong>(precision), target, out, done);
+        if (undecided.any() && !exact) {
+          exact.emplace(in, heads);
+          decide_rational_results(*exact, target, out, done);
+          undecided = first_undecided(out, done);
+        }
         return !undecided.any();
       },
       [&] { return "attention_backward: " + undecided.where; });

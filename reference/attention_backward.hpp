@@ -21,13 +21,14 @@
 // whose ball lies within half the format's least subnormal of 0 rounds to zero and is returned as
 // +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero result is eventually
 // separated from every rounding boundary unless it *is* a boundary, and an exact zero eventually
-// lies inside the zero band; and a query that sees a single key (no sink) has P = 1 exactly, so
-// what it contributes is exact and a tie is decided exactly. Unlike the softmax backward
-// (reference/softmax_backward.hpp), the argument that no nonzero result is itself a boundary is incomplete
-// here: the results are sums of exponentials of algebraic (not only rational) arguments once a soft-cap's
-// tanh enters, and products of such sums for dQ and dK. Where it fails the cap is reached and the call
-// refuses (UndecidedRounding) instead of guessing; tests/reference_attention_backward_test.cpp measures that
-// it does not happen on the gate's inputs.
+// lies inside the zero band. A boundary is rational; the results that are rational for a reason
+// the exact stage knows (reference/attention_backward_exact.hpp: rows whose logits are all equal,
+// so P = 1/(entries), and terms that vanish exactly, such as dP - D = 0) are computed in exact
+// rationals once a pass leaves anything undecided, and rounded exactly, ties to even. The argument
+// that no other result is a boundary is incomplete: terms of two rows can cancel into a rational
+// sum, a row whose groups of equal logits have equal means has a rational D, and once a soft-cap's
+// tanh enters the exponents are no longer algebraic. Such a result that is a boundary reaches the
+// cap and the call refuses (UndecidedRounding) instead of guessing.
 #pragma once
 
 #include <optional>

@@ -235,6 +235,32 @@ TEST(Operations, AttentionBackwardPassesTheReferenceAndFailsOneElementOffByAPerc
   expect_pass_then_fail(op("attention_backward"), call, "dk", off_by_a_percent(dk, 20));
 }
 
+// The backward's geometry at the same extremes: q . k near 2^1026 at theta 2^1021.
+TEST(Operations, AttentionBackwardBeyondDoublesRangeStillDiscriminates) {
+  Matrix q = normal(4, 4, 35, fp64), k = normal(5, 4, 36, fp64);
+  const Matrix v = normal(5, 4, 37, fp64), d_out = normal(4, 4, 38, fp64);
+  for (double& x : q.values) x = std::ldexp(x, 513);
+  for (double& x : k.values) x = std::ldexp(x, 513);
+  const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v),
+                    da = array_of("d_out", d_out);
+  gate::BackwardArrays arrays;
+  arrays.q = &qa;
+  arrays.k = &ka;
+  arrays.v = &va;
+  arrays.d_out = &da;
+  gate::JudgeOptions options;
+  options.format = "fp64";
+  options.theta = options.scores.theta = 0x1p1021;
+  options.scores.scale = 1.0;
+  const gate::BackwardGradients exact = gate::attention_backward_of_arrays(options, arrays);
+  const MemoryArray dq("dq", {4, 4}, exact.dq), dk("dk", {5, 4}, exact.dk), dv("dv", {5, 4}, exact.dv);
+  gate::OpCall call;
+  call.tensors = {{"q", &qa}, {"k", &ka}, {"v", &va}, {"d_out", &da}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  call.options.judge = options;
+  EXPECT_FALSE(op("attention_backward").judge(call).inconclusive());
+  expect_pass_then_fail(op("attention_backward"), call, "dv", off_by_a_percent(dv, 6, fp64));
+}
+
 TEST(Operations, MatrixEscapesPassTheReferenceAndFailOneElementOffByAPercent) {
   const Matrix q = normal(5, 6, 41), k = normal(8, 6, 42), v = normal(8, 3, 43);
   const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v);
@@ -321,6 +347,33 @@ TEST(Operations, ScoresThatOverflowDoubleFinishAndDoNotPass) {
   call.options.judge.scores.scale = 1e308;
   const gate::CaseOutcome outcome = op("attention").judge(call);
   EXPECT_FALSE(outcome.passed() && !outcome.inconclusive()) << "zeros passed at scale 1e308";
+}
+
+// Dot products beyond double's range, whose logits (over theta) are ordinary: q . k near 2^1026
+// at theta 2^1021, and near 2^-1076 (every product underflows double) at theta 2^-1074. The
+// allowance used to be NaN (d |q.k| overflowed before the division by theta) or built on zero
+// logits, so every output was inconclusive, twice the exact one included; now the exact output
+// passes and one off by a percent fails.
+TEST(Operations, DotProductsBeyondDoublesRangeStillDiscriminate) {
+  for (const int exponent : {513, -538}) {
+    Matrix q = normal(3, 4, 64, fp64), k = normal(5, 4, 65, fp64);
+    const Matrix v = normal(5, 2, 66, fp64);
+    for (double& x : q.values) x = std::ldexp(x, exponent);
+    for (double& x : k.values) x = std::ldexp(x, exponent);
+    reference::AttentionOptions options;
+    options.scores.scale = 1.0;
+    options.scores.theta = exponent > 0 ? 0x1p1021 : 0x1p-1074;
+    const MemoryArray qa = array_of("q", q), ka = array_of("k", k), va = array_of("v", v);
+    const MemoryArray out = array_of("out", reference::attention(q, k, v, fp64, options).output);
+    gate::OpCall call;
+    call.tensors = {{"q", &qa}, {"k", &ka}, {"v", &va}, {"out", &out}};
+    call.options.judge.scores = options.scores;
+    call.options.judge.theta = options.scores.theta;
+    call.options.judge.format = "fp64";
+    const gate::CaseOutcome exact = op("attention").judge(call);
+    EXPECT_FALSE(exact.inconclusive()) << exponent;
+    expect_pass_then_fail(op("attention"), call, "out", off_by_a_percent(out, 3, fp64));
+  }
 }
 
 }  // namespace

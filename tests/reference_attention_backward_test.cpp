@@ -197,6 +197,18 @@ TEST_P(EveryFormat, GradientsAreCorrectlyRoundedAgainstTheIndependentBackend) {
     p.scores.keys = n - 2;
     p.scores.row_stride = n;
     expect_correctly_rounded(p, format, "padded queries and keys");
+    // Rational results, found by the exact stage: q = 0 and a zero sink make every probability
+    // 1/(keys + 1); dO, V and dLSE of a few bits make many results ties of the narrow formats.
+    p.scores = {};
+    p.q = Matrix(m, d);
+    p.scores.sink = 0.0;
+    p.scores.scale = 0.25;
+    p.scores.softcap = 2;  // at q . k = 0 its slope is the scale's
+    for (double& x : p.d_out.values) x = static_cast<double>(random.below(33)) / 8 - 2;
+    for (double& x : p.v.values) x = static_cast<double>(random.below(17)) / 4 - 2;
+    p.d_lse.assign(m, 0.0);
+    for (double& x : p.d_lse) x = static_cast<double>(random.below(9)) / 4 - 1;
+    expect_correctly_rounded(p, format, "zero queries, zero sink, soft-cap, dLSE");
   }
 }
 
@@ -226,13 +238,63 @@ TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
   ZivStatistics statistics;
   const AttentionGradients equal =
       attention_backward({p.q, p.k, p.v, p.d_out, {}, p.scores}, fp32, &statistics);
-  EXPECT_GT(statistics.escalations, 0);  // a zero needs its ball inside half the least subnormal
+  // Every dP of a row is equal, so D is that value and dP - D = 0 exactly: the exact stage
+  // (reference/attention_backward_exact.hpp) returns dQ = dK = 0 after the first pass.
+  EXPECT_EQ(statistics.escalations, 0);
   for (const double x : equal.d_queries.values) EXPECT_EQ(x, 0.0);
   for (const double x : equal.d_keys.values) EXPECT_EQ(x, 0.0);
   double dv_mass = 0;
   for (const double x : equal.d_values.values) dv_mass += std::fabs(x);
   EXPECT_GT(dv_mass, 0.1);
   expect_correctly_rounded(p, fp32, "equal value rows");
+}
+
+// Results that are exactly a rounding boundary (ties), which no precision decides: with q = 0
+// every probability of a row is 1/(keys), and dV = sum_i dO_i / (keys) can be a midpoint; with a
+// constant value row every dP is dO . v, and D (rounded to fp64) can be one. Each is decided by
+// the exact stage, ties to even, where the loop refused before ("dV(0, 0) undecided at 131072 bits").
+TEST(AttentionBackwardReference, ExactTiesAreDecidedNotRefused) {
+  Matrix q(2, 1), k(2, 1), v(2, 1), d_out(2, 1);
+  k(0, 0) = 1;
+  k(1, 0) = 2;
+  v(0, 0) = 1;
+  v(1, 0) = 3;
+  d_out(0, 0) = 1;
+  d_out(1, 0) = 0x1p-53;  // dV = (1 + 2^-53) / 2 = 0.5 + 2^-54: halfway, to the even 0.5
+  const tensor::HeadScores plain;
+  AttentionGradients g = attention_backward({q, k, v, d_out, {}, plain}, fp64);
+  EXPECT_EQ(g.d_values(0, 0), 0.5);
+  EXPECT_EQ(g.d_values(1, 0), 0.5);
+  // dz = (dP - D) / 2 = -+dO / 2 and dQ = sum_j dz_j k_j = dO / 2; dK = 0 since q = 0.
+  EXPECT_EQ(g.d_queries(0, 0), 0.5);
+  EXPECT_EQ(g.d_queries(1, 0), 0x1p-54);
+  EXPECT_EQ(g.d_keys(0, 0), 0.0);
+  d_out(1, 0) = 3 * 0x1p-53;  // 0.5 + 3 2^-54: halfway between 0.5 + 2^-53 and the even 0.5 + 2^-52
+  g = attention_backward({q, k, v, d_out, {}, plain}, fp64);
+  EXPECT_EQ(g.d_values(0, 0), 0.5 + 0x1p-52);
+  d_out(1, 0) = 0x1p-24;  // in fp32: 0.5 + 2^-25, halfway, to 0.5
+  g = attention_backward({q, k, v, d_out, {}, plain}, fp32);
+  EXPECT_EQ(g.d_values(0, 0), 0.5);
+
+  // Three keys, P = 1/3 (no finite ball is exact): dV = (1.5 + 3 2^-54) / 3 = 0.5 + 2^-54.
+  Matrix q3(3, 1), k3(3, 1), v3(3, 1), d_out3(3, 1);
+  for (std::size_t j = 0; j < 3; ++j) k3(j, 0) = v3(j, 0) = static_cast<double>(j) + 1;
+  d_out3(0, 0) = 1.5;
+  d_out3(1, 0) = 3 * 0x1p-54;
+  g = attention_backward({q3, k3, v3, d_out3, {}, plain}, fp64);
+  for (std::size_t j = 0; j < 3; ++j) EXPECT_EQ(g.d_values(j, 0), 0.5) << j;
+
+  // D on a midpoint: every value row (1.5), dO = 1 + 2^-52, so D = 1.5 + 3 2^-53, halfway
+  // between 1.5 + 2^-52 and the even 1.5 + 2^-51; the keys differ, so P is not rational.
+  Matrix q1(1, 1), k1(2, 1), v1(2, 1), d_out1(1, 1);
+  q1(0, 0) = 0.75;
+  k1(0, 0) = -1;
+  k1(1, 0) = 0.5;
+  v1(0, 0) = v1(1, 0) = 1.5;
+  d_out1(0, 0) = 1 + 0x1p-52;
+  g = attention_backward({q1, k1, v1, d_out1, {}, plain}, fp64);
+  EXPECT_EQ(g.d_rows[0], 1.5 + 0x1p-51);
+  EXPECT_EQ(g.d_queries(0, 0), 0.0);  // dP - D = 0 for every key
 }
 
 // Grouped heads that score differently (each its own ALiBi slope and bias, one with a sink): each

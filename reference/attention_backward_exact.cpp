@@ -1,0 +1,308 @@
+#include "reference/attention_backward_exact.hpp"
+
+#include <gmp.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace sharpcheck::reference {
+namespace {
+
+// x . y exactly, over `count` entries of two row-major rows.
+Rational exact_dot(const double* x, const double* y, std::size_t count) {
+  Rational sum;
+  Rational product;
+  Rational factor;
+  for (std::size_t t = 0; t < count; ++t) {
+    if (x[t] == 0.0 || y[t] == 0.0) continue;
+    mpq_set_d(product.get(), x[t]);
+    mpq_set_d(factor.get(), y[t]);
+    mpq_mul(product.get(), product.get(), factor.get());
+    mpq_add(sum.get(), sum.get(), product.get());
+  }
+  return sum;
+}
+
+bool is_zero(const Rational& x) { return mpq_sgn(x.get()) == 0; }
+bool equal(const Rational& x, const Rational& y) { return mpq_equal(x.get(), y.get()) != 0; }
+
+// sum += term * factor (factor an exact double).
+void add_times(Rational& sum, const Rational& term, double factor) {
+  Rational product(factor);
+  mpq_mul(product.get(), product.get(), term.get());
+  mpq_add(sum.get(), sum.get(), product.get());
+}
+
+// The exact bias b_ij = additive - slope * distance.
+Rational exact_bias(const tensor::HeadScores& head, std::size_t position, std::size_t key) {
+  const tensor::HeadScores::BiasTerms terms = head.bias_terms(position, key);
+  Rational bias(terms.additive);
+  Rational alibi(terms.slope);
+  Rational distance;
+  mpq_set_si(distance.get(), terms.distance, 1);
+  mpq_mul(alibi.get(), alibi.get(), distance.get());
+  mpq_sub(bias.get(), bias.get(), alibi.get());
+  return bias;
+}
+
+}  // namespace
+
+BackwardExactCases::BackwardExactCases(const tensor::AttentionBackwardProblem& in,
+                                       const std::vector<tensor::HeadScores>& heads)
+    : in_(in), heads_(heads), rows_(in.queries.rows) {
+  if (in.scores.scale) {
+    scale_ = Rational(*in.scores.scale);
+  } else {
+    const auto d = static_cast<unsigned long>(in.queries.cols);
+    const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
+    if (root * root == d) {
+      scale_.emplace();
+      mpq_set_ui(scale_->get(), 1, root);
+    }
+  }
+}
+
+bool BackwardExactCases::visible(std::size_t i, std::size_t j) const {
+  const std::size_t positions = in_.positions();
+  return heads_[i / positions].sees(i % positions, j);
+}
+
+// A cheap refusal before exact work: two logits whose double estimates differ by more than both
+// estimates' error bounds (generous: (d + 8) 2^-50 of the magnitudes summed) are distinct.
+bool BackwardExactCases::clearly_two_groups(std::size_t i, const std::vector<std::size_t>& keys) const {
+  const std::size_t positions = in_.positions(), d = in_.queries.cols;
+  const tensor::HeadScores& head = heads_[i / positions];
+  const double s = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const double relative = static_cast<double>(d + 8) * 0x1p-50;
+  double first = 0.0, first_error = 0.0;
+  for (std::size_t a = 0; a < keys.size(); ++a) {
+    double dot = 0.0, magnitude = 0.0;
+    for (std::size_t t = 0; t < d; ++t) {
+      dot += in_.queries(i, t) * in_.keys(keys[a], t);
+      magnitude += std::abs(in_.queries(i, t) * in_.keys(keys[a], t));
+    }
+    const double bias = head.bias_of(i % positions, keys[a]);
+    // With a soft-cap the groups are pairs (a, b): the raw dot decides alone when it differs.
+    const bool pairs = head.softcap != 0.0;
+    const double logit = pairs ? dot : s * dot + bias;
+    const double error =
+        relative * (pairs ? magnitude : std::abs(s) * magnitude + std::abs(bias)) + 0x1p-1000;
+    if (!std::isfinite(logit) || !std::isfinite(error)) return false;
+    if (a == 0) {
+      first = logit;
+      first_error = error;
+    } else if (std::abs(logit - first) > error + first_error) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether every entry of row i (its visible keys and its sink) has the same logit, exactly; the
+// common raw dot a when they do.
+bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>& keys,
+                                   Rational& common_dot) const {
+  const std::size_t positions = in_.positions(), d = in_.queries.cols;
+  const tensor::HeadScores& head = heads_[i / positions];
+  const bool by_value = scale_.has_value() && head.softcap == 0.0;
+  struct Key {
+    Rational dot, bias, value;
+  };
+  std::vector<Key> entries;
+  for (const std::size_t j : keys) {
+    Key key{exact_dot(in_.queries.row(i).data(), in_.keys.row(j).data(), d),
+            exact_bias(head, i % positions, j),
+            {}};
+    entries.push_back(std::move(key));
+  }
+  if (head.sink) entries.push_back(Key{Rational(), Rational(*head.sink), {}});
+  for (Key& key : entries) {
+    if (!by_value) continue;
+    mpq_mul(key.value.get(), key.dot.get(), scale_->get());
+    mpq_add(key.value.get(), key.value.get(), key.bias.get());
+  }
+  for (std::size_t e = 1; e < entries.size(); ++e) {
+    const bool same = by_value
+                          ? equal(entries[e].value, entries[0].value)
+                          : equal(entries[e].dot, entries[0].dot) && equal(entries[e].bias, entries[0].bias);
+    if (!same) return false;
+  }
+  if (!entries.empty()) common_dot = entries[0].dot;
+  return true;
+}
+
+Rational BackwardExactCases::d_prob(std::size_t i, std::size_t j) const {
+  return exact_dot(in_.d_out.row(i).data(), in_.values.row(j).data(), in_.values.cols);
+}
+
+// Whether every dP of row i (the sink's being 0) is the same, and which: bitwise equal value rows
+// decide at once, double estimates that differ beyond their bounds refuse at once, and only the
+// rest is compared exactly.
+std::optional<Rational> BackwardExactCases::common_d_prob(std::size_t i, const std::vector<std::size_t>& keys,
+                                                          bool sink) const {
+  if (keys.empty()) return Rational();
+  const std::size_t dv = in_.values.cols;
+  const auto first = in_.values.row(keys[0]);
+  const bool same_rows = std::all_of(keys.begin(), keys.end(), [&](std::size_t j) {
+    return std::equal(first.begin(), first.end(), in_.values.row(j).begin());
+  });
+  if (!same_rows) {
+    const auto estimate = [&](std::size_t j, double& magnitude) {
+      double dot = 0.0;
+      magnitude = 0.0;
+      for (std::size_t c = 0; c < dv; ++c) {
+        dot += in_.d_out(i, c) * in_.values(j, c);
+        magnitude += std::abs(in_.d_out(i, c) * in_.values(j, c));
+      }
+      return dot;
+    };
+    const double relative = static_cast<double>(dv + 8) * 0x1p-50;
+    double first_magnitude = 0.0, magnitude = 0.0;
+    const double first_dot = estimate(keys[0], first_magnitude);
+    for (const std::size_t j : keys) {
+      const double dot = estimate(j, magnitude);
+      if (std::isfinite(dot) && std::isfinite(first_dot) &&
+          std::abs(dot - first_dot) > relative * (magnitude + first_magnitude) + 0x1p-1000)
+        return std::nullopt;
+    }
+  }
+  Rational common = d_prob(i, keys[0]);
+  for (const std::size_t j : keys) {
+    if (!same_rows && !equal(d_prob(i, j), common)) return std::nullopt;
+  }
+  if (sink && !is_zero(common)) return std::nullopt;
+  return common;
+}
+
+void BackwardExactCases::analyse(std::size_t i, Row& facts) {
+  const std::size_t positions = in_.positions();
+  const tensor::HeadScores& head = heads_[i / positions];
+  std::vector<std::size_t> keys;
+  head.visible_keys(i % positions, keys);
+  const bool padded = i % positions >= head.queries;
+  facts.entries = padded ? 0 : keys.size() + (head.sink ? 1 : 0);
+  Rational common_dot;
+  facts.one_group = facts.entries == 0 || (!clearly_two_groups(i, keys) && one_group(i, keys, common_dot));
+  if (facts.entries == 0) {
+    facts.d.emplace();  // D = 0: nothing seen
+  } else if (facts.one_group) {
+    Rational sum;
+    for (const std::size_t j : keys) {
+      const Rational dp = d_prob(i, j);
+      mpq_add(sum.get(), sum.get(), dp.get());
+    }
+    Rational count;
+    mpq_set_ui(count.get(), facts.entries, 1);
+    mpq_div(sum.get(), sum.get(), count.get());  // the sink's dP is 0
+    facts.d = std::move(sum);
+  } else {
+    facts.d = common_d_prob(i, keys, head.sink.has_value());  // D is that value whatever P is
+  }
+  const bool slope_rational = scale_.has_value() && (head.softcap == 0.0 || is_zero(common_dot));
+  if (facts.one_group && facts.entries > 0 && slope_rational) {
+    Rational slope = *scale_;
+    Rational theta(head.theta);
+    mpq_div(slope.get(), slope.get(), theta.get());
+    facts.slope = std::move(slope);
+  }
+}
+
+const BackwardExactCases::Row& BackwardExactCases::row(std::size_t i) {
+  Row& facts = rows_[i];
+  if (!facts.analysed) {
+    analyse(i, facts);
+    facts.analysed = true;
+  }
+  return facts;
+}
+
+std::optional<Rational> BackwardExactCases::d_row(std::size_t i) { return row(i).d; }
+
+std::optional<Rational> BackwardExactCases::d_logit(std::size_t i, std::size_t j) {
+  const Row& facts = row(i);
+  if (!facts.d) return std::nullopt;
+  Rational bracket = d_prob(i, j);
+  mpq_sub(bracket.get(), bracket.get(), facts.d->get());
+  if (!in_.d_lse.empty()) add_times(bracket, Rational(1.0), in_.d_lse[i]);
+  if (is_zero(bracket)) return bracket;
+  if (!facts.one_group) return std::nullopt;
+  Rational count;
+  mpq_set_ui(count.get(), facts.entries, 1);
+  mpq_div(bracket.get(), bracket.get(), count.get());
+  return bracket;
+}
+
+std::optional<Rational> BackwardExactCases::d_raw(std::size_t i, std::size_t j) {
+  std::optional<Rational> dz = d_logit(i, j);
+  if (!dz || is_zero(*dz)) return dz;
+  const Row& facts = row(i);
+  if (!facts.slope) return std::nullopt;
+  mpq_mul(dz->get(), dz->get(), facts.slope->get());
+  return dz;
+}
+
+std::optional<Rational> BackwardExactCases::d_query(std::size_t i, std::size_t c) {
+  Rational sum;
+  if (i % in_.positions() >= heads_[i / in_.positions()].queries) return sum;
+  std::vector<std::size_t> keys;
+  heads_[i / in_.positions()].visible_keys(i % in_.positions(), keys);
+  for (const std::size_t j : keys) {
+    if (in_.keys(j, c) == 0.0) continue;
+    const std::optional<Rational> dr = d_raw(i, j);
+    if (!dr) return std::nullopt;
+    add_times(sum, *dr, in_.keys(j, c));
+  }
+  return sum;
+}
+
+std::optional<Rational> BackwardExactCases::d_key(std::size_t j, std::size_t c) {
+  Rational sum;
+  for (std::size_t i = 0; i < in_.queries.rows; ++i) {
+    if (in_.queries(i, c) == 0.0 || !visible(i, j)) continue;
+    const std::optional<Rational> dr = d_raw(i, j);
+    if (!dr) return std::nullopt;
+    add_times(sum, *dr, in_.queries(i, c));
+  }
+  return sum;
+}
+
+std::optional<Rational> BackwardExactCases::d_value(std::size_t j, std::size_t c) {
+  Rational sum;
+  for (std::size_t i = 0; i < in_.queries.rows; ++i) {
+    if (in_.d_out(i, c) == 0.0 || !visible(i, j)) continue;
+    const Row& facts = row(i);
+    if (!facts.one_group) return std::nullopt;
+    Rational term(in_.d_out(i, c));
+    Rational count;
+    mpq_set_ui(count.get(), facts.entries, 1);
+    mpq_div(term.get(), term.get(), count.get());
+    mpq_add(sum.get(), sum.get(), term.get());
+  }
+  return sum;
+}
+
+std::optional<Rational> BackwardExactCases::d_sink(std::size_t h) {
+  const tensor::HeadScores& head = heads_[h];
+  Rational sum;
+  if (!head.sink) return sum;
+  const std::size_t positions = in_.positions();
+  for (std::size_t p = 0; p < head.queries && p < positions; ++p) {
+    const std::size_t i = h * positions + p;
+    const Row& facts = row(i);
+    if (!facts.d) return std::nullopt;
+    Rational term;
+    if (!in_.d_lse.empty()) term = Rational(in_.d_lse[i]);
+    mpq_sub(term.get(), term.get(), facts.d->get());  // g - D
+    if (is_zero(term)) continue;
+    if (!facts.one_group) return std::nullopt;
+    Rational scale;
+    mpq_set_ui(scale.get(), facts.entries, 1);
+    mpq_div(term.get(), term.get(), scale.get());
+    Rational theta(head.theta);
+    mpq_div(term.get(), term.get(), theta.get());
+    mpq_add(sum.get(), sum.get(), term.get());
+  }
+  return sum;
+}
+
+}  // namespace sharpcheck::reference
