@@ -164,6 +164,7 @@ py::tuple reference_attention(const py::object& q, const py::object& k, const py
   const gate::JudgeOptions judge = options.judge_options();
   reference::AttentionTensorOptions reference_options;
   reference_options.return_lse = options.flag("return_lse", false);
+  reference_options.return_weights = options.flag("return_weights", false);
   reference_options.lse_base2 = judge.lse_base2;
   reference_options.threads = judge.threads;
   reference_options.lse_format = &fp32;  // as kernels store it (and as the judge reads it)
@@ -181,7 +182,15 @@ py::tuple reference_attention(const py::object& q, const py::object& k, const py
   out_shape.back() = problem.shape.value_dim;
   py::object lse = py::none();
   if (reference_options.return_lse) lse = to_numpy(result.lse, lse_shape(problem, queries.shape()));
-  return py::make_tuple(to_numpy(result.output, out_shape), lse);
+  py::object weights = py::none();
+  if (reference_options.return_weights) {
+    const tensor::AttentionShape& shape = problem.shape;
+    std::vector<std::size_t> weight_shape{shape.batch, shape.heads, result.weight_queries,
+                                          result.weight_keys};
+    if (queries.shape().size() == 2) weight_shape = {result.weight_queries, result.weight_keys};  // one head
+    weights = to_numpy(result.weights, weight_shape);
+  }
+  return py::make_tuple(to_numpy(result.output, out_shape), lse, weights);
 }
 
 // The case record (gate/report.hpp's JSON) of softmax or log-softmax outputs against the logits.

@@ -402,6 +402,21 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
   AttentionTensorResult result;
   result.output.assign(problem.output_elements(), 0.0);
   if (options.return_lse) result.lse.assign(problem.lse_elements(), 0.0);
+  if (options.return_weights) {
+    result.weight_queries = problem.layout == tensor::Layout::packed ? 0 : shape.queries;
+    result.weight_keys = problem.layout == tensor::Layout::packed ? 0 : shape.keys;
+    for (std::size_t b = 0; b < shape.batch; ++b) {
+      result.weight_queries = std::max(result.weight_queries, problem.query_length(b));
+      result.weight_keys = std::max(result.weight_keys, problem.key_length(b));
+    }
+    result.weights.assign(shape.batch * shape.heads * result.weight_queries * result.weight_keys, 0.0);
+  }
+  const auto weights_of = [&](std::size_t b, std::size_t h, std::size_t s,
+                              std::size_t keys) -> std::span<double> {
+    if (!options.return_weights) return {};
+    return {result.weights.data() + ((b * shape.heads + h) * result.weight_queries + s) * result.weight_keys,
+            keys};
+  };
   std::mutex statistics_mutex;
   constexpr std::size_t rows_per_item = 8;
   for (std::size_t b = 0; b < shape.batch; ++b) {
@@ -430,7 +445,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
         for (std::size_t s = (item % chunks) * rows_per_item;
              s < std::min(query_rows, (item % chunks + 1) * rows_per_item); ++s) {
           RowRequest request{{result.output.data() + problem.output_offset(b, h, s, 0), shape.value_dim},
-                             {},
+                             weights_of(b, h, s, key_rows),
                              nullptr,
                              options.lse_base2,
                              options.mpfr_only,

@@ -55,6 +55,7 @@ struct AttentionResult {
 
 struct AttentionTensorOptions {
   bool return_lse = false;
+  bool return_weights = false;  // P, correctly rounded to the target (for outside audits)
   bool lse_base2 = false;
   const FloatFormat* lse_format = nullptr;  // null: the target's
   unsigned threads = 0;                     // 0: every core; rows are computed in parallel
@@ -65,6 +66,11 @@ struct AttentionTensorOptions {
 struct AttentionTensorResult {
   std::vector<double> output;  // laid out as problem.output_offset says
   std::vector<double> lse;     // laid out as problem.lse_offset says, when asked for
+  // When asked for: [batch, heads, weight_queries, weight_keys], the stored sequence lengths
+  // (packed: the longest of the batch); a key a query does not see, and padding, hold 0 (a
+  // sink's share is not listed: such a row sums to less than 1).
+  std::vector<double> weights;
+  std::size_t weight_queries = 0, weight_keys = 0;
 };
 
 // q, k, v hold problem.query_elements(), key_elements() and value_elements() doubles in the

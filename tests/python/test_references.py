@@ -112,6 +112,32 @@ def test_attention_reference_equals_mpmath_on_one_head():
                 assert float(ours[i, c]) == rounded(value, 24, -126), (i, c)
 
 
+def test_attention_weights_are_returned_correctly_rounded_against_mpmath():
+    """P, for an outside audit: GQA (2 query heads per KV head), causal bottom-right, a sink and a
+    padded key length; unseen keys and padding are 0, and each seen weight is exp(z - L) rounded once."""
+    rng = np.random.default_rng(12)
+    q = rng.normal(0, 1, (1, 4, 3, 4)).astype(np.float32)
+    k, v = (rng.normal(0, 1, (1, 2, 5, 4)).astype(np.float32) for _ in range(2))
+    sinks = [0.5, -1.0, 0.25, 2.0]
+    out, lse, p = sharpcheck.attention(q, k, v, causal=True, align="bottom-right", sinks=sinks, key_lengths=[4],
+                                       return_lse=True, return_weights=True, format="fp32")
+    assert p.shape == (1, 4, 3, 5) and out.shape == (1, 4, 3, 4) and lse.shape == (1, 4, 3)
+    assert np.array_equal(out, sharpcheck.attention(q, k, v, causal=True, align="bottom-right", sinks=sinks,
+                                                    key_lengths=[4], format="fp32"))
+    with mpmath.workdps(120):
+        for h in range(4):
+            for i in range(3):
+                seen = range(0, i + 2)  # 4 keys, 3 queries, bottom-right: query i sees keys 0..i+1
+                z = [mpmath.fsum(mpmath.mpf(float(q[0, h, i, t])) * mpmath.mpf(float(k[0, h // 2, j, t]))
+                                 for t in range(4)) / 2 for j in seen]
+                total = mpmath.fsum(mpmath.exp(x) for x in z) + mpmath.exp(sinks[h])
+                for j in range(5):
+                    expected = rounded(mpmath.exp(z[j]) / total, 24, -126) if j in seen else 0.0
+                    assert float(p[0, h, i, j]) == expected, (h, i, j)
+    one_head, weights = sharpcheck.attention(q[0, 0], k[0, 0], v[0, 0], return_weights=True, format="fp32")
+    assert weights.shape == (3, 5) and np.allclose(weights.sum(axis=1), 1, atol=1e-6)
+
+
 BIG = float.fromhex("0x1.e42d130773b76p+1023")
 EXTREME_ROWS = [
     ([BIG, -BIG], float.fromhex("0x1.1ccf385ebc8a0p+1023")),  # the differences overflow double
@@ -137,3 +163,31 @@ def test_e4m3_decides_finite_values_not_the_shared_nan_of_overflow():
     out = sharpcheck.attention(np.array([[1.0]]), np.array([[0.0], [2e-20]]), np.array([[1e20], [-1e20]]),
                                scale=1.0, format="fp8_e4m3")
     assert float(out[0, 0]) == -1.0
+
+
+def test_fp8_and_int8_inputs_reach_every_reference_through_input_format():
+    """Bit patterns read as their format (fp8 e4m3 codes as uint8) and taken to an fp32 result: the
+    same values as the decoded float inputs; int8 codes read on their grid."""
+    codes = np.array([[0x38, 0x40, 0x30, 0xB8]], dtype=np.uint8)  # 1, 2, 0.5, -1 in e4m3
+    values = np.array([[1.0, 2.0, 0.5, -1.0]])
+    for function in (sharpcheck.softmax, sharpcheck.log_softmax, sharpcheck.logsumexp, sharpcheck.entropy):
+        assert np.array_equal(function(codes, input_format="fp8_e4m3", format="fp32"),
+                              function(values, format="fp32")), function.__name__
+    dy = np.array([[0x38, 0x30, 0x38, 0x40]], dtype=np.uint8)
+    dy_values = np.array([[1.0, 0.5, 1.0, 2.0]])
+    for function in (sharpcheck.softmax_backward, sharpcheck.log_softmax_backward):
+        assert np.array_equal(function(dy, codes, input_format="fp8_e4m3", format="fp32"),
+                              function(dy_values, values, format="fp32")), function.__name__
+    q = codes.reshape(2, 2)
+    assert np.array_equal(sharpcheck.attention(q, q, q, input_format="fp8_e4m3", format="fp32"),
+                          sharpcheck.attention(values.reshape(2, 2), values.reshape(2, 2), values.reshape(2, 2),
+                                               format="fp32"))
+    grads = sharpcheck.attention_backward(q, q, q, q, input_format="fp8_e4m3", format="fp32")
+    expected = sharpcheck.attention_backward(*(values.reshape(2, 2),) * 4, format="fp32")
+    for got, want in zip(grads[:3], expected[:3]):
+        assert np.array_equal(got, want)
+    integers = np.array([[1, -2, 3]], dtype=np.int8)  # TFLite's int8 grid: (code + 128) / 256
+    assert np.array_equal(sharpcheck.softmax(integers, input_format="int8", format="fp32"),
+                          sharpcheck.softmax(np.array([[129.0, 126.0, 131.0]]) / 256, format="fp32"))
+    with pytest.raises(ValueError):
+        sharpcheck.softmax(codes, input_format="fp9", format="fp32")
