@@ -1,7 +1,11 @@
 #include "python/host_array.hpp"
 
 #include <dlpack/dlpack.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <csetjmp>
+#include <csignal>
 #include <cstring>
 
 #include "python/errors.hpp"
@@ -72,6 +76,45 @@ std::uint16_t bits16(const unsigned char* at) {
   std::uint16_t bits = 0;
   std::memcpy(&bits, at, sizeof bits);
   return bits;
+}
+
+// Probing memory for a bus error (a memory-mapped file truncated after it was mapped: every read
+// of its lost pages raises SIGBUS, which would kill the interpreter). While a probe runs, SIGBUS
+// jumps back to it; a bus error elsewhere in that window puts the previous handler back and lets
+// the faulting instruction run again, so it reaches whoever handled it before.
+thread_local sigjmp_buf* probe_jump = nullptr;
+struct sigaction previous_bus_handler {};
+
+void on_bus_error(int /*signal*/, siginfo_t* /*info*/, void* /*context*/) {
+  if (probe_jump != nullptr) siglongjmp(*probe_jump, 1);
+  sigaction(SIGBUS, &previous_bus_handler, nullptr);
+}
+
+// The first byte in [first, last] whose page cannot be read, or -1. Plain data only between
+// sigsetjmp and siglongjmp (no destructor is skipped).
+std::int64_t first_unreadable_byte(const unsigned char* first, const unsigned char* last) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  struct sigaction ours {};
+  ours.sa_sigaction = on_bus_error;
+  ours.sa_flags = SA_SIGINFO;
+  sigemptyset(&ours.sa_mask);
+  sigaction(SIGBUS, &ours, &previous_bus_handler);
+  sigjmp_buf jump;
+  volatile std::int64_t failed = -1;
+  const unsigned char* volatile at = first;
+  if (sigsetjmp(jump, 1) == 0) {
+    probe_jump = &jump;
+    for (std::uintptr_t address = reinterpret_cast<std::uintptr_t>(first);
+         address <= reinterpret_cast<std::uintptr_t>(last); address = (address / page + 1) * page) {
+      at = reinterpret_cast<const unsigned char*>(address);
+      [[maybe_unused]] const volatile unsigned char byte = *at;
+    }
+  } else {
+    failed = at - first;
+  }
+  probe_jump = nullptr;
+  sigaction(SIGBUS, &previous_bus_handler, nullptr);
+  return failed;
 }
 
 }  // namespace
@@ -154,6 +197,22 @@ void HostArray::set_layout(const std::vector<std::int64_t>& strides_in_items) {
     if (shape_[axis] != 1 && strides_[axis] != expected) contiguous_ = false;
     expected *= static_cast<std::int64_t>(shape_[axis]);
   }
+  check_readable();
+}
+
+void HostArray::check_readable() const {
+  if (count_ == 0 || data_ == nullptr) return;
+  std::int64_t low = 0, high = 0;  // the items' offsets reached, from data_
+  for (std::size_t axis = 0; axis < shape_.size(); ++axis) {
+    const std::int64_t reach = static_cast<std::int64_t>(shape_[axis] - 1) * strides_[axis];
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto size = static_cast<std::int64_t>(item_size(type_));
+  const unsigned char* first = data_ + low * size;
+  const std::int64_t unreadable = first_unreadable_byte(first, data_ + high * size + size - 1);
+  if (unreadable >= 0)
+    refuse_value(name_, "its memory cannot be read (a bus error at byte " + std::to_string(unreadable) +
+                            " of its data: a memory-mapped file truncated after it was mapped?)");
 }
 
 std::int64_t HostArray::offset_of(std::size_t index) const {

@@ -56,6 +56,10 @@ class HostArray final : public gate::Array {
   void take_buffer(const pybind11::object& object);
   void take_dlpack(const pybind11::object& object);
   void set_layout(const std::vector<std::int64_t>& strides_in_items);
+  // ValueError naming the array when a page of its memory raises a bus error when read (a
+  // truncated memory-mapped file), instead of the signal killing the interpreter. Checked once,
+  // when the array is taken; a file truncated later, while the judge reads it, is not caught.
+  void check_readable() const;
   // Where the element at C-order flat index `index` lies, in items from data_.
   [[nodiscard]] std::int64_t offset_of(std::size_t index) const;
   [[nodiscard]] double element(std::size_t index) const;

@@ -1,6 +1,8 @@
 """Python options misused as users misuse them: each is a TypeError or ValueError naming the option
 (before, pybind11's "Unable to cast Python instance" named none, and some passed silently)."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -69,3 +71,26 @@ def test_a_non_finite_dy_is_named_in_dy_at_its_full_index():
     dy = np.array([[0.1, 0.2], [0.3, np.inf]])
     with pytest.raises(ValueError, match=r"dy\[1, 1\] is not finite \(inf\)"):
         sharpcheck.softmax_backward(dy, np.array([[0.0, 1.0], [1.0, 2.0]]))
+
+
+def test_a_truncated_memory_map_is_refused_by_name_not_a_bus_error(tmp_path):
+    """A np.memmap whose file was truncated after mapping: reading its lost pages raises SIGBUS,
+    which killed the interpreter (exit 135). Run in a child so that a regression fails this test
+    instead of killing pytest."""
+    import subprocess
+    import sys
+    script = f"""
+import numpy as np, os, sharpcheck
+path = {str(tmp_path / 'x.bin')!r}
+np.zeros((4096, 64), dtype=np.float32).tofile(path)
+mapped = np.memmap(path, dtype=np.float32, mode="r", shape=(4096, 64))
+os.truncate(path, 4096)
+try:
+    sharpcheck.softmax(mapped)
+except ValueError as error:
+    print(error)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "logits: its memory cannot be read" in done.stdout and "byte 4096" in done.stdout, done.stdout
