@@ -1,5 +1,6 @@
 #include "core/child_process.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,7 +14,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <mutex>
 #include <new>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <vector>
 
 #include "core/interrupt.hpp"
 
@@ -62,15 +69,85 @@ bool drain(int fd, std::string& text, std::size_t limit) {
   return true;
 }
 
+// The children run_in_child is waiting on (other threads' calls): the sweep below leaves them
+// alone. The mutex is also held across fork, so a child is listed before any sweep can see it.
+std::mutex children_mutex;
+std::set<pid_t> live_children;
+
+struct ProcessStat {
+  pid_t parent = 0;
+  unsigned long long start = 0;  // clock ticks since boot
+};
+
+// Fields 4 (parent) and 22 (start time) of /proc/<pid>/stat; the name (field 2) may hold spaces
+// and parentheses, so the fields are counted from its last ')'.
+std::optional<ProcessStat> read_stat(pid_t pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(file, text)) return std::nullopt;
+  const std::size_t name_end = text.rfind(')');
+  if (name_end == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(name_end + 1));
+  std::string field;
+  ProcessStat stat;
+  for (int number = 3; number <= 22 && fields >> field; ++number) {
+    if (number == 4) stat.parent = static_cast<pid_t>(std::stol(field));
+    if (number == 22) stat.start = std::stoull(field);
+  }
+  return stat;
+}
+
+// Children of this process started at or after `since` that no run_in_child call is waiting on:
+// what a plugin left behind outside its process group (setsid, then a double fork), re-parented
+// here because this process is their subreaper.
+std::vector<pid_t> stray_children(unsigned long long since) {
+  std::vector<pid_t> found;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return found;
+  const pid_t self = getpid();
+  while (const dirent* entry = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    const std::optional<ProcessStat> stat = read_stat(static_cast<pid_t>(pid));
+    if (stat && stat->parent == self && stat->start >= since &&
+        !live_children.contains(static_cast<pid_t>(pid)))
+      found.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(proc);
+  return found;
+}
+
+// Kills and reaps the strays, round after round: killing one re-parents its own children here.
+void sweep_strays(unsigned long long since) {
+  for (int round = 0; round < 1000; ++round) {
+    const std::vector<pid_t> strays = stray_children(since);
+    if (strays.empty()) return;
+    for (const pid_t pid : strays) kill(pid, SIGKILL);
+    for (const pid_t pid : strays) {
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+}
+
+// The sweep above under the registry's lock.
+void sweep_strays_now(unsigned long long since) {
+  const std::lock_guard lock(children_mutex);
+  sweep_strays(since);
+}
+
 }  // namespace
 
 namespace {
 
 // Reads the child's result and console until both pipes close, the time runs out or a signal
-// arrives; sets outcome.ending for the last two. Once the child has exited its group is killed,
-// so a grandchild holding a pipe open cannot make a finished call look hung.
-void collect_until_done(pid_t child, const int pipes[2], const ChildLimits& limits,
-                        const std::function<double()>& elapsed, ChildOutcome& outcome) {
+// arrives; sets outcome.ending for the last two. Once the child has exited its group and its
+// strays (started since child_start) are killed, so a grandchild holding a pipe open, in the
+// group or out of it, cannot make a finished call look hung.
+void collect_until_done(pid_t child, unsigned long long child_start, const int pipes[2],
+                        const ChildLimits& limits, const std::function<double()>& elapsed,
+                        ChildOutcome& outcome) {
   bool open[2] = {true, true};
   bool exited = false;
   std::string* sinks[2] = {&outcome.output, &outcome.console};
@@ -87,7 +164,10 @@ void collect_until_done(pid_t child, const int pipes[2], const ChildLimits& limi
     siginfo_t info{};
     exited = exited || (waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
                         info.si_pid == child);
-    if (exited) kill(-child, SIGKILL);
+    if (exited) {
+      kill(-child, SIGKILL);
+      sweep_strays_now(child_start);
+    }
     pollfd descriptors[2] = {{open[0] ? pipes[0] : -1, POLLIN, 0}, {open[1] ? pipes[1] : -1, POLLIN, 0}};
     if (poll(descriptors, 2, poll_slice_ms) <= 0) continue;
     for (int k = 0; k < 2; ++k) {
@@ -143,11 +223,20 @@ ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& wo
   // init, so the whole group can be reaped and no zombie outlives the call.
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   std::fflush(nullptr);  // no buffered output may be written twice
-  const pid_t child = fork();
-  if (child == 0) {
-    close(result_pipe[0]);
-    close(console_pipe[0]);
-    become_child(result_pipe[1], console_pipe[1], limits, work);
+  pid_t child = -1;
+  unsigned long long child_start = 0;
+  {
+    const std::lock_guard lock(children_mutex);
+    child = fork();
+    if (child == 0) {
+      close(result_pipe[0]);
+      close(console_pipe[0]);
+      become_child(result_pipe[1], console_pipe[1], limits, work);
+    }
+    if (child > 0) {
+      live_children.insert(child);
+      if (const std::optional<ProcessStat> stat = read_stat(child)) child_start = stat->start;
+    }
   }
   close(result_pipe[1]);
   close(console_pipe[1]);
@@ -155,12 +244,19 @@ ChildOutcome run_in_child(const std::function<std::pair<std::string, int>()>& wo
   if (child > 0) {
     setpgid(child, child);  // also here: the group exists before the parent may need to kill it
     outcome.ending = ChildOutcome::Ending::exited;  // until collect_until_done or reap says otherwise
-    collect_until_done(child, reading, limits, elapsed, outcome);
+    collect_until_done(child, child_start, reading, limits, elapsed, outcome);
   }
   close(reading[0]);
   close(reading[1]);
   if (child < 0) return outcome;
   reap(child, limits, outcome);
+  {
+    const std::lock_guard lock(children_mutex);
+    live_children.erase(child);
+    // Everything the child started descends from it, so started no earlier; a start time that
+    // could not be read sweeps from boot, which still spares the live calls' children.
+    sweep_strays(child_start);
+  }
   outcome.seconds = elapsed();
   return outcome;
 }

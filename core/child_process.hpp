@@ -2,6 +2,10 @@
 // so that a crash, a hang, a fork bomb or a runaway allocation in the work cannot take the caller
 // down with it. The child leads a process group of its own; the whole group is killed when the
 // work ends, times out or the caller is interrupted, so nothing it started outlives the call.
+// What left the group (setsid, then a double fork, as a daemon does) is re-parented to this
+// process, its subreaper, and killed too: every child of this process that started after the
+// call's child and is no other call's child. A library user whose own threads start children
+// while a call is finishing would see them killed; the CLI starts none.
 #pragma once
 
 #include <cstddef>

@@ -117,7 +117,8 @@ case $attack in
     run gate --plugin "$(plugin forks)" --sizes 16 --json forks.json
     expect_code 0; expect_text "plugin:forks:fp32 .* pass"
     expect_report forks.json 14
-    expect_no_process sc_grandchild ;;
+    expect_no_process sc_grandchild
+    expect_no_process sc_detached ;;
   plugin_memory_limit)
     run gate --plugin "$(plugin hoarder)" --sizes 16 --case plugin:hoarder:fp32/uniform/n=16 --plugin-memory 512M \
       --json hoarder.json --reproducers "$work/reproducers"

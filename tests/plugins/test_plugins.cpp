@@ -81,7 +81,9 @@ const sharpcheck_plugin_description info{
 __attribute__((constructor)) void abort_when_loaded() { std::abort(); }
 #endif
 
-// Mode 7: children that sleep holding the parent's pipes (as a careless plugin's workers would).
+// Mode 7: children that sleep holding the parent's pipes (as a careless plugin's workers would),
+// and one that leaves the process group as a daemon does (setsid, then a second fork whose parent
+// exits at once), which killing the group cannot reach.
 void fork_sleepers() {
   for (int i = 0; i < 4; ++i) {
     if (fork() == 0) {
@@ -89,6 +91,15 @@ void fork_sleepers() {
       sleep(60);
       _exit(0);
     }
+  }
+  if (fork() == 0) {
+    setsid();
+    if (fork() == 0) {
+      prctl(PR_SET_NAME, "sc_detached", 0, 0, 0);
+      sleep(60);
+      _exit(0);
+    }
+    _exit(0);
   }
 }
 
