@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <exception>
 
 namespace sharpcheck {
 namespace {
@@ -14,6 +15,11 @@ static_assert(std::atomic<int>::is_always_lock_free, "the handler stores into it
 extern "C" void on_interrupt(int signal_number) {
   if (received.exchange(signal_number) != 0) _exit(128 + signal_number);
 }
+
+// Within an InterruptScope: recorded only (the host decides what a second one means).
+extern "C" void on_scoped_interrupt(int signal_number) { received.store(signal_number); }
+
+struct sigaction saved_action {};
 
 }  // namespace
 
@@ -27,5 +33,20 @@ void catch_interrupts() {
 }
 
 int interrupt_signal() { return received.load(); }
+
+InterruptScope::InterruptScope() : previous_(&saved_action) {
+  received.store(0);
+  struct sigaction action {};
+  action.sa_handler = on_scoped_interrupt;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = 0;
+  sigaction(SIGINT, &action, previous_);
+}
+
+InterruptScope::~InterruptScope() {
+  sigaction(SIGINT, previous_, nullptr);
+  const int arrived = received.exchange(0);
+  if (arrived != 0 && std::uncaught_exceptions() == 0) raise(arrived);
+}
 
 }  // namespace sharpcheck

@@ -3,11 +3,30 @@
 // 128 + the signal (130, 143), instead of dying with nothing written.
 #pragma once
 
+#include <signal.h>
+
 namespace sharpcheck {
 
 // Installs the handlers (idempotent). A second signal of the same kind ends the process at once.
 void catch_interrupts();
 // 0 while no signal arrived; otherwise the signal's number.
 [[nodiscard]] int interrupt_signal();
+
+// SIGINT caught for the life of the object, for a host whose own handler cannot run meanwhile
+// (the Python module, whose handler runs only between bytecodes, around a call made without the
+// GIL): the work polls interrupt_signal() and stops within one item (Interrupted). Afterwards the
+// previous handler is put back and the record cleared; a SIGINT that arrived when no work was left
+// to stop it (the object destroyed other than by an exception) is raised again to that handler,
+// so it is never lost. Not nested, and for one thread at a time (the Python module's main thread).
+class InterruptScope {
+ public:
+  InterruptScope();
+  ~InterruptScope();
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+
+ private:
+  struct sigaction* previous_;
+};
 
 }  // namespace sharpcheck

@@ -24,6 +24,7 @@
 #include "ops/registry.hpp"
 #include "python/host_array.hpp"
 #include "python/options.hpp"
+#include "python/released.hpp"
 #include "reference/attention.hpp"
 #include "reference/attention_backward.hpp"
 #include "reference/softmax.hpp"
@@ -96,7 +97,7 @@ py::array_t<double> reference_rows(const std::string& operation, const py::objec
   const bool reduces = operation == "logsumexp" || operation == "entropy";
   std::vector<double> out(reduces ? lanes.count : logits.size());
   {
-    const py::gil_scoped_release release;
+    const Released released;
     parallel_for(lanes.count, threads, [&](std::size_t lane) {
       reference_lane(operation, logits, lanes, lane, target, row_options, out);
     });
@@ -123,7 +124,7 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
   options.require_all_used();
   std::vector<double> out(logits.size());
   {
-    const py::gil_scoped_release release;
+    const Released released;
     parallel_for(lanes.count, threads, [&](std::size_t lane) {
       const Matrix row = logits.read_lanes(lanes, lane, 1), grad = gradient.read_lanes(lanes, lane, 1);
       // A non-finite dy is named in dy, at its full index (the lane's message named the logits).
@@ -173,7 +174,7 @@ py::tuple reference_attention(const py::object& q, const py::object& k, const py
       gate::attention_problem_of(judge, extras.arrays(&queries, &keys, &values, nullptr, nullptr));
   reference::AttentionTensorResult result;
   {
-    const py::gil_scoped_release release;
+    const Released released;
     problem.validate();
     result = reference::attention(problem, queries.values(), keys.values(), values.values(), target,
                                   reference_options);
@@ -202,7 +203,7 @@ std::string judge_softmax(const py::object& actual, const py::object& logits, co
   options.require_all_used();
   gate::CaseOutcome outcome;
   {
-    const py::gil_scoped_release release;
+    const Released released;
     outcome = gate::judge_softmax_arrays(judge, inputs, outputs);
   }
   return gate::to_json(outcome).dump();
@@ -237,7 +238,7 @@ std::string judge_op(const std::string& name, const py::dict& tensors, const py:
   }
   gate::CaseOutcome outcome;
   {
-    const py::gil_scoped_release release;
+    const Released released;
     outcome = operation.judge(call);
   }
   return gate::to_json(outcome).dump();
@@ -300,7 +301,7 @@ std::string judge_attention(const py::object& out, const py::object& q, const py
   options.require_all_used();
   gate::CaseOutcome outcome;
   {
-    const py::gil_scoped_release release;
+    const Released released;
     outcome = gate::judge_attention_arrays(
         judge, extras.arrays(&queries, &keys, &values, &outputs, lse_array ? &*lse_array : nullptr));
   }
@@ -334,7 +335,7 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
                               extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
   gate::BackwardGradients g;
   {
-    const py::gil_scoped_release release;
+    const Released released;
     g = gate::attention_backward_of_arrays(judge, arrays);
   }
   py::object sinks = py::none();
@@ -381,7 +382,7 @@ std::string judge_attention_backward(const py::tuple& gradients, const py::tuple
   if (!d_sinks.is_none()) arrays.d_sinks = d_sinks.cast<std::vector<double>>();
   gate::CaseOutcome outcome;
   {
-    const py::gil_scoped_release release;
+    const Released released;
     outcome = gate::judge_attention_backward_arrays(judge, arrays);
   }
   return gate::to_json(outcome).dump();
@@ -425,6 +426,8 @@ void translate_errors(py::module_& module) {
               e.problem() == InputProblem::unsupported_format ? PyExc_TypeError : PyExc_ValueError, e.what());
         } catch (const IoError& e) {
           PyErr_SetString(PyExc_OSError, e.what());
+        } catch (const Interrupted& e) {  // Ctrl-C during a call (python/released.hpp)
+          PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
         }
       });
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/errors.hpp"
+#include "core/interrupt.hpp"
 #include "core/parallel.hpp"
 #include "reference/attention_backward_exact.hpp"
 #include "reference/ball_stage.hpp"
@@ -248,7 +249,10 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const std::vector<t
   parallel_for(workers, 0, [&](std::size_t w) {
     partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m, in.group);
     BackwardPass pass(in, heads, precision);
-    for (std::size_t i = w; i < m; i += workers) pass.add_query(i, *partials[w]);
+    for (std::size_t i = w; i < m; i += workers) {
+      if (const int signal = interrupt_signal(); signal != 0) throw Interrupted(signal);  // within a row
+      pass.add_query(i, *partials[w]);
+    }
   });
   GradientBalls& sum = *partials[0];
   for (std::size_t w = 1; w < workers; ++w) {

@@ -82,11 +82,10 @@ bool BackwardExactCases::clearly_two_groups(std::size_t i, const std::vector<std
       magnitude += std::abs(in_.queries(i, t) * in_.keys(keys[a], t));
     }
     const double bias = head.bias_of(i % positions, keys[a]);
-    // With a soft-cap the groups are pairs (a, b): the raw dot decides alone when it differs.
+    // With a soft-cap the groups are pairs (s a, b): the scaled dot decides alone when it differs.
     const bool pairs = head.softcap != 0.0;
-    const double logit = pairs ? dot : s * dot + bias;
-    const double error =
-        relative * (pairs ? magnitude : std::abs(s) * magnitude + std::abs(bias)) + 0x1p-1000;
+    const double logit = pairs ? s * dot : s * dot + bias;
+    const double error = relative * (std::abs(s) * magnitude + (pairs ? 0.0 : std::abs(bias))) + 0x1p-1000;
     if (!std::isfinite(logit) || !std::isfinite(error)) return false;
     if (a == 0) {
       first = logit;
@@ -99,7 +98,7 @@ bool BackwardExactCases::clearly_two_groups(std::size_t i, const std::vector<std
 }
 
 // Whether every entry of row i (its visible keys and its sink) has the same logit, exactly; the
-// common raw dot a when they do.
+// common s a (a where s is irrational) when they do.
 bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>& keys,
                                    Rational& common_dot) const {
   const std::size_t positions = in_.positions(), d = in_.queries.cols;
@@ -113,13 +112,13 @@ bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>
     Key key{exact_dot(in_.queries.row(i).data(), in_.keys.row(j).data(), d),
             exact_bias(head, i % positions, j),
             {}};
+    // s a where s is rational: the soft-cap's pairs are then (s a, b), so scale 0 is one group.
+    if (scale_) mpq_mul(key.dot.get(), key.dot.get(), scale_->get());
     entries.push_back(std::move(key));
   }
   if (head.sink) entries.push_back(Key{Rational(), Rational(*head.sink), {}});
   for (Key& key : entries) {
-    if (!by_value) continue;
-    mpq_mul(key.value.get(), key.dot.get(), scale_->get());
-    mpq_add(key.value.get(), key.value.get(), key.bias.get());
+    if (by_value) mpq_add(key.value.get(), key.dot.get(), key.bias.get());
   }
   for (std::size_t e = 1; e < entries.size(); ++e) {
     const bool same = by_value

@@ -15,7 +15,7 @@
 //  - dz_ij = P_ij (dP_ij - D_i + g_i) is rational when D_i is and either the bracket is 0 (dz = 0)
 //    or the row is one group;
 //  - dr_ij = dz_ij dz/dr is rational when dz_ij = 0, or the row is one group and dz/dr = s / theta
-//    is rational (s a given scale or 1/sqrt(d) with d a square; with a soft-cap, also a_ij = 0);
+//    is rational (s a given scale or 1/sqrt(d) with d a square; with a soft-cap, also s a_ij = 0);
 //  - dQ, dK, dV and the sink's gradient are sums of such terms (times exact inputs): rational
 //    when every term is, a term with a zero input factor being 0 whatever its weight.
 // Completeness: a sum of irrational terms can still be rational (terms of two rows cancelling,

@@ -86,7 +86,7 @@ Rational exact_bias(const tensor::HeadScores::BiasTerms& terms) {
 }
 
 struct Entry {
-  Rational dot;   // a
+  Rational dot;   // s a when s is rational, else a
   Rational bias;  // b
   Rational key;   // s a + b when s is rational and there is no soft-cap (the logit times theta)
 };
@@ -106,14 +106,14 @@ ExactRow group_entries(const AttentionRow& row) {
     Entry& entry = exact.entries[e];
     if (e < row.active.size()) {
       entry.dot = exact_dot(row, row.active[e]);
+      // s a where s is rational: with a soft-cap the pairs are (s a, b), so that scale 0 makes
+      // every capped score 0 whatever a is (grouping by a would split a row of equal logits).
+      if (scale) mpq_mul(entry.dot.get(), entry.dot.get(), scale->get());
       if (!row.bias.empty()) entry.bias = exact_bias(row.bias[e]);
     } else {
       entry.bias = Rational(*row.scores.sink);
     }
-    if (exact.by_value) {
-      mpq_mul(entry.key.get(), entry.dot.get(), scale->get());
-      mpq_add(entry.key.get(), entry.key.get(), entry.bias.get());
-    }
+    if (exact.by_value) mpq_add(entry.key.get(), entry.dot.get(), entry.bias.get());
   }
   const auto less = [&exact](std::size_t x, std::size_t y) {
     const Entry& p = exact.entries[x];

@@ -295,6 +295,21 @@ TEST(AttentionBackwardReference, ExactTiesAreDecidedNotRefused) {
   g = attention_backward({q1, k1, v1, d_out1, {}, plain}, fp64);
   EXPECT_EQ(g.d_rows[0], 1.5 + 0x1p-51);
   EXPECT_EQ(g.d_queries(0, 0), 0.0);  // dP - D = 0 for every key
+
+  // Scale 0 under a soft-cap: every logit is cap tanh(0) = 0 whatever q . k, so P = 1/2 and
+  // dV = (2 + 2^-52) / 2 = 1 + 2^-53, to the even 1 (the audit's case, refused before).
+  Matrix q0(2, 2), k0(2, 2), v0(2, 1), d_out0(2, 1);
+  q0(0, 0) = q0(1, 0) = 1;
+  k0(0, 0) = 1;
+  k0(1, 0) = 2;
+  d_out0(0, 0) = 2;
+  d_out0(1, 0) = 0x1p-52;
+  tensor::HeadScores capped;
+  capped.scale = 0.0;
+  capped.softcap = 1.0;
+  g = attention_backward({q0, k0, v0, d_out0, {}, capped}, fp64);
+  EXPECT_EQ(g.d_values(0, 0), 1.0);
+  EXPECT_EQ(g.d_values(1, 0), 1.0);
 }
 
 // Grouped heads that score differently (each its own ALiBi slope and bias, one with a sink): each

@@ -150,6 +150,23 @@ TEST(ExactCases, AllKeysTiedGiveWeightsOfExactlyOneOverN) {
       is_nearest_in_format(result.output(0, 0), (Exact(3) + Exact(0x1p-22) + Exact(0x1p-23)) / 3, fp32));
 }
 
+// Scale 0 under a soft-cap: every capped score is cap tanh(0) = 0 whatever q . k is, so the row
+// is one group and its output a plain mean, here a tie ((2 + 2^-52) / 2 = 1 + 2^-53, to the even
+// 1). The exact cases group the soft-cap's pairs by s q . k (by the raw q . k they split this row;
+// the double stage decides it here anyway, its weights being exactly 1/2).
+TEST(ExactCases, ScaleZeroUnderASoftCapIsOneGroup) {
+  Matrix q(1, 2), k(2, 2), v(2, 1);
+  q(0, 0) = 1;
+  k(0, 0) = 1;
+  k(1, 0) = 2;
+  v(0, 0) = 2;
+  v(1, 0) = 0x1p-52;
+  AttentionOptions options;
+  options.scores.scale = 0.0;
+  options.scores.softcap = 1.0;
+  EXPECT_EQ(reference::attention(q, k, v, fp64, options).output(0, 0), 1.0);
+}
+
 TEST(Masks, ExplicitMaskHidesKeysAndFullyMaskedQueriesAreErrorsOrZeros) {
   DeterministicRandom random(17);
   const Matrix q = random_matrix(2, 4, random, 1.0);

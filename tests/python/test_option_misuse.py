@@ -94,3 +94,38 @@ except ValueError as error:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "logits: its memory cannot be read" in done.stdout and "byte 4096" in done.stdout, done.stdout
+
+
+def test_ctrl_c_stops_a_long_call_promptly_and_python_handles_the_next_one():
+    """SIGINT while the backward reference runs without the GIL: the call stops within a row and
+    raises KeyboardInterrupt (it used to wait for the whole call); Python's own handler is back
+    afterwards, and a later call works. In a child, so that a regression cannot stop pytest."""
+    import subprocess
+    import sys
+    script = """
+import numpy as np, os, signal, threading, time, sharpcheck
+rng = np.random.default_rng(0)
+q, k, v, do = (rng.standard_normal((1, 2, 1024, 64)).astype(np.float32) for _ in range(4))
+start = time.time()
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    sharpcheck.attention_backward(q, k, v, do, format="bf16")
+    print("finished", time.time() - start)
+except KeyboardInterrupt:
+    print("interrupted after", time.time() - start)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1)
+    print("signal lost")
+except KeyboardInterrupt:
+    print("python handler back")
+sharpcheck.attention_backward(q[:, :, :8], k[:, :, :8], v[:, :, :8], do[:, :, :8], format="bf16")
+print("later call works")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("interrupted after"), done.stdout
+    assert float(lines[0].split()[-1]) < 5, done.stdout  # the whole call: about 15 s on 2 cores
+    assert lines[1:] == ["python handler back", "later call works"], done.stdout

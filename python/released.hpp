@@ -1,0 +1,37 @@
+// The GIL released for a long computation (a reference or a judgement on every core), with
+// Ctrl-C kept working: Python's own SIGINT handler runs only between bytecodes, so without this a
+// Ctrl-C waited for the whole call (minutes for a large backward). In the main thread, SIGINT is
+// caught for the call (core/interrupt.hpp's InterruptScope): the work stops within one item and
+// the call raises KeyboardInterrupt (translate_errors maps Interrupted). Other threads release the
+// GIL only, as Python delivers signals to the main thread alone.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <optional>
+
+#include "core/interrupt.hpp"
+
+namespace sharpcheck::python {
+
+class Released {
+ public:
+  Released() {
+    if (PyThread_get_thread_ident() == main_thread()) scope_.emplace();
+    release_.emplace();
+  }
+  ~Released() { release_.reset(); }  // the GIL back before the handler (scope_, destroyed after)
+  Released(const Released&) = delete;
+  Released& operator=(const Released&) = delete;
+
+ private:
+  static unsigned long main_thread() {
+    static const unsigned long ident =
+        pybind11::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+    return ident;
+  }
+  std::optional<InterruptScope> scope_;
+  std::optional<pybind11::gil_scoped_release> release_;
+};
+
+}  // namespace sharpcheck::python
