@@ -430,7 +430,7 @@ TEST(Tensors, BadProblemsAreNamed) {
     (void)reference::attention(problem, t.q, t.k, t.v, fp32);
     ADD_FAILURE() << "no error";
   } catch (const InputError& error) {
-    EXPECT_STREQ(error.what(), "attention: K element 5 is NaN");
+    EXPECT_STREQ(error.what(), "attention: K[0, 0, 0, 5] (bhsd) is NaN");  // its index in the layout
   }
 }
 

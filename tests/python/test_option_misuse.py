@@ -55,6 +55,15 @@ def test_a_nan_input_is_named_by_its_array_and_full_position():
     q[0, 1, 9, 3] = float("nan")
     with pytest.raises(ValueError, match=r"batch 0, head 1: .*Q\(9, 3\) is NaN"):
         sharpcheck.assert_attention_close(q, q, q, q)
+    # The reference names the element at its index in the caller's layout (it gave a flat index).
+    with pytest.raises(ValueError, match=r"Q\[0, 1, 9, 3\] \(bhsd\) is NaN"):
+        sharpcheck.attention(q, q, q)
+    with pytest.raises(ValueError, match=r"Q\[0, 9, 1, 3\] \(bshd\) is NaN"):
+        sharpcheck.attention(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), layout="bshd")
+    v = torch.zeros(1, 2, 12, 4)
+    v[0, 0, 11, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"V\[0, 0, 11, 2\] \(bhsd\) is infinite"):
+        sharpcheck.attention(torch.zeros(1, 2, 12, 4), torch.zeros(1, 2, 12, 4), v)
 
 
 def test_a_negative_view_is_read_as_what_it_means():
