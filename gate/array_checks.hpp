@@ -3,6 +3,7 @@
 // gate/ and ops/.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -54,6 +55,23 @@ inline std::vector<std::size_t> unravel(std::size_t flat, const std::vector<std:
     flat /= shape[axis];
   }
   return index;
+}
+
+// Every element finite, read in blocks: a NaN or infinity in an input (q, k, v) is named by its
+// array (compare: the option and the file) and full index, where the reference, working head by
+// head, could name only the head and a position within it.
+inline void require_finite(const Array& array) {
+  std::vector<double> block(std::min<std::size_t>(array.size(), std::size_t{1} << 16));
+  for (std::size_t first = 0; first < array.size(); first += block.size()) {
+    const std::size_t count = std::min(block.size(), array.size() - first);
+    array.read(first, {block.data(), count});
+    for (std::size_t i = 0; i < count; ++i) {
+      if (std::isfinite(block[i])) continue;
+      refuse(std::isnan(block[i]) ? InputProblem::nan_value : InputProblem::non_finite_value,
+             array.name() + shape_text(unravel(first + i, array.shape())) + " is " +
+                 (std::isnan(block[i]) ? "NaN" : "infinite"));
+    }
+  }
 }
 
 }  // namespace sharpcheck::gate

@@ -385,6 +385,7 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   outcome.gate_case.input = "arrays";
   outcome.gate_case.kernel = kernel_name(options, *arrays.out);
   for (const Array* array : {arrays.q, arrays.k, arrays.v, arrays.out}) require_elements(*array);
+  for (const Array* array : {arrays.q, arrays.k, arrays.v}) require_finite(*array);
   const tensor::AttentionProblem problem = attention_problem_of(options, arrays);
   if (arrays.out->size() != problem.output_elements()) {
     refuse(InputProblem::shape_mismatch, arrays.out->name() + " holds " + std::to_string(arrays.out->size()) +

@@ -259,6 +259,16 @@ PY
     out=$(ulimit -v 1000000; timeout 120 "$sharpcheck" compare --bundle bomb.npz 2>&1)
     code=$?
     expect_code 2; expect_text "does not match"
+    # A NaN in q is named by its file and full index (compare named neither file nor index).
+    /usr/bin/python3 - <<'PY' || fail "could not write the tensors"
+import numpy as np
+r = np.random.default_rng(3)
+for name in "qkv": np.save(name + "_nan.npy", r.normal(size=(1, 2, 4, 8)).astype(np.float32))
+q = np.load("q_nan.npy"); q[0, 1, 2, 3] = np.nan; np.save("q_nan.npy", q)
+np.save("out_nan.npy", np.zeros((1, 2, 4, 8), np.float32))
+PY
+    run compare --q q_nan.npy --k k_nan.npy --v v_nan.npy --out out_nan.npy
+    expect_code 2; expect_text "q_nan.npy\[0, 1, 2, 3\] is NaN"
     # A plugin limit with a bad value is refused even without a plugin (nan was accepted).
     for limit in "--plugin-timeout nan" "--plugin-timeout -1" "--plugin-memory abc"; do
       run gate --kernel safe3 --sizes 16 $limit
