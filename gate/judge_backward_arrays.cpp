@@ -12,6 +12,7 @@
 #include "metrics/judge_backward.hpp"
 #include "metrics/recipes.hpp"
 #include "reference/attention_backward.hpp"
+#include "tensor/head_view.hpp"
 
 namespace sharpcheck::gate {
 namespace {
@@ -44,13 +45,13 @@ tensor::AttentionProblem backward_problem(const JudgeOptions& options, const Bac
   return problem;
 }
 
-template <typename Offset>
-Matrix gather(const std::vector<double>& all, std::size_t rows, std::size_t cols, Offset offset) {
-  Matrix m(rows, cols);
-  for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t c = 0; c < cols; ++c) m(r, c) = all[offset(r, c)];
-  }
-  return m;
+// The group's query heads (stacked) or its KV head of one of the whole tensors.
+Matrix group_rows(const tensor::AttentionProblem& p, tensor::HeadTensor which, const std::vector<double>& all,
+                  std::size_t b, std::size_t kv) {
+  const tensor::SpanSource source(all);
+  if (which == tensor::HeadTensor::key || which == tensor::HeadTensor::value)
+    return tensor::gather_head(p, which, source, b, kv);
+  return tensor::gather_heads(p, which, source, b, kv * p.group_size(), p.group_size());
 }
 
 struct Tensors {
@@ -93,17 +94,16 @@ GroupOffsets offsets_of(const tensor::AttentionProblem& p, std::size_t b, std::s
 }
 
 Group group_of(const tensor::AttentionProblem& p, const Tensors& t, std::size_t b, std::size_t kv) {
-  const auto& s = p.shape;
   const GroupOffsets at = offsets_of(p, b, kv);
   const std::size_t rows = at.heads * at.positions, keys = p.key_length(b);
   Group g{kv * at.heads,
           at.heads,
           at.positions,
           keys,
-          gather(t.q, rows, s.head_dim, [&](auto r, auto c) { return at.query(r, c); }),
-          gather(t.k, keys, s.head_dim, [&](auto r, auto c) { return at.key(r, c); }),
-          gather(t.v, keys, s.value_dim, [&](auto r, auto c) { return at.value(r, c); }),
-          gather(t.d_out, rows, s.value_dim, [&](auto r, auto c) { return at.output(r, c); }),
+          group_rows(p, tensor::HeadTensor::query, t.q, b, kv),
+          group_rows(p, tensor::HeadTensor::key, t.k, b, kv),
+          group_rows(p, tensor::HeadTensor::value, t.v, b, kv),
+          group_rows(p, tensor::HeadTensor::output, t.d_out, b, kv),
           {},
           {}};
   for (std::size_t r = 0; r < rows && !t.d_lse.empty(); ++r) g.d_lse.push_back(t.d_lse[at.lse(r)]);
@@ -210,15 +210,13 @@ void note_tensor_verdict(const std::string& name, const metrics::Comparison& com
 void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, CaseOutcome& outcome,
                  Worst& worst) {
   const auto& [options, arrays, p, t, given, kernel] = judging;
-  const auto& s = p.shape;
   const Group group = group_of(p, t, b, kv);
   const GroupOffsets at = offsets_of(p, b, kv);
-  kernels::KernelGradients got{
-      gather(given.dq, group.q.rows, s.head_dim, [&](auto r, auto c) { return at.query(r, c); }),
-      gather(given.dk, group.keys, s.head_dim, [&](auto r, auto c) { return at.key(r, c); }),
-      gather(given.dv, group.keys, s.value_dim, [&](auto r, auto c) { return at.value(r, c); }),
-      {},
-      {}};
+  kernels::KernelGradients got{group_rows(p, tensor::HeadTensor::query, given.dq, b, kv),
+                               group_rows(p, tensor::HeadTensor::key, given.dk, b, kv),
+                               group_rows(p, tensor::HeadTensor::value, given.dv, b, kv),
+                               {},
+                               {}};
   for (std::size_t h = 0; h < group.heads && !arrays.d_sinks.empty(); ++h)
     got.d_sinks.push_back(arrays.d_sinks[group.first_head + h]);
   for (std::size_t r = 0; r < group.q.rows && !given.d_rows.empty(); ++r)

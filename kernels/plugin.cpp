@@ -19,6 +19,7 @@
 #include "formats/storage.hpp"
 #include "kernels/plugin_abi.h"
 #include "kernels/plugin_child.hpp"
+#include "tensor/head_view.hpp"
 
 namespace sharpcheck::kernels {
 namespace {
@@ -118,19 +119,6 @@ std::pair<std::string, int> call_attention(AttentionEntry attention, const Float
   return {std::string(reinterpret_cast<const char*>(result.data()), count * sizeof(double)), 0};
 }
 
-// One batch element's heads as the ABI lays them out: [heads, rows, columns].
-template <typename Offset>
-Matrix gather_heads(std::span<const double> stored, std::size_t heads, std::size_t rows, std::size_t columns,
-                    const Offset& offset_of) {
-  Matrix matrix(heads * rows, columns);
-  for (std::size_t h = 0; h < heads; ++h) {
-    for (std::size_t s = 0; s < rows; ++s) {
-      for (std::size_t t = 0; t < columns; ++t) matrix(h * rows + s, t) = stored[offset_of(h, s) + t];
-    }
-  }
-  return matrix;
-}
-
 // The ABI's call for scores `scores` over the given extents (kernels/plugin_abi.h), without ALiBi
 // slopes, sinks or a log-sum-exp (callers point those at storage they keep).
 sharpcheck_attention_call scores_call(const tensor::HeadScores& scores, std::size_t heads,
@@ -184,12 +172,13 @@ std::pair<std::string, int> call_attention_layer(LayerEntry entry, const FloatFo
     const std::size_t rows = p.query_length(b);
     const std::size_t keys = p.layout == tensor::Layout::packed ? p.key_length(b) : shape.keys;
     if (rows == 0) continue;
-    const Matrix qh = gather_heads(q, shape.heads, rows, shape.head_dim,
-                                   [&](auto h, auto s) { return p.query_offset(b, h, s, 0); });
-    const Matrix kh = gather_heads(k, shape.kv_heads, keys, shape.head_dim,
-                                   [&](auto h, auto s) { return p.key_offset(b, h, s, 0); });
-    const Matrix vh = gather_heads(v, shape.kv_heads, keys, shape.value_dim,
-                                   [&](auto h, auto s) { return p.value_offset(b, h, s, 0); });
+    // One batch element's heads as the ABI lays them out: [heads, rows, columns].
+    const Matrix qh =
+        tensor::gather_heads(p, tensor::HeadTensor::query, tensor::SpanSource(q), b, 0, shape.heads, rows);
+    const Matrix kh =
+        tensor::gather_heads(p, tensor::HeadTensor::key, tensor::SpanSource(k), b, 0, shape.kv_heads, keys);
+    const Matrix vh =
+        tensor::gather_heads(p, tensor::HeadTensor::value, tensor::SpanSource(v), b, 0, shape.kv_heads, keys);
     std::vector<float> slopes, sinks, lse = guarded<float>(shape.heads * rows);
     sharpcheck_attention_call call = layer_call(p, b, keys, slopes, sinks);
     if (want_lse) call.lse = lse.data();

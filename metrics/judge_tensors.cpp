@@ -7,6 +7,7 @@
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "tensor/head_view.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
@@ -17,15 +18,6 @@ struct HeadJudgement {
   reference::ZivStatistics statistics;
   std::vector<Comparison> emulated_variants;  // Evaluation::emulated_variants
 };
-
-// One head's rows (each contiguous in every layout) from the source.
-template <typename Offset>
-Matrix gather(const tensor::TensorSource& stored, std::size_t rows, std::size_t columns,
-              const Offset& offset_of) {
-  Matrix matrix(rows, columns);
-  for (std::size_t s = 0; s < rows; ++s) stored.read(offset_of(s), matrix.row(s));
-  return matrix;
-}
 
 // The head's log-sum-exp against the reference's (allowance derived in the header): the recipe's
 // units at magnitude 1 (1 / ln 2 for a base-2 LSE), and the roundings of ln and of the addition,
@@ -84,18 +76,12 @@ struct LayerSources {
 HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& problem, std::size_t b,
                          std::size_t h, const LayerSources& sources) {
   const auto& [q, k, v, out, lse] = sources;
-  const tensor::AttentionShape& shape = problem.shape;
   const std::size_t rows = problem.query_length(b);
-  const std::size_t keys = problem.key_length(b);
   const std::size_t kv = problem.kv_head_of(h);
-  const Matrix queries =
-      gather(q, rows, shape.head_dim, [&](std::size_t s) { return problem.query_offset(b, h, s, 0); });
-  const Matrix key_rows =
-      gather(k, keys, shape.head_dim, [&](std::size_t s) { return problem.key_offset(b, kv, s, 0); });
-  const Matrix value_rows =
-      gather(v, keys, shape.value_dim, [&](std::size_t s) { return problem.value_offset(b, kv, s, 0); });
-  Matrix actual =
-      gather(out, rows, shape.value_dim, [&](std::size_t s) { return problem.output_offset(b, h, s, 0); });
+  const Matrix queries = tensor::gather_head(problem, tensor::HeadTensor::query, q, b, h);
+  const Matrix key_rows = tensor::gather_head(problem, tensor::HeadTensor::key, k, b, kv);
+  const Matrix value_rows = tensor::gather_head(problem, tensor::HeadTensor::value, v, b, kv);
+  Matrix actual = tensor::gather_head(problem, tensor::HeadTensor::output, out, b, h);
   JudgeSpec head_spec = spec;
   head_spec.lse = lse != nullptr;
   const Evaluation evaluation =

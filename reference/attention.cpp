@@ -15,6 +15,7 @@
 #include "reference/double_stage.hpp"
 #include "reference/input_checks.hpp"
 #include "reference/ziv_loop.hpp"
+#include "tensor/head_view.hpp"
 
 // Each row goes through the certified double stage, the Arb ball stage and then the MPFR Ziv
 // loop below; each stage decides what it can and leaves the rest (so the stages change cost,
@@ -357,19 +358,6 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
 
 namespace {
 
-// One head's rows of a stored tensor as a matrix (rows x columns).
-template <typename Offset>
-Matrix gather_head(std::span<const double> stored, std::size_t rows, std::size_t columns,
-                   const Offset& offset_of) {
-  Matrix matrix(rows, columns);
-  for (std::size_t s = 0; s < rows; ++s) {
-    const std::size_t start = offset_of(s);
-    std::copy(stored.begin() + static_cast<std::ptrdiff_t>(start),
-              stored.begin() + static_cast<std::ptrdiff_t>(start + columns), matrix.row(s).begin());
-  }
-  return matrix;
-}
-
 // Flat index `flat` of a stored Q, K or V as its full index in the problem's layout: bhsd
 // [b, h, s, c], bshd [b, s, h, c], packed [t, h, c] (the index a user finds the value at).
 std::string stored_index(const tensor::AttentionProblem& problem, char tensor, std::size_t flat) {
@@ -440,6 +428,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
     return {result.weights.data() + ((b * shape.heads + h) * result.weight_queries + s) * result.weight_keys,
             keys};
   };
+  const tensor::SpanSource q_source(q), k_source(k), v_source(v);
   std::mutex statistics_mutex;
   constexpr std::size_t rows_per_item = 8;
   for (std::size_t b = 0; b < shape.batch; ++b) {
@@ -447,16 +436,13 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
     const std::size_t key_rows = problem.key_length(b);
     if (query_rows == 0) continue;
     for (std::size_t kv = 0; kv < shape.kv_heads; ++kv) {
-      const Matrix keys = gather_head(k, key_rows, shape.head_dim,
-                                      [&](std::size_t s) { return problem.key_offset(b, kv, s, 0); });
-      const Matrix values = gather_head(v, key_rows, shape.value_dim,
-                                        [&](std::size_t s) { return problem.value_offset(b, kv, s, 0); });
+      const Matrix keys = tensor::gather_head(problem, tensor::HeadTensor::key, k_source, b, kv);
+      const Matrix values = tensor::gather_head(problem, tensor::HeadTensor::value, v_source, b, kv);
       std::vector<Matrix> queries;
       std::vector<tensor::HeadScores> scores;
       for (std::size_t g = 0; g < problem.group_size(); ++g) {
         const std::size_t h = kv * problem.group_size() + g;
-        queries.push_back(gather_head(q, query_rows, shape.head_dim,
-                                      [&](std::size_t s) { return problem.query_offset(b, h, s, 0); }));
+        queries.push_back(tensor::gather_head(problem, tensor::HeadTensor::query, q_source, b, h));
         scores.push_back(problem.head(b, h));
         if (key_rows == 0) scores.back().keys = 0;
       }
