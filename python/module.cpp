@@ -34,6 +34,35 @@ namespace sharpcheck::python {
 namespace py = pybind11;
 namespace {
 
+// A result written straight into the NumPy array returned, in float32 where that holds every
+// value of the format exactly (fp32, tf32, bf16, fp16, fp8 and the int8 grids), else float64:
+// a large row operation costs its result once (it held a vector of doubles and a copy of it, about
+// four times an fp32 input). Stores from several threads go to distinct elements.
+class ResultArray {
+ public:
+  ResultArray(const FloatFormat& format, const std::vector<std::size_t>& shape)
+      : narrow_(format.precision() <= 24 && format.min_subnormal_exponent() >= -149),
+        array_(narrow_ ? py::array(py::dtype::of<float>(), extents(shape))
+                       : py::array(py::dtype::of<double>(), extents(shape))),
+        data_(array_.mutable_data()) {}
+  void store(std::size_t index, double value) const {
+    if (narrow_) {
+      static_cast<float*>(data_)[index] = static_cast<float>(value);  // exact (the constructor's test)
+    } else {
+      static_cast<double*>(data_)[index] = value;
+    }
+  }
+  [[nodiscard]] py::array take() { return std::move(array_); }
+
+ private:
+  static std::vector<py::ssize_t> extents(const std::vector<std::size_t>& shape) {
+    return {shape.begin(), shape.end()};
+  }
+  bool narrow_;
+  py::array array_;
+  void* data_;
+};
+
 py::array_t<double> to_numpy(const std::vector<double>& values, const std::vector<std::size_t>& shape) {
   std::size_t count = 1;
   for (const std::size_t extent : shape) count *= extent;
@@ -64,17 +93,17 @@ reference::RowOptions row_options_of(const Options& options) {
 // One lane's reference for a row operation, written at the lane's positions in `out`.
 void reference_lane(const std::string& operation, const HostArray& logits, const io::NpyLanes& lanes,
                     std::size_t lane, const FloatFormat& target, const reference::RowOptions& row_options,
-                    std::vector<double>& out) {
+                    const ResultArray& out) {
   const Matrix row = logits.read_lanes(lanes, lane, 1);
   try {
     if (operation == "logsumexp") {
-      out[lane] = reference::logsumexp(row.values, target, row_options);
+      out.store(lane, reference::logsumexp(row.values, target, row_options));
     } else if (operation == "entropy") {
-      out[lane] = reference::entropy(row.values, target, row_options);
+      out.store(lane, reference::entropy(row.values, target, row_options));
     } else {
       const auto values = operation == "softmax" ? reference::softmax(row.values, target, row_options)
                                                  : reference::log_softmax(row.values, target, row_options);
-      for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
+      for (std::size_t a = 0; a < lanes.extent; ++a) out.store(lanes.c_index(lane, a), values[a]);
     }
   } catch (const InputError& error) {
     rethrow_in_lane(error, logits.name(), lanes, lane);
@@ -82,7 +111,7 @@ void reference_lane(const std::string& operation, const HostArray& logits, const
 }
 
 // softmax / log_softmax (same shape) or logsumexp / entropy (the axis removed) along `dim`.
-py::array_t<double> reference_rows(const std::string& operation, const py::object& x, const py::dict& given) {
+py::array reference_rows(const std::string& operation, const py::object& x, const py::dict& given) {
   if (operation != "softmax" && operation != "log_softmax" && operation != "logsumexp" &&
       operation != "entropy")
     throw InputError(InputProblem::out_of_range, "unknown row operation '" + operation + "'");
@@ -95,21 +124,21 @@ py::array_t<double> reference_rows(const std::string& operation, const py::objec
   const unsigned threads = options.count("threads", 0);
   options.require_all_used();
   const bool reduces = operation == "logsumexp" || operation == "entropy";
-  std::vector<double> out(reduces ? lanes.count : logits.size());
+  std::vector<std::size_t> shape = logits.shape();
+  if (reduces && !shape.empty()) shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(lanes.axis));
+  ResultArray out(target, shape);
   {
     const Released released;
     parallel_for(lanes.count, threads, [&](std::size_t lane) {
       reference_lane(operation, logits, lanes, lane, target, row_options, out);
     });
   }
-  std::vector<std::size_t> shape = logits.shape();
-  if (reduces && !shape.empty()) shape.erase(shape.begin() + static_cast<std::ptrdiff_t>(lanes.axis));
-  return to_numpy(out, shape);
+  return out.take();
 }
 
 // softmax_backward / log_softmax_backward along `dim`: the gradient with respect to the logits.
-py::array_t<double> reference_backward(const std::string& operation, const py::object& dy,
-                                       const py::object& x, const py::dict& given) {
+py::array reference_backward(const std::string& operation, const py::object& dy, const py::object& x,
+                             const py::dict& given) {
   if (operation != "softmax_backward" && operation != "log_softmax_backward")
     throw InputError(InputProblem::out_of_range, "unknown backward operation '" + operation + "'");
   const Options options(given);
@@ -122,7 +151,7 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
   const reference::RowOptions row_options = row_options_of(options);
   const unsigned threads = options.count("threads", 0);
   options.require_all_used();
-  std::vector<double> out(logits.size());
+  ResultArray out(target, logits.shape());
   {
     const Released released;
     parallel_for(lanes.count, threads, [&](std::size_t lane) {
@@ -145,13 +174,13 @@ py::array_t<double> reference_backward(const std::string& operation, const py::o
             operation == "softmax_backward"
                 ? reference::softmax_backward(row.values, grad.values, target, row_options)
                 : reference::log_softmax_backward(row.values, grad.values, target, row_options);
-        for (std::size_t a = 0; a < lanes.extent; ++a) out[lanes.c_index(lane, a)] = values[a];
+        for (std::size_t a = 0; a < lanes.extent; ++a) out.store(lanes.c_index(lane, a), values[a]);
       } catch (const InputError& error) {
         rethrow_in_lane(error, logits.name(), lanes, lane);
       }
     });
   }
-  return to_numpy(out, logits.shape());
+  return out.take();
 }
 
 // Attention's output (q's layout with the value dimension) and, when asked, its log-sum-exp.

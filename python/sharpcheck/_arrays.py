@@ -94,7 +94,7 @@ def host(x: Any, name: str, notes: List[str]) -> Any:
 def as_result(values: np.ndarray, fmt: str, like: Any) -> Any:
     """Reference values (float64 holding values of fmt) as the caller's kind of array in fmt."""
     numpy_dtype = {"fp64": np.float64, "fp32": np.float32, "fp16": np.float16}.get(fmt, np.float32)
-    result = values.astype(numpy_dtype)  # exact: every value is a value of fmt
+    result = values.astype(numpy_dtype, copy=False)  # exact: every value is a value of fmt
     if is_torch(like):
         import torch
 
