@@ -69,6 +69,7 @@ struct CaseOutcome {
     double proven_ratio = 0, statistical_ratio = 0;
     std::size_t violations = 0;
     std::size_t non_finite = 0;
+    std::size_t proven_violations = 0;  // of the proven tier alone (what proven_only judges)
   };
   std::vector<TensorVerdict> tensors;
   [[nodiscard]] bool passed() const { return failures.empty(); }

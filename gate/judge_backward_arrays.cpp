@@ -204,6 +204,7 @@ void note_tensor_verdict(const std::string& name, const metrics::Comparison& com
   found->proven_ratio = std::max(found->proven_ratio, comparison.max_bound_ratio);
   found->statistical_ratio = std::max(found->statistical_ratio, comparison.max_statistical_ratio);
   found->violations += comparison.violation_count + comparison.statistical_violation_count;
+  found->proven_violations += comparison.violation_count;
   found->non_finite += comparison.non_finite;
 }
 

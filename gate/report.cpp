@@ -184,6 +184,7 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
                                  {"proven_ratio", finite_or_string(t.proven_ratio)},
                                  {"statistical_ratio", finite_or_string(t.statistical_ratio)},
                                  {"violations", t.violations},
+                                 {"proven_violations", t.proven_violations},
                                  {"non_finite", t.non_finite}});
   }
   if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why

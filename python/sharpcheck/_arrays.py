@@ -34,6 +34,10 @@ def dtype_name(x: Any) -> str:
 def format_of(x: Any, name: str) -> str:
     """The format an array's values are in, from its dtype; TypeError for integer bit patterns."""
     fmt = _FORMAT_OF_DTYPE.get(dtype_name(x))
+    dtype = getattr(x, "dtype", None)
+    if fmt is None and isinstance(dtype, np.dtype) and dtype.byteorder == ">":
+        raise TypeError(f"{name}: big-endian arrays are not read; convert with "
+                        f".astype({dtype.newbyteorder('<').str!r}) (dtype {dtype.str})")
     if fmt is None:
         raise TypeError(
             f"{name}: cannot tell the format from dtype {dtype_name(x) or type(x).__name__}; "
@@ -60,6 +64,9 @@ def host(x: Any, name: str, notes: List[str]) -> Any:
     if x is None:
         raise TypeError(f"{name} is None; expected an array")
     if is_torch(x):
+        layout = str(getattr(x, "layout", "torch.strided"))
+        if layout != "torch.strided":  # sparse or mkldnn: no memory to read in place
+            raise TypeError(f"{name}: a {layout.replace('torch.', '')} tensor is not read; pass {name}.to_dense()")
         if getattr(x, "requires_grad", False):
             x = x.detach()
         # A negative or conjugate view (x._neg_view(), x.conj()) keeps its memory unchanged and a

@@ -104,20 +104,23 @@ class Report:
         ]
         tensors = self.record.get("tensors", [])
         if tensors:
-            lines.append("Per tensor: " + "; ".join(_tensor_verdict(t) for t in tensors))
+            proven_only = bool(self.record.get("proven_only"))
+            lines.append("Per tensor: " + "; ".join(_tensor_verdict(t, proven_only) for t in tensors))
         lines += [f"sharpcheck: {failure}" for failure in self.failures]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
-def _tensor_verdict(tensor: Dict[str, Any]) -> str:
-    """"dk fails (proven 144, statistical 144; 16 findings)" for a report's per-tensor line."""
+def _tensor_verdict(tensor: Dict[str, Any], proven_only: bool = False) -> str:
+    """"dk fails (proven 144, statistical 144; 16 findings)" for a report's per-tensor line; under
+    proven_only a tensor whose findings are all statistical passes (as the verdict says)."""
     proven, statistical = _number(tensor["proven_ratio"]), _number(tensor["statistical_ratio"])
-    failed = tensor["violations"] > 0 or tensor["non_finite"] > 0
+    findings = tensor.get("proven_violations", tensor["violations"]) if proven_only else tensor["violations"]
+    failed = findings > 0 or tensor["non_finite"] > 0
     text = f"{tensor['name']} {'fails' if failed else 'passes'} (proven {proven:.3g}, statistical {statistical:.3g}"
     if tensor["non_finite"]:
         text += f"; {tensor['non_finite']} NaN or Inf"
-    return text + (f"; {tensor['violations']} findings)" if failed else ")")
+    return text + (f"; {findings} findings)" if failed else ")")
 
 
 _PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
@@ -162,6 +165,7 @@ def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], wha
     record = json.loads(judge(options))
     record["rerun"] = f"pytest {current_test}" if current_test else ""
     record["tolerance_entry"] = record.get("recipe") or tolerance
+    record["proven_only"] = bool(options.get("proven_only", False))
     if notes:
         record["notes"] = notes
     if recording:

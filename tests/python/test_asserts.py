@@ -290,6 +290,22 @@ def test_a_backward_failure_lists_every_gradients_verdict():
     assert "dq passes" in line and "dk fails" in line and "dv passes" in line
 
 
+def test_under_proven_only_a_gradient_with_statistical_findings_alone_passes_in_the_per_tensor_line():
+    """The line said "dv fails" for findings of the statistical tier, which proven_only does not
+    judge (the verdict passed it). The report's tensors now count the proven tier's findings apart."""
+    from sharpcheck._asserts import _tensor_verdict
+    dv = {"name": "dv", "proven_ratio": 0.5, "statistical_ratio": 1.3, "violations": 4, "proven_violations": 0,
+          "non_finite": 0}
+    assert _tensor_verdict(dv).startswith("dv fails") and "4 findings" in _tensor_verdict(dv)
+    assert _tensor_verdict(dv, proven_only=True) == "dv passes (proven 0.5, statistical 1.3)"
+    assert _tensor_verdict(dict(dv, proven_violations=2), proven_only=True).startswith("dv fails")
+    g = torch.Generator().manual_seed(5)
+    q, k, v, dout = (torch.randn(1, 1, 8, 4, generator=g) for _ in range(4))
+    dq, dk, dv_exact, _ = sharpcheck.attention_backward(q, k, v, dout)
+    report = sharpcheck.assert_attention_backward_close(dq, dk, dv_exact, q, k, v, dout, proven_only=True)
+    assert all("proven_violations" in t for t in report.record["tensors"]) and report.record["proven_only"]
+
+
 def test_a_nan_failure_says_the_differences_are_over_finite_elements():
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 1, 8, 16, generator=g) for _ in range(3))

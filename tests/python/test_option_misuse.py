@@ -158,3 +158,18 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, y.dt
     assert done.returncode == 0, done.stderr[-2000:]
     growth, dtype = done.stdout.split()
     assert dtype == "float32" and float(growth) < 2 * 38, done.stdout
+
+
+def test_sparse_tensors_and_big_endian_arrays_are_refused_with_the_fix():
+    """A sparse torch tensor raised torch's RuntimeError ("Can't export tensors with layout other
+    than torch.strided"); a big-endian array without format= missed the astype hint."""
+    sparse = torch.tensor([[1.0, 2.0]]).to_sparse()
+    with pytest.raises(TypeError, match=r"logits: a sparse_coo tensor is not read; pass logits.to_dense\(\)"):
+        sharpcheck.softmax(sparse)
+    with pytest.raises(TypeError, match=r"actual: a sparse_coo tensor"):
+        sharpcheck.assert_softmax_close(sparse, sparse.to_dense())
+    big = np.array([[1.0, 2.0]], dtype=">f4")
+    for call in (lambda: sharpcheck.softmax(big), lambda: sharpcheck.softmax(big, format="fp32")):
+        with pytest.raises(TypeError, match=r"big-endian arrays are not read; convert with \.astype\('<f4'\)"):
+            call()
+    assert np.array_equal(sharpcheck.softmax(big.astype("<f4")), sharpcheck.softmax(np.array([[1.0, 2.0]], "f4")))
