@@ -32,10 +32,15 @@ constexpr int poll_slice_ms = 50;  // how often the parent looks at the clock, t
 
 void out_of_memory() { _exit(child_out_of_memory_status); }
 
+void kill_own_children();  // below, with the sweep
+
 // In the child: its own group, default signal dispositions, the limits, console to the pipe.
 [[noreturn]] void become_child(int result_fd, int console_fd, const ChildLimits& limits,
                                const std::function<std::pair<std::string, int>()>& work) {
   setpgid(0, 0);
+  // Orphans of what the work starts come here, not to the gate: the work's own strays are killed
+  // below before the child exits, and while it runs nothing of another call's reaches the gate.
+  prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   dup2(console_fd, STDOUT_FILENO);
@@ -47,6 +52,7 @@ void out_of_memory() { _exit(child_out_of_memory_status); }
     std::set_new_handler(out_of_memory);
   }
   const auto [result, status] = work();
+  kill_own_children();  // what the work forked, in its group or not (a daemon's setsid and double fork)
   std::size_t written = 0;
   while (written < result.size()) {
     const ssize_t count = write(result_fd, result.data() + written, result.size() - written);
@@ -116,6 +122,20 @@ std::vector<pid_t> stray_children(unsigned long long since) {
   }
   closedir(proc);
   return found;
+}
+
+// In the child: kills and reaps every child of this process, round after round (killing one
+// re-parents its own children here, this process being their subreaper).
+void kill_own_children() {
+  for (int round = 0; round < 1000; ++round) {
+    const std::vector<pid_t> children = stray_children(0);
+    if (children.empty()) return;
+    for (const pid_t pid : children) kill(pid, SIGKILL);
+    for (const pid_t pid : children) {
+      while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
 }
 
 // Kills and reaps the strays, round after round: killing one re-parents its own children here.

@@ -2,10 +2,12 @@
 // so that a crash, a hang, a fork bomb or a runaway allocation in the work cannot take the caller
 // down with it. The child leads a process group of its own; the whole group is killed when the
 // work ends, times out or the caller is interrupted, so nothing it started outlives the call.
-// What left the group (setsid, then a double fork, as a daemon does) is re-parented to this
-// process, its subreaper, and killed too: every child of this process that started after the
-// call's child and is no other call's child. A library user whose own threads start children
-// while a call is finishing would see them killed; the CLI starts none.
+// What left the group (setsid, then a double fork, as a daemon does) is killed too: the child is
+// the subreaper of what its work starts and kills all of it before it exits, and if the child dies
+// first (a crash, a time-out), its orphans come to this process, also a subreaper, which kills
+// every child of its own that started after the call's child and is no other call's child. Only
+// in that second case could a library user's own child, started by another thread while a call is
+// finishing, be taken for a stray; the CLI starts none.
 #pragma once
 
 #include <cstddef>

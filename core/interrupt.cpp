@@ -20,10 +20,15 @@ extern "C" void on_interrupt(int signal_number) {
 extern "C" void on_scoped_interrupt(int signal_number) { received.store(signal_number); }
 
 struct sigaction saved_action {};
+std::atomic<bool> process_catches{false};
+thread_local bool in_scope = false;
 
 }  // namespace
 
+bool interrupts_apply_here() { return process_catches.load() || in_scope; }
+
 void catch_interrupts() {
+  process_catches.store(true);
   struct sigaction action {};
   action.sa_handler = on_interrupt;
   sigemptyset(&action.sa_mask);
@@ -35,6 +40,7 @@ void catch_interrupts() {
 int interrupt_signal() { return received.load(); }
 
 InterruptScope::InterruptScope() : previous_(&saved_action) {
+  in_scope = true;
   received.store(0);
   struct sigaction action {};
   action.sa_handler = on_scoped_interrupt;
@@ -44,6 +50,7 @@ InterruptScope::InterruptScope() : previous_(&saved_action) {
 }
 
 InterruptScope::~InterruptScope() {
+  in_scope = false;
   sigaction(SIGINT, previous_, nullptr);
   const int arrived = received.exchange(0);
   if (arrived != 0 && std::uncaught_exceptions() == 0) raise(arrived);

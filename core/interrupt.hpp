@@ -11,6 +11,12 @@ namespace sharpcheck {
 void catch_interrupts();
 // 0 while no signal arrived; otherwise the signal's number.
 [[nodiscard]] int interrupt_signal();
+// Whether such a signal is meant for work started on this thread: always where the process
+// catches interrupts (catch_interrupts: the CLI), else only inside an InterruptScope on this
+// thread (a Python call in the main thread; a call from another Python thread is never stopped,
+// as Python raises KeyboardInterrupt in the main thread alone). Work that polls from worker
+// threads captures it where it starts (core/parallel.hpp).
+[[nodiscard]] bool interrupts_apply_here();
 
 // SIGINT caught for the life of the object, for a host whose own handler cannot run meanwhile
 // (the Python module, whose handler runs only between bytecodes, around a call made without the

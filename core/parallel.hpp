@@ -1,8 +1,9 @@
 // Runs `count` independent work items on up to `threads` threads (0: every core), each item
 // once. Worker threads never let an exception escape: the first one thrown is rethrown to the
-// caller after every thread has joined, and no new item starts once one has failed. Where the
-// process catches interrupts (core/interrupt.hpp: the gate, compare), no item starts after SIGINT or
-// SIGTERM either: Interrupted is thrown instead, so a long judgement stops within one item.
+// caller after every thread has joined, and no new item starts once one has failed. Where
+// interrupts apply to the calling thread (core/interrupt.hpp: the gate, compare, a Python call in
+// its main thread), no item starts after SIGINT or SIGTERM either: Interrupted is thrown instead,
+// so a long judgement stops within one item.
 #pragma once
 
 #include <algorithm>
@@ -25,8 +26,9 @@ namespace sharpcheck {
 template <typename Work>
 void parallel_for(std::size_t count, unsigned threads, const Work& work) {
   const std::size_t workers = std::min<std::size_t>(thread_count(threads), count);
-  const auto stop_if_interrupted = [] {
-    if (const int signal = interrupt_signal(); signal != 0) throw Interrupted(signal);
+  const bool listening = interrupts_apply_here();  // captured here: the workers are other threads
+  const auto stop_if_interrupted = [listening] {
+    if (const int signal = interrupt_signal(); listening && signal != 0) throw Interrupted(signal);
   };
   if (workers <= 1) {
     for (std::size_t item = 0; item < count; ++item) {

@@ -236,6 +236,8 @@ std::pair<double, double> logit_and_rounding(Real dot, Real absolute, std::size_
 // theta near 1e308, or products below 2^-960 with a tiny theta), in long double (a 15-bit
 // exponent on x86-64 and AArch64): the logits and their bound stay finite where they are, and an
 // allowance with them (before, it was NaN and the judgement inconclusive whatever the output).
+// Where long double is double (MSVC, Apple's ARM) the fallback overflows as before and such a case
+// stays inconclusive: honest, not wrong.
 std::pair<double, double> entry_logit(std::span<const double> q, std::span<const double> k,
                                       const tensor::HeadScores& scores, double bias) {
   const auto [dot, absolute] = reference::dot_and_magnitude(q.data(), k.data(), q.size());

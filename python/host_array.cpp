@@ -85,32 +85,33 @@ std::uint16_t bits16(const unsigned char* at) {
 thread_local sigjmp_buf* probe_jump = nullptr;
 struct sigaction previous_bus_handler {};
 
-void on_bus_error(int /*signal*/, siginfo_t* /*info*/, void* /*context*/) {
-  if (probe_jump != nullptr) siglongjmp(*probe_jump, 1);
+void on_bus_error(int signal, siginfo_t* info, void* /*context*/) {
+  if (probe_jump != nullptr && info != nullptr && info->si_code > 0) siglongjmp(*probe_jump, 1);  // a fault
   sigaction(SIGBUS, &previous_bus_handler, nullptr);
+  if (info == nullptr || info->si_code <= 0) raise(signal);  // sent (kill): to the previous handler, after
 }
 
-// The first byte in [first, last] whose page cannot be read, or -1. Plain data only between
-// sigsetjmp and siglongjmp (no destructor is skipped).
-std::int64_t first_unreadable_byte(const unsigned char* first, const unsigned char* last) {
-  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+// Reads one byte in every page `visit` names (visit(probe) calls probe(address) for each) and
+// returns the first address whose page cannot be read, or null. Only trivially destructible
+// objects live between sigsetjmp and siglongjmp, so the jump skips no destructor.
+template <typename Visit>
+const unsigned char* first_unreadable(const Visit& visit) {
   struct sigaction ours {};
   ours.sa_sigaction = on_bus_error;
   ours.sa_flags = SA_SIGINFO;
   sigemptyset(&ours.sa_mask);
   sigaction(SIGBUS, &ours, &previous_bus_handler);
   sigjmp_buf jump;
-  volatile std::int64_t failed = -1;
-  const unsigned char* volatile at = first;
+  const unsigned char* volatile at = nullptr;
+  const unsigned char* failed = nullptr;
   if (sigsetjmp(jump, 1) == 0) {
     probe_jump = &jump;
-    for (std::uintptr_t address = reinterpret_cast<std::uintptr_t>(first);
-         address <= reinterpret_cast<std::uintptr_t>(last); address = (address / page + 1) * page) {
-      at = reinterpret_cast<const unsigned char*>(address);
-      [[maybe_unused]] const volatile unsigned char byte = *at;
-    }
+    visit([&at](const unsigned char* address) {
+      at = address;
+      [[maybe_unused]] const volatile unsigned char byte = *address;
+    });
   } else {
-    failed = at - first;
+    failed = at;
   }
   probe_jump = nullptr;
   sigaction(SIGBUS, &previous_bus_handler, nullptr);
@@ -202,17 +203,38 @@ void HostArray::set_layout(const std::vector<std::int64_t>& strides_in_items) {
 
 void HostArray::check_readable() const {
   if (count_ == 0 || data_ == nullptr) return;
-  std::int64_t low = 0, high = 0;  // the items' offsets reached, from data_
-  for (std::size_t axis = 0; axis < shape_.size(); ++axis) {
-    const std::int64_t reach = static_cast<std::int64_t>(shape_[axis] - 1) * strides_[axis];
-    (reach < 0 ? low : high) += reach;
-  }
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto size = static_cast<std::int64_t>(item_size(type_));
-  const unsigned char* first = data_ + low * size;
-  const std::int64_t unreadable = first_unreadable_byte(first, data_ + high * size + size - 1);
-  if (unreadable >= 0)
-    refuse_value(name_, "its memory cannot be read (a bus error at byte " + std::to_string(unreadable) +
-                            " of its data: a memory-mapped file truncated after it was mapped?)");
+  const auto page_of = [page](const unsigned char* p) { return reinterpret_cast<std::uintptr_t>(p) / page; };
+  const unsigned char* bad = nullptr;
+  if (contiguous_) {  // every page of the one run of elements
+    const unsigned char* last = data_ + static_cast<std::int64_t>(count_) * size - 1;
+    bad = first_unreadable([&](const auto& probe) {
+      for (std::uintptr_t p = page_of(data_); p <= page_of(last); ++p)
+        probe(std::max(data_, reinterpret_cast<const unsigned char*>(p * page)));
+    });
+  } else {  // only the pages elements lie on (a view's span may cover a whole file), run by run
+    const std::size_t extent = shape_.empty() ? 1 : shape_.back();
+    const std::int64_t step = (shape_.empty() ? 0 : strides_.back()) * size;
+    bad = first_unreadable([&](const auto& probe) {
+      std::uintptr_t last_page = 0;
+      bool any = false;
+      for (std::size_t run = 0; run < count_ / extent; ++run) {
+        const unsigned char* element = data_ + offset_of(run * extent) * size;
+        for (std::size_t k = 0; k < extent; ++k, element += step) {
+          for (const unsigned char* byte : {element, element + size - 1}) {
+            if (any && page_of(byte) == last_page) continue;
+            probe(byte);
+            last_page = page_of(byte);
+            any = true;
+          }
+        }
+      }
+    });
+  }
+  if (bad != nullptr)
+    refuse_value(name_, "its memory cannot be read (a bus error at byte " + std::to_string(bad - data_) +
+                            " from its first element: a memory-mapped file truncated after it was mapped?)");
 }
 
 std::int64_t HostArray::offset_of(std::size_t index) const {

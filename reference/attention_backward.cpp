@@ -246,11 +246,12 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const std::vector<t
       std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, std::max<std::size_t>(m, 1));
   partials.clear();
   partials.resize(workers);
+  const bool listening = interrupts_apply_here();  // on this thread; the rows run on workers
   parallel_for(workers, 0, [&](std::size_t w) {
     partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m, in.group);
     BackwardPass pass(in, heads, precision);
     for (std::size_t i = w; i < m; i += workers) {
-      if (const int signal = interrupt_signal(); signal != 0) throw Interrupted(signal);  // within a row
+      if (const int signal = interrupt_signal(); listening && signal != 0) throw Interrupted(signal);
       pass.add_query(i, *partials[w]);
     }
   });

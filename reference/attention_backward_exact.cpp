@@ -49,17 +49,18 @@ Rational exact_bias(const tensor::HeadScores& head, std::size_t position, std::s
 
 BackwardExactCases::BackwardExactCases(const tensor::AttentionBackwardProblem& in,
                                        const std::vector<tensor::HeadScores>& heads)
-    : in_(in), heads_(heads), rows_(in.queries.rows) {
-  if (in.scores.scale) {
-    scale_ = Rational(*in.scores.scale);
-  } else {
-    const auto d = static_cast<unsigned long>(in.queries.cols);
-    const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
-    if (root * root == d) {
-      scale_.emplace();
-      mpq_set_ui(scale_->get(), 1, root);
-    }
-  }
+    : in_(in), heads_(heads), rows_(in.queries.rows) {}
+
+// s for row i's head, when rational: its given scale, or 1/k for d = k^2.
+std::optional<Rational> BackwardExactCases::scale_of(std::size_t i) const {
+  const tensor::HeadScores& head = heads_[i / in_.positions()];
+  if (head.scale) return Rational(*head.scale);
+  const auto d = static_cast<unsigned long>(in_.queries.cols);
+  const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
+  if (root * root != d) return std::nullopt;
+  Rational scale;
+  mpq_set_ui(scale.get(), 1, root);
+  return scale;
 }
 
 bool BackwardExactCases::visible(std::size_t i, std::size_t j) const {
@@ -103,7 +104,8 @@ bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>
                                    Rational& common_dot) const {
   const std::size_t positions = in_.positions(), d = in_.queries.cols;
   const tensor::HeadScores& head = heads_[i / positions];
-  const bool by_value = scale_.has_value() && head.softcap == 0.0;
+  const std::optional<Rational> scale = scale_of(i);
+  const bool by_value = scale.has_value() && head.softcap == 0.0;
   struct Key {
     Rational dot, bias, value;
   };
@@ -113,7 +115,7 @@ bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>
             exact_bias(head, i % positions, j),
             {}};
     // s a where s is rational: the soft-cap's pairs are then (s a, b), so scale 0 is one group.
-    if (scale_) mpq_mul(key.dot.get(), key.dot.get(), scale_->get());
+    if (scale) mpq_mul(key.dot.get(), key.dot.get(), scale->get());
     entries.push_back(std::move(key));
   }
   if (head.sink) entries.push_back(Key{Rational(), Rational(*head.sink), {}});
@@ -197,9 +199,10 @@ void BackwardExactCases::analyse(std::size_t i, Row& facts) {
   } else {
     facts.d = common_d_prob(i, keys, head.sink.has_value());  // D is that value whatever P is
   }
-  const bool slope_rational = scale_.has_value() && (head.softcap == 0.0 || is_zero(common_dot));
+  const std::optional<Rational> scale = scale_of(i);
+  const bool slope_rational = scale.has_value() && (head.softcap == 0.0 || is_zero(common_dot));
   if (facts.one_group && facts.entries > 0 && slope_rational) {
-    Rational slope = *scale_;
+    Rational slope = *scale;
     Rational theta(head.theta);
     mpq_div(slope.get(), slope.get(), theta.get());
     facts.slope = std::move(slope);

@@ -66,10 +66,10 @@ class BackwardExactCases {
   [[nodiscard]] std::optional<Rational> d_logit(std::size_t i, std::size_t j);  // dz_ij
   [[nodiscard]] std::optional<Rational> d_raw(std::size_t i, std::size_t j);    // dr_ij
   void analyse(std::size_t i, Row& facts);
+  [[nodiscard]] std::optional<Rational> scale_of(std::size_t i) const;
 
   const tensor::AttentionBackwardProblem& in_;
   const std::vector<tensor::HeadScores>& heads_;
-  std::optional<Rational> scale_;  // s, when rational
   std::vector<Row> rows_;
 };
 

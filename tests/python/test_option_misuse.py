@@ -173,3 +173,42 @@ def test_sparse_tensors_and_big_endian_arrays_are_refused_with_the_fix():
         with pytest.raises(TypeError, match=r"big-endian arrays are not read; convert with \.astype\('<f4'\)"):
             call()
     assert np.array_equal(sharpcheck.softmax(big.astype("<f4")), sharpcheck.softmax(np.array([[1.0, 2.0]], "f4")))
+
+
+def test_ctrl_c_reaches_only_main_thread_calls_under_pythons_default_handler():
+    """A call in another thread is never stopped by Ctrl-C (Python raises KeyboardInterrupt in the
+    main thread alone), and a program that ignores SIGINT (multiprocessing's workers) keeps its
+    call running: both raised KeyboardInterrupt once the work polled one process-wide flag."""
+    import subprocess
+    import sys
+    script = """
+import numpy as np, os, signal, threading, time, sharpcheck
+rng = np.random.default_rng(0)
+q, k, v, do = (rng.standard_normal((1, 4, 256, 64)) for _ in range(4))
+result = {}
+def background():
+    try:
+        sharpcheck.attention_backward(q, k, v, do, format="fp64", threads=2)
+        result["background"] = "completed"
+    except BaseException as error:
+        result["background"] = type(error).__name__
+thread = threading.Thread(target=background)
+thread.start()
+time.sleep(0.2)
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    sharpcheck.attention_backward(q, k, v, do, format="fp64", threads=2)
+    print("main completed")
+except KeyboardInterrupt:
+    print("main interrupted")
+thread.join()
+print("background", result["background"])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+sharpcheck.attention_backward(q[:, :2], k[:, :2], v[:, :2], do[:, :2], format="fp64", threads=2)
+print("ignored")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["main interrupted", "background completed", "ignored"], done.stdout
