@@ -30,10 +30,11 @@ IdTail tail_of(const std::string& id) {
   return {id.substr(first + 1, last - first - 1), std::stoul(id.substr(last + 3))};
 }
 
-// An operation's external cases for one format, made once per process (a plugin's cases share them).
-std::shared_ptr<const std::vector<ExternalCase>> cases_of(const Operation& operation,
-                                                          const FloatFormat& format,
-                                                          const GateSettings& settings) {
+}  // namespace
+
+std::shared_ptr<const std::vector<ExternalCase>> external_cases_of(const Operation& operation,
+                                                                   const FloatFormat& format,
+                                                                   const GateSettings& settings) {
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<const std::vector<ExternalCase>>> made;
   const std::string key =
@@ -46,6 +47,8 @@ std::shared_ptr<const std::vector<ExternalCase>> cases_of(const Operation& opera
   }
   return cases;
 }
+
+namespace {
 
 std::uint32_t storage_of(const ExternalTensor& tensor, const FloatFormat& format) {
   if (tensor.stored_as == "fp64") return SHARPCHECK_STORE_FP64;
@@ -80,14 +83,6 @@ std::vector<std::pair<std::string, std::string>> schema_pairs(const ExternalCase
   return pairs;
 }
 
-const ExternalCase& find_case(const std::vector<ExternalCase>& cases, const GateCase& gate_case) {
-  for (const ExternalCase& c : cases) {
-    const IdTail tail = tail_of(c.id);
-    if (tail.input == gate_case.input && tail.n == gate_case.n) return c;
-  }
-  throw std::logic_error("no external case for " + gate_case.id());
-}
-
 const Operation& declared_operation(const PlanContext& context, const std::string& name) {
   const std::string plugin = "plugin " + context.settings.plugin->name();
   for (const Operation* operation : context.settings.operations) {
@@ -105,6 +100,45 @@ const Operation& declared_operation(const PlanContext& context, const std::strin
 
 }  // namespace
 
+const ExternalCase& find_external_case(const std::vector<ExternalCase>& cases, const GateCase& gate_case) {
+  for (const ExternalCase& c : cases) {
+    const IdTail tail = tail_of(c.id);
+    if (tail.input == gate_case.input && tail.n == gate_case.n) return c;
+  }
+  throw std::logic_error("no external case for " + gate_case.id());
+}
+
+GateCase external_gate_case(const ExternalCase& c, std::string kernel, const GateSettings& settings,
+                            bool broken, const FloatFormat* plugin_format) {
+  const IdTail tail = tail_of(c.id);
+  return make_case(std::move(kernel), tail.input, tail.n, settings, broken, plugin_format);
+}
+
+void judge_external_outputs(const Operation& operation, const ExternalCase& c, const FloatFormat& format,
+                            const std::vector<double>& values, const std::string& kernel,
+                            CaseOutcome& outcome) {
+  std::vector<std::unique_ptr<MemoryArray>> arrays;
+  OpCall call;
+  for (const ExternalTensor& t : c.tensors)
+    call.tensors[t.name] =
+        arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, t.values)).get();
+  auto next = values.begin();
+  for (const ExternalTensor& t : c.outputs) {
+    std::size_t count = 1;
+    for (const std::size_t extent : t.shape) count *= extent;
+    if (static_cast<std::size_t>(values.end() - next) < count)
+      throw std::logic_error("fewer output values than " + c.id + " says");
+    std::vector<double> output(next, next + static_cast<std::ptrdiff_t>(count));
+    next += static_cast<std::ptrdiff_t>(count);
+    call.tensors[t.name] =
+        arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, std::move(output))).get();
+  }
+  call.options = parse_op_arguments(operation, schema_pairs(c, format)).options;
+  call.options.judge.name = kernel;
+  call.options.judge.threads = 1;  // the gate runs cases side by side
+  adopt_judgement(operation.judge(call), outcome);
+}
+
 void plan_plugin_operations(const PlanContext& context, std::vector<GateCase>& cases) {
   const auto& plugin = context.settings.plugin;
   if (!plugin) return;
@@ -112,11 +146,10 @@ void plan_plugin_operations(const PlanContext& context, std::vector<GateCase>& c
     const Operation& operation = declared_operation(context, name);
     for (const FloatFormat* format : plugin->operation_formats()) {
       const std::size_t before = cases.size();
-      for (const ExternalCase& c : *cases_of(operation, *format, context.settings)) {
+      for (const ExternalCase& c : *external_cases_of(operation, *format, context.settings)) {
         if (c.outputs.empty()) continue;
-        const IdTail tail = tail_of(c.id);
-        GateCase gate_case = make_case(kernel_name(*plugin, name, *format), tail.input, tail.n,
-                                       context.settings, false, format);
+        GateCase gate_case =
+            external_gate_case(c, kernel_name(*plugin, name, *format), context.settings, false, format);
         gate_case.operation = name;
         gate_case.plugin_operation = true;
         cases.push_back(std::move(gate_case));
@@ -133,8 +166,8 @@ void run_plugin_operation_case(const Operation& operation, const GateCase& gate_
                                const GateSettings& settings, CaseOutcome& outcome) {
   const FloatFormat& format = *gate_case.plugin_format;
   outcome.format = std::string(format.name);
-  const auto all = cases_of(operation, format, settings);
-  const ExternalCase& c = find_case(*all, gate_case);
+  const auto all = external_cases_of(operation, format, settings);
+  const ExternalCase& c = find_external_case(*all, gate_case);
   std::vector<kernels::PluginTensor> inputs, outputs;
   for (const ExternalTensor& t : c.tensors)
     inputs.push_back({t.name, storage_of(t, format), t.shape, t.values});
@@ -154,24 +187,7 @@ void run_plugin_operation_case(const Operation& operation, const GateCase& gate_
     return;
   }
   outcome.console = run.console;
-  std::vector<std::unique_ptr<MemoryArray>> arrays;
-  OpCall call;
-  for (const ExternalTensor& t : c.tensors)
-    call.tensors[t.name] =
-        arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, t.values)).get();
-  auto next = run.out.values.begin();
-  for (const kernels::PluginTensor& t : outputs) {
-    std::size_t count = 1;
-    for (const std::size_t extent : t.shape) count *= extent;
-    std::vector<double> values(next, next + static_cast<std::ptrdiff_t>(count));
-    next += static_cast<std::ptrdiff_t>(count);
-    call.tensors[t.name] =
-        arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, std::move(values))).get();
-  }
-  call.options = parse_op_arguments(operation, schema_pairs(c, format)).options;
-  call.options.judge.name = gate_case.kernel;
-  call.options.judge.threads = 1;  // the gate runs cases side by side
-  adopt_judgement(operation.judge(call), outcome);
+  judge_external_outputs(operation, c, format, run.out.values, gate_case.kernel, outcome);
 }
 
 }  // namespace sharpcheck::gate

@@ -5,6 +5,8 @@
 // that say their outputs can be computed by a plugin with no change here.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "gate/cases.hpp"
@@ -20,5 +22,21 @@ void plan_plugin_operations(const PlanContext& context, std::vector<GateCase>& c
 // Runs one of those cases (gate_case.plugin_operation) and judges its outputs.
 void run_plugin_operation_case(const Operation& operation, const GateCase& gate_case,
                                const GateSettings& settings, CaseOutcome& outcome);
+
+// What built-in kernels of an operation share with plugins (ops/attention_merge's merge kernels):
+// the operation's external cases in one format, made once per process and seed;
+[[nodiscard]] std::shared_ptr<const std::vector<ExternalCase>> external_cases_of(
+    const Operation& operation, const FloatFormat& format, const GateSettings& settings);
+// the gate case of one (its id's input and n, the kernel's name), and back;
+[[nodiscard]] GateCase external_gate_case(const ExternalCase& c, std::string kernel,
+                                          const GateSettings& settings, bool broken,
+                                          const FloatFormat* plugin_format);
+[[nodiscard]] const ExternalCase& find_external_case(const std::vector<ExternalCase>& cases,
+                                                     const GateCase& gate_case);
+// and the judgement of outputs computed for it (values: c.outputs' elements, one after another),
+// by the operation's own judge, into outcome.
+void judge_external_outputs(const Operation& operation, const ExternalCase& c, const FloatFormat& format,
+                            const std::vector<double>& values, const std::string& kernel,
+                            CaseOutcome& outcome);
 
 }  // namespace sharpcheck::gate

@@ -8,6 +8,7 @@
 
 #include "core/errors.hpp"
 #include "formats/float_format.hpp"
+#include "ops/attention_merge/merge_kernels.hpp"
 
 namespace sharpcheck::ops {
 namespace {
@@ -236,10 +237,10 @@ const gate::Operation attention_merge_operation{
     .options = merge_options,
     .allowance = "the attention_fp32 recipe (metrics/recipes.hpp) of the one-query attention the merge is",
     .plugin_entry = {},
-    .kernels = [] { return std::vector<gate::KernelRow>{}; },
-    .plan_builtin = nullptr,
+    .kernels = merge::kernel_rows,
+    .plan_builtin = merge::plan_builtin,
     .plan_plugin = nullptr,
-    .run = nullptr,
+    .run = merge::run_case,
     .judge = judge_merge,
     .external_cases = merge_external_cases,
 };
