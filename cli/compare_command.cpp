@@ -231,8 +231,14 @@ int run_compare(const CompareSettings& settings) {
       outcome = gate::compare_files(request);
     }
   } catch (const Interrupted& interrupted) {
+    // The heads judged before the signal are kept (attention: InterruptedJudgement carries them).
+    nlohmann::json cases = nlohmann::json::array();
+    if (const auto* partial = dynamic_cast<const gate::InterruptedJudgement*>(&interrupted)) {
+      std::printf("%s\n", partial->partial().incomplete.c_str());
+      cases.push_back(gate::to_json(partial->partial()));
+    }
     if (!settings.json_path.empty()) {
-      const nlohmann::json report{{"cases", nlohmann::json::array()},
+      const nlohmann::json report{{"cases", cases},
                                   {"complete", false},
                                   {"interrupted_by_signal", interrupted.signal_number()},
                                   {"rerun", to_valid_utf8(rerun_command(settings))}};

@@ -7,8 +7,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/errors.hpp"
 #include "kernels/plugin.hpp"
 #include "metrics/comparison.hpp"
 #include "reference/exact_rounding.hpp"
@@ -72,6 +74,9 @@ struct CaseOutcome {
     std::size_t proven_violations = 0;  // of the proven tier alone (what proven_only judges)
   };
   std::vector<TensorVerdict> tensors;
+  // Set when a signal stopped the judgement part way ("interrupted by signal 15 after 5 of 16
+  // heads ..."): the comparison covers what was judged before it, and the report says so.
+  std::string incomplete;
   [[nodiscard]] bool passed() const { return failures.empty(); }
   // Passed, but the case cannot discriminate (metrics::Comparison::inconclusive): not a plain pass.
   [[nodiscard]] bool inconclusive() const { return !crashed && passed() && comparison.inconclusive(); }
@@ -106,6 +111,18 @@ struct GateSettings {
 [[nodiscard]] std::vector<GateCase> plan_cases(const GateSettings& settings);
 // The sweep's sizes: --sizes with repeats folded (InputError for 0), or 16 to 16,384.
 [[nodiscard]] std::vector<std::size_t> sweep_sizes(const GateSettings& settings);
+
+// A judgement a signal stopped part way, carrying what it had judged (CaseOutcome::incomplete
+// says how much), so that compare's report keeps it.
+class InterruptedJudgement : public Interrupted {
+ public:
+  InterruptedJudgement(int signal_number, CaseOutcome partial)
+      : Interrupted(signal_number), partial_(std::move(partial)) {}
+  [[nodiscard]] const CaseOutcome& partial() const { return partial_; }
+
+ private:
+  CaseOutcome partial_;
+};
 
 // Runs one case and judges it by the tolerance table.
 [[nodiscard]] CaseOutcome run_case(const GateCase& gate_case, const GateSettings& settings);

@@ -423,6 +423,15 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   for (const std::string& entry : entries) {
     RecipeJudgement r = judge_under(options, spec, entry, problem, arrays, out);
     r.name = entry.c_str();
+    if (r.judgement.interrupted_by != 0) {  // what was judged goes to the report with the signal
+      record_attention(options, arrays, problem, r.judgement, outcome);
+      outcome.recipe = entry;
+      outcome.incomplete = "interrupted by signal " + std::to_string(r.judgement.interrupted_by) + " after " +
+                           std::to_string(r.judgement.heads_judged) + " of " +
+                           std::to_string(r.judgement.heads) + " heads under " + entry +
+                           ": the comparison covers those heads alone";
+      throw InterruptedJudgement(r.judgement.interrupted_by, std::move(outcome));
+    }
     const bool fits = r.closeness <= 1 && r.judgement.output.passed(options.strictest) &&
                       (!r.judgement.lse || r.judgement.lse->passed(options.strictest));
     if (!closest || r.closeness < closest->closeness || fits) closest = std::move(r);

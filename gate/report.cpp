@@ -187,6 +187,7 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
                                  {"proven_violations", t.proven_violations},
                                  {"non_finite", t.non_finite}});
   }
+  if (!outcome.incomplete.empty()) record["incomplete"] = outcome.incomplete;
   if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
     record["recipe"] = outcome.recipe;
     record["recipe_note"] = outcome.recipe_note;

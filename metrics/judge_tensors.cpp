@@ -174,26 +174,37 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
   if (lse != nullptr) check(lse->size(), problem.lse_elements(), "the log-sum-exp");
   const std::size_t heads = problem.shape.batch * problem.shape.heads;
   std::vector<HeadJudgement> judged(heads);
-  parallel_for(heads, threads, [&](std::size_t item) {
-    const std::size_t b = item / problem.shape.heads;
-    if (problem.query_length(b) == 0) return;
-    try {
-      judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, {q, k, v, out, lse});
-    } catch (const InputError& error) {  // say which head: the reference names the row and column
-      throw InputError(error.problem(), "batch " + std::to_string(b) + ", head " +
-                                            std::to_string(item % problem.shape.heads) + ": " + error.what());
-    }
-  });
+  std::vector<char> done(heads, 0);
   TensorJudgement judgement;
+  try {
+    parallel_for(heads, threads, [&](std::size_t item) {
+      const std::size_t b = item / problem.shape.heads;
+      if (problem.query_length(b) > 0) {
+        try {
+          judged[item] = judge_head(spec, problem, b, item % problem.shape.heads, {q, k, v, out, lse});
+        } catch (const InputError& error) {  // say which head: the reference names the row and column
+          throw InputError(error.problem(), "batch " + std::to_string(b) + ", head " +
+                                                std::to_string(item % problem.shape.heads) + ": " +
+                                                error.what());
+        }
+      }
+      done[item] = 1;
+    });
+  } catch (const Interrupted& interrupted) {  // keep the heads judged; the caller reports them
+    judgement.interrupted_by = interrupted.signal_number();
+  }
+  judgement.heads = heads;
   if (lse != nullptr) judgement.lse = Comparison{};
   for (std::size_t item = 0; item < heads; ++item) {  // in order: reports do not depend on threads
+    if (done[item] == 0) continue;
+    ++judgement.heads_judged;
     const std::size_t b = item / problem.shape.heads;
     const std::size_t h = item % problem.shape.heads;
     fold(judgement.output, judgement.worst_output, judged[item].output, b, h);
     if (judgement.lse) fold(*judgement.lse, judgement.worst_lse, judged[item].lse, b, h);
     judgement.statistics.merge(judged[item].statistics);
   }
-  one_emulated_variant(problem, judged, judgement);
+  if (judgement.interrupted_by == 0) one_emulated_variant(problem, judged, judgement);
   return judgement;
 }
 

@@ -20,6 +20,10 @@ struct TensorJudgement {
   tensor::ElementIndex worst_output;
   tensor::ElementIndex worst_lse;
   reference::ZivStatistics statistics;
+  // Heads judged of the heads the problem has: fewer when a signal stopped the judgement
+  // (interrupted_by: its number, else 0); the comparisons then cover the heads judged alone.
+  std::size_t heads_judged = 0, heads = 0;
+  int interrupted_by = 0;
   [[nodiscard]] bool passed() const { return output.passed() && (!lse || lse->passed()); }
   // "output worst at [batch 1, head 3, row 17, column 5]: ..." and the same for the LSE.
   [[nodiscard]] std::string describe_worst() const;

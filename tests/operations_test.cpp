@@ -17,6 +17,7 @@
 #include "kernels/attention_escape_kernels.hpp"
 #include "kernels/registry.hpp"
 #include "kernels/softmax_backward.hpp"
+#include "ops/attention_merge/merge_kernels.hpp"
 #include "ops/paged_attention/paged_kernels.hpp"
 #include "ops/registry.hpp"
 #include "reference/attention.hpp"
@@ -95,6 +96,7 @@ TEST(Operations, EveryBuiltInKernelBelongsToExactlyOneOperation) {
   for (const auto& k : kernels::attention_escape_kernels()) registered.emplace_back(k.name);
   for (const auto& k : kernels::attention_backward_kernels()) registered.emplace_back(k.name);
   for (const auto& k : ops::paged::kernels()) registered.emplace_back(k.name);  // an operation's own folder
+  for (const auto& k : ops::merge::kernels()) registered.emplace_back(k.name);
   EXPECT_EQ(listed.size(), registered.size());
   for (const auto& name : registered) EXPECT_EQ(listed.count(name), 1U) << name;
 }

@@ -176,7 +176,10 @@ np.save('out_big.npy', np.zeros((1, 16, 1024, 64), np.float32))
     kill -TERM $compare_pid; wait $compare_pid; code=$?
     out=$(cat compare_term.out)
     expect_code 143; expect_text "interrupted by signal 15"
-    grep -q '"complete": false' compare_term.json || fail "compare's interrupted report is missing or complete" ;;
+    grep -q '"complete": false' compare_term.json || fail "compare's interrupted report is missing or complete"
+    # ... and it keeps the heads judged before the signal, saying how many (they were lost).
+    grep -qE '"incomplete": "interrupted by signal 15 after [0-9]+ of 16 heads' compare_term.json ||
+      fail "compare's interrupted report lost the heads judged:\n$(head -c 600 compare_term.json)" ;;
   vacuous_inputs)
     dict="{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }"
     printf '\x93NUMPY\x01\x00\x76\x00%s%*s\n' "$dict" $((128 - 10 - ${#dict} - 1)) '' > empty.npy
