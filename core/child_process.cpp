@@ -106,21 +106,42 @@ std::optional<ProcessStat> read_stat(pid_t pid) {
 // Children of this process started at or after `since` that no run_in_child call is waiting on:
 // what a plugin left behind outside its process group (setsid, then a double fork), re-parented
 // here because this process is their subreaper.
-std::vector<pid_t> stray_children(unsigned long long since) {
-  std::vector<pid_t> found;
+// The pids that /proc lists as this process's children: each thread's `children` file (a few
+// reads), or, where the kernel has no such files, every process's parent (a scan of /proc).
+std::vector<pid_t> children_of_self() {
+  std::vector<pid_t> pids;
+  bool listed = false;
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    while (const dirent* entry = readdir(tasks)) {
+      if (entry->d_name[0] == '.') continue;
+      std::ifstream file(std::string("/proc/self/task/") + entry->d_name + "/children");
+      listed = listed || file.is_open();
+      for (long pid = 0; file >> pid;) pids.push_back(static_cast<pid_t>(pid));
+    }
+    closedir(tasks);
+  }
+  if (listed) return pids;
   DIR* proc = opendir("/proc");
-  if (proc == nullptr) return found;
+  if (proc == nullptr) return pids;
   const pid_t self = getpid();
   while (const dirent* entry = readdir(proc)) {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0') continue;
     const std::optional<ProcessStat> stat = read_stat(static_cast<pid_t>(pid));
-    if (stat && stat->parent == self && stat->start >= since &&
-        !live_children.contains(static_cast<pid_t>(pid)))
-      found.push_back(static_cast<pid_t>(pid));
+    if (stat && stat->parent == self) pids.push_back(static_cast<pid_t>(pid));
   }
   closedir(proc);
+  return pids;
+}
+
+std::vector<pid_t> stray_children(unsigned long long since) {
+  std::vector<pid_t> found;
+  for (const pid_t pid : children_of_self()) {
+    const std::optional<ProcessStat> stat = read_stat(pid);
+    if (stat && stat->parent == getpid() && stat->start >= since && !live_children.contains(pid))
+      found.push_back(pid);
+  }
   return found;
 }
 
