@@ -113,12 +113,41 @@ std::pair<std::size_t, std::size_t> shard_of(const nlohmann::json& report) {
 
 }  // namespace
 
+namespace {
+
+nlohmann::json finite_or_string(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+}
+
+// What only some records have: the plugin's console, the worst element's full index, the judged
+// gradients, an interruption, and the recipe of judged arrays.
+void add_optional_fields(const CaseOutcome& outcome, nlohmann::json& record) {
+  if (!outcome.console.empty()) record["console"] = to_valid_utf8(outcome.console);
+  if (!outcome.worst_index.empty()) {
+    record["worst"]["array"] = outcome.worst_array;
+    record["worst"]["full_index"] = outcome.worst_index;
+  }
+  for (const CaseOutcome::TensorVerdict& t : outcome.tensors) {
+    record["tensors"].push_back({{"name", t.name},
+                                 {"proven_ratio", finite_or_string(t.proven_ratio)},
+                                 {"statistical_ratio", finite_or_string(t.statistical_ratio)},
+                                 {"violations", t.violations},
+                                 {"proven_violations", t.proven_violations},
+                                 {"non_finite", t.non_finite}});
+  }
+  if (!outcome.incomplete.empty()) record["incomplete"] = outcome.incomplete;
+  if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
+    record["recipe"] = outcome.recipe;
+    record["recipe_note"] = outcome.recipe_note;
+    record["max_row_scale_ratio"] = outcome.comparison.max_row_scale_ratio;
+  }
+}
+
+}  // namespace
+
 nlohmann::json to_json(const CaseOutcome& outcome) {
   const auto& c = outcome.comparison;
-  const auto finite_or_string = [](double x) -> nlohmann::json {
-    if (std::isfinite(x)) return x;
-    return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
-  };
   const auto& gate_case = outcome.gate_case;
   nlohmann::json record = {
       {"id", gate_case.id()},
@@ -174,25 +203,7 @@ nlohmann::json to_json(const CaseOutcome& outcome) {
                     (gate_case.plugin_path.empty() ? "--kernel " + gate_case.kernel
                                                    : "--plugin " + to_valid_utf8(gate_case.plugin_path)) +
                     " --case " + gate_case.id() + " --seed " + std::to_string(gate_case.base_seed)}};
-  if (!outcome.console.empty()) record["console"] = to_valid_utf8(outcome.console);
-  if (!outcome.worst_index.empty()) {
-    record["worst"]["array"] = outcome.worst_array;
-    record["worst"]["full_index"] = outcome.worst_index;
-  }
-  for (const CaseOutcome::TensorVerdict& t : outcome.tensors) {
-    record["tensors"].push_back({{"name", t.name},
-                                 {"proven_ratio", finite_or_string(t.proven_ratio)},
-                                 {"statistical_ratio", finite_or_string(t.statistical_ratio)},
-                                 {"violations", t.violations},
-                                 {"proven_violations", t.proven_violations},
-                                 {"non_finite", t.non_finite}});
-  }
-  if (!outcome.incomplete.empty()) record["incomplete"] = outcome.incomplete;
-  if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
-    record["recipe"] = outcome.recipe;
-    record["recipe_note"] = outcome.recipe_note;
-    record["max_row_scale_ratio"] = c.max_row_scale_ratio;
-  }
+  add_optional_fields(outcome, record);
   return record;
 }
 

@@ -210,8 +210,12 @@ void HostArray::check_readable() const {
   if (contiguous_) {  // every page of the one run of elements
     const unsigned char* last = data_ + static_cast<std::int64_t>(count_) * size - 1;
     bad = first_unreadable([&](const auto& probe) {
-      for (std::uintptr_t p = page_of(data_); p <= page_of(last); ++p)
-        probe(std::max(data_, reinterpret_cast<const unsigned char*>(p * page)));
+      // The first byte, then the start of every later page, as offsets from data_ (no integer is
+      // cast back to a pointer, and no pointer past the array is formed).
+      const auto step = static_cast<std::ptrdiff_t>(page);
+      const auto into_page = static_cast<std::ptrdiff_t>(reinterpret_cast<std::uintptr_t>(data_) % page);
+      for (std::ptrdiff_t offset = 0; offset <= last - data_; offset += offset == 0 ? step - into_page : step)
+        probe(data_ + offset);
     });
   } else {  // only the pages elements lie on (a view's span may cover a whole file), run by run
     const std::size_t extent = shape_.empty() ? 1 : shape_.back();

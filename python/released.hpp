@@ -21,7 +21,6 @@ class Released {
     if (PyThread_get_thread_ident() == main_thread() && default_handler_installed()) scope_.emplace();
     release_.emplace();
   }
-  ~Released() { release_.reset(); }  // the GIL back before the handler (scope_, destroyed after)
   Released(const Released&) = delete;
   Released& operator=(const Released&) = delete;
 
@@ -38,7 +37,7 @@ class Released {
     return ident;
   }
   std::optional<InterruptScope> scope_;
-  std::optional<pybind11::gil_scoped_release> release_;
+  std::optional<pybind11::gil_scoped_release> release_;  // destroyed first: the GIL back, then the handler
 };
 
 }  // namespace sharpcheck::python
