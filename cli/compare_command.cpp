@@ -235,7 +235,9 @@ int run_compare(const CompareSettings& settings) {
     nlohmann::json cases = nlohmann::json::array();
     if (const auto* partial = dynamic_cast<const gate::InterruptedJudgement*>(&interrupted)) {
       std::printf("%s\n", partial->partial().incomplete.c_str());
-      cases.push_back(gate::to_json(partial->partial()));
+      nlohmann::json record = gate::to_json(partial->partial());
+      record["rerun"] = to_valid_utf8(rerun_command(settings));
+      cases.push_back(std::move(record));
     }
     if (!settings.json_path.empty()) {
       const nlohmann::json report{{"cases", cases},

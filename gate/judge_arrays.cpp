@@ -325,6 +325,35 @@ RecipeJudgement judge_under(const JudgeOptions& options, metrics::JudgeSpec spec
   return r;
 }
 
+std::string ratio_text(double ratio);
+
+// A signal stopped the judgement under `entry`: the report keeps what was judged, the closest
+// earlier recipe's verdict when one judged every head (it did not fit; the recipes from `entry` on
+// are untried), else the heads `entry` finished.
+[[noreturn]] void stop_with_what_was_judged(const JudgeOptions& options, const AttentionArrays& arrays,
+                                            const tensor::AttentionProblem& problem, const std::string& entry,
+                                            const metrics::InterruptedTensorJudgement& stopped,
+                                            const std::optional<RecipeJudgement>& closest,
+                                            CaseOutcome& outcome) {
+  const std::string signal = "interrupted by signal " + std::to_string(stopped.signal_number());
+  if (closest) {
+    record_attention(options, arrays, problem, closest->judgement, outcome);
+    outcome.recipe = closest->name;
+    outcome.failures.push_back("fits none of the recipes tried; closest: " + outcome.recipe + " at ratio " +
+                               ratio_text(closest->closeness));
+    outcome.incomplete = signal + " while trying " + entry + ": the verdict is " + outcome.recipe +
+                         "'s, every head judged; " + entry + " and the recipes after it untried";
+  } else {
+    const metrics::TensorJudgement& partial = stopped.partial();
+    record_attention(options, arrays, problem, partial, outcome);
+    outcome.recipe = entry;
+    outcome.incomplete = signal + " after " + std::to_string(partial.heads_judged) + " of " +
+                         std::to_string(partial.heads) + " heads under " + entry +
+                         ": the comparison covers those heads alone";
+  }
+  throw InterruptedJudgement(stopped.signal_number(), std::move(outcome));
+}
+
 std::string ratio_text(double ratio) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3g", ratio);
@@ -421,17 +450,13 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   std::optional<RecipeJudgement> closest;
   std::string tried;
   for (const std::string& entry : entries) {
-    RecipeJudgement r = judge_under(options, spec, entry, problem, arrays, out);
-    r.name = entry.c_str();
-    if (r.judgement.interrupted_by != 0) {  // what was judged goes to the report with the signal
-      record_attention(options, arrays, problem, r.judgement, outcome);
-      outcome.recipe = entry;
-      outcome.incomplete = "interrupted by signal " + std::to_string(r.judgement.interrupted_by) + " after " +
-                           std::to_string(r.judgement.heads_judged) + " of " +
-                           std::to_string(r.judgement.heads) + " heads under " + entry +
-                           ": the comparison covers those heads alone";
-      throw InterruptedJudgement(r.judgement.interrupted_by, std::move(outcome));
+    RecipeJudgement r;
+    try {
+      r = judge_under(options, spec, entry, problem, arrays, out);
+    } catch (const metrics::InterruptedTensorJudgement& stopped) {
+      stop_with_what_was_judged(options, arrays, problem, entry, stopped, closest, outcome);
     }
+    r.name = entry.c_str();
     const bool fits = r.closeness <= 1 && r.judgement.output.passed(options.strictest) &&
                       (!r.judgement.lse || r.judgement.lse->passed(options.strictest));
     if (!closest || r.closeness < closest->closeness || fits) closest = std::move(r);
@@ -444,10 +469,20 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   if (outcome.passed()) {
     outcome.recipe_note = (named ? "pass under " : "pass as ") + outcome.recipe + ": " + closest->summary;
   } else {
+    std::string others;
+    try {
+      if (named)
+        others = other_recipe_line(options, spec, problem, arrays, out, *input.format, *output.format,
+                                   outcome.recipe);
+    } catch (const Interrupted& stopped) {  // the verdict stands; the other recipes were not tried
+      outcome.failures.push_back("fails the named recipe " + outcome.recipe + " at ratio " +
+                                 ratio_text(closest->closeness));
+      outcome.incomplete = "interrupted by signal " + std::to_string(stopped.signal_number()) +
+                           " before the other recipes were tried: the verdict is complete";
+      throw InterruptedJudgement(stopped.signal_number(), std::move(outcome));
+    }
     outcome.recipe_note = named ? "fails the named recipe " + outcome.recipe + " (" + closest->summary +
-                                      ") at ratio " + ratio_text(closest->closeness) + "; " +
-                                      other_recipe_line(options, spec, problem, arrays, out, *input.format,
-                                                        *output.format, outcome.recipe)
+                                      ") at ratio " + ratio_text(closest->closeness) + "; " + others
                                 : "fits no recipe the formats allow (tried " + tried + "; name one of " +
                                       metrics::recipe_names(false, true) +
                                       " to judge by it); closest: " + outcome.recipe + " (" +

@@ -176,6 +176,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
   std::vector<HeadJudgement> judged(heads);
   std::vector<char> done(heads, 0);
   TensorJudgement judgement;
+  int interrupted_by = 0;
   try {
     parallel_for(heads, threads, [&](std::size_t item) {
       const std::size_t b = item / problem.shape.heads;
@@ -190,21 +191,24 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
       }
       done[item] = 1;
     });
-  } catch (const Interrupted& interrupted) {  // keep the heads judged; the caller reports them
-    judgement.interrupted_by = interrupted.signal_number();
+  } catch (const Interrupted& interrupted) {  // keep the heads judged, for a caller that reports them
+    interrupted_by = interrupted.signal_number();
   }
-  judgement.heads = heads;
   if (lse != nullptr) judgement.lse = Comparison{};
   for (std::size_t item = 0; item < heads; ++item) {  // in order: reports do not depend on threads
+    const std::size_t with_queries = problem.query_length(item / problem.shape.heads) > 0 ? 1 : 0;
+    judgement.heads += with_queries;
     if (done[item] == 0) continue;
-    ++judgement.heads_judged;
+    judgement.heads_judged += with_queries;
     const std::size_t b = item / problem.shape.heads;
     const std::size_t h = item % problem.shape.heads;
     fold(judgement.output, judgement.worst_output, judged[item].output, b, h);
     if (judgement.lse) fold(*judgement.lse, judgement.worst_lse, judged[item].lse, b, h);
     judgement.statistics.merge(judged[item].statistics);
   }
-  if (judgement.interrupted_by == 0) one_emulated_variant(problem, judged, judgement);
+  // Heads not judged have no variants and an empty output: folding them changes nothing.
+  one_emulated_variant(problem, judged, judgement);
+  if (interrupted_by != 0) throw InterruptedTensorJudgement(interrupted_by, std::move(judgement));
   return judgement;
 }
 

@@ -7,7 +7,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
+#include "core/errors.hpp"
 #include "metrics/evaluate.hpp"
 #include "tensor/attention_problem.hpp"
 #include "tensor/tensor_source.hpp"
@@ -20,13 +22,24 @@ struct TensorJudgement {
   tensor::ElementIndex worst_output;
   tensor::ElementIndex worst_lse;
   reference::ZivStatistics statistics;
-  // Heads judged of the heads the problem has: fewer when a signal stopped the judgement
-  // (interrupted_by: its number, else 0); the comparisons then cover the heads judged alone.
+  // Heads with queries judged, of those the problem has: fewer only in the judgement an
+  // InterruptedTensorJudgement carries, whose comparisons cover the heads judged alone.
   std::size_t heads_judged = 0, heads = 0;
-  int interrupted_by = 0;
   [[nodiscard]] bool passed() const { return output.passed() && (!lse || lse->passed()); }
   // "output worst at [batch 1, head 3, row 17, column 5]: ..." and the same for the LSE.
   [[nodiscard]] std::string describe_worst() const;
+};
+
+// A signal stopped the judgement (core/interrupt.hpp): thrown with what the heads finished by
+// then give, for a caller that reports it (compare); any other caller sees an Interrupted.
+class InterruptedTensorJudgement : public Interrupted {
+ public:
+  InterruptedTensorJudgement(int signal_number, TensorJudgement partial)
+      : Interrupted(signal_number), partial_(std::move(partial)) {}
+  [[nodiscard]] const TensorJudgement& partial() const { return partial_; }
+
+ private:
+  TensorJudgement partial_;
 };
 
 // q, k, v, out as problem's layout says (out: problem.output_elements()); lse empty or

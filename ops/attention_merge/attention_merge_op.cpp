@@ -219,12 +219,23 @@ gate::CaseOutcome judge_merge(const gate::OpCall& call) {
   options.scores.fully_masked = tensor::FullyMaskedRows::zeros;  // every partial empty: o = 0
   options.input_format = "fp64";  // the partials were read in their own format already
   if (options.tolerance_entry.empty()) options.tolerance_entry = "attention_fp32";
-  gate::CaseOutcome outcome = gate::judge_attention_arrays(options, arrays);
-  // The worst element's index in the user's [T, H, D] out or [T, H] lse, not the one-query view's.
-  auto& index = outcome.worst_index;
-  // (the attention judge names them "out" and "lse", whatever the arrays are called).
-  if (index.size() == 4 && outcome.worst_array == "out") index.erase(index.begin() + 1);
-  if (index.size() == 3 && lse != nullptr && outcome.worst_array == "lse") index.pop_back();
+  // The worst element's index in the user's [T, H, D] out or [T, H] lse, not the one-query view's
+  // (the attention judge names them "out" and "lse", whatever the arrays are called); also in the
+  // partial outcome of an interrupted judgement.
+  const auto in_user_order = [&lse](gate::CaseOutcome& outcome) {
+    auto& index = outcome.worst_index;
+    if (index.size() == 4 && outcome.worst_array == "out") index.erase(index.begin() + 1);
+    if (index.size() == 3 && lse != nullptr && outcome.worst_array == "lse") index.pop_back();
+  };
+  gate::CaseOutcome outcome;
+  try {
+    outcome = gate::judge_attention_arrays(options, arrays);
+  } catch (const gate::InterruptedJudgement& stopped) {
+    gate::CaseOutcome partial = stopped.partial();
+    in_user_order(partial);
+    throw gate::InterruptedJudgement(stopped.signal_number(), std::move(partial));
+  }
+  in_user_order(outcome);
   return outcome;
 }
 

@@ -320,9 +320,19 @@ gate::CaseOutcome judge_paged(const gate::OpCall& call) {
   read_head_values(call, arrays);
   options.layout = "packed";
   options.scores.alignment = tensor::DiagonalAlignment::bottom_right;
-  gate::CaseOutcome outcome = gate::judge_attention_arrays(options, arrays);
-  if (outcome.worst_array == "lse" && outcome.worst_index.size() == 2)
-    std::swap(outcome.worst_index[0], outcome.worst_index[1]);  // the user's [T, H]
+  const auto in_user_order = [](gate::CaseOutcome& outcome) {
+    if (outcome.worst_array == "lse" && outcome.worst_index.size() == 2)
+      std::swap(outcome.worst_index[0], outcome.worst_index[1]);  // the user's [T, H]
+  };
+  gate::CaseOutcome outcome;
+  try {
+    outcome = gate::judge_attention_arrays(options, arrays);
+  } catch (const gate::InterruptedJudgement& stopped) {  // its partial outcome in the user's order too
+    gate::CaseOutcome partial = stopped.partial();
+    in_user_order(partial);
+    throw gate::InterruptedJudgement(stopped.signal_number(), std::move(partial));
+  }
+  in_user_order(outcome);
   return outcome;
 }
 
