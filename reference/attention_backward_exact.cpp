@@ -5,23 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "reference/attention_row.hpp"
+
 namespace sharpcheck::reference {
 namespace {
-
-// x . y exactly, over `count` entries of two row-major rows.
-Rational exact_dot(const double* x, const double* y, std::size_t count) {
-  Rational sum;
-  Rational product;
-  Rational factor;
-  for (std::size_t t = 0; t < count; ++t) {
-    if (x[t] == 0.0 || y[t] == 0.0) continue;
-    mpq_set_d(product.get(), x[t]);
-    mpq_set_d(factor.get(), y[t]);
-    mpq_mul(product.get(), product.get(), factor.get());
-    mpq_add(sum.get(), sum.get(), product.get());
-  }
-  return sum;
-}
 
 bool is_zero(const Rational& x) { return mpq_sgn(x.get()) == 0; }
 bool equal(const Rational& x, const Rational& y) { return mpq_equal(x.get(), y.get()) != 0; }
@@ -31,18 +18,6 @@ void add_times(Rational& sum, const Rational& term, double factor) {
   Rational product(factor);
   mpq_mul(product.get(), product.get(), term.get());
   mpq_add(sum.get(), sum.get(), product.get());
-}
-
-// The exact bias b_ij = additive - slope * distance.
-Rational exact_bias(const tensor::HeadScores& head, std::size_t position, std::size_t key) {
-  const tensor::HeadScores::BiasTerms terms = head.bias_terms(position, key);
-  Rational bias(terms.additive);
-  Rational alibi(terms.slope);
-  Rational distance;
-  mpq_set_si(distance.get(), terms.distance, 1);
-  mpq_mul(alibi.get(), alibi.get(), distance.get());
-  mpq_sub(bias.get(), bias.get(), alibi.get());
-  return bias;
 }
 
 }  // namespace
@@ -102,7 +77,7 @@ bool BackwardExactCases::clearly_two_groups(std::size_t i, const std::vector<std
 // common s a (a where s is irrational) when they do.
 bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>& keys,
                                    Rational& common_dot) const {
-  const std::size_t positions = in_.positions(), d = in_.queries.cols;
+  const std::size_t positions = in_.positions();
   const tensor::HeadScores& head = heads_[i / positions];
   const std::optional<Rational> scale = scale_of(i);
   const bool by_value = scale.has_value() && head.softcap == 0.0;
@@ -111,9 +86,8 @@ bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>
   };
   std::vector<Key> entries;
   for (const std::size_t j : keys) {
-    Key key{exact_dot(in_.queries.row(i).data(), in_.keys.row(j).data(), d),
-            exact_bias(head, i % positions, j),
-            {}};
+    Key key{
+        exact_dot(in_.queries.row(i), in_.keys.row(j)), exact_bias(head.bias_terms(i % positions, j)), {}};
     // s a where s is rational: the soft-cap's pairs are then (s a, b), so scale 0 is one group.
     if (scale) mpq_mul(key.dot.get(), key.dot.get(), scale->get());
     entries.push_back(std::move(key));
@@ -133,7 +107,7 @@ bool BackwardExactCases::one_group(std::size_t i, const std::vector<std::size_t>
 }
 
 Rational BackwardExactCases::d_prob(std::size_t i, std::size_t j) const {
-  return exact_dot(in_.d_out.row(i).data(), in_.values.row(j).data(), in_.values.cols);
+  return exact_dot(in_.d_out.row(i), in_.values.row(j));
 }
 
 // Whether every dP of row i (the sink's being 0) is the same, and which: bitwise equal value rows

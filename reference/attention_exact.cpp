@@ -61,30 +61,6 @@ std::optional<Rational> rational_scale(const AttentionRow& row) {
   return scale;
 }
 
-// a_j = Q_i . K_j exactly: products of doubles summed in rationals.
-Rational exact_dot(const AttentionRow& row, std::size_t key) {
-  Rational sum;
-  Rational product;
-  Rational factor;
-  for (std::size_t t = 0; t < row.keys.cols; ++t) {
-    mpq_set_d(product.get(), row.query[t]);
-    mpq_set_d(factor.get(), row.keys(key, t));
-    mpq_mul(product.get(), product.get(), factor.get());
-    mpq_add(sum.get(), sum.get(), product.get());
-  }
-  return sum;
-}
-
-Rational exact_bias(const tensor::HeadScores::BiasTerms& terms) {
-  Rational bias(terms.additive);
-  Rational alibi(terms.slope);
-  Rational distance;
-  mpq_set_si(distance.get(), terms.distance, 1);
-  mpq_mul(alibi.get(), alibi.get(), distance.get());
-  mpq_sub(bias.get(), bias.get(), alibi.get());
-  return bias;
-}
-
 struct Entry {
   Rational dot;   // s a when s is rational, else a
   Rational bias;  // b
@@ -105,7 +81,7 @@ ExactRow group_entries(const AttentionRow& row) {
   for (std::size_t e = 0; e < exact.entries.size(); ++e) {
     Entry& entry = exact.entries[e];
     if (e < row.active.size()) {
-      entry.dot = exact_dot(row, row.active[e]);
+      entry.dot = exact_dot(row.query, row.keys.row(row.active[e]));  // a_j = Q_i . K_j
       // s a where s is rational: with a soft-cap the pairs are (s a, b), so that scale 0 makes
       // every capped score 0 whatever a is (grouping by a would split a row of equal logits).
       if (scale) mpq_mul(entry.dot.get(), entry.dot.get(), scale->get());
@@ -217,6 +193,30 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, Attentio
 }
 
 }  // namespace
+
+Rational exact_dot(std::span<const double> x, std::span<const double> y) {
+  Rational sum;
+  Rational product;
+  Rational factor;
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    if (x[t] == 0.0 || y[t] == 0.0) continue;
+    mpq_set_d(product.get(), x[t]);
+    mpq_set_d(factor.get(), y[t]);
+    mpq_mul(product.get(), product.get(), factor.get());
+    mpq_add(sum.get(), sum.get(), product.get());
+  }
+  return sum;
+}
+
+Rational exact_bias(const tensor::HeadScores::BiasTerms& terms) {
+  Rational bias(terms.additive);
+  Rational alibi(terms.slope);
+  Rational distance;
+  mpq_set_si(distance.get(), terms.distance, 1);
+  mpq_mul(alibi.get(), alibi.get(), distance.get());
+  mpq_sub(bias.get(), bias.get(), alibi.get());
+  return bias;
+}
 
 long apply_attention_exact_cases(const AttentionRow& row, const FloatFormat& target,
                                  AttentionRowResults& results) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/matrix.hpp"
+#include "core/rational.hpp"
 #include "formats/float_format.hpp"
 #include "tensor/head_scores.hpp"
 
@@ -41,6 +42,12 @@ struct AttentionRowResults {
   [[nodiscard]] bool all_done() const;
   [[nodiscard]] long decided_count() const;
 };
+
+// The exact cases' rational arithmetic, shared by the forward's and the backward's
+// (reference/attention_backward_exact.cpp): a bias additive - slope * distance, and the dot product
+// of two rows of doubles, both exactly.
+[[nodiscard]] Rational exact_bias(const tensor::HeadScores::BiasTerms& terms);
+[[nodiscard]] Rational exact_dot(std::span<const double> x, std::span<const double> y);
 
 // The exact cases (reference/attention_exact.cpp): finds the results that are rational, rounds
 // them exactly and marks them done; returns how many it decided.

@@ -95,16 +95,7 @@ std::vector<double> run(const Kernel& kernel, const gate::ExternalCase& c, const
 }
 
 std::vector<gate::KernelRow> kernel_rows() {
-  std::vector<gate::KernelRow> rows;
-  for (const Kernel& k : all_kernels) {
-    rows.push_back({.name = k.name,
-                    .input = "bf16",
-                    .output = "bf16",
-                    .accumulation = "fp32",
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(all_kernels, [](const Kernel&) { return true; });
 }
 
 void plan_builtin(const gate::PlanContext& context, std::vector<gate::GateCase>& cases) {

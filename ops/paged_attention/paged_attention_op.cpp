@@ -374,16 +374,7 @@ void run_case(const gate::GateCase& gate_case, const gate::GateSettings&, gate::
 }
 
 std::vector<gate::KernelRow> kernel_rows() {
-  std::vector<gate::KernelRow> rows;
-  for (const paged::Kernel& k : paged::kernels()) {
-    rows.push_back({.name = k.name,
-                    .input = "bf16",
-                    .output = "bf16",
-                    .accumulation = "fp32",
-                    .description = k.description,
-                    .deliberately_broken = k.deliberately_broken});
-  }
-  return rows;
+  return gate::kernel_rows_of(paged::kernels(), [](const paged::Kernel&) { return true; });
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ struct Kernel {
   std::string_view name, description;
   Bug bug = Bug::none;
   bool deliberately_broken = false;
+  const FloatFormat* format = &bf16;  // its tensors' (the arithmetic is fp32)
 };
 [[nodiscard]] std::span<const Kernel> kernels();
 [[nodiscard]] const Kernel* find_kernel(std::string_view name);
