@@ -325,7 +325,11 @@ RecipeJudgement judge_under(const JudgeOptions& options, metrics::JudgeSpec spec
   return r;
 }
 
-std::string ratio_text(double ratio);
+std::string ratio_text(double ratio) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", ratio);
+  return text;
+}
 
 // A signal stopped the judgement under `entry`: the report keeps what was judged, the closest
 // earlier recipe's verdict when one judged every head (it did not fit; the recipes from `entry` on
@@ -352,12 +356,6 @@ std::string ratio_text(double ratio);
                          ": the comparison covers those heads alone";
   }
   throw InterruptedJudgement(stopped.signal_number(), std::move(outcome));
-}
-
-std::string ratio_text(double ratio) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g", ratio);
-  return text;
 }
 
 // For a failing named recipe: the first other recipe the formats allow under which the same
@@ -402,20 +400,12 @@ bool same_order_shape(const std::vector<std::size_t>& got, const std::vector<std
   return g == without_unit_axes(merged);
 }
 
-}  // namespace
-
-CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionArrays& arrays) {
-  if (!arrays.q || !arrays.k || !arrays.v || !arrays.out)
-    refuse(InputProblem::out_of_range, "attention needs q, k, v and out");
-  const StoredFormat output = stored_format(options.format);
-  const StoredFormat input = options.input_format.empty() ? output : stored_format(options.input_format);
-  CaseOutcome outcome;
-  outcome.format = output.name;
-  outcome.gate_case.input = "arrays";
-  outcome.gate_case.kernel = kernel_name(options, *arrays.out);
+// The problem the arrays describe, after refusing what no judgement can read: empty arrays, a
+// non-finite q, k or v (named by its full index), an output of another size or shape.
+tensor::AttentionProblem checked_problem(const JudgeOptions& options, const AttentionArrays& arrays) {
   for (const Array* array : {arrays.q, arrays.k, arrays.v, arrays.out}) require_elements(*array);
   for (const Array* array : {arrays.q, arrays.k, arrays.v}) require_finite(*array);
-  const tensor::AttentionProblem problem = attention_problem_of(options, arrays);
+  tensor::AttentionProblem problem = attention_problem_of(options, arrays);
   if (arrays.out->size() != problem.output_elements()) {
     refuse(InputProblem::shape_mismatch, arrays.out->name() + " holds " + std::to_string(arrays.out->size()) +
                                              " elements, the problem (" + problem.describe() + ") has " +
@@ -431,6 +421,21 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
                                              shape_text(arrays.out->shape()) + "; expected " +
                                              shape_text(want) + " (q's shape with v's last dimension)");
   }
+  return problem;
+}
+
+}  // namespace
+
+CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionArrays& arrays) {
+  if (!arrays.q || !arrays.k || !arrays.v || !arrays.out)
+    refuse(InputProblem::out_of_range, "attention needs q, k, v and out");
+  const StoredFormat output = stored_format(options.format);
+  const StoredFormat input = options.input_format.empty() ? output : stored_format(options.input_format);
+  CaseOutcome outcome;
+  outcome.format = output.name;
+  outcome.gate_case.input = "arrays";
+  outcome.gate_case.kernel = kernel_name(options, *arrays.out);
+  const tensor::AttentionProblem problem = checked_problem(options, arrays);
   metrics::JudgeSpec spec{kernels::Operation::attention, output.format, nullptr};
   spec.lse_base2 = options.lse_base2;
   spec.lse_format = stored_format(options.lse_format).format;
