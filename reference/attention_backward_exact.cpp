@@ -28,14 +28,7 @@ BackwardExactCases::BackwardExactCases(const tensor::AttentionBackwardProblem& i
 
 // s for row i's head, when rational: its given scale, or 1/k for d = k^2.
 std::optional<Rational> BackwardExactCases::scale_of(std::size_t i) const {
-  const tensor::HeadScores& head = heads_[i / in_.positions()];
-  if (head.scale) return Rational(*head.scale);
-  const auto d = static_cast<unsigned long>(in_.queries.cols);
-  const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
-  if (root * root != d) return std::nullopt;
-  Rational scale;
-  mpq_set_ui(scale.get(), 1, root);
-  return scale;
+  return rational_scale(heads_[i / in_.positions()], in_.queries.cols);
 }
 
 bool BackwardExactCases::visible(std::size_t i, std::size_t j) const {

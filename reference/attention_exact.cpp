@@ -50,17 +50,6 @@ double round_rational(const Rational& value, const FloatFormat& target) {
   return round_exact_ratio(mpq_numref(value.get()), mpq_denref(value.get()), target);
 }
 
-// s as a rational when it is one: a given scale, or 1/k for d = k^2.
-std::optional<Rational> rational_scale(const AttentionRow& row) {
-  if (row.scores.scale) return Rational(*row.scores.scale);
-  const auto d = static_cast<unsigned long>(row.keys.cols);
-  const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
-  if (root * root != d) return std::nullopt;
-  Rational scale;
-  mpq_set_ui(scale.get(), 1, root);
-  return scale;
-}
-
 struct Entry {
   Rational dot;   // s a when s is rational, else a
   Rational bias;  // b
@@ -75,7 +64,7 @@ struct ExactRow {
 
 ExactRow group_entries(const AttentionRow& row) {
   ExactRow exact;
-  const std::optional<Rational> scale = rational_scale(row);
+  const std::optional<Rational> scale = rational_scale(row.scores, row.keys.cols);
   exact.by_value = scale.has_value() && row.scores.softcap == 0.0;
   exact.entries.resize(row.entries());
   for (std::size_t e = 0; e < exact.entries.size(); ++e) {
@@ -193,6 +182,16 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, Attentio
 }
 
 }  // namespace
+
+std::optional<Rational> rational_scale(const tensor::HeadScores& scores, std::size_t dim) {
+  if (scores.scale) return Rational(*scores.scale);
+  const auto d = static_cast<unsigned long>(dim);
+  const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));
+  if (root * root != d) return std::nullopt;
+  Rational scale;
+  mpq_set_ui(scale.get(), 1, root);
+  return scale;
+}
 
 Rational exact_dot(std::span<const double> x, std::span<const double> y) {
   Rational sum;

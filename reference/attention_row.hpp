@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -47,6 +48,8 @@ struct AttentionRowResults {
 // (reference/attention_backward_exact.cpp): a bias additive - slope * distance, and the dot product
 // of two rows of doubles, both exactly.
 [[nodiscard]] Rational exact_bias(const tensor::HeadScores::BiasTerms& terms);
+// The scale s as a rational when it is one: the given scale, or 1/k for head dimension d = k^2.
+[[nodiscard]] std::optional<Rational> rational_scale(const tensor::HeadScores& scores, std::size_t dim);
 [[nodiscard]] Rational exact_dot(std::span<const double> x, std::span<const double> y);
 
 // The exact cases (reference/attention_exact.cpp): finds the results that are rational, rounds
