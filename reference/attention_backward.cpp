@@ -15,6 +15,7 @@
 #include "core/errors.hpp"
 #include "core/interrupt.hpp"
 #include "core/parallel.hpp"
+#include "reference/attention_backward_double.hpp"
 #include "reference/attention_backward_exact.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
@@ -110,6 +111,18 @@ struct ScoreConstants {
   }
 };
 
+// What a Ziv pass computes. Once the double stage has decided nearly everything, a pass computes
+// only what is left: the dQ of the rows with one undecided, the dK and dV of the keys with one
+// undecided (which need every row's LSE and D, but not its dQ), the sinks' gradients if one is
+// undecided; D is computed for every row visited. The first pass without a double stage visits
+// everything.
+struct PassPlan {
+  std::vector<std::size_t> rows;  // the query rows to visit, ascending
+  std::vector<char> row_dq;       // per query row: accumulate its dQ
+  std::vector<char> key_grads;    // per key: accumulate its dK and dV
+  bool sinks = true;
+};
+
 class BackwardPass {
  public:
   BackwardPass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
@@ -118,8 +131,10 @@ class BackwardPass {
     for (const tensor::HeadScores& head : heads) constants_.emplace_back(head, in.queries.cols, precision);
   }
 
-  // Adds query row i's contributions to `out` (head i / positions, at position i mod positions).
-  void add_query(std::size_t i, GradientBalls& out) {
+  // Adds query row i's contributions to `out` (head i / positions, at position i mod positions):
+  // its D, and what `plan` asks of it: its dQ, its shares of some keys' dK and dV and of the sinks'
+  // gradients.
+  void add_query(std::size_t i, GradientBalls& out, const PassPlan& plan) {
     const std::size_t positions = in_.positions(), h = i / positions;
     const tensor::HeadScores& head = heads_[h];
     const ScoreConstants& constants = constants_[h];
@@ -162,14 +177,17 @@ class BackwardPass {
       arb_add(scratch.get(), dp[a], g.get(), p_);  // dP - D + g
       arb_mul(scratch.get(), scratch.get(), weight[a], p_);
       arb_mul(scratch.get(), scratch.get(), slope[a], p_);  // dr_ij
-      for (std::size_t c = 0; c < d; ++c) {
-        arb_addmul(out.dq[i * d + c], scratch.get(), k_.balls[j * d + c], p_);
-        arb_addmul(out.dk[j * d + c], scratch.get(), q_.balls[i * d + c], p_);
+      if (plan.row_dq[i] != 0) {
+        for (std::size_t c = 0; c < d; ++c)
+          arb_addmul(out.dq[i * d + c], scratch.get(), k_.balls[j * d + c], p_);
       }
+      if (plan.key_grads[j] == 0) continue;
+      for (std::size_t c = 0; c < d; ++c)
+        arb_addmul(out.dk[j * d + c], scratch.get(), q_.balls[i * d + c], p_);
       for (std::size_t c = 0; c < dv; ++c)
         arb_addmul(out.dv[j * dv + c], weight[a], dout_.balls[i * dv + c], p_);
     }
-    if (sink) {  // dz_sink / theta = P_sink (g - D) / theta
+    if (sink && plan.sinks) {  // dz_sink / theta = P_sink (g - D) / theta
       arb_sub(scratch.get(), sink_z.get(), lse.get(), p_);
       arb_exp(scratch.get(), scratch.get(), p_);
       arb_mul(scratch.get(), scratch.get(), g.get(), p_);
@@ -237,22 +255,23 @@ class BackwardPass {
 
 using Partials = std::vector<std::unique_ptr<GradientBalls>>;
 
-// Every gradient ball at `precision`, summed into partials[0]: the queries are split over workers,
-// each with its own dK and dV (ball sums enclose whatever the order).
+// The gradient balls `plan` asks for at `precision`, summed into partials[0]: the queries are split
+// over workers, each with its own dK and dV (ball sums enclose whatever the order).
 GradientBalls& compute_at(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
-                          slong precision, Partials& partials) {
+                          slong precision, const PassPlan& plan, Partials& partials) {
   const std::size_t m = in.queries.rows, n = in.keys.rows, d = in.queries.cols, dv = in.values.cols;
+  const std::size_t count = plan.rows.size();
   const std::size_t workers =
-      std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, std::max<std::size_t>(m, 1));
+      std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, std::max<std::size_t>(count, 1));
   partials.clear();
   partials.resize(workers);
   const bool listening = interrupts_apply_here();  // on this thread; the rows run on workers
   parallel_for(workers, 0, [&](std::size_t w) {
     partials[w] = std::make_unique<GradientBalls>(m * d, n * d, n * dv, m, in.group);
     BackwardPass pass(in, heads, precision);
-    for (std::size_t i = w; i < m; i += workers) {
+    for (std::size_t r = w; r < count; r += workers) {
       if (const int signal = interrupt_signal(); listening && signal != 0) throw Interrupted(signal);
-      pass.add_query(i, *partials[w]);
+      pass.add_query(plan.rows[r], *partials[w], plan);
     }
   });
   GradientBalls& sum = *partials[0];
@@ -326,12 +345,37 @@ struct Undecided {
   [[nodiscard]] bool any() const { return !where.empty(); }
 };
 
+// The plan for what `done` leaves undecided (PassPlan).
+PassPlan plan_pass(const AttentionGradients& out, const std::vector<std::vector<bool>>& done) {
+  const std::size_t m = out.d_queries.rows, n = out.d_keys.rows, d = out.d_queries.cols,
+                    dv = out.d_values.cols;
+  const auto any_undecided = [](const std::vector<bool>& flags, std::size_t first, std::size_t count) {
+    return std::find(flags.begin() + static_cast<std::ptrdiff_t>(first),
+                     flags.begin() + static_cast<std::ptrdiff_t>(first + count),
+                     false) != flags.begin() + static_cast<std::ptrdiff_t>(first + count);
+  };
+  PassPlan plan{.rows = {},
+                .row_dq = std::vector<char>(m),
+                .key_grads = std::vector<char>(n),
+                .sinks = any_undecided(done[3], 0, done[3].size())};
+  bool keys = false;
+  for (std::size_t j = 0; j < n; ++j) {
+    plan.key_grads[j] = any_undecided(done[1], j * d, d) || any_undecided(done[2], j * dv, dv) ? 1 : 0;
+    keys = keys || plan.key_grads[j] != 0;
+  }
+  for (std::size_t i = 0; i < m; ++i) {
+    plan.row_dq[i] = any_undecided(done[0], i * d, d) ? 1 : 0;
+    if (keys || plan.sinks || plan.row_dq[i] != 0 || !done[4][i]) plan.rows.push_back(i);
+  }
+  return plan;
+}
+
 // One Ziv pass: decides what the balls at `precision` decide; names the first undecided output.
 Undecided decide_pass(const AttentionBackwardInputs& in, const std::vector<tensor::HeadScores>& heads,
                       slong precision, const FloatFormat& target, AttentionGradients& out,
                       std::vector<std::vector<bool>>& done) {
   Partials partials;
-  GradientBalls& balls = compute_at(in, heads, precision, partials);
+  GradientBalls& balls = compute_at(in, heads, precision, plan_pass(out, done), partials);
   Undecided undecided;
   const auto name = [&](const char* what, const Matrix& m, std::size_t e) {
     if (undecided.any()) return;
@@ -387,6 +431,9 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
                                       std::vector<bool>(n * dv), std::vector<bool>(out.d_sinks.size()),
                                       std::vector<bool>(m)};
   if (statistics != nullptr) ++statistics->calls;
+  const std::size_t in_double = decide_backward_in_double(in, heads, target, out, done);
+  if (statistics != nullptr) statistics->decided_in_double += static_cast<long>(in_double);
+  if (!first_undecided(out, done).any()) return out;
   Undecided undecided;
   std::optional<BackwardExactCases> exact;  // built once a pass leaves something undecided
   run_ziv_passes(

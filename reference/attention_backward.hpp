@@ -16,8 +16,11 @@
 // (additive - slope distance) and moves z but not dz/dr.
 //
 // Accuracy contract: every returned value is the exact real result rounded to nearest-even in the
-// target format, by Ziv's strategy on Arb balls (every operation's error enclosed) at doubling
-// precision, capped (ZivSchedule) with UndecidedRounding naming the output past the cap. A result
+// target format. For targets of at most 24 bits a certified double stage decides nearly every
+// result first (reference/attention_backward_double.hpp: BLAS products with proven bounds); the
+// rest are decided by Ziv's strategy on Arb balls (every operation's error enclosed) at doubling
+// precision, a pass computing only what is still undecided (the dQ and D of some rows, the dK and
+// dV of some keys, which need every row's log-sum-exp and D), capped (ZivSchedule) with UndecidedRounding naming the output past the cap. A result
 // whose ball lies within half the format's least subnormal of 0 rounds to zero and is returned as
 // +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero result is eventually
 // separated from every rounding boundary unless it *is* a boundary, and an exact zero eventually

@@ -10,6 +10,7 @@
 
 #include "reference/certified_exp_constants.hpp"
 #include "reference/dot_product.hpp"
+#include "reference/double_stage_row.hpp"
 #include "reference/double_stage_simd.hpp"
 #include "reference/exact_rounding.hpp"
 
@@ -44,8 +45,6 @@
 namespace sharpcheck::reference {
 namespace {
 
-constexpr double unit_roundoff = 0x1p-53;
-
 double power_of_two(int k) { return std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52); }
 
 // Adds the values pairwise in place (destroying them): each passes through at most ceil(log2 n)
@@ -63,16 +62,6 @@ double pairwise_sum(std::vector<double>& values) {
 }
 
 bool is_fp32(const FloatFormat& target) { return &target == &fp32 || target.name == fp32.name; }
-
-// The value of the format every point of [low, high] rounds to, if there is one.
-std::optional<double> round_if_decided(double low, double high, const FloatFormat& target) {
-  const auto sign = [](double x) { return x > 0 ? 1 : (x < 0 ? -1 : 0); };
-  if (is_fp32(target)) {
-    // Hardware conversion rounds to nearest even, subnormals included: exactly fp32's rounding.
-    return decided_rounding(static_cast<float>(low), static_cast<float>(high), sign(low), sign(high));
-  }
-  return decided_rounding(round_to_format(low, target), round_to_format(high, target), sign(low), sign(high));
-}
 
 // A coefficient w~ / S~ within relative `error` of the true one (the bounds above), rounded if
 // that decides it. An exponential of 0 stands for an argument below -700: the coefficient lies
@@ -105,6 +94,15 @@ std::size_t decide_coefficients(std::span<const double> weights, std::span<const
 }
 
 }  // namespace
+
+std::optional<double> round_if_decided(double low, double high, const FloatFormat& target) {
+  const auto sign = [](double x) { return x > 0 ? 1 : (x < 0 ? -1 : 0); };
+  if (is_fp32(target)) {
+    // Hardware conversion rounds to nearest even, subnormals included: exactly fp32's rounding.
+    return decided_rounding(static_cast<float>(low), static_cast<float>(high), sign(low), sign(high));
+  }
+  return decided_rounding(round_to_format(low, target), round_to_format(high, target), sign(low), sign(high));
+}
 
 double certified_exp(double x) {
   namespace constants = certified_exp_constants;
@@ -158,63 +156,25 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
   return decided_count;
 }
 
-namespace {
-
-double gamma_of(double k) { return k * unit_roundoff / (1 - k * unit_roundoff); }
-
-// One attention row's double-stage state: the logits, their exponentials against the largest,
-// each exponential's relative error eta_j, and the bounded sum.
-struct AttentionRowInDouble {
-  std::vector<double>& logits;
-  std::vector<double>& errors;  // first the logits' absolute errors, then eta_j
-  std::vector<double>& exponentials;
-  double eta_max = 0;
-  double sum = 0;
-  double depth = 0;
-  double tiny_mass = 0;
-  double sum_error = 0;
-};
-
-// Entry a's logit z_a = (fl(q . k_a) fl(scale) + fl(bias_a)) / theta in double, with its absolute
-// error: the dot product's (gamma_{d+3} sum |q_t k_t| scaled, see dot_and_magnitude), the scale's (1/sqrt(d)
-// is within 2u: a correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's one fma (u
-// |b|), the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta (2.1u
-// |z|). The sink is entry `active.size()`, exact but for the division. False when a logit is not finite or
-// its error is too large for this stage (the later stages take the row).
-bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
-  const std::size_t dimension = source.keys.cols;
-  const double dot_gamma = gamma_of(static_cast<double>(dimension) + 3);
-  const double scale =
-      source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
-  const double theta = source.scores.theta;
-  for (std::size_t a = 0; a < source.active.size(); ++a) {
-    const auto [dot, absolute] =
-        dot_and_magnitude(source.query.data(), source.keys.row(source.active[a]).data(), dimension);
-    const double scaled = dot * scale;
-    double bias = 0;
-    if (!source.bias.empty()) {
-      const auto& terms = source.bias[a];
-      bias = std::fma(-terms.slope, static_cast<double>(terms.distance), terms.additive);
-    }
-    const double z = (scaled + bias) / theta;
-    row.logits[a] = z;
-    row.errors[a] = ((std::fabs(scale) * dot_gamma * absolute + 5.1 * unit_roundoff * std::fabs(scaled) +
-                      2.1 * unit_roundoff * std::fabs(bias)) /
-                         std::fabs(theta) +
-                     2.1 * unit_roundoff * std::fabs(z)) *
-                    (1 + 0x1p-40);
-    if (!std::isfinite(z) || !std::isfinite(row.errors[a]) || row.errors[a] > 0x1p-30) return false;
-  }
-  if (source.has_sink()) {
-    const std::size_t a = source.active.size();
-    row.logits[a] = *source.scores.sink / theta;
-    row.errors[a] = 1.01 * unit_roundoff * std::fabs(row.logits[a]);
-    if (!std::isfinite(row.logits[a]) || row.errors[a] > 0x1p-30) return false;
-  }
-  return true;
+double bias_in_double(const tensor::HeadScores::BiasTerms& terms) {
+  return std::fma(-terms.slope, static_cast<double>(terms.distance), terms.additive);
 }
 
-// The exponentials against the largest logit, each eta_j, and their bounded pairwise sum.
+// The logit's error: the dot product's (dot_error, scaled), the scale's (1/sqrt(d) is within 2u: a
+// correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's one fma (u |b|),
+// the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta
+// (2.1u |z|); the factor 1 + 2^-40 covers the rounding of this bound's own arithmetic.
+LogitInDouble logit_in_double(double dot, double dot_error, double scale, double bias, double theta) {
+  const double scaled = dot * scale;
+  const double z = (scaled + bias) / theta;
+  const double error = ((std::fabs(scale) * dot_error + 5.1 * unit_roundoff * std::fabs(scaled) +
+                         2.1 * unit_roundoff * std::fabs(bias)) /
+                            std::fabs(theta) +
+                        2.1 * unit_roundoff * std::fabs(z)) *
+                       (1 + 0x1p-40);
+  return {z, error};
+}
+
 void bound_attention_exponentials(std::size_t count, std::vector<double>& scratch,
                                   AttentionRowInDouble& row) {
   const double largest =
@@ -238,6 +198,38 @@ void bound_attention_exponentials(std::size_t count, std::vector<double>& scratc
   row.sum_error = row.eta_max + gamma_of(row.depth) + row.tiny_mass;
 }
 
+namespace {
+
+// Entry a's logit z_a = (fl(q . k_a) fl(scale) + fl(bias_a)) / theta in double, with its absolute
+// error (logit_in_double): the dot product errs by gamma_{d+3} sum |q_t k_t| (dot_and_magnitude)
+// plus (d + 1) 2^-1074 for products that underflow. The sink is entry `active.size()`, exact but for
+// the division. False when a logit is not finite or its error is too large for this stage (the later
+// stages take the row).
+bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
+  const std::size_t dimension = source.keys.cols;
+  const double dot_gamma = gamma_of(static_cast<double>(dimension) + 3);
+  const double underflow = static_cast<double>(dimension + 1) * 0x1p-1074;
+  const double scale =
+      source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
+  const double theta = source.scores.theta;
+  for (std::size_t a = 0; a < source.active.size(); ++a) {
+    const auto [dot, absolute] =
+        dot_and_magnitude(source.query.data(), source.keys.row(source.active[a]).data(), dimension);
+    const double bias = source.bias.empty() ? 0.0 : bias_in_double(source.bias[a]);
+    const LogitInDouble logit = logit_in_double(dot, dot_gamma * absolute + underflow, scale, bias, theta);
+    row.logits[a] = logit.z;
+    row.errors[a] = logit.error;
+    if (!std::isfinite(logit.z) || !std::isfinite(logit.error) || logit.error > 0x1p-30) return false;
+  }
+  if (source.has_sink()) {
+    const std::size_t a = source.active.size();
+    row.logits[a] = *source.scores.sink / theta;
+    row.errors[a] = 1.01 * unit_roundoff * std::fabs(row.logits[a]);
+    if (!std::isfinite(row.logits[a]) || row.errors[a] > 0x1p-30) return false;
+  }
+  return true;
+}
+
 // Each output column sum_j w_j v_jc / S with its bound, rounded where the bound decides it.
 void decide_attention_outputs(const Matrix& values, std::span<const std::size_t> active,
                               const FloatFormat& target, const AttentionRowInDouble& row,
@@ -247,7 +239,8 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
   const std::size_t columns = values.cols;
   // Recursive sums over the keys, every column at once (rows of V read in order): each numerator
   // is within gamma_{count} of its magnitude sum_j |w_j v_jc| (Higham, Accuracy and Stability,
-  // section 4.2), which is itself computed with error gamma_{count}.
+  // section 4.2), which is itself computed with error gamma_{count}; a product that underflows adds
+  // at most 2^-1074 more (count 2^-1074 in all).
   numerators.assign(columns, 0.0);
   magnitudes.assign(columns, 0.0);
   double largest_value = 0;
@@ -271,7 +264,8 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
     if (!std::isfinite(result) || !std::isfinite(magnitude)) continue;
     const double bound =
         ((row.eta_max + recursive) * magnitude / row.sum +
-         (row.sum_error + unit_roundoff) * std::fabs(result) + row.tiny_mass * largest_value / row.sum) *
+         (row.sum_error + unit_roundoff) * std::fabs(result) +
+         (row.tiny_mass * largest_value + static_cast<double>(count) * 0x1p-1074) / row.sum) *
             (1 + 0x1p-20) +
         4 * unit_roundoff * std::fabs(result);
     const auto rounded = round_if_decided(result - bound, result + bound, target);

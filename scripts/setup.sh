@@ -26,7 +26,7 @@ packages=(
   libeigen3-dev libhwy-dev libflint-arb-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libdnnl-dev ocl-icd-opencl-dev
-  libtorch-dev libopenblas0-pthread python3-torch python3-numpy
+  libtorch-dev libblas-dev libopenblas0-pthread python3-torch python3-numpy
   python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-pytest python3-pytest-xdist python3-mpmath
   python3-pip python3-venv python3-setuptools python3-wheel
   clang libclang-rt-14-dev clang-format clang-tidy

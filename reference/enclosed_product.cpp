@@ -1,0 +1,64 @@
+#include "reference/enclosed_product.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <stdexcept>
+
+#include "reference/double_stage_row.hpp"
+
+namespace sharpcheck::reference {
+namespace {
+
+CBLAS_TRANSPOSE transpose_of(const MatrixOperand& operand) {
+  return operand.transposed ? CblasTrans : CblasNoTrans;
+}
+
+// The CBLAS interface counts in int (both Debian's netlib and OpenBLAS headers, LP64).
+int blas_size(std::size_t size) {
+  if (size > static_cast<std::size_t>(INT_MAX))
+    throw std::length_error("enclosed_product: a dimension exceeds int");
+  return static_cast<int>(size);
+}
+
+void gemm(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride, bool accumulate) {
+  if (a.used_rows() == 0 || b.used_cols() == 0) return;
+  cblas_dgemm(CblasRowMajor, transpose_of(a), transpose_of(b), blas_size(a.used_rows()),
+              blas_size(b.used_cols()), blas_size(a.used_cols()), 1.0, a.values,
+              blas_size(std::max<std::size_t>(a.stride, 1)), b.values,
+              blas_size(std::max<std::size_t>(b.stride, 1)), accumulate ? 1.0 : 0.0, c,
+              blas_size(std::max<std::size_t>(c_stride, 1)));
+}
+
+}  // namespace
+
+void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride) {
+  if (a.used_cols() != b.used_rows()) throw std::logic_error("plain_product: operand shapes disagree");
+  gemm(a, b, c, c_stride, false);
+}
+
+void product_weights(std::span<const double> mid, std::span<double> radius, double terms,
+                     double gamma_scale) {
+  const double gamma = gamma_scale * gamma_of(terms);
+  for (std::size_t e = 0; e < mid.size(); ++e)
+    radius[e] = (gamma * std::fabs(mid[e]) + radius[e]) * (1 + 0x1p-40);
+}
+
+void enclosed_product(const MatrixOperand& a_mid, const MatrixOperand& weights, const MatrixOperand& b,
+                      const MatrixOperand& b_magnitudes, const EnclosedResult& c) {
+  if (a_mid.used_cols() != b.used_rows() || weights.used_rows() != a_mid.used_rows() ||
+      weights.used_cols() != a_mid.used_cols() || b_magnitudes.used_rows() != b.used_rows() ||
+      b_magnitudes.used_cols() != b.used_cols()) {
+    throw std::logic_error("enclosed_product: operand shapes disagree");
+  }
+  gemm(a_mid, b, c.mid, c.stride, c.accumulate);
+  gemm(weights, b_magnitudes, c.weight, c.stride, c.accumulate);
+}
+
+double product_radius(double weight, double terms) {
+  return (weight * (1 + 2 * gamma_of(terms)) + 2 * terms * 0x1p-1074) * (1 + 0x1p-40);
+}
+
+}  // namespace sharpcheck::reference

@@ -1,0 +1,63 @@
+// Matrix products with a certified error bound at BLAS speed: the midpoints by one double GEMM
+// and the bound by a second GEMM of magnitudes. The attention backward's double stage
+// (reference/attention_backward_double.cpp) forms dQ = dR K, dK = dR^T Q and dV = P^T dO this way.
+//
+// Why any conforming GEMM is admissible: a sum of T products of doubles computed in any order, with
+// or without fused multiply-adds, errs by at most gamma_T sum |a_i b_i| plus T 2^-1074 for products
+// that underflow (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.1 and 4.2;
+// the bound holds for every summation tree). A BLAS dgemm computes each entry of C as such a sum,
+// with C's old value as one more term when it accumulates. Not admissible, and not used: Strassen-
+// like algorithms (3M, Winograd), reduced- or mixed-precision modes, and flush-to-zero; OpenBLAS's
+// and the reference BLAS's dgemm are classical triple loops, blocked.
+//
+// Contract: A is enclosed, |A - A~| <= R entrywise, B is exact. product_weights turns (A~, R) into
+// W = (gamma_T |A~| + R)(1 + 2^-40), T an upper bound on the products that will ever be summed into
+// an entry of C. enclosed_product then adds A~ B to C~ and W |B| to C_w. After every call, with T
+// bounding the products summed in all calls together,
+//   |C - C~| <= product_radius(C_w, T),   C the exact sum of every A B added.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+namespace sharpcheck::reference {
+
+// A row-major matrix operand of a product: rows x cols with `stride` doubles between rows, used as
+// is or transposed.
+struct MatrixOperand {
+  const double* values;
+  std::size_t rows;
+  std::size_t cols;
+  std::size_t stride;
+  bool transposed = false;
+  [[nodiscard]] std::size_t used_rows() const { return transposed ? cols : rows; }
+  [[nodiscard]] std::size_t used_cols() const { return transposed ? rows : cols; }
+};
+
+// The destination: C~ and C_w, row-major with `stride`, overwritten or accumulated into.
+struct EnclosedResult {
+  double* mid;
+  double* weight;
+  std::size_t stride;
+  bool accumulate = false;
+};
+
+// C = A B in double, overwritten (`c_stride` doubles between C's rows); the caller bounds its error.
+void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride);
+
+// W = (gamma_T |A~| + R)(1 + 2^-40) entrywise, written over `radius`. `gamma_scale` is 1; the
+// mutation test sets it to 0 (a bound that forgets the products' rounding) to show the
+// containment tests can fail.
+void product_weights(std::span<const double> mid, std::span<double> radius, double terms,
+                     double gamma_scale = 1);
+
+// C~ (+)= A~ B and C_w (+)= W |B|: A and W share a shape (W given as `weights.values`, same stride).
+void enclosed_product(const MatrixOperand& a_mid, const MatrixOperand& weights, const MatrixOperand& b,
+                      const MatrixOperand& b_magnitudes, const EnclosedResult& c);
+
+// The bound on |C - C~| from C_w: the magnitude GEMM's own rounding (a sum of non-negative terms
+// errs by gamma_T of itself, so the true weight is below C_w (1 + 2 gamma_T)) and 2T 2^-1074 for
+// underflow, rounded up.
+[[nodiscard]] double product_radius(double weight, double terms);
+
+}  // namespace sharpcheck::reference

@@ -1,0 +1,220 @@
+// The attention backward's double stage (reference/attention_backward_double.hpp) and the enclosed
+// products under it (reference/enclosed_product.hpp), against exact arithmetic: every enclosure
+// holds the exact value (GMP rationals for the products, the 320-bit backend for the gradients),
+// a bound that forgets the products' rounding (gamma_T) is caught, the stage stands aside where
+// its proof does not reach, and what it decides is what the backend rounds to.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/random.hpp"
+#include "core/rational.hpp"
+#include "reference/attention_backward.hpp"
+#include "reference/attention_backward_double.hpp"
+#include "reference/attention_row.hpp"
+#include "reference/enclosed_product.hpp"
+#include "support/independent_backward.hpp"
+
+namespace sharpcheck::reference {
+namespace {
+
+using testing::Exact;
+
+Matrix random_matrix(std::size_t rows, std::size_t cols, double sigma, const FloatFormat& format,
+                     DeterministicRandom& random) {
+  Matrix matrix(rows, cols);
+  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), format);
+  return matrix;
+}
+
+// |exact - mid| <= radius, exactly (all three as rationals).
+bool encloses(const Rational& exact, double mid, double radius) {
+  Rational difference;
+  mpq_sub(difference.get(), exact.get(), Rational(mid).get());
+  mpq_abs(difference.get(), difference.get());
+  return mpq_cmp(difference.get(), Rational(radius).get()) <= 0;
+}
+
+// C = A B + A2 B2 accumulated over two calls, A with its own radius (a second, exact matrix
+// standing for the true A), checked entry by entry against the exact sums. Returns how many
+// entries the enclosure missed.
+int product_misses(double gamma_scale, std::uint64_t seed) {
+  DeterministicRandom random(seed);
+  const std::size_t m = 7, k = 300, n = 5;
+  std::vector<Matrix> a{random_matrix(m, k, 1, fp64, random), random_matrix(m, k, 1, fp64, random)};
+  std::vector<Matrix> b{random_matrix(k, n, 1, fp64, random), random_matrix(k, n, 1, fp64, random)};
+  // Cancellation: B's second half repeats the first negated, plus a little.
+  for (std::size_t t = k / 2; t < k; ++t) {
+    for (std::size_t c = 0; c < n; ++c) b[0](t, c) = -b[0](t - k / 2, c) + random.normal(0, 1e-9);
+  }
+  const double terms = 2.0 * static_cast<double>(k);
+  std::vector<double> mid(m * n), weight(m * n);
+  for (std::size_t call = 0; call < 2; ++call) {
+    std::vector<double> radius(m * k, 0.0), magnitudes(k * n);
+    for (std::size_t e = 0; e < magnitudes.size(); ++e) magnitudes[e] = std::fabs(b[call].values[e]);
+    product_weights(a[call].values, radius, terms, gamma_scale);
+    enclosed_product({a[call].values.data(), m, k, k}, {radius.data(), m, k, k},
+                     {b[call].values.data(), k, n, n}, {magnitudes.data(), k, n, n},
+                     {mid.data(), weight.data(), n, call == 1});
+  }
+  int misses = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    for (std::size_t c = 0; c < n; ++c) {
+      Rational exact;
+      for (std::size_t call = 0; call < 2; ++call) {
+        std::vector<double> column(k);
+        for (std::size_t t = 0; t < k; ++t) column[t] = b[call](t, c);
+        const Rational dot = exact_dot(a[call].row(i), column);
+        mpq_add(exact.get(), exact.get(), dot.get());
+      }
+      misses += encloses(exact, mid[i * n + c], product_radius(weight[i * n + c], terms)) ? 0 : 1;
+    }
+  }
+  return misses;
+}
+
+TEST(EnclosedProduct, EveryEntryHoldsTheExactSumAndDroppingGammaIsCaught) {
+  int mutated_misses = 0;
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    EXPECT_EQ(product_misses(1, seed), 0) << "seed " << seed;
+    mutated_misses += product_misses(0, seed);
+  }
+  // Without gamma_T the radius is 0 for exact A: every inexact sum falls outside.
+  EXPECT_GT(mutated_misses, 20);
+}
+
+struct Variant {
+  std::string name;
+  testing::BackwardProblem problem;
+  std::shared_ptr<std::vector<double>> bias;  // what problem.scores.bias points into, shared by copies
+};
+
+// One random problem per variant of the scores the stage handles: plain, causal, a sink with a
+// gradient through the LSE, theta < 0 with an explicit scale, ALiBi with a bias and a hidden key,
+// padded queries and keys.
+std::vector<Variant> variants(std::size_t m, std::size_t n, std::size_t d, std::size_t dv,
+                              const FloatFormat& inputs, DeterministicRandom& random) {
+  const testing::BackwardProblem base{random_matrix(m, d, 1.5, inputs, random),
+                                      random_matrix(n, d, 1.5, inputs, random),
+                                      random_matrix(n, dv, 1, inputs, random),
+                                      random_matrix(m, dv, 1, inputs, random),
+                                      {},
+                                      {}};
+  std::vector<Variant> out(6, Variant{"", base, nullptr});
+  out[0].name = "plain";
+  out[1].name = "causal";
+  out[1].problem.scores.causal = true;
+  out[2].name = "sink and dLSE";
+  out[2].problem.scores.sink = 0.75;
+  out[2].problem.d_lse.resize(m);
+  for (double& x : out[2].problem.d_lse) x = round_to_format(random.normal(0, 1), inputs);
+  out[3].name = "theta -0.7, scale 0.3";
+  out[3].problem.scores.theta = -0.7;
+  out[3].problem.scores.scale = 0.3;
+  out[4].name = "ALiBi, bias, causal";
+  out[4].bias = std::make_shared<std::vector<double>>(m * n);
+  for (double& x : *out[4].bias) x = round_to_format(random.normal(0, 2), inputs);
+  (*out[4].bias)[n - 1] = -INFINITY;
+  out[4].problem.scores.bias = *out[4].bias;
+  out[4].problem.scores.alibi_slope = 0.375;
+  out[4].problem.scores.causal = true;
+  out[4].problem.scores.alignment = tensor::DiagonalAlignment::bottom_right;
+  out[5].name = "padded";
+  out[5].problem.scores.queries = m - 2;
+  out[5].problem.scores.keys = n - 3;
+  out[5].problem.scores.row_stride = n;
+  return out;
+}
+
+// The enclosure holds the 320-bit value (itself within 2^-300 relative of the exact one).
+void expect_enclosed(double mid, double radius, const Exact& exact, const std::string& what) {
+  const Exact error = abs(Exact(mid) - exact);
+  EXPECT_LE(error, Exact(radius) - abs(exact) * Exact(0x1p-300))
+      << what << ": mid " << mid << " radius " << radius;
+}
+
+TEST(BackwardDoubleStage, EnclosuresHoldTheIndependentValues) {
+  DeterministicRandom random(31);
+  for (const Variant& variant : variants(9, 14, 6, 3, fp32, random)) {
+    const testing::BackwardProblem& p = variant.problem;
+    const AttentionBackwardInputs in{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores};
+    const std::vector<tensor::HeadScores> heads{in.head(0)};
+    const auto enclosures = enclose_backward_in_double(in, heads);
+    ASSERT_TRUE(enclosures.has_value()) << variant.name;
+    const testing::ExactGradients exact = testing::independent_backward(p);
+    const AttentionGradients& mid = enclosures->values;
+    const AttentionGradients& radius = enclosures->radii;
+    for (std::size_t e = 0; e < exact.dq.size(); ++e)
+      expect_enclosed(mid.d_queries.values[e], radius.d_queries.values[e], exact.dq[e], variant.name + " dQ");
+    for (std::size_t e = 0; e < exact.dk.size(); ++e)
+      expect_enclosed(mid.d_keys.values[e], radius.d_keys.values[e], exact.dk[e], variant.name + " dK");
+    for (std::size_t e = 0; e < exact.dv.size(); ++e)
+      expect_enclosed(mid.d_values.values[e], radius.d_values.values[e], exact.dv[e], variant.name + " dV");
+    for (std::size_t i = 0; i < exact.d_rows.size(); ++i)
+      expect_enclosed(mid.d_rows[i], radius.d_rows[i], exact.d_rows[i], variant.name + " D");
+    if (p.scores.sink)
+      expect_enclosed(mid.d_sinks[0], radius.d_sinks[0], exact.d_sink, variant.name + " dsink");
+  }
+}
+
+// Nearly every result of a mid-sized problem is decided in double, and every result is what the
+// backend rounds to, in the narrow formats the stage serves.
+TEST(BackwardDoubleStage, DecidesNearlyEverythingAndAgreesWithTheBackend) {
+  DeterministicRandom random(37);
+  for (const FloatFormat* format : {&fp32, &bf16, &fp16}) {
+    for (const Variant& variant : variants(48, 40, 16, 8, bf16, random)) {
+      const testing::BackwardProblem& p = variant.problem;
+      ZivStatistics statistics;
+      const AttentionGradients got =
+          attention_backward({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, *format, &statistics);
+      const testing::ExactGradients exact = testing::independent_backward(p);
+      const std::size_t results = exact.dq.size() + exact.dk.size() + exact.dv.size() + exact.d_rows.size();
+      EXPECT_GE(static_cast<double>(statistics.decided_in_double), 0.99 * static_cast<double>(results))
+          << variant.name << " in " << format->name;
+      const auto check = [&](const char* name, const Matrix& values, const std::vector<Exact>& expected) {
+        for (std::size_t e = 0; e < values.values.size(); ++e) {
+          EXPECT_TRUE(testing::is_nearest_in_format(values.values[e], expected[e], *format))
+              << variant.name << " " << name << "[" << e << "] in " << format->name;
+        }
+      };
+      check("dQ", got.d_queries, exact.dq);
+      check("dK", got.d_keys, exact.dk);
+      check("dV", got.d_values, exact.dv);
+    }
+  }
+}
+
+// Where the proof does not reach, the stage decides nothing and the later stages decide all.
+TEST(BackwardDoubleStage, StandsAsideForSoftCapsAndProductsBeyondDoublesRange) {
+  DeterministicRandom random(41);
+  testing::BackwardProblem p{random_matrix(4, 3, 1, fp32, random),
+                             random_matrix(5, 3, 1, fp32, random),
+                             random_matrix(5, 2, 1, fp32, random),
+                             random_matrix(4, 2, 1, fp32, random),
+                             {},
+                             {}};
+  p.scores.softcap = 2;
+  const std::vector<tensor::HeadScores> capped{
+      AttentionBackwardInputs{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}.head(0)};
+  EXPECT_FALSE(enclose_backward_in_double({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, capped).has_value());
+  p.scores.softcap = 0;
+  p.q(0, 0) = 0x1p600;  // |q|^2 overflows: the norms' bound is infinite
+  p.k(1, 0) = 0x1p-600;
+  const AttentionBackwardInputs in{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores};
+  const std::vector<tensor::HeadScores> heads{in.head(0)};
+  EXPECT_FALSE(enclose_backward_in_double(in, heads).has_value());
+  ZivStatistics statistics;
+  const AttentionGradients got = attention_backward(in, fp32, &statistics);
+  EXPECT_EQ(statistics.decided_in_double, 0);
+  const testing::ExactGradients exact = testing::independent_backward(p);
+  for (std::size_t e = 0; e < exact.dv.size(); ++e)
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_values.values[e], exact.dv[e], fp32))
+        << "dV[" << e << "]";
+}
+
+}  // namespace
+}  // namespace sharpcheck::reference
