@@ -6,7 +6,10 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
+#include "core/parallel.hpp"
 #include "gate/array_checks.hpp"
 #include "kernels/attention_backward.hpp"
 #include "metrics/judge_backward.hpp"
@@ -208,10 +211,35 @@ void note_tensor_verdict(const std::string& name, const metrics::Comparison& com
   found->non_finite += comparison.non_finite;
 }
 
-void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, CaseOutcome& outcome,
-                 Worst& worst) {
+// Every (batch, KV head) group that has queries, gathered once, with its correctly rounded
+// gradients: a recipe changes the allowance, not the reference, so the recipes tried share them.
+struct JudgedGroups {
+  std::vector<std::pair<std::size_t, std::size_t>> at;  // (batch, KV head)
+  std::vector<Group> groups;
+  std::vector<reference::AttentionGradients> references;
+};
+
+JudgedGroups judged_groups(const JudgeOptions& options, const tensor::AttentionProblem& p, const Tensors& t) {
+  JudgedGroups judged;
+  for (std::size_t b = 0; b < p.shape.batch; ++b) {
+    for (std::size_t kv = 0; kv < p.shape.kv_heads && p.query_length(b) > 0; ++kv) {
+      judged.at.emplace_back(b, kv);
+      judged.groups.push_back(group_of(p, t, b, kv));
+    }
+  }
+  // One group at a time: each reference call uses every core itself.
+  for (const Group& group : judged.groups)
+    judged.references.push_back(
+        reference::attention_backward(group.problem(), *stored_format(options.format).format));
+  return judged;
+}
+
+// One group's judgement against its reference (independent of the other groups: run in parallel).
+metrics::BackwardJudgement judge_one_group(const GroupJudging& judging, const JudgedGroups& judged,
+                                           std::size_t g) {
   const auto& [options, arrays, p, t, given, kernel] = judging;
-  const Group group = group_of(p, t, b, kv);
+  const auto [b, kv] = judged.at[g];
+  const Group& group = judged.groups[g];
   const GroupOffsets at = offsets_of(p, b, kv);
   kernels::KernelGradients got{group_rows(p, tensor::HeadTensor::query, given.dq, b, kv),
                                group_rows(p, tensor::HeadTensor::key, given.dk, b, kv),
@@ -222,8 +250,17 @@ void judge_group(const GroupJudging& judging, std::size_t b, std::size_t kv, Cas
     got.d_sinks.push_back(arrays.d_sinks[group.first_head + h]);
   for (std::size_t r = 0; r < group.q.rows && !given.d_rows.empty(); ++r)
     got.d_rows.push_back(given.d_rows[at.lse(r)]);
-  const auto judgement = metrics::judge_attention_backward(
-      kernel.tolerance, *stored_format(options.format).format, group.problem(), got);
+  return metrics::judge_attention_backward(kernel.tolerance, *stored_format(options.format).format,
+                                           group.problem(), got, &judged.references[g]);
+}
+
+// Folds group g's judgement into the outcome and the running worst (in the groups' order).
+void fold_group(const GroupJudging& judging, const JudgedGroups& judged, std::size_t g,
+                const metrics::BackwardJudgement& judgement, CaseOutcome& outcome, Worst& worst) {
+  const auto& arrays = judging.arrays;
+  const auto [b, kv] = judged.at[g];
+  const Group& group = judged.groups[g];
+  const GroupOffsets at = offsets_of(judging.p, b, kv);
   const auto where = [&] { return "batch " + std::to_string(b) + " KV head " + std::to_string(kv) + ": "; };
   const std::tuple<const metrics::Comparison*, const Array*, int> parts[] = {
       {&judgement.d_queries, arrays.dq, 0},
@@ -280,7 +317,8 @@ double closeness_of(const CaseOutcome& outcome, metrics::Tier strictest) {
 
 CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArrays& arrays,
                                  const tensor::AttentionProblem& p, const Tensors& t,
-                                 const GradientTensors& given, const std::string& entry) {
+                                 const GradientTensors& given, const JudgedGroups& judged,
+                                 const std::string& entry) {
   kernels::AttentionBackwardKernel kernel{};
   kernel.tolerance = backward_entry(entry);
   CaseOutcome outcome;
@@ -290,10 +328,11 @@ CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArra
   outcome.gate_case.n = p.shape.keys;
   Worst worst;
   const GroupJudging judging{options, arrays, p, t, given, kernel};
-  for (std::size_t b = 0; b < p.shape.batch; ++b) {
-    for (std::size_t kv = 0; kv < p.shape.kv_heads; ++kv)
-      if (p.query_length(b) > 0) judge_group(judging, b, kv, outcome, worst);
-  }
+  std::vector<std::optional<metrics::BackwardJudgement>> judgements(judged.groups.size());
+  parallel_for(judged.groups.size(), 0,
+               [&](std::size_t g) { judgements[g] = judge_one_group(judging, judged, g); });
+  for (std::size_t g = 0; g < judged.groups.size(); ++g)
+    fold_group(judging, judged, g, *judgements[g], outcome, worst);
   outcome.recipe = entry;
   if (!outcome.comparison.passed(options.strictest)) {
     outcome.failures.push_back(outcome.comparison.failure_summary(options.strictest) + " in " + p.describe() +
@@ -328,11 +367,12 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
     // else the target itself (an fp64 D was refused as "not a fp32 value").
     given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(),
                                  stored_format(std::string(reference::d_format(*output.format).name)));
+  const JudgedGroups judged = judged_groups(options, p, t);
   std::optional<CaseOutcome> closest;
   double closest_ratio = INFINITY;
   std::string tried;
   for (const std::string& entry : entries) {
-    CaseOutcome outcome = judge_backward_under(options, arrays, p, t, given, entry);
+    CaseOutcome outcome = judge_backward_under(options, arrays, p, t, given, judged, entry);
     const double ratio = closeness_of(outcome, options.strictest);
     tried += (tried.empty() ? "" : ", ") + entry;
     const bool fits = outcome.passed();
