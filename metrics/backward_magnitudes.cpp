@@ -2,54 +2,56 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
+
+#include "metrics/backward_pair_block.hpp"
+#include "reference/enclosed_product.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
 
-// Entries with z - L below this have P < e^-100: their rounding errors are far below any
-// allowance, so they are left out of the units' max |z - L| (which would otherwise grow with a
-// mask's size, as tolerance_table.cpp's negligible entries explain for the forward).
-constexpr double negligible_gap = 100;
+using namespace backward_blocks;  // the blocks this file works on (metrics/backward_pair_block.hpp)
 
-// The row's logits z, slopes dz/dr and the roundings of the logits, in double.
-struct RowGeometry {
-  std::vector<double> z, slope;
-  double lse = -INFINITY;
+// q_i . k_j and sum_t |q_it k_jt| by the scalar loop: in long double (a 15-bit exponent) where the
+// products leave double's range: q . k near 2^1026 at theta near 2^1021, or products that underflow
+// at a tiny theta (as the forward's geometry, metrics/evaluate.cpp); the logits over theta are
+// ordinary numbers.
+struct DotAndAbsolute {
+  long double raw, absolute;
 };
+DotAndAbsolute dot_and_absolute(const kernels::BackwardProblem& p, std::size_t i, std::size_t j) {
+  const std::size_t d = p.queries.cols;
+  double narrow_raw = 0, narrow_absolute = 0;
+  bool underflow = false;
+  for (std::size_t t = 0; t < d; ++t) {
+    const double product = p.queries(i, t) * p.keys(j, t);
+    narrow_raw += product;
+    narrow_absolute += std::fabs(product);
+    underflow = underflow || (product == 0 && p.queries(i, t) != 0 && p.keys(j, t) != 0);
+  }
+  if (!underflow && narrow_absolute * static_cast<double>(d + 8) < 0x1p1000 &&
+      !(narrow_absolute != 0 && narrow_absolute < 0x1p-960)) {
+    return {narrow_raw, narrow_absolute};
+  }
+  DotAndAbsolute wide{0, 0};
+  for (std::size_t t = 0; t < d; ++t) {
+    const long double product = static_cast<long double>(p.queries(i, t)) * p.keys(j, t);
+    wide.raw += product;
+    wide.absolute += std::fabs(product);
+  }
+  return wide;
+}
 
+template <typename Dot>
 RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores& head, std::size_t i,
-                         const std::vector<std::size_t>& visible, Magnitudes& m) {
+                         const std::vector<std::size_t>& visible, const Dot& dot, Magnitudes& m) {
   const std::size_t d = p.queries.cols;
   const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(d));
   RowGeometry g;
   double top = head.sink ? *head.sink / head.theta : -INFINITY;
   for (const std::size_t j : visible) {
-    // In long double (a 15-bit exponent) where the products leave double's range: q . k near
-    // 2^1026 at theta near 2^1021, or products that underflow at a tiny theta (as the forward's
-    // geometry, metrics/evaluate.cpp); the logits over theta are ordinary numbers.
-    long double raw = 0, absolute = 0;
-    {
-      double narrow_raw = 0, narrow_absolute = 0;
-      bool underflow = false;
-      for (std::size_t t = 0; t < d; ++t) {
-        const double product = p.queries(i, t) * p.keys(j, t);
-        narrow_raw += product;
-        narrow_absolute += std::fabs(product);
-        underflow = underflow || (product == 0 && p.queries(i, t) != 0 && p.keys(j, t) != 0);
-      }
-      raw = narrow_raw;
-      absolute = narrow_absolute;
-      if (underflow || !(narrow_absolute * static_cast<double>(d + 8) < 0x1p1000) ||
-          (narrow_absolute != 0 && narrow_absolute < 0x1p-960)) {
-        raw = absolute = 0;
-        for (std::size_t t = 0; t < d; ++t) {
-          const long double product = static_cast<long double>(p.queries(i, t)) * p.keys(j, t);
-          raw += product;
-          absolute += std::fabs(product);
-        }
-      }
-    }
+    const auto [raw, absolute] = dot(j);
     long double s = raw * scale, slope = scale;
     if (head.softcap != 0) {
       const long double t = std::tanh(s / head.softcap);
@@ -78,100 +80,264 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
   return g;
 }
 
-// The magnitudes kernels/tolerance.hpp defines, in double (relative error below 1e-12 for the
-// sizes judged, covered by the 1e-9 they are inflated by).
-// One query row's terms, as magnitudes_of computed them.
-struct RowTerms {
-  std::span<const std::size_t> visible;
-  const RowGeometry& g;
-  std::span<const double> weight, dp_mag, signed_dq;
-  double a_i = 0, lse_gradient = 0;
-};
+// The sums below run over the (query, key) pairs of blocks of query rows as BLAS products
+// (reference/enclosed_product.hpp's plain_product): per pair, the coefficients (mag_ij, the D term,
+// the pair bound, dz/dr, P_ij, ...) are written into block x keys matrices, and each gradient's
+// magnitude is one product with |K|, |Q|, |dO| or their squares. A sum of non-negative terms in
+// any order errs by at most gamma_n of itself (n below 2^20: under 1.2e-10), within the 1e-9 the
+// sums are inflated by; the signed sums (signed_dq, the projections on the gradients' signs) feed
+// the statistical spreads as before.
 
-// The scores' roundings e_ij (|e_ij| <= eps_ij = 2.0001 u_S |z_ij|, independent) of a recipe that
-// rounds them (PyTorch's math path). To first order P_ij moves by P_ij (e_ij - e_i), e_i =
-// sum_k P_ik e_ik, and D_i by sum_j e_ij P_ij (dP_ij - D_i), so each gradient element is a linear
-// form in the e's whose coefficient for e_ik is bounded by three terms: for dQ_ic,
-// mag_ik |k_kc| (direct), P_ik M_ic (through e_i) and P_ik (|dP_ik| + A_i) |sum_j P_ij dz/dr k_jc|
-// (through D_i); for dK_kc, over the rows i, mag_ik |q_ic| (direct, e_ik), mag_ik |q_ic| P_ij
-// and P_ik dz/dr |q_ic| P_ij (|dP_ij| + A_i) (every e_ij); for dV_jc, P_ij |dO_ic| (direct) and
-// P_ij |dO_ic| P_ik (every e_ik). With (a + b + c)^2 <= 3 (a^2 + b^2 + c^2), Hoeffding's spread
-// is the square root of the sums below (times 2.0001 u_S). Beyond first order, each P_ij moves
-// by at most sigma_i P_ij, sigma_i = 3 exp(2 eps_i) (expm1(eps_i) - eps_i + eps_i^2), eps_i the
-// row's largest: charged in full as 3 sigma_i times each gradient's magnitude terms.
-void add_score_terms(const kernels::BackwardProblem& p, std::size_t i, const RowTerms& r, double u_s,
-                     Magnitudes& m) {
-  const std::size_t d = p.queries.cols, dv = p.values.cols;
-  double b = 0, c = 0, largest = 0;
-  for (std::size_t a = 0; a < r.visible.size(); ++a) {
-    if (r.weight[a] == 0) continue;  // a huge additive mask: nothing moves, and |z| would overflow
-    const double zp = r.g.z[a] * r.weight[a];
-    b += zp * zp;
-    c += zp * zp * (r.dp_mag[a] + r.a_i) * (r.dp_mag[a] + r.a_i);
-    if (r.g.z[a] - r.g.lse > -negligible_gap) largest = std::max(largest, std::fabs(r.g.z[a]));
+// Element-wise images of a matrix that the products read.
+Matrix mapped(const Matrix& m, double (*f)(double)) {
+  Matrix out(m.rows, m.cols);
+  std::transform(m.values.begin(), m.values.end(), out.values.begin(), f);
+  return out;
+}
+double absolute_of(double x) { return std::fabs(x); }
+double square_of(double x) { return x * x; }
+double sign_of(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
+
+// The smallest non-zero |x| of each row (+inf for a zero row): where two such meet, a product of
+// a query's and a key's entries may underflow.
+std::vector<double> smallest_nonzero(const Matrix& m) {
+  std::vector<double> out(m.rows, INFINITY);
+  for (std::size_t r = 0; r < m.rows; ++r) {
+    for (const double x : m.row(r))
+      if (x != 0) out[r] = std::min(out[r], std::fabs(x));
   }
-  m.largest_z = std::max(m.largest_z, largest);
-  const double eps = 2.0001 * u_s * largest;
-  const double sigma = 3 * std::exp(2 * eps) * (std::expm1(eps) - eps + eps * eps);
-  for (std::size_t a = 0; a < r.visible.size(); ++a) {
-    if (r.weight[a] == 0) continue;
-    const std::size_t j = r.visible[a];
-    const double mag = r.weight[a] * (r.dp_mag[a] + r.a_i + r.lse_gradient) * r.g.slope[a];
-    const double via_d = r.weight[a] * r.g.slope[a];
-    const double z2 = r.g.z[a] * r.g.z[a];
-    for (std::size_t t = 0; t < d; ++t) {
-      const double k = p.keys(j, t), q = p.queries(i, t);
-      m.dq_scores(i, t) += 3 * z2 * mag * mag * k * k;
-      m.dk_scores(j, t) += 3 * q * q * (z2 * mag * mag + mag * mag * b + via_d * via_d * c);
-      m.dk_scores_second(j, t) += 3 * sigma * mag * std::fabs(q);
-    }
-    for (std::size_t col = 0; col < dv; ++col) {
-      const double o = p.d_out(i, col);
-      m.dv_scores(j, col) += 2 * r.weight[a] * r.weight[a] * o * o * (z2 + b);
-      m.dv_scores_second(j, col) += sigma * r.weight[a] * std::fabs(o);
+  return out;
+}
+
+Images images_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e) {
+  return Images{.q_abs = mapped(p.queries, absolute_of),
+                .q_sq = mapped(p.queries, square_of),
+                .k_abs = mapped(p.keys, absolute_of),
+                .k_sq = mapped(p.keys, square_of),
+                .v_abs = mapped(p.values, absolute_of),
+                .dout_abs = mapped(p.d_out, absolute_of),
+                .dout_sq = mapped(p.d_out, square_of),
+                .dq_sign = mapped(e.d_queries, sign_of),
+                .dk_sign = mapped(e.d_keys, sign_of),
+                .dv_sign = mapped(e.d_values, sign_of),
+                .q_smallest = smallest_nonzero(p.queries),
+                .k_smallest = smallest_nonzero(p.keys)};
+}
+
+// q_i . k_j and sum_t |q_it k_jt| from the block's products, or, where a product may leave
+// double's range, by the scalar loop (in long double where it does).
+DotAndAbsolute pair_dot(const kernels::BackwardProblem& p, const Images& images, const PairBlock& block,
+                        std::size_t i, std::size_t j) {
+  const std::size_t r = i - block.first, d = p.queries.cols;
+  const double absolute = block.absolute[block.at(r, j)];
+  const bool ordinary = static_cast<long double>(images.q_smallest[i]) * images.k_smallest[j] >= 0x1p-1074L &&
+                        absolute * static_cast<double>(d + 8) < 0x1p1000 &&
+                        !(absolute != 0 && absolute < 0x1p-960);
+  if (ordinary) return {block.raw[block.at(r, j)], absolute};
+  return dot_and_absolute(p, i, j);
+}
+
+// The block's keys, its scores' products and each row's geometry and weights P_ij.
+void block_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores& head, const Images& images,
+                    PairBlock& block, Magnitudes& m) {
+  const std::size_t positions = p.positions();
+  block.visible.resize(block.rows);
+  std::size_t first_key = p.keys.rows, last_key = 0;
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    head.visible_keys((block.first + r) % positions, block.visible[r]);
+    for (const std::size_t j : block.visible[r]) {
+      first_key = std::min(first_key, j);
+      last_key = std::max(last_key, j + 1);
     }
   }
-  for (std::size_t t = 0; t < d; ++t) {  // the terms through e_i and D_i, with the row's M_ic
-    m.dq_scores(i, t) += 3 * (m.dq(i, t) * m.dq(i, t) * b + r.signed_dq[t] * r.signed_dq[t] * c);
-    m.dq_scores_second(i, t) = 3 * sigma * m.dq(i, t);
+  block.key_first = last_key > first_key ? first_key : 0;
+  block.width = last_key > first_key ? last_key - first_key : 0;
+  const std::size_t size = block.rows * block.width;
+  block.raw.resize(size);
+  block.absolute.resize(size);
+  zero(block.weight, size);
+  if (block.width > 0) {
+    reference::plain_product(rows_of(p.queries, block.first, block.rows),
+                             rows_of(p.keys, block.key_first, block.width, true), block.raw.data(),
+                             block.width);
+    reference::plain_product(rows_of(images.q_abs, block.first, block.rows),
+                             rows_of(images.k_abs, block.key_first, block.width, true), block.absolute.data(),
+                             block.width);
+  }
+  block.geometry.assign(block.rows, RowGeometry{});
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    if (block.visible[r].empty() && !head.sink) continue;
+    const auto dot = [&](std::size_t j) { return pair_dot(p, images, block, i, j); };
+    block.geometry[r] = row_geometry(p, head, i, block.visible[r], dot, m);
+    for (std::size_t a = 0; a < block.visible[r].size(); ++a)
+      block.weight[block.at(r, block.visible[r][a])] =
+          std::exp(block.geometry[r].z[a] - block.geometry[r].lse);
   }
 }
 
-// Sign of an expected gradient element (0 for 0): the weights of the gradient-scale statistic.
-double sign_of(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); }
-
-// Row i's pair (i, j)'s share of the gradient-scale sums (judge_gradient_scale): the intermediate
-// roundings through dS_ij (their squared bound `pair`, as in magnitudes_of) and of P_ij, and the
-// fp32 arithmetic's errors (relative to mag and to P_ij), projected on the expected gradients'
-// signs; the row's shares (`row`, squared and summed when the row ends) accumulate their
-// absolute projections. Returns the projection of dK's signs, which D's error in row i moves through.
-struct ScaleRow {
-  double dq = 0, dk = 0, dv = 0;
-};
-// One (i, j) pair's charges: its squared pair bound, its magnitude and its weight P_ij.
-struct PairCharges {
-  std::size_t i = 0, j = 0;
-  double pair = 0, mag = 0, weight = 0;
-};
-double add_scale_terms(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                       const PairCharges& charges, Magnitudes& m, ScaleRow& row) {
-  const auto& [i, j, pair, mag, weight] = charges;
-  double on_dq = 0, on_dk = 0, on_dv = 0;
-  for (std::size_t t = 0; t < p.queries.cols; ++t) {
-    on_dq += sign_of(e.d_queries(i, t)) * p.keys(j, t);
-    on_dk += sign_of(e.d_keys(j, t)) * p.queries(i, t);
+// dP_ij, sum_c |dO_ic v_jc| and O = P V by products, then each row's A_i, exact D_i and
+// B_i = sum_c |dO_ic O_ic| (O in double: its error, below 1e-12 A_i, is added).
+void block_row_sums(const kernels::BackwardProblem& p, const Images& images, PairBlock& block,
+                    Magnitudes& m) {
+  const std::size_t dv = p.values.cols, size = block.rows * block.width;
+  zero(block.dp_mag, size);
+  zero(block.dp_signed, size);
+  zero(block.out, block.rows * dv);
+  if (block.width > 0) {
+    const auto values = rows_of(p.values, block.key_first, block.width, true);
+    reference::plain_product(rows_of(p.d_out, block.first, block.rows), values, block.dp_signed.data(),
+                             block.width);
+    reference::plain_product(rows_of(images.dout_abs, block.first, block.rows),
+                             rows_of(images.v_abs, block.key_first, block.width, true), block.dp_mag.data(),
+                             block.width);
+    reference::plain_product(block_of(block.weight, block.rows, block.width),
+                             rows_of(p.values, block.key_first, block.width), block.out.data(), dv);
   }
-  for (std::size_t c = 0; c < p.values.cols; ++c) on_dv += sign_of(e.d_values(j, c)) * p.d_out(i, c);
-  m.dq_scale_inside += pair * on_dq * on_dq;
-  m.dk_scale_inside += pair * on_dk * on_dk;
-  m.dv_scale_inside += weight * weight * on_dv * on_dv;
-  m.dq_scale_pairs += mag * mag * on_dq * on_dq;
-  m.dk_scale_pairs += mag * mag * on_dk * on_dk;
-  m.dv_scale_pairs += weight * weight * on_dv * on_dv;
-  row.dq += mag * std::fabs(on_dq);
-  row.dk += mag * std::fabs(on_dk);
-  row.dv += weight * std::fabs(on_dv);
-  return on_dk;
+  block.a.assign(block.rows, 0);
+  block.b.assign(block.rows, 0);
+  block.exact_d.assign(block.rows, 0);
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    for (const std::size_t j : block.visible[r]) {
+      block.a[r] += block.weight[block.at(r, j)] * block.dp_mag[block.at(r, j)];
+      block.exact_d[r] += block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)];
+    }
+    for (std::size_t c = 0; c < dv; ++c) block.b[r] += std::fabs(p.d_out(i, c) * block.out[r * dv + c]);
+    block.b[r] += 1e-12 * block.a[r];
+    m.d_rows(i, 0) = block.a[r];
+    m.d_rows_from_o(i, 0) = block.b[r];
+  }
+}
+
+// Each pair's coefficients: mag_ij, the D term, the squared pair bound (dS's rounding by the exact
+// |dS|, in double: 1e-9 of mag covers its own error, and the other k - 1 intermediates' by mag),
+// dz/dr, whether it is seen, P_ij^2 and P_ij dz/dr.
+void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairBlock& block) {
+  const std::size_t size = block.rows * block.width;
+  for (auto* v : {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
+                  &block.weight_slope})
+    zero(*v, size);
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
+    const double signed_lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[i];
+    for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
+      const std::size_t e = block.at(r, block.visible[r][a]);
+      const double w = block.weight[e], slope = block.geometry[r].slope[a];
+      const double mag = w * (block.dp_mag[e] + block.a[r] + lse_gradient) * slope;
+      const double ds =
+          w * std::fabs(block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) * slope + 1e-9 * mag;
+      block.mag[e] = mag;
+      block.from_d[e] = w * block.b[r] * slope;
+      block.pair[e] = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
+      block.slope[e] = slope;
+      block.seen[e] = 1;
+      block.weight_sq[e] = w * w;
+      block.weight_slope[e] = w * slope;
+    }
+  }
+}
+
+// The gradient-scale sums (judge_gradient_scale): each pair's roundings through dS_ij (`pair`) and
+// of P_ij, and the fp32 arithmetic's errors (relative to mag and to P_ij), projected on the
+// expected gradients' signs (on_ij, by products); each row's shares squared and summed; and D's
+// errors projected on dK's signs through the row.
+void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, PairBlock& block,
+                       Magnitudes& m) {
+  const std::size_t size = block.rows * block.width;
+  zero(block.on_dq, size);
+  zero(block.on_dk, size);
+  zero(block.on_dv, size);
+  if (block.width > 0) {
+    reference::plain_product(rows_of(images.dq_sign, block.first, block.rows),
+                             rows_of(p.keys, block.key_first, block.width, true), block.on_dq.data(),
+                             block.width);
+    reference::plain_product(rows_of(p.queries, block.first, block.rows),
+                             rows_of(images.dk_sign, block.key_first, block.width, true), block.on_dk.data(),
+                             block.width);
+    reference::plain_product(rows_of(p.d_out, block.first, block.rows),
+                             rows_of(images.dv_sign, block.key_first, block.width, true), block.on_dv.data(),
+                             block.width);
+  }
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    double row_dq = 0, row_dk = 0, row_dv = 0, d_on_dk = 0;
+    for (const std::size_t j : block.visible[r]) {
+      const std::size_t e = block.at(r, j);
+      const double on_dq = block.on_dq[e], on_dk = block.on_dk[e], on_dv = block.on_dv[e];
+      const double pair = block.pair[e], mag = block.mag[e], w = block.weight[e];
+      m.dq_scale_inside += pair * on_dq * on_dq;
+      m.dk_scale_inside += pair * on_dk * on_dk;
+      m.dv_scale_inside += w * w * on_dv * on_dv;
+      m.dq_scale_pairs += mag * mag * on_dq * on_dq;
+      m.dk_scale_pairs += mag * mag * on_dk * on_dk;
+      m.dv_scale_pairs += w * w * on_dv * on_dv;
+      row_dq += mag * std::fabs(on_dq);
+      row_dk += mag * std::fabs(on_dk);
+      row_dv += w * std::fabs(on_dv);
+      d_on_dk += block.weight_slope[e] * on_dk;
+    }
+    m.dk_scale_from_d += block.b[r] * block.b[r] * d_on_dk * d_on_dk;
+    m.dq_scale_rows += row_dq * row_dq;
+    m.dk_scale_rows += row_dk * row_dk;
+    m.dv_scale_rows += row_dv * row_dv;
+  }
+}
+
+// The gradients' magnitude, D-term, spread and floor sums: one product each.
+void block_products(const kernels::BackwardProblem& p, const Images& images, PairBlock& block,
+                    Magnitudes& m) {
+  if (block.width == 0) return;
+  const std::size_t rows = block.rows, width = block.width, d = p.queries.cols;
+  const auto pairs = [&](const std::vector<double>& v, bool transposed) {
+    return block_of(v, rows, width, transposed);
+  };
+  const auto keys = [&](const Matrix& image) { return rows_of(image, block.key_first, width); };
+  const auto queries = [&](const Matrix& image) { return rows_of(image, block.first, rows); };
+  const auto add = [](const reference::MatrixOperand& a, const reference::MatrixOperand& b, Matrix& c,
+                      std::size_t first_row) {
+    reference::plain_product(a, b, c.values.data() + first_row * c.cols, c.cols, true);
+  };
+  add(pairs(block.mag, false), keys(images.k_abs), m.dq, block.first);
+  add(pairs(block.pair, false), keys(images.k_sq), m.dq_spread, block.first);
+  add(pairs(block.from_d, false), keys(images.k_abs), m.dq_from_d, block.first);
+  add(pairs(block.slope, false), keys(images.k_abs), m.dq_floor, block.first);
+  add(pairs(block.mag, true), queries(images.q_abs), m.dk, block.key_first);
+  add(pairs(block.pair, true), queries(images.q_sq), m.dk_spread, block.key_first);
+  add(pairs(block.from_d, true), queries(images.q_abs), m.dk_from_d, block.key_first);
+  add(pairs(block.slope, true), queries(images.q_abs), m.dk_floor, block.key_first);
+  add(pairs(block.seen, true), queries(images.dout_abs), m.dv_floor, block.key_first);
+  add(pairs(block.weight, true), queries(images.dout_abs), m.dv, block.key_first);
+  add(pairs(block.weight_sq, true), queries(images.dout_sq), m.dv_spread, block.key_first);
+  zero(block.signed_dq, rows * d);
+  reference::plain_product(pairs(block.weight_slope, false), rows_of(p.keys, block.key_first, width),
+                           block.signed_dq.data(), d);
+}
+
+// Per row, after the products: D's error delta_i moves dQ_i by exactly delta_i sum_j P_ij dz/dr k_j
+// (first order; its products with P's own error, below 2^-10, and with dS's rounding to the
+// recipe's intermediate format, u_i, are kept as slack on the unsigned sum); and the sink's terms.
+void block_row_terms(const kernels::BackwardProblem& p, const tensor::HeadScores& head, const Images& images,
+                     double u_i, const PairBlock& block, Magnitudes& m) {
+  const std::size_t d = p.queries.cols;
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    if (block.visible[r].empty() && !head.sink) continue;
+    double on_dq = 0;
+    for (std::size_t t = 0; t < d; ++t) {
+      const double signed_dq = block.signed_dq[r * d + t];
+      m.dq_from_d(i, t) = block.b[r] * std::fabs(signed_dq) + (u_i + 0x1p-10) * m.dq_from_d(i, t);
+      on_dq += images.dq_sign(i, t) * signed_dq;
+    }
+    m.dq_scale_from_d += block.b[r] * block.b[r] * on_dq * on_dq;
+    if (head.sink) {
+      const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
+      const double sink_weight =
+          std::exp(*head.sink / head.theta - block.geometry[r].lse) / std::fabs(head.theta);
+      m.d_sinks(block.head, 0) += sink_weight * (block.a[r] + lse_gradient);
+      m.d_sinks_from_d(block.head, 0) += sink_weight * block.b[r];
+    }
+  }
 }
 
 // The magnitudes' matrices, zero, sized for the problem (the scores' only when a recipe rounds them).
@@ -204,127 +370,30 @@ void finish(Magnitudes& m) {
   }
 }
 
-// Row i's sums over its visible keys: P_ij (weight), sum_c |dO_ic v_jc| and dP_ij, A_i, the
-// exact D_i and B_i = sum_c |dO_ic O_ic| (O in double: its error, below 1e-12 A_i, is added).
-struct RowBuffers {
-  std::vector<double> weight, dp_mag, dp_signed, out_row;
-};
-struct RowSums {
-  double a_i = 0, b_i = 0, exact_d = 0;
-};
-
-RowSums row_sums(const kernels::BackwardProblem& p, std::size_t i, const std::vector<std::size_t>& visible,
-                 const RowGeometry& g, RowBuffers& r) {
-  const std::size_t dv = p.values.cols;
-  RowSums sums;
-  r.weight.assign(visible.size(), 0);
-  r.dp_mag.assign(visible.size(), 0);
-  r.dp_signed.assign(visible.size(), 0);
-  r.out_row.assign(dv, 0);
-  for (std::size_t a = 0; a < visible.size(); ++a) {
-    r.weight[a] = std::exp(g.z[a] - g.lse);
-    for (std::size_t c = 0; c < dv; ++c) {
-      r.dp_mag[a] += std::fabs(p.d_out(i, c) * p.values(visible[a], c));
-      r.dp_signed[a] += p.d_out(i, c) * p.values(visible[a], c);
-      r.out_row[c] += r.weight[a] * p.values(visible[a], c);
-    }
-    sums.a_i += r.weight[a] * r.dp_mag[a];
-    sums.exact_d += r.weight[a] * r.dp_signed[a];
-  }
-  for (std::size_t c = 0; c < dv; ++c) sums.b_i += std::fabs(p.d_out(i, c) * r.out_row[c]);
-  sums.b_i += 1e-12 * sums.a_i;
-  return sums;
-}
-
-// One (i, j) pair's share of every gradient element's magnitude, D term, spread and floor.
-struct PairTerms {
-  double mag, from_d, pair, slope, weight;
-};
-
-void add_pair(const kernels::BackwardProblem& p, std::size_t i, std::size_t j, const PairTerms& x,
-              Magnitudes& m) {
-  for (std::size_t t = 0; t < p.queries.cols; ++t) {
-    const double k = p.keys(j, t), q = p.queries(i, t);
-    m.dq(i, t) += x.mag * std::fabs(k);
-    m.dk(j, t) += x.mag * std::fabs(q);
-    m.dq_spread(i, t) += x.pair * k * k;
-    m.dk_spread(j, t) += x.pair * q * q;
-    m.dq_from_d(i, t) += x.from_d * std::fabs(k);
-    m.dk_from_d(j, t) += x.from_d * std::fabs(q);
-    m.dq_floor(i, t) += x.slope * std::fabs(k);
-    m.dk_floor(j, t) += x.slope * std::fabs(q);
-  }
-  for (std::size_t c = 0; c < p.values.cols; ++c) {
-    const double o = p.d_out(i, c);
-    m.dv_floor(j, c) += std::fabs(o);
-    m.dv(j, c) += x.weight * std::fabs(o);
-    m.dv_spread(j, c) += x.weight * x.weight * o * o;
-  }
-}
-
 }  // namespace
 
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
                          double u_s, double u_i, double roundings) {
-  const std::size_t mq = p.queries.rows, d = p.queries.cols;
-  const std::size_t positions = p.positions();
   Magnitudes m = allocated(p, u_s);
-  std::vector<std::size_t> visible;
-  RowBuffers sums_buffer;
-  std::vector<double> signed_dq(d);
-  tensor::HeadScores row_head;  // row i: head i / positions, at position i mod positions
-  for (std::size_t i = 0; i < mq; ++i) {
-    const std::size_t h = i / positions;
-    if (i % positions == 0) row_head = p.head(h);
-    row_head.visible_keys(i % positions, visible);
-    if (visible.empty() && !row_head.sink) continue;
-    const RowGeometry g = row_geometry(p, row_head, i, visible, m);
-    const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
-    const RowSums sums = row_sums(p, i, visible, g, sums_buffer);
-    const double a_i = sums.a_i, b_i = sums.b_i, exact_d = sums.exact_d;
-    const std::vector<double>& weight = sums_buffer.weight;
-    const std::vector<double>& dp_mag = sums_buffer.dp_mag;
-    const std::vector<double>& dp_signed = sums_buffer.dp_signed;
-    const double signed_lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[i];
-    m.d_rows(i, 0) = a_i;
-    m.d_rows_from_o(i, 0) = b_i;
-    std::fill(signed_dq.begin(), signed_dq.end(), 0.0);
-    double d_on_dk = 0;  // D's error in row i projected on dK's signs, over u_o B_i
-    ScaleRow scale_row;
-    for (std::size_t a = 0; a < visible.size(); ++a) {
-      const std::size_t j = visible[a];
-      const double mag = weight[a] * (dp_mag[a] + a_i + lse_gradient) * g.slope[a];
-      const double from_d = weight[a] * b_i * g.slope[a];
-      // dS's rounding (by the exact |dS|, in double: 1e-9 of mag covers its own error) and the
-      // other k - 1 intermediates' (by mag): the squared bound of one (i, j) pair's roundings.
-      const double ds =
-          weight[a] * std::fabs(dp_signed[a] - exact_d + signed_lse_gradient) * g.slope[a] + 1e-9 * mag;
-      const double pair = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
-      d_on_dk += weight[a] * g.slope[a] *
-                 add_scale_terms(p, e, {.i = i, .j = j, .pair = pair, .mag = mag, .weight = weight[a]}, m,
-                                 scale_row);
-      for (std::size_t t = 0; t < d; ++t) signed_dq[t] += weight[a] * g.slope[a] * p.keys(j, t);
-      add_pair(p, i, j, {mag, from_d, pair, g.slope[a], weight[a]}, m);
-    }
-    // D's error delta_i moves dQ_i by exactly delta_i sum_j P_ij dz/dr k_j (first order; its
-    // products with P's own error, below 2^-10, and with dS's rounding to the recipe's
-    // intermediate format, u_i, are kept as slack on the unsigned sum).
-    double on_dq = 0;
-    for (std::size_t t = 0; t < d; ++t) {
-      m.dq_from_d(i, t) = b_i * std::fabs(signed_dq[t]) + (u_i + 0x1p-10) * m.dq_from_d(i, t);
-      on_dq += sign_of(e.d_queries(i, t)) * signed_dq[t];
-    }
-    m.dq_scale_from_d += b_i * b_i * on_dq * on_dq;
-    if (u_s > 0) add_score_terms(p, i, {visible, g, weight, dp_mag, signed_dq, a_i, lse_gradient}, u_s, m);
-    m.dk_scale_from_d += b_i * b_i * d_on_dk * d_on_dk;
-    m.dq_scale_rows += scale_row.dq * scale_row.dq;
-    m.dk_scale_rows += scale_row.dk * scale_row.dk;
-    m.dv_scale_rows += scale_row.dv * scale_row.dv;
-    if (row_head.sink) {
-      const double sink_weight =
-          std::exp(*row_head.sink / row_head.theta - g.lse) / std::fabs(row_head.theta);
-      m.d_sinks(h, 0) += sink_weight * (a_i + lse_gradient);
-      m.d_sinks_from_d(h, 0) += sink_weight * b_i;
+  const Images images = images_of(p, e);
+  const std::size_t positions = p.positions();
+  // Blocks of about 2^18 pairs: the products' shapes, and memory near the inputs' size.
+  const std::size_t block_rows =
+      std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(p.keys.rows, 1), 8, 256);
+  PairBlock block;
+  for (std::size_t h = 0; h < p.group; ++h) {
+    const tensor::HeadScores head = p.head(h);
+    for (std::size_t position = 0; position < positions; position += block_rows) {
+      block.head = h;
+      block.first = h * positions + position;
+      block.rows = std::min(block_rows, positions - position);
+      block_geometry(p, head, images, block, m);
+      block_row_sums(p, images, block, m);
+      block_pair_terms(p, roundings, block);
+      block_scale_terms(p, images, block, m);
+      block_products(p, images, block, m);
+      block_row_terms(p, head, images, u_i, block, m);
+      if (u_s > 0) add_score_terms(p, images, u_s, block, m);
     }
   }
   finish(m);

@@ -227,13 +227,16 @@ class BackwardPass {
     arb_mul(slope, slope, constants.inverse_theta.get(), p_);
   }
 
-  // L = m + ln(sum e^{z - m} [+ e^{sink - m}]), m the largest midpoint (any m gives the same L).
+  // L = m + ln(sum e^{z - m} [+ e^{sink - m}]), m the largest midpoint (any m gives the same L),
+  // taken exactly as Arb holds it: a logit beyond double's range (2^1033 at a tiny theta) stays a
+  // finite shift, where a double would make it inf and every difference NaN.
   void log_sum_exp(BallVector& z, arb_srcptr sink, arb_ptr lse) {
-    double largest = sink != nullptr ? arf_get_d(arb_midref(sink), ARF_RND_NEAR) : -INFINITY;
-    for (std::size_t a = 0; a < z.size(); ++a)
-      largest = std::max(largest, arf_get_d(arb_midref(z[a]), ARF_RND_NEAR));
+    arf_srcptr largest = sink != nullptr ? arb_midref(sink) : nullptr;
+    for (std::size_t a = 0; a < z.size(); ++a) {
+      if (largest == nullptr || arf_cmp(arb_midref(z[a]), largest) > 0) largest = arb_midref(z[a]);
+    }
     Ball sum, term, shift;
-    arb_set_d(shift.get(), largest);
+    if (largest != nullptr) arb_set_arf(shift.get(), largest);
     arb_zero(sum.get());
     for (std::size_t a = 0; a <= z.size(); ++a) {
       if (a == z.size() && sink == nullptr) break;

@@ -145,7 +145,7 @@ bool bound_row_inputs(const Problem& problem, const Block& block, std::size_t r,
   if (head.sink) {
     const std::size_t a = active.size();
     s.logits[a] = *head.sink / head.theta;
-    s.errors[a] = 1.01 * unit_roundoff * std::fabs(s.logits[a]);
+    s.errors[a] = sink_logit_error(s.logits[a]);
     if (!std::isfinite(s.logits[a]) || s.errors[a] > 0x1p-30) return false;
   }
   return true;

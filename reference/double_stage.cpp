@@ -163,17 +163,23 @@ double bias_in_double(const tensor::HeadScores::BiasTerms& terms) {
 // The logit's error: the dot product's (dot_error, scaled), the scale's (1/sqrt(d) is within 2u: a
 // correctly rounded sqrt and a division) and the product's (3.01u |t|), the bias's one fma (u |b|),
 // the sum's rounding (u (|t| + |b|): 5.1u |t| and 2.1u |b| in all), and the division by theta
-// (2.1u |z|); the factor 1 + 2^-40 covers the rounding of this bound's own arithmetic.
+// (2.1u |z|); the factor 1 + 2^-40 covers the rounding of this bound's own arithmetic. Below
+// double's normal range a rounding errs absolutely instead, by up to 2^-1075: the product t, the
+// fma of the bias and the product |scale| dot_error (which may underflow to 0) add 3 2^-1074 before
+// the division by theta (a tiny theta makes that large, and the stage then stands aside), and a
+// subnormal z one more 2^-1074.
 LogitInDouble logit_in_double(double dot, double dot_error, double scale, double bias, double theta) {
   const double scaled = dot * scale;
   const double z = (scaled + bias) / theta;
   const double error = ((std::fabs(scale) * dot_error + 5.1 * unit_roundoff * std::fabs(scaled) +
-                         2.1 * unit_roundoff * std::fabs(bias)) /
+                         2.1 * unit_roundoff * std::fabs(bias) + 0x1.8p-1073) /
                             std::fabs(theta) +
-                        2.1 * unit_roundoff * std::fabs(z)) *
+                        2.1 * unit_roundoff * std::fabs(z) + 0x1p-1074) *
                        (1 + 0x1p-40);
   return {z, error};
 }
+
+double sink_logit_error(double z) { return 1.01 * unit_roundoff * std::fabs(z) + 0x1p-1074; }
 
 void bound_attention_exponentials(std::size_t count, std::vector<double>& scratch,
                                   AttentionRowInDouble& row) {
@@ -224,7 +230,7 @@ bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& ro
   if (source.has_sink()) {
     const std::size_t a = source.active.size();
     row.logits[a] = *source.scores.sink / theta;
-    row.errors[a] = 1.01 * unit_roundoff * std::fabs(row.logits[a]);
+    row.errors[a] = sink_logit_error(row.logits[a]);
     if (!std::isfinite(row.logits[a]) || row.errors[a] > 0x1p-30) return false;
   }
   return true;

@@ -35,6 +35,9 @@ struct LogitInDouble {
 [[nodiscard]] LogitInDouble logit_in_double(double dot, double dot_error, double scale, double bias,
                                             double theta);
 
+// The error of a sink's logit sink / theta as computed in double (one division).
+[[nodiscard]] double sink_logit_error(double z);
+
 // One attention row's double-stage state: the logits, their exponentials against the largest,
 // each exponential's relative error eta_j, and the bounded sum.
 struct AttentionRowInDouble {

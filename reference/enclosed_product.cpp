@@ -34,9 +34,10 @@ void gemm(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t
 
 }  // namespace
 
-void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride) {
+void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride,
+                   bool accumulate) {
   if (a.used_cols() != b.used_rows()) throw std::logic_error("plain_product: operand shapes disagree");
-  gemm(a, b, c, c_stride, false);
+  gemm(a, b, c, c_stride, accumulate);
 }
 
 void product_weights(std::span<const double> mid, std::span<double> radius, double terms,

@@ -42,8 +42,10 @@ struct EnclosedResult {
   bool accumulate = false;
 };
 
-// C = A B in double, overwritten (`c_stride` doubles between C's rows); the caller bounds its error.
-void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride);
+// C = A B in double (C += A B when accumulating; `c_stride` doubles between C's rows); the caller
+// bounds its error.
+void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride,
+                   bool accumulate = false);
 
 // W = (gamma_T |A~| + R)(1 + 2^-40) entrywise, written over `radius`. `gamma_scale` is 1; the
 // mutation test sets it to 0 (a bound that forgets the products' rounding) to show the

@@ -216,5 +216,52 @@ TEST(BackwardDoubleStage, StandsAsideForSoftCapsAndProductsBeyondDoublesRange) {
         << "dV[" << e << "]";
 }
 
+// From an audit: q . k scaled by 2^-60 is subnormal, and its rounding (2^-1075 absolute) divided by
+// theta = 2^-1070 moves the logit by up to 2^-5; the stage once claimed 2^-52 and returned
+// sigmoid(1) for sigmoid(1.03125). It must now stand aside, and the later stages decide.
+TEST(BackwardDoubleStage, ASubnormalScaledScoreUnderATinyThetaIsNotTrusted) {
+  testing::BackwardProblem p{
+      Matrix(1, 1, 1.03125 * 0x1p-505), Matrix(2, 1), Matrix(2, 1), Matrix(1, 1, 1.0), {}, {}};
+  p.k(0, 0) = 0x1p-505;
+  p.v(0, 0) = 1;
+  p.scores.scale = 0x1p-60;
+  p.scores.theta = 0x1p-1070;
+  const AttentionBackwardInputs in{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores};
+  const std::vector<tensor::HeadScores> heads{in.head(0)};
+  EXPECT_FALSE(enclose_backward_in_double(in, heads).has_value());
+  const testing::ExactGradients exact = testing::independent_backward(p);
+  for (const FloatFormat* format : {&fp32, &bf16, &fp16, &fp8_e4m3}) {
+    const AttentionGradients got = attention_backward(in, *format);
+    for (std::size_t e = 0; e < 2; ++e) {
+      EXPECT_TRUE(testing::is_nearest_in_format(got.d_values.values[e], exact.dv[e], *format))
+          << "dV[" << e << "] = " << got.d_values.values[e] << " in " << format->name;
+    }
+  }
+}
+
+// Logits beyond double's range (2^1074 at theta = 2^-1074; 2^1033 beside a sink) are decided, not
+// refused: the ball stage's log-sum-exp once shifted by a double that became inf. P is 1 - e^-z
+// for the large logit and e^-z for the rest, so dV is (1, 0) and dQ, dK round to 0.
+TEST(BackwardDoubleStage, LogitsBeyondDoublesRangeAreDecided) {
+  testing::BackwardProblem p{Matrix(1, 1, 1.0), Matrix(2, 1), Matrix(2, 1), Matrix(1, 1, 1.0), {}, {}};
+  p.k(0, 0) = 1;
+  p.v(0, 0) = 1;
+  p.scores.scale = 1;
+  p.scores.theta = 0x1p-1074;
+  AttentionGradients got = attention_backward({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, fp32);
+  EXPECT_EQ(got.d_values.values, (std::vector<double>{1.0, 0.0}));
+  EXPECT_EQ(got.d_queries.values, (std::vector<double>{0.0}));
+  EXPECT_EQ(got.d_keys.values, (std::vector<double>{0.0, 0.0}));
+  testing::BackwardProblem sink{
+      Matrix(1, 1, 0x1p600), Matrix(1, 1, 0x1p423), Matrix(1, 1, 1.0), Matrix(1, 1, 1.0), {}, {}};
+  sink.scores.scale = 1;
+  sink.scores.theta = 0x1p-10;
+  sink.scores.sink = -1.0;
+  got = attention_backward({sink.q, sink.k, sink.v, sink.d_out, sink.d_lse, sink.scores}, bf16);
+  EXPECT_EQ(got.d_values.values, (std::vector<double>{1.0}));
+  EXPECT_EQ(got.d_queries.values, (std::vector<double>{0.0}));
+  EXPECT_EQ(got.d_sinks, (std::vector<double>{0.0}));
+}
+
 }  // namespace
 }  // namespace sharpcheck::reference

@@ -1,0 +1,66 @@
+// The attention backward's tolerance geometry, block by block (internal to
+// metrics/backward_magnitudes.cpp and metrics/backward_score_terms.cpp): a block of query rows of
+// one head, the keys they see, and the pair matrices whose products with the inputs' images give
+// each gradient's magnitude sums (metrics/backward_magnitudes.hpp says what each sum is).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "kernels/attention_backward.hpp"
+#include "metrics/backward_magnitudes.hpp"
+#include "reference/enclosed_product.hpp"
+
+namespace sharpcheck::metrics::backward_blocks {
+
+// Entries with z - L below this have P < e^-100: their rounding errors are far below any
+// allowance, so they are left out of the units' max |z - L| (which would otherwise grow with a
+// mask's size, as tolerance_table.cpp's negligible entries explain for the forward).
+constexpr double negligible_gap = 100;
+
+// The row's logits z, slopes dz/dr and the roundings of the logits, in double.
+struct RowGeometry {
+  std::vector<double> z, slope;
+  double lse = -INFINITY;
+};
+
+// Rows [first, first + count) of a row-major matrix as a product operand.
+inline reference::MatrixOperand rows_of(const Matrix& m, std::size_t first, std::size_t count,
+                                        bool transposed = false) {
+  return {m.values.data() + first * m.cols, count, m.cols, m.cols, transposed};
+}
+inline reference::MatrixOperand block_of(const std::vector<double>& values, std::size_t rows,
+                                         std::size_t cols, bool transposed = false) {
+  return {values.data(), rows, cols, cols, transposed};
+}
+
+inline void zero(std::vector<double>& v, std::size_t size) { v.assign(size, 0.0); }
+
+// What the whole problem shares: the inputs' images and the expected gradients' signs.
+struct Images {
+  Matrix q_abs, q_sq, k_abs, k_sq, v_abs, dout_abs, dout_sq, dq_sign, dk_sign, dv_sign;
+  std::vector<double> q_smallest, k_smallest;
+};
+
+// One block of query rows (rows [first, first + rows) of the stacked queries, all of one head)
+// and the keys they see, [key_first, key_first + width), with its rows x width pair matrices.
+struct PairBlock {
+  std::size_t head = 0, first = 0, rows = 0, key_first = 0, width = 0;
+  std::vector<std::vector<std::size_t>> visible;
+  std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
+  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, signed_dq;
+  std::vector<double> on_dq, on_dk, on_dv;
+  std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
+  std::vector<RowGeometry> geometry;
+  std::vector<double> a, b, exact_d;
+  [[nodiscard]] std::size_t at(std::size_t r, std::size_t j) const { return r * width + (j - key_first); }
+};
+
+// The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
+// products (metrics/backward_score_terms.cpp).
+void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
+                     Magnitudes& m);
+
+}  // namespace sharpcheck::metrics::backward_blocks
