@@ -1,7 +1,8 @@
 // The attention backward reference (reference/attention_backward.hpp: correctly rounded dQ, dK,
-// dV by Arb balls) for bf16 [1, H, S, 64] causal, against a plain double backward of the same
-// shape (no guarantee) in the same run, both on every core. The shape is [1, 8, 1024, 64]
-// (--benchmark_filter=8/1024); 8/256 runs in seconds.
+// dV; the certified double stage with BLAS products first, Arb balls for what it leaves) for bf16
+// [1, H, S, D] causal, against a plain double backward of the same shape (no guarantee) in the
+// same run, both on every core. Args are {H, S, D}; the training shape [1, 8, 2048, 128] is
+// --benchmark_filter=8/2048/128. torch's fp64 autograd on the same shape: bench/golden_vs_torch.py.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -20,11 +21,11 @@ struct Head {
   Matrix q, k, v, d_out;
 };
 
-std::vector<Head> make_heads(std::size_t heads, std::size_t seq) {
+std::vector<Head> make_heads(std::size_t heads, std::size_t seq, std::size_t dim) {
   sharpcheck::DeterministicRandom random(11);
   std::vector<Head> result;
   for (std::size_t h = 0; h < heads; ++h) {
-    Head head{Matrix(seq, 64), Matrix(seq, 64), Matrix(seq, 64), Matrix(seq, 64)};
+    Head head{Matrix(seq, dim), Matrix(seq, dim), Matrix(seq, dim), Matrix(seq, dim)};
     for (Matrix* m : {&head.q, &head.k, &head.v, &head.d_out}) {
       for (double& x : m->values) x = sharpcheck::round_to_format(random.normal(0, 1), sharpcheck::bf16);
     }
@@ -67,9 +68,10 @@ void plain_double_backward(const Head& head, Matrix& dq, Matrix& dk, Matrix& dv)
 
 void BM_PlainDoubleBackward(benchmark::State& state) {
   const auto heads =
-      make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
+      make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)),
+                 static_cast<std::size_t>(state.range(2)));
   for (auto _ : state) {
-    std::vector<Matrix> gradients(heads.size() * 3, Matrix(heads[0].q.rows, 64));
+    std::vector<Matrix> gradients(heads.size() * 3, Matrix(heads[0].q.rows, heads[0].q.cols));
     sharpcheck::parallel_for(heads.size(), 0, [&](std::size_t h) {
       plain_double_backward(heads[h], gradients[3 * h], gradients[3 * h + 1], gradients[3 * h + 2]);
     });
@@ -79,7 +81,8 @@ void BM_PlainDoubleBackward(benchmark::State& state) {
 
 void BM_BackwardReference(benchmark::State& state) {
   const auto heads =
-      make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
+      make_heads(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)),
+                 static_cast<std::size_t>(state.range(2)));
   sharpcheck::tensor::HeadScores causal;
   causal.causal = true;
   for (auto _ : state) {
@@ -92,13 +95,15 @@ void BM_BackwardReference(benchmark::State& state) {
 }
 
 BENCHMARK(BM_PlainDoubleBackward)
-    ->Args({8, 256})
-    ->Args({8, 1024})
+    ->Args({8, 256, 64})
+    ->Args({8, 1024, 64})
+    ->Args({8, 2048, 128})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_BackwardReference)
-    ->Args({8, 256})
-    ->Args({8, 1024})
+    ->Args({8, 256, 64})
+    ->Args({8, 1024, 64})
+    ->Args({8, 2048, 128})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1);

@@ -16,11 +16,11 @@
 // double and then multiplied by 1 + 2^-40, which covers the rounding of its own few operations).
 //
 // Scores: r~_ij = fl(q_i . k_j) from a GEMM errs by gamma_d sum_t |q_it k_jt| + d 2^-1074
-// (enclosed_product.hpp), and sum_t |q_it k_jt| <= |q_i|_2 |k_j|_2 (Cauchy-Schwarz), the norms
-// rounded up (norm_upper_bound). The logit and its error follow logit_in_double, the
-// exponentials, their sum and p~_j = fl(w~_j / S~) within p_j (1 +- e_j) follow the forward's proof
-// (double_stage.cpp; coefficient_error), and p_j in [0, 2^-1008] where w~_j = 0. Write rp_j = p~_j e_j.
-// dP~_ij = fl(dO_i . v_j) errs by rdp_j = gamma_dv |dO_i| |v_j| + dv 2^-1074 likewise.
+// (enclosed_product.hpp), the magnitude sum itself a GEMM of |Q| and |K|, rounded up (dot_error). The logit
+// and its error follow logit_in_double, the exponentials, their sum and p~_j = fl(w~_j / S~) within p_j (1 +-
+// e_j) follow the forward's proof (double_stage.cpp; coefficient_error), and p_j in [0, 2^-1008] where w~_j =
+// 0. Write rp_j = p~_j e_j. dP~_ij = fl(dO_i . v_j) errs by rdp_j = gamma_dv sum_c |dO_ic v_jc| + dv 2^-1074
+// likewise.
 //
 // D_i = sum_j p_j dP_ij: the recursive sum of p~_j dP~_j errs by gamma_{count+1} sum |p~ dP~| (its
 // products' rounding included) plus count 2^-1074 for underflow; the inputs' errors add
@@ -43,22 +43,6 @@ namespace {
 
 constexpr double bound_slack = 1 + 0x1p-40;
 
-// |x|_2 rounded up: the sum of squares errs by gamma_d of itself plus d 2^-1074 for squares that
-// underflow, so the true sum is below (s~ + d 2^-1074)(1 + 2 gamma_{d+1}); sqrt and the two
-// products round three times more (the last factor).
-double norm_upper_bound(std::span<const double> row) {
-  double squares = 0;
-  for (const double x : row) squares += x * x;
-  const auto d = static_cast<double>(row.size());
-  return std::sqrt((squares + d * 0x1p-1074) * (1 + 2 * gamma_of(d + 1))) * (1 + 4 * unit_roundoff);
-}
-
-std::vector<double> row_norms(const Matrix& m) {
-  std::vector<double> norms(m.rows);
-  for (std::size_t r = 0; r < m.rows; ++r) norms[r] = norm_upper_bound(m.row(r));
-  return norms;
-}
-
 std::vector<double> magnitudes_of(const Matrix& m) {
   std::vector<double> out(m.values.size());
   std::transform(m.values.begin(), m.values.end(), out.begin(), [](double x) { return std::fabs(x); });
@@ -73,14 +57,13 @@ double sum_radius(double magnitude, double propagated, double count) {
          bound_slack;
 }
 
-// What the whole problem shares: the inputs, their magnitudes and row norms, the accumulators.
+// What the whole problem shares: the inputs, their magnitudes, the accumulators.
 struct Problem {
   const AttentionBackwardInputs& in;
   std::span<const tensor::HeadScores> heads;
   double terms;  // T: bounds the products summed into any one result
   double gamma_scale;
-  std::vector<double> q_abs, k_abs, dout_abs;
-  std::vector<double> q_norms, k_norms, dout_norms, v_norms;
+  std::vector<double> q_abs, k_abs, v_abs, dout_abs;
   BackwardEnclosures sums;  // midpoints; radii hold the product weights until the end
   std::vector<double> sink_magnitudes;
 };
@@ -93,10 +76,19 @@ struct Block {
   [[nodiscard]] std::size_t width() const { return key_last - key_first; }
 };
 
-// The block's rows x width matrices: the scores, then dR; dP, then dR's radii; P and its radii.
+// The block's rows x width matrices: the scores, then dR; dP, then dR's radii; P and its radii;
+// sum_t |q_it k_jt| and sum_c |dO_ic v_jc|.
 struct BlockMatrices {
-  std::vector<double> scores, dp, p, p_radius;
+  std::vector<double> scores, dp, p, p_radius, scores_magnitude, dp_magnitude;
 };
+
+// The error of a dot product of `terms` products computed by a GEMM whose magnitude sum, also
+// computed by a GEMM, is `magnitude`: gamma_terms of the true magnitude, which is below
+// magnitude (1 + 2 gamma_terms) + terms 2^-1074 (underflow); plus terms 2^-1074 of its own.
+double dot_error(double magnitude, std::size_t terms) {
+  const auto t = static_cast<double>(terms);
+  return (gamma_of(t + 3) * magnitude * (1 + 2 * gamma_of(t + 2)) + (2 * t + 2) * 0x1p-1074) * bound_slack;
+}
 
 // What a row gives besides its products: D_i and the sink's gradient term, with their radii.
 struct RowResult {
@@ -121,25 +113,20 @@ bool bound_row_inputs(const Problem& problem, const Block& block, std::size_t r,
                       RowScratch& s) {
   const AttentionBackwardInputs& in = problem.in;
   const tensor::HeadScores& head = problem.heads[block.head];
-  const std::size_t position = block.first + r, i = block.head * in.positions() + position;
+  const std::size_t position = block.first + r;
   const std::size_t d = in.queries.cols, dv = in.values.cols, width = block.width();
   const std::vector<std::size_t>& active = block.visible[r];
-  const double dot_gamma = gamma_of(static_cast<double>(d) + 3),
-               dp_gamma = gamma_of(static_cast<double>(dv) + 3);
   const double scale = head_scale(head, d);
   for (std::size_t a = 0; a < active.size(); ++a) {
     const std::size_t j = active[a], column = r * width + (j - block.key_first);
-    const double dot_error =
-        dot_gamma * problem.q_norms[i] * problem.k_norms[j] + static_cast<double>(d + 1) * 0x1p-1074;
     const double bias = head.has_bias() ? bias_in_double(head.bias_terms(position, j)) : 0.0;
-    const LogitInDouble logit = logit_in_double(mats.scores[column], dot_error, scale, bias, head.theta);
+    const LogitInDouble logit = logit_in_double(
+        mats.scores[column], dot_error(mats.scores_magnitude[column], d), scale, bias, head.theta);
     s.logits[a] = logit.z;
     s.errors[a] = logit.error;
     if (!std::isfinite(logit.z) || !std::isfinite(logit.error) || logit.error > 0x1p-30) return false;
     s.dp[a] = mats.dp[column];
-    s.dp_radius[a] =
-        (dp_gamma * problem.dout_norms[i] * problem.v_norms[j] + static_cast<double>(dv + 1) * 0x1p-1074) *
-        bound_slack;
+    s.dp_radius[a] = dot_error(mats.dp_magnitude[column], dv);
     if (!std::isfinite(s.dp[a]) || !std::isfinite(s.dp_radius[a])) return false;
   }
   if (head.sink) {
@@ -151,14 +138,16 @@ bool bound_row_inputs(const Problem& problem, const Block& block, std::size_t r,
   return true;
 }
 
-// p~_j and rp_j for every entry, and D~_i with its radius (the header's bounds).
-RowResult row_softmax_and_d(std::size_t count, std::size_t entries, RowScratch& s) {
+// p~_j and rp_j for every entry (rp = 0 for the exact P = 1 of a single key), and D~_i with its
+// radius (the header's bounds).
+RowResult row_softmax_and_d(std::size_t count, std::size_t entries, bool single, RowScratch& s) {
   AttentionRowInDouble row{s.logits, s.errors, s.exponentials};
   bound_attention_exponentials(entries, s.sum_scratch, row);
   for (std::size_t a = 0; a < entries; ++a) {
     s.p[a] = s.exponentials[a] / row.sum;
     s.p_radius[a] = s.exponentials[a] == 0 ? 0x1p-1008 : s.p[a] * coefficient_error(row, a) * bound_slack;
   }
+  if (single) s.p_radius[0] = 0;  // certified_exp(0) / 1 is exactly 1
   RowResult result;
   double magnitude = 0, propagated = 0;
   for (std::size_t a = 0; a < count; ++a) {
@@ -188,15 +177,14 @@ bool row_in_double(const Problem& problem, const Block& block, std::size_t r, Bl
   double* const p_radius_row = mats.p_radius.data() + r * width;
   for (double* row : {dr_row, dr_radius_row, p_row, p_radius_row}) std::fill(row, row + width, 0.0);
   if (entries == 0) return true;  // no key and no sink: nothing flows back
-  result = row_softmax_and_d(count, entries, s);
+  // A row with one key and no sink has P = 1 and D = dP exactly, so dP - D + g is g, exactly: a dQ
+  // of 0 when g = 0 (the first row of a causal head) is then decided, not straddled.
+  const bool single = entries == 1 && count == 1;
+  result = row_softmax_and_d(count, entries, single, s);
   const double g = problem.in.d_lse.empty() ? 0.0 : problem.in.d_lse[i];
   const double g_minus_d = g - result.d;
   const double g_minus_d_radius = (result.d_radius + unit_roundoff * std::fabs(g_minus_d)) * bound_slack;
   const double slope = head_scale(head, problem.in.queries.cols) / head.theta;
-  // A row with one key and no sink has P = 1 and D = dP exactly, so dP - D + g is g, exactly: a dQ
-  // of 0 when g = 0 (the first row of a causal head) is then decided, not straddled.
-  const bool single = entries == 1 && count == 1;
-  if (single) s.p_radius[0] = 0;
   for (std::size_t a = 0; a < count; ++a) {
     const std::size_t column = active[a] - block.key_first;
     const double t = single ? g : s.dp[a] + g_minus_d;
@@ -248,6 +236,8 @@ void block_scores(const Problem& problem, const Block& block, BlockMatrices& mat
   const std::size_t first_row = block.head * in.positions() + block.first;
   mats.scores.resize(block.rows() * width);  // written whole by the GEMMs
   mats.dp.resize(block.rows() * width);
+  mats.scores_magnitude.resize(block.rows() * width);
+  mats.dp_magnitude.resize(block.rows() * width);
   mats.p.assign(block.rows() * width, 0.0);
   mats.p_radius.assign(block.rows() * width, 0.0);
   if (width == 0) return;
@@ -255,6 +245,12 @@ void block_scores(const Problem& problem, const Block& block, BlockMatrices& mat
                 {in.keys.values.data() + block.key_first * d, width, d, d, true}, mats.scores.data(), width);
   plain_product({in.d_out.values.data() + first_row * dv, block.rows(), dv, dv},
                 {in.values.values.data() + block.key_first * dv, width, dv, dv, true}, mats.dp.data(), width);
+  plain_product({problem.q_abs.data() + first_row * d, block.rows(), d, d},
+                {problem.k_abs.data() + block.key_first * d, width, d, d, true}, mats.scores_magnitude.data(),
+                width);
+  plain_product({problem.dout_abs.data() + first_row * dv, block.rows(), dv, dv},
+                {problem.v_abs.data() + block.key_first * dv, width, dv, dv, true}, mats.dp_magnitude.data(),
+                width);
 }
 
 // dQ of the block's rows, and its share of dK and dV, as enclosed products.
@@ -327,11 +323,8 @@ Problem prepare(const AttentionBackwardInputs& in, std::span<const tensor::HeadS
                  .gamma_scale = gamma_scale,
                  .q_abs = magnitudes_of(in.queries),
                  .k_abs = magnitudes_of(in.keys),
+                 .v_abs = magnitudes_of(in.values),
                  .dout_abs = magnitudes_of(in.d_out),
-                 .q_norms = row_norms(in.queries),
-                 .k_norms = row_norms(in.keys),
-                 .dout_norms = row_norms(in.d_out),
-                 .v_norms = row_norms(in.values),
                  .sums = BackwardEnclosures{zeros(), zeros()},
                  .sink_magnitudes = std::vector<double>(sinks ? in.group : 0)};
 }

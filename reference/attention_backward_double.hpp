@@ -4,7 +4,7 @@
 // ball stage and the Ziv loop of reference/attention_backward.cpp, which decide it as before.
 //
 // How: per query head, blocks of query rows. The scores Q K^T and dP = dO V^T are BLAS products
-// whose errors are bounded by Cauchy-Schwarz (sum |q_t k_t| <= |q| |k|, the row norms rounded up);
+// whose errors are bounded by the products of their magnitudes |Q| |K|^T and |dO| |V|^T;
 // each row's softmax uses the forward's proven pieces (reference/double_stage_row.hpp); D, dS and
 // dR carry absolute error bounds term by term (written beside the code); and dQ = dR K,
 // dK = dR^T Q, dV = P^T dO are enclosed products (reference/enclosed_product.hpp). Each result's
