@@ -141,6 +141,28 @@ std::vector<double> read_gradient(const Array* array, const char* what, std::siz
   return values;
 }
 
+// The whole tensors' gradients, zero (padded positions stay so). A sink's gradient sums over the
+// batch, and each batch element's part would be rounded, not the sum: only for a batch of 1.
+BackwardGradients zero_gradients(const tensor::AttentionProblem& p) {
+  const bool sink_gradients = !p.sinks.empty() && p.shape.batch == 1;
+  return {std::vector<double>(p.query_elements()), std::vector<double>(p.key_elements()),
+          std::vector<double>(p.value_elements()), std::vector<double>(sink_gradients ? p.sinks.size() : 0)};
+}
+
+// One group's correctly rounded gradients written into the whole tensors' layout.
+void scatter_group(const tensor::AttentionProblem& p, const Group& group, const GroupOffsets& at,
+                   const reference::AttentionGradients& exact, BackwardGradients& g) {
+  for (std::size_t r = 0; r < group.q.rows; ++r) {
+    for (std::size_t c = 0; c < p.shape.head_dim; ++c) g.dq[at.query(r, c)] = exact.d_queries(r, c);
+  }
+  for (std::size_t r = 0; r < group.keys; ++r) {
+    for (std::size_t c = 0; c < p.shape.head_dim; ++c) g.dk[at.key(r, c)] = exact.d_keys(r, c);
+    for (std::size_t c = 0; c < p.shape.value_dim; ++c) g.dv[at.value(r, c)] = exact.d_values(r, c);
+  }
+  for (std::size_t h = 0; h < exact.d_sinks.size() && !g.d_sinks.empty(); ++h)
+    g.d_sinks[group.first_head + h] = exact.d_sinks[h];
+}
+
 }  // namespace
 
 BackwardGradients attention_backward_of_arrays(const JudgeOptions& options, const BackwardArrays& arrays) {
@@ -148,25 +170,12 @@ BackwardGradients attention_backward_of_arrays(const JudgeOptions& options, cons
   const FloatFormat& target = *stored_format(options.format).format;
   const Tensors t = read_tensors(arrays, p);
   const auto& s = p.shape;
-  // A sink's gradient sums over the batch: each batch element's part is rounded, not the sum.
-  const bool sink_gradients = !p.sinks.empty() && s.batch == 1;
-  BackwardGradients g{std::vector<double>(p.query_elements()), std::vector<double>(p.key_elements()),
-                      std::vector<double>(p.value_elements()),
-                      std::vector<double>(sink_gradients ? p.sinks.size() : 0)};
+  BackwardGradients g = zero_gradients(p);
   for (std::size_t b = 0; b < s.batch; ++b) {
     for (std::size_t kv = 0; kv < s.kv_heads && p.query_length(b) > 0; ++kv) {
       const Group group = group_of(p, t, b, kv);
       const GroupOffsets at = offsets_of(p, b, kv);
-      const auto exact = reference::attention_backward(group.problem(), target);
-      for (std::size_t r = 0; r < group.q.rows; ++r) {
-        for (std::size_t c = 0; c < s.head_dim; ++c) g.dq[at.query(r, c)] = exact.d_queries(r, c);
-      }
-      for (std::size_t r = 0; r < group.keys; ++r) {
-        for (std::size_t c = 0; c < s.head_dim; ++c) g.dk[at.key(r, c)] = exact.d_keys(r, c);
-        for (std::size_t c = 0; c < s.value_dim; ++c) g.dv[at.value(r, c)] = exact.d_values(r, c);
-      }
-      for (std::size_t h = 0; h < exact.d_sinks.size() && sink_gradients; ++h)
-        g.d_sinks[group.first_head + h] = exact.d_sinks[h];
+      scatter_group(p, group, at, reference::attention_backward(group.problem(), target), g);
     }
   }
   return g;
@@ -343,7 +352,8 @@ CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArra
 
 }  // namespace
 
-CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const BackwardArrays& arrays) {
+CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const BackwardArrays& arrays,
+                                            BackwardGradients* reference) {
   const tensor::AttentionProblem p = backward_problem(options, arrays);
   const StoredFormat output = stored_format(options.format);
   const StoredFormat input = options.input_format.empty() ? output : stored_format(options.input_format);
@@ -368,6 +378,13 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
     given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(),
                                  stored_format(std::string(reference::d_format(*output.format).name)));
   const JudgedGroups judged = judged_groups(options, p, t);
+  if (reference != nullptr) {  // the reference the verdict used, for a caller that wants both
+    *reference = zero_gradients(p);
+    for (std::size_t g = 0; g < judged.groups.size(); ++g) {
+      const auto [b, kv] = judged.at[g];
+      scatter_group(p, judged.groups[g], offsets_of(p, b, kv), judged.references[g], *reference);
+    }
+  }
   std::optional<CaseOutcome> closest;
   double closest_ratio = INFINITY;
   std::string tried;

@@ -42,8 +42,11 @@ struct BackwardGradients {
 
 // Judges dq, dk and dv (and d_sinks, and D) group by group, padded positions not judged; the tolerance entry
 // is options.tolerance_entry (default attention_backward_flash). The worst element is named by gradient and
-// full index.
+// full index. Each group's reference is computed once, whatever the recipes tried; with `reference`,
+// it is also written there, as attention_backward_of_arrays gives it (a caller that wants the
+// gradients and the verdict computes them once).
 [[nodiscard]] CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options,
-                                                          const BackwardArrays& arrays);
+                                                          const BackwardArrays& arrays,
+                                                          BackwardGradients* reference = nullptr);
 
 }  // namespace sharpcheck::gate

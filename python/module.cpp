@@ -337,6 +337,15 @@ std::string judge_attention(const py::object& out, const py::object& q, const py
   return gate::to_json(outcome).dump();
 }
 
+// (dq, dk, dv, d_sinks or None) as arrays shaped as q, k, v.
+py::tuple gradients_tuple(const gate::BackwardGradients& g, const HostArray& queries, const HostArray& keys,
+                          const HostArray& values) {
+  py::object sinks = py::none();
+  if (!g.d_sinks.empty()) sinks = to_numpy(g.d_sinks, {g.d_sinks.size()});
+  return py::make_tuple(to_numpy(g.dq, queries.shape()), to_numpy(g.dk, keys.shape()),
+                        to_numpy(g.dv, values.shape()), sinks);
+}
+
 // The correctly rounded attention gradients (dq, dk, dv laid out as q, k, v; the sinks' gradients
 // or None) given dout and optionally the gradient reaching the log-sum-exp.
 py::tuple reference_attention_backward(const py::object& q, const py::object& k, const py::object& v,
@@ -367,17 +376,15 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
     const Released released;
     g = gate::attention_backward_of_arrays(judge, arrays);
   }
-  py::object sinks = py::none();
-  if (!g.d_sinks.empty()) sinks = to_numpy(g.d_sinks, {g.d_sinks.size()});
-  return py::make_tuple(to_numpy(g.dq, queries.shape()), to_numpy(g.dk, keys.shape()),
-                        to_numpy(g.dv, values.shape()), sinks);
+  return gradients_tuple(g, queries, keys, values);
 }
 
-// The case record of attention gradients against the correctly rounded ones.
+// The case record of attention gradients against the correctly rounded ones (a JSON string), and
+// with `want_reference` those gradients too, computed once: (record, (dq, dk, dv, d_sinks)).
 // gradients: (dq, dk, dv); inputs: (q, k, v, dout).
-std::string judge_attention_backward(const py::tuple& gradients, const py::tuple& inputs,
-                                     const py::object& d_lse, const py::object& d_sinks, const py::object& d,
-                                     const py::dict& given) {
+py::object judge_attention_backward(const py::tuple& gradients, const py::tuple& inputs,
+                                    const py::object& d_lse, const py::object& d_sinks, const py::object& d,
+                                    const py::dict& given, bool want_reference) {
   if (gradients.size() != 3 || inputs.size() != 4)
     throw InputError(InputProblem::out_of_range,
                      "judge_attention_backward: (dq, dk, dv) and (q, k, v, dout)");
@@ -410,11 +417,14 @@ std::string judge_attention_backward(const py::tuple& gradients, const py::tuple
                               .scores = extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
   if (!d_sinks.is_none()) arrays.d_sinks = d_sinks.cast<std::vector<double>>();
   gate::CaseOutcome outcome;
+  gate::BackwardGradients reference;
   {
     const Released released;
-    outcome = gate::judge_attention_backward_arrays(judge, arrays);
+    outcome = gate::judge_attention_backward_arrays(judge, arrays, want_reference ? &reference : nullptr);
   }
-  return gate::to_json(outcome).dump();
+  py::str record(gate::to_json(outcome).dump());
+  if (!want_reference) return record;
+  return py::make_tuple(record, gradients_tuple(reference, queries, keys, values));
 }
 
 // The case records of a run (a JSON list) as the gate's whole report, its JUnit XML and its exit
@@ -481,7 +491,8 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.def("reference_attention_backward", &reference_attention_backward, py::arg("q"), py::arg("k"),
              py::arg("v"), py::arg("dout"), py::arg("d_lse"), py::arg("options"));
   module.def("judge_attention_backward", &judge_attention_backward, py::arg("gradients"), py::arg("inputs"),
-             py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"));
+             py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"),
+             py::arg("want_reference") = false);
   module.def("ops_json", &ops_json);
   module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
   module.def("external_cases", &external_cases, py::arg("name"), py::arg("format"), py::arg("sizes"),

@@ -9,6 +9,7 @@ class UndecidedRounding(ArithmeticError): ...
 class Report:
     record: Dict[str, Any]
     notes: List[str]
+    reference: Optional[Tuple[Any, Any, Any, Any]]
     status: str
     passed: bool
     inconclusive: bool
@@ -105,7 +106,8 @@ def assert_attention_backward_close(dq: ArrayLike, dk: ArrayLike, dv: ArrayLike,
                                     cu_seqlens_k: Optional[Sequence[int]] = ...,
                                     theta: float = ..., format: Optional[str] = ..., input_format: Optional[str] = ...,
                                     tolerance: Optional[str] = ..., proven_only: bool = ..., name: Optional[str] = ...,
-                                    msg: Optional[str] = ..., threads: int = ...) -> Report: ...
+                                    msg: Optional[str] = ..., threads: int = ...,
+                                    return_reference: bool = ...) -> Report: ...
 def ops() -> List[Dict[str, Any]]: ...
 def judge(op: str, *, msg: Optional[str] = ..., **tensors_and_options: Any) -> Report: ...
 

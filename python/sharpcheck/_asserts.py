@@ -36,6 +36,8 @@ class Report:
     def __init__(self, record: Dict[str, Any], notes: List[str]):
         self.record = record
         self.notes = list(notes)
+        # The reference the verdict used, where the assert was asked for it (return_reference).
+        self.reference: Optional[Tuple[Any, Any, Any, Any]] = None
         tiers = record["tiers"]
         self.status: str = record["status"]  # "pass", "fail" or "inconclusive"
         self.passed: bool = self.status != "fail"
@@ -159,10 +161,13 @@ def _caller_name() -> str:
     return "python"
 
 
-def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], what: str, tolerance: str,
+def _judged(judge: Callable[[Dict[str, Any]], Any], options: Dict[str, Any], what: str, tolerance: str,
             notes: List[str], msg: Optional[str]) -> Report:
     options.setdefault("name", _caller_name())
-    record = json.loads(judge(options))
+    result = judge(options)
+    # A judge asked for its reference too returns (record, reference): computed once, kept on the Report.
+    text, reference = result if isinstance(result, tuple) else (result, None)
+    record = json.loads(text)
     record["rerun"] = f"pytest {current_test}" if current_test else ""
     record["tolerance_entry"] = record.get("recipe") or tolerance
     record["proven_only"] = bool(options.get("proven_only", False))
@@ -171,13 +176,16 @@ def _judged(judge: Callable[[Dict[str, Any]], str], options: Dict[str, Any], wha
     if recording:
         RECORDED.append({"test": current_test or options["name"], "record": record})
     report = Report(record, notes)
+    report.reference = reference
     if report.inconclusive:  # not a failure, but never a silent pass
         warnings.warn(f"sharpcheck: {what} inconclusive: only {record.get('informative_elements', '?')} of "
                       f"{report.elements} expected values can discriminate (0, 1, at the format's floor, "
                       "or with no finite allowance)", stacklevel=3)
     if not report.passed:
         text = report.message(what, tolerance)
-        raise AssertionError(f"{msg}\n\n{text}" if msg else text)
+        error = AssertionError(f"{msg}\n\n{text}" if msg else text)
+        error.report = report  # type: ignore[attr-defined]  # its figures (and reference) for the caller
+        raise error
     return report
 
 
@@ -257,14 +265,17 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
                                     format: Optional[str] = None, input_format: Optional[str] = None,
                                     tolerance: Optional[str] = None, proven_only: bool = False,
                                     name: Optional[str] = None, msg: Optional[str] = None,
-                                    threads: int = 0) -> Report:
+                                    threads: int = 0, return_reference: bool = False) -> Report:
     """dq, dk, dv (and d_sinks, if given) ~ the gradients of attention of q, k, v against dout (and
     d_lse), and D = rowsum(dO * O) in fp32 if the kernel exposes it (d, laid out as the log-sum-exp),
     judged head by head against the correctly rounded gradients under a backward tolerance
     recipe (tolerance=: attention_backward_flash, backward_flash_bf16/fp16, backward_math_bf16/fp16;
     default: every recipe the formats allow, the first that fits) or a kernel's entry such as
     attention_backward_plain (P materialised in fp32). Layouts, masks and modifiers as
-    sharpcheck.attention_backward; padded positions are not judged."""
+    sharpcheck.attention_backward; padded positions are not judged. With return_reference=True the
+    correctly rounded gradients the verdict used, (dq, dk, dv, d_sinks) as sharpcheck.attention_backward
+    returns them, are kept as report.reference (computed once; on a failure the AssertionError
+    carries the report as .report)."""
     notes: List[str] = []
     fmt = check_format(format or format_of(dq, "dq"))
     grads = [host(a, n, notes) for a, n in ((dq, "dq"), (dk, "dk"), (dv, "dv"))]
@@ -282,7 +293,7 @@ def assert_attention_backward_close(dq: Any, dk: Any, dv: Any, q: Any, k: Any, v
     sink_gradients = _numbers(d_sinks)
     d_rows = None if d is None else host(d, "d", notes)
     judge = lambda o: _sharpcheck.judge_attention_backward(  # noqa: E731
-        tuple(grads), tuple(inputs), lse_gradient, sink_gradients, d_rows, o)
+        tuple(grads), tuple(inputs), lse_gradient, sink_gradients, d_rows, o, return_reference)
     return _judged(judge, options, "Attention gradients", entry, notes, msg)
 
 

@@ -258,3 +258,27 @@ def test_an_fp64_d_is_read_in_fp64_as_the_reference_rounds_it():
     assert report.status == "pass"
     with pytest.raises(AssertionError):
         sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, format="fp64", d=d * 1.5)
+
+
+def test_the_judgement_returns_the_reference_it_used():
+    """return_reference=True keeps the correctly rounded gradients the verdict used on the report (and
+    on a failure's AssertionError): the same values sharpcheck.attention_backward returns, so a caller
+    that wants both computes the reference once."""
+    torch.manual_seed(5)
+    q, dout = torch.randn(1, 4, 12, 8), torch.randn(1, 4, 12, 8)
+    k, v = torch.randn(1, 2, 12, 8), torch.randn(1, 2, 12, 8)  # GQA: 2 query heads per KV head
+    sinks = torch.tensor([0.5, -0.25, 0.0, 1.0])
+    exact = sharpcheck.attention_backward(q, k, v, dout, causal=True, sinks=sinks, format="fp32")
+    report = sharpcheck.assert_attention_backward_close(*exact[:3], q, k, v, dout, causal=True, sinks=sinks,
+                                                        d_sinks=exact[3], return_reference=True)
+    assert report.reference is not None
+    for ours, theirs in zip(report.reference, exact):
+        assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+    assert sharpcheck.assert_attention_backward_close(*exact[:3], q, k, v, dout, causal=True,
+                                                      sinks=sinks).reference is None
+    wrong = torch.as_tensor(exact[0]).clone() * 1.25
+    with pytest.raises(AssertionError) as failure:
+        sharpcheck.assert_attention_backward_close(wrong, *exact[1:3], q, k, v, dout, causal=True, sinks=sinks,
+                                                   return_reference=True)
+    assert failure.value.report.status == "fail"
+    assert np.array_equal(np.asarray(failure.value.report.reference[0]), np.asarray(exact[0]))
