@@ -340,8 +340,8 @@ std::string judge_attention(const py::object& out, const py::object& q, const py
 // (dq, dk, dv, d_sinks or None) as arrays shaped as q, k, v.
 py::tuple gradients_tuple(const gate::BackwardGradients& g, const HostArray& queries, const HostArray& keys,
                           const HostArray& values) {
-  py::object sinks = py::none();
-  if (!g.d_sinks.empty()) sinks = to_numpy(g.d_sinks, {g.d_sinks.size()});
+  const py::object sinks =
+      g.d_sinks.empty() ? py::object(py::none()) : to_numpy(g.d_sinks, {g.d_sinks.size()});
   return py::make_tuple(to_numpy(g.dq, queries.shape()), to_numpy(g.dk, keys.shape()),
                         to_numpy(g.dv, values.shape()), sinks);
 }
@@ -360,17 +360,13 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
   if (!d_lse.is_none()) lse_gradient.emplace(d_lse, "d_lse", input);
   const AttentionExtras extras = options.attention_extras();
   options.require_all_used();
-  gate::BackwardArrays arrays{&queries,
-                              &keys,
-                              &values,
-                              &d_out,
-                              nullptr,
-                              nullptr,
-                              nullptr,
-                              lse_gradient ? &*lse_gradient : nullptr,
-                              nullptr,
-                              {},
-                              extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr)};
+  gate::BackwardArrays arrays;  // the inputs only: no gradients to judge
+  arrays.q = &queries;
+  arrays.k = &keys;
+  arrays.v = &values;
+  arrays.d_out = &d_out;
+  arrays.d_lse = lse_gradient ? &*lse_gradient : nullptr;
+  arrays.scores = extras.arrays(nullptr, nullptr, nullptr, nullptr, nullptr);
   gate::BackwardGradients g;
   {
     const Released released;
@@ -379,9 +375,8 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
   return gradients_tuple(g, queries, keys, values);
 }
 
-// The case record of attention gradients against the correctly rounded ones (a JSON string), and
-// with `want_reference` those gradients too, computed once: (record, (dq, dk, dv, d_sinks)).
-// gradients: (dq, dk, dv); inputs: (q, k, v, dout).
+// The JSON case record of gradients (dq, dk, dv) of inputs (q, k, v, dout) against the correctly
+// rounded ones; with `want_reference`, (record, those gradients as reference_attention_backward).
 py::object judge_attention_backward(const py::tuple& gradients, const py::tuple& inputs,
                                     const py::object& d_lse, const py::object& d_sinks, const py::object& d,
                                     const py::dict& given, bool want_reference) {
