@@ -157,12 +157,8 @@ void block_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores&
   block.absolute.resize(size);
   zero(block.weight, size);
   if (block.width > 0) {
-    reference::plain_product(rows_of(p.queries, block.first, block.rows),
-                             rows_of(p.keys, block.key_first, block.width, true), block.raw.data(),
-                             block.width);
-    reference::plain_product(rows_of(images.q_abs, block.first, block.rows),
-                             rows_of(images.k_abs, block.key_first, block.width, true), block.absolute.data(),
-                             block.width);
+    pair_product(p.queries, p.keys, block, block.raw);
+    pair_product(images.q_abs, images.k_abs, block, block.absolute);
   }
   block.geometry.assign(block.rows, RowGeometry{});
   for (std::size_t r = 0; r < block.rows; ++r) {
@@ -185,12 +181,8 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, Pai
   zero(block.dp_signed, size);
   zero(block.out, block.rows * dv);
   if (block.width > 0) {
-    const auto values = rows_of(p.values, block.key_first, block.width, true);
-    reference::plain_product(rows_of(p.d_out, block.first, block.rows), values, block.dp_signed.data(),
-                             block.width);
-    reference::plain_product(rows_of(images.dout_abs, block.first, block.rows),
-                             rows_of(images.v_abs, block.key_first, block.width, true), block.dp_mag.data(),
-                             block.width);
+    pair_product(p.d_out, p.values, block, block.dp_signed);
+    pair_product(images.dout_abs, images.v_abs, block, block.dp_mag);
     reference::plain_product(block_of(block.weight, block.rows, block.width),
                              rows_of(p.values, block.key_first, block.width), block.out.data(), dv);
   }
@@ -250,15 +242,9 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
   zero(block.on_dk, size);
   zero(block.on_dv, size);
   if (block.width > 0) {
-    reference::plain_product(rows_of(images.dq_sign, block.first, block.rows),
-                             rows_of(p.keys, block.key_first, block.width, true), block.on_dq.data(),
-                             block.width);
-    reference::plain_product(rows_of(p.queries, block.first, block.rows),
-                             rows_of(images.dk_sign, block.key_first, block.width, true), block.on_dk.data(),
-                             block.width);
-    reference::plain_product(rows_of(p.d_out, block.first, block.rows),
-                             rows_of(images.dv_sign, block.key_first, block.width, true), block.on_dv.data(),
-                             block.width);
+    pair_product(images.dq_sign, p.keys, block, block.on_dq);
+    pair_product(p.queries, images.dk_sign, block, block.on_dk);
+    pair_product(p.d_out, images.dv_sign, block, block.on_dv);
   }
   for (std::size_t r = 0; r < block.rows; ++r) {
     double row_dq = 0, row_dk = 0, row_dv = 0, d_on_dk = 0;

@@ -58,6 +58,14 @@ struct PairBlock {
   [[nodiscard]] std::size_t at(std::size_t r, std::size_t j) const { return r * width + (j - key_first); }
 };
 
+// A pair matrix (rows x width): block rows of `left` (a query-side matrix) times the block's keys of
+// `right` (a key-side matrix), transposed.
+inline void pair_product(const Matrix& left, const Matrix& right, const PairBlock& block,
+                         std::vector<double>& out) {
+  reference::plain_product(rows_of(left, block.first, block.rows),
+                           rows_of(right, block.key_first, block.width, true), out.data(), block.width);
+}
+
 // The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
 // products (metrics/backward_score_terms.cpp).
 void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,

@@ -17,16 +17,10 @@ namespace sharpcheck::reference {
 namespace {
 
 using testing::Exact;
+using testing::random_matrix;
 using Problem = testing::BackwardProblem;
 using testing::ExactGradients;
 using testing::independent_backward;
-
-Matrix random_matrix(std::size_t rows, std::size_t cols, double sigma, const FloatFormat& format,
-                     DeterministicRandom& random) {
-  Matrix matrix(rows, cols);
-  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), format);
-  return matrix;
-}
 
 void expect_correctly_rounded(const Problem& p, const FloatFormat& format, const char* variant) {
   const AttentionGradients got = attention_backward({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, format);

@@ -23,13 +23,7 @@ namespace sharpcheck::reference {
 namespace {
 
 using testing::Exact;
-
-Matrix random_matrix(std::size_t rows, std::size_t cols, double sigma, const FloatFormat& format,
-                     DeterministicRandom& random) {
-  Matrix matrix(rows, cols);
-  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), format);
-  return matrix;
-}
+using testing::random_matrix;
 
 // |exact - mid| <= radius, exactly (all three as rationals).
 bool encloses(const Rational& exact, double mid, double radius) {

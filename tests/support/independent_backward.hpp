@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/matrix.hpp"
+#include "core/random.hpp"
+#include "formats/float_format.hpp"
 #include "independent_reference.hpp"
 #include "tensor/head_scores.hpp"
 
@@ -25,6 +27,14 @@ struct ExactGradients {
 };
 
 // The header's definitions, term by term, at 320 bits.
+// A rows x cols matrix of normal(0, sigma) values rounded to `format`.
+inline Matrix random_matrix(std::size_t rows, std::size_t cols, double sigma, const FloatFormat& format,
+                            DeterministicRandom& random) {
+  Matrix matrix(rows, cols);
+  for (double& x : matrix.values) x = round_to_format(random.normal(0, sigma), format);
+  return matrix;
+}
+
 inline ExactGradients independent_backward(const BackwardProblem& p) {
   const std::size_t m = p.q.rows, n = p.k.rows, d = p.q.cols, dv = p.v.cols;
   tensor::HeadScores head = p.scores;
