@@ -273,8 +273,9 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
 // The gradients' magnitude, D-term, spread and floor sums: one product each.
 void block_products(const kernels::BackwardProblem& p, const Images& images, PairBlock& block,
                     Magnitudes& m) {
-  if (block.width == 0) return;
   const std::size_t rows = block.rows, width = block.width, d = p.queries.cols;
+  zero(block.signed_dq, rows * d);  // read by every row's terms, a block that sees no key included
+  if (width == 0) return;
   const auto pairs = [&](const std::vector<double>& v, bool transposed) {
     return block_of(v, rows, width, transposed);
   };
@@ -295,7 +296,6 @@ void block_products(const kernels::BackwardProblem& p, const Images& images, Pai
   add(pairs(block.seen, true), queries(images.dout_abs), m.dv_floor, block.key_first);
   add(pairs(block.weight, true), queries(images.dout_abs), m.dv, block.key_first);
   add(pairs(block.weight_sq, true), queries(images.dout_sq), m.dv_spread, block.key_first);
-  zero(block.signed_dq, rows * d);
   reference::plain_product(pairs(block.weight_slope, false), rows_of(p.keys, block.key_first, width),
                            block.signed_dq.data(), d);
 }

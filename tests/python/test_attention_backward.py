@@ -282,3 +282,23 @@ def test_the_judgement_returns_the_reference_it_used():
                                                    return_reference=True)
     assert failure.value.report.status == "fail"
     assert np.array_equal(np.asarray(failure.value.report.reference[0]), np.asarray(exact[0]))
+
+
+def test_a_first_block_that_sees_no_key_under_a_math_recipe():
+    """From an audit: the geometry's blocks of query rows once read an empty buffer when the first
+    block saw no key and the recipe rounds the scores (a segfault); now judged as before: fully masked
+    rows are inconclusive, and 600 queries over 37 keys bottom-right, whose first rows see no key, pass."""
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 1, 8, 16).bfloat16() for _ in range(4))
+    hidden = torch.zeros(8, 8, dtype=torch.bool)
+    dq, dk, dv, _ = sharpcheck.attention_backward(q, k, v, do, attn_mask=hidden)
+    with pytest.warns(UserWarning, match="inconclusive"):
+        report = sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, do, attn_mask=hidden,
+                                                            tolerance="backward_math_fp16")
+    assert report.status == "inconclusive"
+    q, do = torch.randn(1, 1, 600, 8).bfloat16(), torch.randn(1, 1, 600, 8).bfloat16()
+    k, v = torch.randn(1, 1, 37, 8).bfloat16(), torch.randn(1, 1, 37, 8).bfloat16()
+    dq, dk, dv, _ = sharpcheck.attention_backward(q, k, v, do, causal=True, align="bottom-right")
+    report = sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, do, causal=True, align="bottom-right",
+                                                        tolerance="backward_math_bf16")
+    assert report.passed
