@@ -360,6 +360,7 @@ void finish(Magnitudes& m) {
 
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
                          double u_s, double u_i, double roundings) {
+  const reference::SingleThreadedBlas single_threaded;  // the groups run in parallel already
   Magnitudes m = allocated(p, u_s);
   const Images images = images_of(p, e);
   const std::size_t positions = p.positions();

@@ -373,6 +373,7 @@ std::optional<BackwardEnclosures> enclose_backward_in_double(const AttentionBack
       std::any_of(heads.begin(), heads.end(), [](const auto& h) { return h.softcap != 0.0; })) {
     return std::nullopt;
   }
+  const SingleThreadedBlas single_threaded;  // the rows run in parallel, the products between them
   Problem problem = prepare(in, heads, gamma_scale);
   // Blocks of about 2^20 scores each: large enough for the GEMMs, small enough to keep the memory
   // near the inputs' size.

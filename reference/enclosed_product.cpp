@@ -1,10 +1,12 @@
 #include "reference/enclosed_product.hpp"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 
 #include "reference/double_stage_row.hpp"
@@ -32,7 +34,40 @@ void gemm(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t
               blas_size(std::max<std::size_t>(c_stride, 1)));
 }
 
+// OpenBLAS's thread count, found at run time (the link is to the generic libblas.so.3).
+struct BlasThreads {
+  using Setter = void (*)(int);
+  using Getter = int (*)();
+  Setter set = reinterpret_cast<Setter>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  Getter get = reinterpret_cast<Getter>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  std::mutex mutex;
+  int scopes = 0;
+  int saved = 0;
+};
+
+BlasThreads& blas_threads() {
+  static BlasThreads threads;
+  return threads;
+}
+
 }  // namespace
+
+SingleThreadedBlas::SingleThreadedBlas() {
+  BlasThreads& threads = blas_threads();
+  if (threads.set == nullptr || threads.get == nullptr) return;
+  const std::lock_guard lock(threads.mutex);
+  if (threads.scopes++ == 0) {
+    threads.saved = threads.get();
+    threads.set(1);
+  }
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  BlasThreads& threads = blas_threads();
+  if (threads.set == nullptr || threads.get == nullptr) return;
+  const std::lock_guard lock(threads.mutex);
+  if (--threads.scopes == 0) threads.set(threads.saved);
+}
 
 void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride,
                    bool accumulate) {

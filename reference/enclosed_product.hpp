@@ -22,6 +22,21 @@
 
 namespace sharpcheck::reference {
 
+// While one lives, the BLAS runs each product on the calling thread. sharpcheck parallelises over
+// heads, groups and rows itself, and OpenBLAS's own pool on top of that oversubscribes the cores: a
+// backward judgement of [1, 4, 1024, 64] took 1.7 s with one BLAS thread against 3.6 to 4.7 s with
+// the pool, on 2 cores. Nested and concurrent scopes share one setting, and the last one out restores
+// the BLAS's own thread count. The setting is the process's: a product another thread runs meanwhile
+// (torch's, say) runs single-threaded too. With a BLAS other than OpenBLAS (no
+// openblas_set_num_threads) it does nothing.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas();
+  ~SingleThreadedBlas();
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+};
+
 // A row-major matrix operand of a product: rows x cols with `stride` doubles between rows, used as
 // is or transposed.
 struct MatrixOperand {
