@@ -358,8 +358,7 @@ std::string ratio_text(double ratio) {
   throw InterruptedJudgement(stopped.signal_number(), std::move(outcome));
 }
 
-// For a failing named recipe: the first other recipe the formats allow under which the same
-// outputs pass, said in a line (one more judgement per recipe tried, on failure only).
+// For a failing named recipe: the first other recipe the formats allow that the outputs fit, in a line.
 std::string other_recipe_line(const JudgeOptions& options, const metrics::JudgeSpec& spec,
                               const tensor::AttentionProblem& problem, const AttentionArrays& arrays,
                               const tensor::TensorSource& out, const FloatFormat& input,
@@ -400,8 +399,7 @@ bool same_order_shape(const std::vector<std::size_t>& got, const std::vector<std
   return g == without_unit_axes(merged);
 }
 
-// The problem the arrays describe, after refusing what no judgement can read: empty arrays, a
-// non-finite q, k or v (named by its full index), an output of another size or shape.
+// The problem the arrays describe; empty arrays, a non-finite q, k or v, an output's size or shape refused.
 tensor::AttentionProblem checked_problem(const JudgeOptions& options, const AttentionArrays& arrays) {
   for (const Array* array : {arrays.q, arrays.k, arrays.v, arrays.out}) require_elements(*array);
   for (const Array* array : {arrays.q, arrays.k, arrays.v}) require_finite(*array);
@@ -439,6 +437,8 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   metrics::JudgeSpec spec{kernels::Operation::attention, output.format, nullptr};
   spec.lse_base2 = options.lse_base2;
   spec.lse_format = stored_format(options.lse_format).format;
+  std::vector<std::optional<metrics::KnownReference>> known;  // each head's reference, for every recipe
+  spec.known_heads = &known;
   const CheckedOutput out(*arrays.out, output);
   // A named recipe (or kernel entry) is the verdict's; with none, every recipe the formats allow is
   // tried from the tightest, and the first that fits is the verdict's (metrics/recipes.hpp).

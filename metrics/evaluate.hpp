@@ -3,7 +3,9 @@
 // to a verdict that the tests, the gate and the studies share.
 #pragma once
 
+#include <optional>
 #include <string_view>
+#include <vector>
 
 #include "core/matrix.hpp"
 #include "kernels/registry.hpp"
@@ -39,6 +41,15 @@ struct Evaluation {
 
 // What outputs computed elsewhere (a plugin in a child process, a .npy file, Python) are judged
 // as: the operation they claim to compute, their format, and the tolerance entry to judge by.
+// One head's correctly rounded attention output (and log-sum-exp) with how the reference decided
+// them: computed by the first recipe a judgement tries and reused by the others (a recipe changes
+// the allowance, never the reference).
+struct KnownReference {
+  Matrix output;
+  std::vector<double> lse;
+  reference::ZivStatistics statistics;
+};
+
 struct JudgeSpec {
   kernels::Operation operation = kernels::Operation::softmax;
   const FloatFormat* output = &fp32;
@@ -46,6 +57,12 @@ struct JudgeSpec {
   bool lse = false;        // attention: also compute the reference log-sum-exp per query
   bool lse_base2 = false;  // ... over ln 2
   const FloatFormat* lse_format = &fp32;
+  // Attention: where this head's reference is kept between the recipes tried (empty: not yet
+  // computed); null: computed for this judgement alone. The same output format, log-sum-exp options
+  // and inputs for every use of one slot.
+  std::optional<KnownReference>* known = nullptr;
+  // A whole layer's (judge_attention_tensors): one slot per head (batch x heads), for `known`.
+  std::vector<std::optional<KnownReference>>* known_heads = nullptr;
 };
 
 // first_row_number: the number the first row has in reports (when judging a block of a larger file).

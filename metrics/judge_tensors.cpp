@@ -84,6 +84,7 @@ HeadJudgement judge_head(const JudgeSpec& spec, const tensor::AttentionProblem& 
   Matrix actual = tensor::gather_head(problem, tensor::HeadTensor::output, out, b, h);
   JudgeSpec head_spec = spec;
   head_spec.lse = lse != nullptr;
+  if (spec.known_heads != nullptr) head_spec.known = &(*spec.known_heads)[b * problem.shape.heads + h];
   const Evaluation evaluation =
       judge_attention(head_spec, queries, key_rows, value_rows, problem.head(b, h), std::move(actual));
   HeadJudgement judgement{
@@ -173,6 +174,7 @@ TensorJudgement judge_attention_tensors(const JudgeSpec& spec, const tensor::Att
   check(out.size(), problem.output_elements(), "the output");
   if (lse != nullptr) check(lse->size(), problem.lse_elements(), "the log-sum-exp");
   const std::size_t heads = problem.shape.batch * problem.shape.heads;
+  if (spec.known_heads != nullptr && spec.known_heads->size() != heads) spec.known_heads->assign(heads, {});
   std::vector<HeadJudgement> judged(heads);
   std::vector<char> done(heads, 0);
   TensorJudgement judgement;
