@@ -338,7 +338,7 @@ CaseOutcome judge_backward_under(const JudgeOptions& options, const BackwardArra
   Worst worst;
   const GroupJudging judging{options, arrays, p, t, given, kernel};
   std::vector<std::optional<metrics::BackwardJudgement>> judgements(judged.groups.size());
-  parallel_for(judged.groups.size(), 0,
+  parallel_for(judged.groups.size(), options.threads,
                [&](std::size_t g) { judgements[g] = judge_one_group(judging, judged, g); });
   for (std::size_t g = 0; g < judged.groups.size(); ++g)
     fold_group(judging, judged, g, *judgements[g], outcome, worst);

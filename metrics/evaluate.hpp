@@ -39,8 +39,6 @@ struct Evaluation {
 [[nodiscard]] Evaluation evaluate_softmax(const kernels::SoftmaxKernel& kernel, const Matrix& logits,
                                           double theta);
 
-// What outputs computed elsewhere (a plugin in a child process, a .npy file, Python) are judged
-// as: the operation they claim to compute, their format, and the tolerance entry to judge by.
 // One head's correctly rounded attention output (and log-sum-exp) with how the reference decided
 // them: computed by the first recipe a judgement tries and reused by the others (a recipe changes
 // the allowance, never the reference).
@@ -50,6 +48,8 @@ struct KnownReference {
   reference::ZivStatistics statistics;
 };
 
+// What outputs computed elsewhere (a plugin in a child process, a .npy file, Python) are judged
+// as: the operation they claim to compute, their format, and the tolerance entry to judge by.
 struct JudgeSpec {
   kernels::Operation operation = kernels::Operation::softmax;
   const FloatFormat* output = &fp32;

@@ -20,11 +20,11 @@
 // result first (reference/attention_backward_double.hpp: BLAS products with proven bounds); the
 // rest are decided by Ziv's strategy on Arb balls (every operation's error enclosed) at doubling
 // precision, a pass computing only what is still undecided (the dQ and D of some rows, the dK and
-// dV of some keys, which need every row's log-sum-exp and D), capped (ZivSchedule) with UndecidedRounding naming the output past the cap. A result
-// whose ball lies within half the format's least subnormal of 0 rounds to zero and is returned as
-// +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero result is eventually
-// separated from every rounding boundary unless it *is* a boundary, and an exact zero eventually
-// lies inside the zero band. A boundary is rational; the results that are rational for a reason
+// dV of some keys, which need every row's log-sum-exp and D), capped (ZivSchedule) with UndecidedRounding
+// naming the output past the cap. A result whose ball lies within half the format's least subnormal of 0
+// rounds to zero and is returned as +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero
+// result is eventually separated from every rounding boundary unless it *is* a boundary, and an exact zero
+// eventually lies inside the zero band. A boundary is rational; the results that are rational for a reason
 // the exact stage knows (reference/attention_backward_exact.hpp: rows whose logits are all equal,
 // so P = 1/(entries), and terms that vanish exactly, such as dP - D = 0) are computed in exact
 // rationals once a pass leaves anything undecided, and rounded exactly, ties to even. The argument

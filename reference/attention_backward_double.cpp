@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cfenv>
 #include <cmath>
 #include <optional>
 
@@ -13,7 +12,10 @@
 #include "reference/enclosed_product.hpp"
 
 // Error bounds of one query row i (u = 2^-53, round to nearest; every bound below is computed in
-// double and then multiplied by 1 + 2^-40, which covers the rounding of its own few operations).
+// double and then multiplied by 1 + 2^-40, which covers the rounding of its own few operations while
+// they stay normal; below 2^-1022 a rounding errs by up to 2^-1075 absolute instead, so each bound
+// also adds 2^-1074 for every product, quotient or rounded result in it that may underflow, counted
+// where the bound is formed. The stage runs only with subnormals kept: no flush-to-zero.)
 //
 // Scores: r~_ij = fl(q_i . k_j) from a GEMM errs by gamma_d sum_t |q_it k_jt| + d 2^-1074
 // (enclosed_product.hpp), the magnitude sum itself a GEMM of |Q| and |K|, rounded up (dot_error). The logit
@@ -23,15 +25,15 @@
 // likewise.
 //
 // D_i = sum_j p_j dP_ij: the recursive sum of p~_j dP~_j errs by gamma_{count+1} sum |p~ dP~| (its
-// products' rounding included) plus count 2^-1074 for underflow; the inputs' errors add
-// sum_j (p~_j rdp_j + rp_j (|dP~_j| + rdp_j)). Those sums of non-negative terms are themselves
-// computed in double: the true ones are below the computed ones times 1 + 2 gamma_{count+2}.
+// products' rounding included) plus 3 count 2^-1074 for underflow (its products and the propagated
+// ones); the inputs' errors add sum_j (p~_j rdp_j + rp_j (|dP~_j| + rdp_j)). Those sums of non-negative terms
+// are themselves computed in double: the true ones are below the computed ones times 1 + 2 gamma_{count+2}.
 // g - D: one subtraction, rD + u |g - D~|.
 // t_j = dP_j + (g - D): rt_j = rdp_j + r(g - D) + u |t~_j|.
-// dz_j = p_j t_j: rdz_j = p~_j rt_j + rp_j (|t~_j| + rt_j) + u |dz~_j| + 2^-1074.
+// dz_j = p_j t_j: rdz_j = p~_j rt_j + rp_j (|t~_j| + rt_j) + u |dz~_j| + 3 2^-1074 (three products).
 // dr_j = dz_j scale / theta: the computed slope fl(scale / theta) is within 3.02u of the true one
 // (1/sqrt(d) is within 2u, the division adds u), so rdr_j = rdz_j |slope~| (1 + 4u) + 4.1u |dr~_j| +
-// 2^-1074.
+// 3 2^-1074.
 // Sink: dz_sink / theta = p_sink (g - D) / theta, bounded as dz_j, then divided (u more, and the
 // radius's division rounded up by 2u).
 // The products dQ_i = sum_j dr_ij k_j, dK_j = sum_i dr_ij q_i and dV_j = sum_i p_ij dO_i are enclosed
@@ -53,7 +55,7 @@ std::vector<double> magnitudes_of(const Matrix& m) {
 // the terms' own error bounds `propagated` (both computed in double).
 double sum_radius(double magnitude, double propagated, double count) {
   return ((gamma_of(count + 1) * magnitude + propagated) * (1 + 2 * gamma_of(count + 2)) +
-          (count + 1) * 0x1p-1074) *
+          (3 * count + 1) * 0x1p-1074) *
          bound_slack;
 }
 
@@ -145,7 +147,9 @@ RowResult row_softmax_and_d(std::size_t count, std::size_t entries, bool single,
   bound_attention_exponentials(entries, s.sum_scratch, row);
   for (std::size_t a = 0; a < entries; ++a) {
     s.p[a] = s.exponentials[a] / row.sum;
-    s.p_radius[a] = s.exponentials[a] == 0 ? 0x1p-1008 : s.p[a] * coefficient_error(row, a) * bound_slack;
+    // A subnormal p~ errs absolutely (the quotient's 2^-1075, and p~ e rounding down): 2^-1073.
+    s.p_radius[a] =
+        s.exponentials[a] == 0 ? 0x1p-1008 : (s.p[a] * coefficient_error(row, a) + 0x1p-1073) * bound_slack;
   }
   if (single) s.p_radius[0] = 0;  // certified_exp(0) / 1 is exactly 1
   RowResult result;
@@ -191,10 +195,10 @@ bool row_in_double(const Problem& problem, const Block& block, std::size_t r, Bl
     const double t_radius = single ? 0.0 : s.dp_radius[a] + g_minus_d_radius + unit_roundoff * std::fabs(t);
     const double dz = s.p[a] * t;
     const double dz_radius = s.p[a] * t_radius + s.p_radius[a] * (std::fabs(t) + t_radius) +
-                             unit_roundoff * std::fabs(dz) + 0x1p-1074;
+                             unit_roundoff * std::fabs(dz) + 3 * 0x1p-1074;
     dr_row[column] = dz * slope;
     dr_radius_row[column] = (dz_radius * std::fabs(slope) * (1 + 4 * unit_roundoff) +
-                             4.1 * unit_roundoff * std::fabs(dr_row[column]) + 0x1p-1074) *
+                             4.1 * unit_roundoff * std::fabs(dr_row[column]) + 3 * 0x1p-1074) *
                             bound_slack;
     p_row[column] = s.p[a];
     p_radius_row[column] = s.p_radius[a];
@@ -204,10 +208,10 @@ bool row_in_double(const Problem& problem, const Block& block, std::size_t r, Bl
     const double p = s.p[count], p_radius = s.p_radius[count];
     const double term = p * g_minus_d;
     const double term_radius = p * g_minus_d_radius + p_radius * (std::fabs(g_minus_d) + g_minus_d_radius) +
-                               unit_roundoff * std::fabs(term) + 0x1p-1074;
+                               unit_roundoff * std::fabs(term) + 3 * 0x1p-1074;
     result.sink = term / head.theta;
     result.sink_radius = (term_radius / std::fabs(head.theta) * (1 + 2 * unit_roundoff) +
-                          unit_roundoff * std::fabs(result.sink) + 0x1p-1074) *
+                          unit_roundoff * std::fabs(result.sink) + 2 * 0x1p-1074) *
                          bound_slack;
   }
   return std::isfinite(result.d_radius) && std::isfinite(result.sink_radius);
@@ -369,7 +373,7 @@ std::size_t decide_each(std::span<const double> mids, std::span<const double> ra
 std::optional<BackwardEnclosures> enclose_backward_in_double(const AttentionBackwardInputs& in,
                                                              std::span<const tensor::HeadScores> heads,
                                                              double gamma_scale) {
-  if (std::fegetround() != FE_TONEAREST ||
+  if (!certified_arithmetic() ||
       std::any_of(heads.begin(), heads.end(), [](const auto& h) { return h.softcap != 0.0; })) {
     return std::nullopt;
   }

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <bit>
 #include <cfenv>
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -95,6 +98,18 @@ std::size_t decide_coefficients(std::span<const double> weights, std::span<const
 
 }  // namespace
 
+bool certified_arithmetic() {
+  if (std::fegetround() != FE_TONEAREST) return false;
+#if defined(__SSE__) || defined(__x86_64__)
+  // MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6): torch.set_flush_denormal(True)
+  // or code built with -ffast-math sets them for the thread.
+  if ((_mm_getcsr() & 0x8040U) != 0) return false;
+#elif defined(__aarch64__)
+  if ((__builtin_aarch64_get_fpcr() & (1U << 24)) != 0) return false;  // FPCR.FZ
+#endif
+  return true;
+}
+
 std::optional<double> round_if_decided(double low, double high, const FloatFormat& target) {
   const auto sign = [](double x) { return x > 0 ? 1 : (x < 0 ? -1 : 0); };
   if (is_fp32(target)) {
@@ -116,7 +131,7 @@ double certified_exp(double x) {
 std::size_t decide_softmax_in_double(std::span<const double> logits, const PreparedRow& row, double theta,
                                      const FloatFormat& target, std::span<double> result,
                                      std::vector<bool>& decided) {
-  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST) return 0;
+  if (target.precision() > 24 || !certified_arithmetic()) return 0;
   const std::size_t count = row.active.size();
   const bool contiguous = count == logits.size();  // no entry masked: active is 0, 1, ..., n - 1
   thread_local std::vector<double> gathered, weights, magnitudes, values, partial_sums;
@@ -308,7 +323,7 @@ void decide_lse_in_double(const AttentionRowInDouble& row, std::size_t count, At
 void decide_attention_row_in_double(const AttentionRow& source, const FloatFormat& target,
                                     AttentionRowResults& results) {
   // Soft-capping's tanh has no certified double version here: the ball stage takes those rows.
-  if (target.precision() > 24 || std::fegetround() != FE_TONEAREST || source.active.empty() ||
+  if (target.precision() > 24 || !certified_arithmetic() || source.active.empty() ||
       source.scores.softcap != 0.0) {
     return;
   }

@@ -15,6 +15,11 @@ namespace sharpcheck::reference {
 
 inline constexpr double unit_roundoff = 0x1p-53;
 
+// Whether this thread's arithmetic is what the proofs assume: rounding to nearest, and subnormals
+// kept (no flush-to-zero or denormals-are-zero, whose absolute errors reach 2^-1022, not 2^-1075).
+// The stages stand aside otherwise; their worker threads inherit the caller's settings.
+[[nodiscard]] bool certified_arithmetic();
+
 // gamma_k = k u / (1 - k u) (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
 [[nodiscard]] inline double gamma_of(double k) { return k * unit_roundoff / (1 - k * unit_roundoff); }
 

@@ -79,7 +79,8 @@ void product_weights(std::span<const double> mid, std::span<double> radius, doub
                      double gamma_scale) {
   const double gamma = gamma_scale * gamma_of(terms);
   for (std::size_t e = 0; e < mid.size(); ++e)
-    radius[e] = (gamma * std::fabs(mid[e]) + radius[e]) * (1 + 0x1p-40);
+    radius[e] =
+        (gamma * std::fabs(mid[e]) + radius[e] + 0x1p-1074) * (1 + 0x1p-40);  // gamma |A~| may underflow
 }
 
 void enclosed_product(const MatrixOperand& a_mid, const MatrixOperand& weights, const MatrixOperand& b,

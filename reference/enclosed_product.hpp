@@ -11,7 +11,7 @@
 // and the reference BLAS's dgemm are classical triple loops, blocked.
 //
 // Contract: A is enclosed, |A - A~| <= R entrywise, B is exact. product_weights turns (A~, R) into
-// W = (gamma_T |A~| + R)(1 + 2^-40), T an upper bound on the products that will ever be summed into
+// W = (gamma_T |A~| + R + 2^-1074)(1 + 2^-40), T an upper bound on the products that will ever be summed into
 // an entry of C. enclosed_product then adds A~ B to C~ and W |B| to C_w. After every call, with T
 // bounding the products summed in all calls together,
 //   |C - C~| <= product_radius(C_w, T),   C the exact sum of every A B added.
@@ -24,10 +24,11 @@ namespace sharpcheck::reference {
 
 // While one lives, the BLAS runs each product on the calling thread. sharpcheck parallelises over
 // heads, groups and rows itself, and OpenBLAS's own pool on top of that oversubscribes the cores: a
-// backward judgement of [1, 4, 1024, 64] took 1.7 s with one BLAS thread against 3.6 to 4.7 s with
-// the pool, on 2 cores. Nested and concurrent scopes share one setting, and the last one out restores
-// the BLAS's own thread count. The setting is the process's: a product another thread runs meanwhile
-// (torch's, say) runs single-threaded too. With a BLAS other than OpenBLAS (no
+// backward judgement of [1, 4, 1024, 64] took 1.3 to 1.7 s with one BLAS thread against 3.6 to 4.7 s
+// with the pool, on 2 loaded cores. Nested and concurrent scopes share one setting, and the last one out
+// restores the BLAS's own thread count. The setting is the process's: a product another thread runs meanwhile
+// (torch's, say) runs single-threaded too, and OpenBLAS releases before 0.3.7 do not promise that
+// changing the count while another thread computes is safe. With a BLAS other than OpenBLAS (no
 // openblas_set_num_threads) it does nothing.
 class SingleThreadedBlas {
  public:
@@ -62,7 +63,7 @@ struct EnclosedResult {
 void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride,
                    bool accumulate = false);
 
-// W = (gamma_T |A~| + R)(1 + 2^-40) entrywise, written over `radius`. `gamma_scale` is 1; the
+// W = (gamma_T |A~| + R + 2^-1074)(1 + 2^-40) entrywise, written over `radius`. `gamma_scale` is 1; the
 // mutation test sets it to 0 (a bound that forgets the products' rounding) to show the
 // containment tests can fail.
 void product_weights(std::span<const double> mid, std::span<double> radius, double terms,

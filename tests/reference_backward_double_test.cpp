@@ -5,6 +5,10 @@
 // its proof does not reach, and what it decides is what the backend rounds to.
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include <cmath>
 #include <memory>
 #include <span>
@@ -178,6 +182,14 @@ TEST(BackwardDoubleStage, DecidesNearlyEverythingAndAgreesWithTheBackend) {
       check("dQ", got.d_queries, exact.dq);
       check("dK", got.d_keys, exact.dk);
       check("dV", got.d_values, exact.dv);
+      for (std::size_t i = 0; i < exact.d_rows.size(); ++i) {
+        EXPECT_TRUE(testing::is_nearest_in_format(got.d_rows[i], exact.d_rows[i], d_format(*format)))
+            << variant.name << " D[" << i << "] in " << format->name;
+      }
+      if (p.scores.sink) {
+        EXPECT_TRUE(testing::is_nearest_in_format(got.d_sinks[0], exact.d_sink, *format))
+            << variant.name << " dsink in " << format->name;
+      }
     }
   }
 }
@@ -196,7 +208,7 @@ TEST(BackwardDoubleStage, StandsAsideForSoftCapsAndProductsBeyondDoublesRange) {
       AttentionBackwardInputs{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}.head(0)};
   EXPECT_FALSE(enclose_backward_in_double({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, capped).has_value());
   p.scores.softcap = 0;
-  p.q(0, 0) = 0x1p600;  // |q|^2 overflows: the norms' bound is infinite
+  p.q(0, 0) = 0x1p600;  // q . k near 2^1024 at scale 1/sqrt(3): the logits' bound is not finite
   p.k(1, 0) = 0x1p-600;
   const AttentionBackwardInputs in{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores};
   const std::vector<tensor::HeadScores> heads{in.head(0)};
@@ -256,6 +268,84 @@ TEST(BackwardDoubleStage, LogitsBeyondDoublesRangeAreDecided) {
   EXPECT_EQ(got.d_queries.values, (std::vector<double>{0.0}));
   EXPECT_EQ(got.d_sinks, (std::vector<double>{0.0}));
 }
+
+// Grouped heads: two query heads share K and V, so dK and dV sum both heads' rows over blocks and
+// heads (the products' T counts them all); each sum holds the backend's, each head with its own sink.
+TEST(BackwardDoubleStage, GroupedHeadsEncloseTheSumsOverBothHeads) {
+  DeterministicRandom random(43);
+  const std::size_t positions = 7, n = 9, d = 5, dv = 3;
+  const Matrix k = random_matrix(n, d, 1.5, fp32, random), v = random_matrix(n, dv, 1, fp32, random);
+  testing::BackwardProblem heads[2] = {{random_matrix(positions, d, 1.5, fp32, random),
+                                        k,
+                                        v,
+                                        random_matrix(positions, dv, 1, fp32, random),
+                                        {},
+                                        {}},
+                                       {random_matrix(positions, d, 1.5, fp32, random),
+                                        k,
+                                        v,
+                                        random_matrix(positions, dv, 1, fp32, random),
+                                        {},
+                                        {}}};
+  heads[0].scores.sink = 0.5;
+  heads[1].scores.sink = -1.25;
+  Matrix q(2 * positions, d), d_out(2 * positions, dv);
+  for (std::size_t h = 0; h < 2; ++h) {
+    std::copy(heads[h].q.values.begin(), heads[h].q.values.end(), q.values.begin() + h * positions * d);
+    std::copy(heads[h].d_out.values.begin(), heads[h].d_out.values.end(),
+              d_out.values.begin() + h * positions * dv);
+  }
+  tensor::HeadScores scores;
+  scores.causal = true;
+  heads[0].scores.causal = heads[1].scores.causal = true;
+  const std::vector<double> sinks{0.5, -1.25};
+  const AttentionBackwardInputs in{q, k, v, d_out, {}, scores, 2, sinks};
+  const std::vector<tensor::HeadScores> group{in.head(0), in.head(1)};
+  const auto enclosures = enclose_backward_in_double(in, group);
+  ASSERT_TRUE(enclosures.has_value());
+  const testing::ExactGradients exact[2] = {testing::independent_backward(heads[0]),
+                                            testing::independent_backward(heads[1])};
+  for (std::size_t e = 0; e < n * d; ++e) {
+    expect_enclosed(enclosures->values.d_keys.values[e], enclosures->radii.d_keys.values[e],
+                    exact[0].dk[e] + exact[1].dk[e], "dK");
+  }
+  for (std::size_t e = 0; e < n * dv; ++e) {
+    expect_enclosed(enclosures->values.d_values.values[e], enclosures->radii.d_values.values[e],
+                    exact[0].dv[e] + exact[1].dv[e], "dV");
+  }
+  for (std::size_t h = 0; h < 2; ++h) {
+    expect_enclosed(enclosures->values.d_sinks[h], enclosures->radii.d_sinks[h], exact[h].d_sink, "dsink");
+    for (std::size_t e = 0; e < positions * d; ++e) {
+      expect_enclosed(enclosures->values.d_queries.values[h * positions * d + e],
+                      enclosures->radii.d_queries.values[h * positions * d + e], exact[h].dq[e], "dQ");
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// Flush-to-zero breaks the proofs' underflow terms: with MXCSR's FTZ and DAZ set (as
+// torch.set_flush_denormal(True) sets them), the stage must decide nothing, and the balls decide.
+TEST(BackwardDoubleStage, StandsAsideUnderFlushToZero) {
+  DeterministicRandom random(47);
+  const testing::BackwardProblem p{random_matrix(6, 4, 1, fp32, random),
+                                   random_matrix(8, 4, 1, fp32, random),
+                                   random_matrix(8, 2, 1, fp32, random),
+                                   random_matrix(6, 2, 1, fp32, random),
+                                   {},
+                                   {}};
+  const AttentionBackwardInputs in{p.q, p.k, p.v, p.d_out, p.d_lse, p.scores};
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040U);
+  ZivStatistics statistics;
+  const AttentionGradients got = attention_backward(in, fp32, &statistics);
+  _mm_setcsr(saved);
+  EXPECT_EQ(statistics.decided_in_double, 0);
+  ZivStatistics normal;
+  const AttentionGradients again = attention_backward(in, fp32, &normal);
+  EXPECT_GT(normal.decided_in_double, 0);
+  EXPECT_EQ(got.d_values.values, again.d_values.values);
+}
+#endif
 
 }  // namespace
 }  // namespace sharpcheck::reference
