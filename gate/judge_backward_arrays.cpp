@@ -247,7 +247,7 @@ JudgedGroups judged_groups(const JudgeOptions& options, const tensor::AttentionP
 metrics::BackwardJudgement judge_one_group(const GroupJudging& judging, const JudgedGroups& judged,
                                            std::size_t g) {
   const auto& [options, arrays, p, t, given, kernel] = judging;
-  const auto [b, kv] = judged.at[g];
+  const std::size_t b = judged.at[g].first, kv = judged.at[g].second;
   const Group& group = judged.groups[g];
   const GroupOffsets at = offsets_of(p, b, kv);
   kernels::KernelGradients got{group_rows(p, tensor::HeadTensor::query, given.dq, b, kv),
@@ -267,7 +267,7 @@ metrics::BackwardJudgement judge_one_group(const GroupJudging& judging, const Ju
 void fold_group(const GroupJudging& judging, const JudgedGroups& judged, std::size_t g,
                 const metrics::BackwardJudgement& judgement, CaseOutcome& outcome, Worst& worst) {
   const auto& arrays = judging.arrays;
-  const auto [b, kv] = judged.at[g];
+  const std::size_t b = judged.at[g].first, kv = judged.at[g].second;
   const Group& group = judged.groups[g];
   const GroupOffsets at = offsets_of(judging.p, b, kv);
   const auto where = [&] { return "batch " + std::to_string(b) + " KV head " + std::to_string(kv) + ": "; };
@@ -381,7 +381,7 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   if (reference != nullptr) {  // the reference the verdict used, for a caller that wants both
     *reference = zero_gradients(p);
     for (std::size_t g = 0; g < judged.groups.size(); ++g) {
-      const auto [b, kv] = judged.at[g];
+      const std::size_t b = judged.at[g].first, kv = judged.at[g].second;
       scatter_group(p, judged.groups[g], offsets_of(p, b, kv), judged.references[g], *reference);
     }
   }
