@@ -7,6 +7,7 @@
 
 #include "metrics/backward_pair_block.hpp"
 #include "reference/enclosed_product.hpp"
+#include "tensor/head_view.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
@@ -140,18 +141,10 @@ DotAndAbsolute pair_dot(const kernels::BackwardProblem& p, const Images& images,
 // The block's keys, its scores' products and each row's geometry and weights P_ij.
 void block_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores& head, const Images& images,
                     PairBlock& block, Magnitudes& m) {
-  const std::size_t positions = p.positions();
-  block.visible.resize(block.rows);
-  std::size_t first_key = p.keys.rows, last_key = 0;
-  for (std::size_t r = 0; r < block.rows; ++r) {
-    head.visible_keys((block.first + r) % positions, block.visible[r]);
-    for (const std::size_t j : block.visible[r]) {
-      first_key = std::min(first_key, j);
-      last_key = std::max(last_key, j + 1);
-    }
-  }
-  block.key_first = last_key > first_key ? first_key : 0;
-  block.width = last_key > first_key ? last_key - first_key : 0;
+  const tensor::KeyRange keys =
+      tensor::visible_keys_of_rows(head, block.first % p.positions(), block.rows, block.visible);
+  block.key_first = keys.first;
+  block.width = keys.last - keys.first;
   const std::size_t size = block.rows * block.width;
   block.raw.resize(size);
   block.absolute.resize(size);

@@ -10,6 +10,7 @@
 #include "core/parallel.hpp"
 #include "reference/double_stage_row.hpp"
 #include "reference/enclosed_product.hpp"
+#include "tensor/head_view.hpp"
 
 // Error bounds of one query row i (u = 2^-53, round to nearest; every bound below is computed in
 // double and then multiplied by 1 + 2^-40, which covers the rounding of its own few operations while
@@ -219,18 +220,10 @@ bool row_in_double(const Problem& problem, const Block& block, std::size_t r, Bl
 
 // The block's keys: every key some row of it sees.
 void find_visible_keys(const Problem& problem, Block& block) {
-  const tensor::HeadScores& head = problem.heads[block.head];
-  block.visible.resize(block.rows());
-  block.key_first = problem.in.keys.rows;
-  block.key_last = 0;
-  for (std::size_t r = 0; r < block.rows(); ++r) {
-    head.visible_keys(block.first + r, block.visible[r]);
-    for (const std::size_t j : block.visible[r]) {
-      block.key_first = std::min(block.key_first, j);
-      block.key_last = std::max(block.key_last, j + 1);
-    }
-  }
-  if (block.key_last <= block.key_first) block.key_first = block.key_last = 0;
+  const tensor::KeyRange keys =
+      tensor::visible_keys_of_rows(problem.heads[block.head], block.first, block.rows(), block.visible);
+  block.key_first = keys.first;
+  block.key_last = keys.last;
 }
 
 // The block's scores Q K^T and dP = dO V^T over the keys it sees.

@@ -1,5 +1,8 @@
 #include "tensor/head_view.hpp"
 
+#include <algorithm>
+#include <limits>
+
 namespace sharpcheck::tensor {
 
 Matrix gather_heads(const AttentionProblem& problem, HeadTensor which, const TensorSource& stored,
@@ -30,6 +33,21 @@ Matrix gather_heads(const AttentionProblem& problem, HeadTensor which, const Ten
       stored.read(offset(first_head + h, s), matrix.row(h * length + s));
   }
   return matrix;
+}
+
+KeyRange visible_keys_of_rows(const HeadScores& head, std::size_t first, std::size_t count,
+                              std::vector<std::vector<std::size_t>>& seen) {
+  seen.resize(count);
+  KeyRange range{.first = std::numeric_limits<std::size_t>::max(), .last = 0};
+  for (std::size_t r = 0; r < count; ++r) {
+    head.visible_keys(first + r, seen[r]);
+    for (const std::size_t j : seen[r]) {
+      range.first = std::min(range.first, j);
+      range.last = std::max(range.last, j + 1);
+    }
+  }
+  if (range.last <= range.first) range = {};
+  return range;
 }
 
 }  // namespace sharpcheck::tensor

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <vector>
 
 #include "core/matrix.hpp"
 #include "tensor/attention_problem.hpp"
@@ -34,5 +35,14 @@ enum class HeadTensor {
                                         const TensorSource& stored, std::size_t b, std::size_t head) {
   return gather_heads(problem, which, stored, b, head, 1);
 }
+
+// The keys each of `count` consecutive query positions from `first` sees (HeadScores::visible_keys,
+// into seen[r]), and the smallest range [first, last) of keys holding them all: {0, 0} when none
+// sees a key. The blocks of query rows of the backward's double stage and tolerance geometry.
+struct KeyRange {
+  std::size_t first = 0, last = 0;
+};
+KeyRange visible_keys_of_rows(const HeadScores& head, std::size_t first, std::size_t count,
+                              std::vector<std::vector<std::size_t>>& seen);
 
 }  // namespace sharpcheck::tensor
