@@ -235,8 +235,8 @@ void block_scores(const Problem& problem, const Block& block, BlockMatrices& mat
   mats.dp.resize(block.rows() * width);
   mats.scores_magnitude.resize(block.rows() * width);
   mats.dp_magnitude.resize(block.rows() * width);
-  mats.p.assign(block.rows() * width, 0.0);
-  mats.p_radius.assign(block.rows() * width, 0.0);
+  mats.p.resize(block.rows() * width);  // zeroed row by row in row_in_double, then written
+  mats.p_radius.resize(block.rows() * width);
   if (width == 0) return;
   plain_product({in.queries.values.data() + first_row * d, block.rows(), d, d},
                 {in.keys.values.data() + block.key_first * d, width, d, d, true}, mats.scores.data(), width);
