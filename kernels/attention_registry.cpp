@@ -32,6 +32,17 @@ constexpr Tolerance fp8_attention_tolerance{
 // at most 2^-10 absolute; the weight of the running max is 16 and a stale max only makes weights
 // larger, so l >= 16 Z and the output moves by at most 2^-14 |v_j| / Z per such weight:
 // "probability_floor 2^-14" charged against sum_j |v_j| / Z (floor_over_row_sum; 2^-10 margin).
+// How the MXFP8 kernel rounds its weights (kernels/mx_attention.hpp): e4m3 at offset 2^4, lazy
+// rescaling at 2^4 over tiles of 128 keys, the row sum over the rounded P. The statistical tier
+// is judged around these weights emulated from the exact scores (metrics/quantized_weights.hpp),
+// charging only the codes an honest kernel's fp32 scores could round the other way; the proven
+// tier keeps the worst case below.
+constexpr QuantizedWeights mxfp8_weights{.format = &fp8_e4m3,
+                                         .offset_log2 = 4,
+                                         .rescale_threshold_log2 = 4,
+                                         .tile = 128,
+                                         .row_sum_of_rounded = true};
+
 constexpr Tolerance mxfp8_attention_tolerance{
     .accumulation = &fp32,
     .argument = 3,
@@ -44,7 +55,8 @@ constexpr Tolerance mxfp8_attention_tolerance{
     .probabilities_in_output = 2,
     .probability_floor = 0x1.004p-14,
     .probability_format = &fp8_e4m3,
-    .floor_over_row_sum = true};
+    .floor_over_row_sum = true,
+    .quantized_weights = &mxfp8_weights};
 
 template <MxAttentionBug Bug, int ThresholdLog2 = 4>
 constexpr AttentionKernel mxfp8_kernel(std::string_view name, std::string_view description) {
@@ -194,11 +206,9 @@ const AttentionKernel attention_table[] = {
      .run = attention_fp8_inputs<0, 8>,
      .tolerance = fp8_attention_tolerance},
     // MXFP8 attention as cuDNN and Transformer Engine run it (bf16 in, quantised by the kernel, the
-    // OCP floor rule declared), and the bugs of MXFP8 and FP8 ports as twins. Two bugs of the class
-    // are not twins yet, because this entry's worst-case charge for e4m3 P (2^-3 of sum_j p_j |v_j|)
-    // hides them: the ceil rule where floor is declared (bound ratio 0.996 against the honest
-    // kernel's 0.26) and a row sum of unquantised P (0.28); issue 36's rounding-flip recipe, which
-    // knows each exact P, is what catches them.
+    // OCP floor rule declared), and the bugs of MXFP8 and FP8 ports as twins. The ceil rule where
+    // floor is declared and a row sum of the unrounded P fit the worst-case charge for e4m3 P
+    // (2^-3 of sum_j p_j |v_j|, bound ratios 0.996 and 0.28); the emulated weights catch them.
     mxfp8_kernel<MxAttentionBug::none>(
         "attention_mxfp8",
         "MXFP8 forward: bf16 Q, K, V quantised to MXFP8 (E8M0 scale per 32, OCP "
@@ -208,6 +218,14 @@ const AttentionKernel attention_table[] = {
                                           "log2(448/16) = 4.81: P saturates at 448"),
     mxfp8_kernel<MxAttentionBug::v_scale_dropped>("attention_mxfp8_v_scale_dropped",
                                                   "as attention_mxfp8 with V's block scales ignored"),
+    mxfp8_kernel<MxAttentionBug::ceil_rule>(
+        "attention_mxfp8_ceil_rule",
+        "as attention_mxfp8 with its inputs quantised under the ceil "
+        "rule (Transformer Engine's) where the OCP floor rule is declared"),
+    mxfp8_kernel<MxAttentionBug::row_sum_unrounded>(
+        "attention_mxfp8_row_sum_unrounded",
+        "as attention_mxfp8 with the row sum over the fp32 "
+        "weights before rounding, where the rounded P is declared"),
     mxfp8_kernel<MxAttentionBug::q_scale_missing>("attention_mxfp8_q_scale_missing",
                                                   "as attention_mxfp8 with Q's block scales ignored (q_scale "
                                                   "missing)"),

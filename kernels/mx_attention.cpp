@@ -14,6 +14,7 @@ namespace {
 
 constexpr std::size_t mx_block = 32;
 constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
+constexpr float log2e = 1.44269504F;
 
 // A matrix quantised to MXFP8 e4m3: element values (codes decoded, without their scale) and each
 // block's scale exponent. Blocks run along rows (Q, K) or down columns (V).
@@ -97,7 +98,9 @@ class MxRow {
     const float* a = q_.elements.data() + query * q_.cols;
     const float* b = k_.elements.data() + key * k_.cols;
     float dot = 0.0F;
-    for (std::size_t t0 = 0; t0 < q_.cols; t0 += mx_block) {
+    const std::size_t blocks = (q_.cols + mx_block - 1) / mx_block;
+    for (std::size_t n = 0; n < blocks; ++n) {
+      const std::size_t t0 = (options_.reordered_arithmetic ? blocks - 1 - n : n) * mx_block;
       float block = 0.0F;
       for (std::size_t t = t0; t < std::min(q_.cols, t0 + mx_block); ++t) block += a[t] * b[t];
       const double q_scale = options_.bug == MxAttentionBug::q_scale_missing ? 1.0 : q_.scale(query, t0);
@@ -131,9 +134,11 @@ class MxRow {
       const std::size_t block = visible[start + j] / mx_block;
       std::fill(block_sums_.begin(), block_sums_.end(), 0.0F);
       for (; j < length && visible[start + j] / mx_block == block; ++j) {
-        const float w = std::exp(tile_scores_[j] - max_) * offset_;
+        const float w = (options_.reordered_arithmetic ? std::exp2((tile_scores_[j] - max_) * log2e)
+                                                       : std::exp(tile_scores_[j] - max_)) *
+                        offset_;
         const float p = static_cast<float>(round_to_format(std::min<double>(w, 448.0), fp8_e4m3));
-        sum_ += p;
+        sum_ += options_.bug == MxAttentionBug::row_sum_unrounded ? std::min(w, 448.0F) : p;
         const float* value = v_.elements.data() + visible[start + j] * v_.cols;
         for (std::size_t c = 0; c < v_.cols; ++c) block_sums_[c] += p * value[c];
       }
@@ -179,7 +184,7 @@ void attention_mxfp8(const Matrix& queries, const Matrix& keys, const Matrix& va
   require_finite(queries, "Q");
   require_finite(keys, "K");
   require_finite(values, "V");
-  const ScaleRule rule = options.rule;
+  const ScaleRule rule = options.bug == MxAttentionBug::ceil_rule ? ScaleRule::ceil : options.rule;
   const MxMatrix q = quantize_matrix(queries, false, rule), k = quantize_matrix(keys, false, rule),
                  v = quantize_matrix(values, true, rule);
   tensor::HeadScores head = scores;

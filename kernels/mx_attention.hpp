@@ -29,11 +29,14 @@
 
 namespace sharpcheck::kernels {
 
-// The bugs MXFP8 and FP8 attention ports had (issue 36), one per twin.
+// The bugs MXFP8 and FP8 attention ports had (issue 36), one per twin. The last two fit the
+// worst-case charge of e4m3 P; the emulated weights (metrics/quantized_weights.hpp) catch them.
 enum class MxAttentionBug {
   none,
-  v_scale_dropped,  // V's block scales ignored: the output scaled by 2^-e_v (invisible to cosine)
-  q_scale_missing,  // Q's block scales ignored: every score scaled, the softmax sharpened or flattened
+  v_scale_dropped,    // V's block scales ignored: the output scaled by 2^-e_v (invisible to cosine)
+  q_scale_missing,    // Q's block scales ignored: every score scaled, the softmax sharpened or flattened
+  ceil_rule,          // the inputs quantised under the ceil rule where the floor rule is declared
+  row_sum_unrounded,  // l summed over the fp32 weights before rounding, P V over the rounded ones
 };
 
 struct MxAttentionOptions {
@@ -42,6 +45,10 @@ struct MxAttentionOptions {
   double rescale_threshold_log2 = 4;      // lazy rescaling; 0: rescale whenever the max grows
   std::size_t tile = 128;
   MxAttentionBug bug = MxAttentionBug::none;
+  // An honest variant of the same design, for tests that an allowance does not depend on the
+  // arithmetic's order: each score's blocks summed last to first, and the weights formed as a GPU
+  // kernel forms them, exp2f((s - m) * log2(e)) with log2(e) in fp32.
+  bool reordered_arithmetic = false;
 };
 
 // The values a kernel declaring `rule` computes with: Q and K (rows x d) quantised in blocks of 32

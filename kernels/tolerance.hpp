@@ -5,11 +5,31 @@
 // belong to no built-in kernel (what a plugin is held to).
 #pragma once
 
+#include <cstddef>
 #include <string_view>
 
 #include "formats/float_format.hpp"
 
 namespace sharpcheck::kernels {
+
+// How a kernel rounds its unnormalised softmax weights to a narrow format before P V (FP8 and
+// MXFP8 attention, issue 36): w_j = RN_format(min(2^offset_log2 exp(s_j - m), largest)), m the
+// running max of an online softmax over tiles of `tile` keys that moves only when a tile's max
+// exceeds it by more than rescale_threshold_log2 (log2 units; 0: whenever it grows), starting at
+// the sink's logit if there is one (whose weight is then 2^offset_log2). The reference knows the
+// exact scores, so it can emulate every w_j and mark those an honest kernel's fp32 score could
+// round the other way (metrics/quantized_weights.hpp): the statistical tier is then judged around
+// the attention of the emulated weights, charging only those flips and the fp32 arithmetic,
+// instead of 2^-4 of sum_j p_j |v_j| per key.
+struct QuantizedWeights {
+  const FloatFormat* format = nullptr;
+  int offset_log2 = 0;
+  double rescale_threshold_log2 = 0;
+  std::size_t tile = 128;
+  // Whether the row sum l is taken over the rounded weights (the P that P V uses) or over the
+  // fp32 ones before rounding (SageAttention3's design). A kernel that does the other is a bug.
+  bool row_sum_of_rounded = true;
+};
 
 // Relative error bound of element j, in units of u:
 //   argument |z_j| + spread max|z| + unshifted |m/theta| + per_item n + constant
@@ -61,6 +81,9 @@ struct Tolerance {
   // that round unnormalised weights exp(z - m) at a fixed offset and divide by their sum afterwards
   // (the FP8 and MXFP8 attention kernels). A recipe rounding the normalised P charges sum_j |v_j|.
   bool floor_over_row_sum = false;
+  // A kernel whose weights are rounded at a fixed offset as QuantizedWeights says: its statistical
+  // tier is centred on the emulated weights (metrics/quantized_weights.hpp). nullptr: not emulated.
+  const QuantizedWeights* quantized_weights = nullptr;
 };
 
 // An attention backward kernel's tolerance (metrics/judge_backward.hpp): each gradient element

@@ -82,9 +82,13 @@ struct Comparison {
 // statistical tier is judged around, the exact attention o~ of the emulated scores (in double),
 // and that centre's magnitude sum_j p~_j |v_jc|; `s_second` then holds what the scores an honest
 // kernel may form otherwise can move it (charged in full), and `s` is 0.
+// A kernel whose rounded weights are emulated (metrics/quantized_weights.hpp) gives its centre the
+// same way, from its own rounded weights: neither P's rounding nor its subnormal floor is then
+// charged around it (`weights_emulated`), and `s_second` holds what the ambiguous codes' flips can do.
 struct InsideSpreads {
   Matrix p, s, s_second;
   Matrix centre, centre_magnitude;  // no columns: not emulated
+  bool weights_emulated = false;
 };
 
 // The inputs of a comparison, row by row. `magnitudes` and `z_magnitudes` give, per element,

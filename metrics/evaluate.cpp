@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "kernels/escape_kernels.hpp"
 #include "metrics/inside_rounding.hpp"
+#include "metrics/quantized_weights.hpp"
 #include "metrics/score_emulation.hpp"
 #include "reference/attention.hpp"
 #include "reference/dispersion_escapes.hpp"
@@ -328,21 +329,6 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   return row_scale;
 }
 
-// Emulated scores' weights p~ over the visible keys (the sink, last in `row`, takes its share of
-// the denominator; returned).
-double emulated_weights(const EmulatedRow& row, std::size_t keys, VisibleWeights& weights) {
-  weights.p.assign(keys, 0.0);
-  weights.z.assign(keys, 0.0);
-  const double top = *std::max_element(row.z.begin(), row.z.end());
-  double sum = 0;
-  for (const double z : row.z) sum += std::exp(z - top);
-  for (std::size_t a = 0; a < keys; ++a) {
-    weights.p[a] = std::exp(row.z[a] - top) / sum;
-    weights.z[a] = std::fabs(row.z[a] - top);
-  }
-  return row.z.size() > keys ? std::exp(row.z.back() - top) / sum : 0.0;
-}
-
 // The statistical tier around emulated scores of one chain: each row's o~ and spreads, then the
 // comparison and row-scale test of `base` again around o~. nullopt if a row cannot be emulated.
 std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const JudgeSpec& spec,
@@ -359,7 +345,7 @@ std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const Ju
     head.visible_keys(i, visible);
     if (!emulator.row(i, visible, row)) return std::nullopt;
     if (row.z.empty()) continue;  // o = 0: the base comparison's zeros stand
-    const EmulatedSink sink{emulated_weights(row, visible.size(), weights),
+    const EmulatedSink sink{emulated_weights(row.z, visible.size(), weights),
                             row.z.size() > visible.size() ? row.ambiguity.back() : 0.0};
     for (std::size_t c = 0; c < columns; ++c) {
       double magnitude = 0;
@@ -486,10 +472,15 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
       return evaluation;
     }
   }
-  for (std::size_t i = 0; i < queries.rows; ++i) {
+  // A kernel whose rounded weights are emulated: the statistical tier is judged around them.
+  if (auto around_weights =
+          judge_emulated_weights(*spec.tolerance, *spec.output, queries, keys, values, head, input)) {
+    evaluation.comparison = std::move(*around_weights);
+    return evaluation;
+  }
+  for (std::size_t i = 0; i < queries.rows; ++i)
     judge_row_scale(evaluation.actual, i, roundings[i], magnitudes.row(i), *spec.tolerance, input.scales[i],
                     *spec.output, evaluation.comparison);
-  }
   return evaluation;
 }
 

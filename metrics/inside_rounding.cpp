@@ -201,6 +201,19 @@ RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t>
   return r;
 }
 
+double emulated_weights(std::span<const double> z, std::size_t keys, VisibleWeights& weights) {
+  weights.p.assign(keys, 0.0);
+  weights.z.assign(keys, 0.0);
+  const double top = *std::max_element(z.begin(), z.end());
+  double sum = 0;
+  for (const double score : z) sum += std::exp(score - top);
+  for (std::size_t a = 0; a < keys; ++a) {
+    weights.p[a] = std::exp(z[a] - top) / sum;
+    weights.z[a] = std::fabs(z[a] - top);
+  }
+  return z.size() > keys ? std::exp(z.back() - top) / sum : 0.0;
+}
+
 InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) {
   InsideUnits units;
   if (tolerance.probabilities_in_output > 0)

@@ -63,6 +63,9 @@ struct RowRounding {
 struct EmulatedSink {
   double weight = 0, ambiguity = 0;
 };
+// Emulated scores' weights p~ over the first `keys` of z (the visible keys; a sink, last in z,
+// takes its share of the denominator and its weight is returned).
+double emulated_weights(std::span<const double> z, std::size_t keys, VisibleWeights& weights);
 [[nodiscard]] RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t> visible,
                                             const VisibleWeights& w, std::span<const double> ambiguity,
                                             EmulatedSink sink, std::span<const double> magnitudes);

@@ -114,6 +114,101 @@ TEST(MxAttention, EveryTwinFailsSharpcheckAndThePeersMissSome) {
   }
 }
 
+// A head as the gate's sweep makes them: normal Q and K (times `sharpness`), normal V, causal or
+// not, with a sink or a soft-cap where asked.
+struct Head {
+  Problem p;
+  tensor::HeadScores scores;
+};
+
+Head random_head(std::uint64_t seed, std::size_t queries, std::size_t keys, std::size_t d, double sharpness) {
+  DeterministicRandom random(seed);
+  Head h{{Matrix(queries, d), Matrix(keys, d), Matrix(keys, d)}, {}};
+  for (double& x : h.p.q.values) x = to_bf16(sharpness * random.normal());
+  for (double& x : h.p.k.values) x = to_bf16(random.normal());
+  for (double& x : h.p.v.values) x = to_bf16(random.normal());
+  h.scores.causal = seed % 2 == 0;
+  if (seed % 3 == 0) h.scores.sink = 1.5;
+  if (seed % 5 == 0) h.scores.softcap = 8;
+  return h;
+}
+
+// The kernel's output on `h` judged on its declared inputs under `entry` (both tiers).
+metrics::Comparison judged(const Matrix& actual, const Head& h, const kernels::Tolerance& entry) {
+  Matrix q = h.p.q, k = h.p.k, v = h.p.v;
+  kernels::declared_mx_inputs(q, k, v, ScaleRule::ocp_floor);
+  const metrics::JudgeSpec spec{
+      .operation = kernels::Operation::attention, .output = &bf16, .tolerance = &entry};
+  return metrics::judge_attention(spec, q, k, v, h.scores, actual).comparison;
+}
+
+Matrix run_mxfp8(const Head& h, kernels::MxAttentionOptions options) {
+  Matrix out;
+  kernels::attention_mxfp8(h.p.q, h.p.k, h.p.v, h.scores, options, out, nullptr);
+  return out;
+}
+
+const kernels::Tolerance& mxfp8_entry() {
+  return kernels::find_attention_kernel("attention_mxfp8")->tolerance;
+}
+
+constexpr std::size_t head_shapes[][3] = {{40, 40, 64}, {24, 300, 59}, {8, 700, 128}, {33, 129, 32}};
+
+// The rounding-flip recipe (metrics/quantized_weights.hpp): an honest kernel of the declared
+// schedule passes whatever order its arithmetic takes, while the two bugs that fit the worst-case
+// charge of e4m3 P fail around the emulated weights.
+TEST(MxAttention, AnHonestKernelOfAnyArithmeticOrderFitsTheEmulatedWeights) {
+  double worst = 0;
+  for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+    const auto& shape = head_shapes[seed % 4];
+    const Head h = random_head(seed, shape[0], shape[1], shape[2], seed % 4 == 3 ? 3.0 : 1.0);
+    for (const bool reordered : {false, true}) {
+      const metrics::Comparison c =
+          judged(run_mxfp8(h, {.reordered_arithmetic = reordered}), h, mxfp8_entry());
+      EXPECT_TRUE(c.passed()) << "seed " << seed << " reordered " << reordered << ": " << c.failure_summary();
+      worst = std::max(worst, c.max_statistical_ratio);
+    }
+  }
+  std::printf("honest MXFP8 kernels, worst statistical ratio around the emulated weights: %.3g\n", worst);
+}
+
+TEST(MxAttention, TheEmulatedWeightsCatchWhatTheWorstCaseHid) {
+  kernels::Tolerance worst_case = mxfp8_entry();
+  worst_case.quantized_weights = nullptr;  // the mutation: P's rounding charged as a worst case
+  int caught[2] = {0, 0}, hidden[2] = {0, 0};
+  const kernels::MxAttentionBug bugs[] = {kernels::MxAttentionBug::ceil_rule,
+                                          kernels::MxAttentionBug::row_sum_unrounded};
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    const auto& shape = head_shapes[seed % 4];
+    const Head h = random_head(seed, shape[0], shape[1], shape[2], 1.0);
+    for (int b = 0; b < 2; ++b) {
+      const Matrix out = run_mxfp8(h, {.bug = bugs[b]});
+      caught[b] += judged(out, h, mxfp8_entry()).passed() ? 0 : 1;
+      hidden[b] += judged(out, h, worst_case).passed() ? 1 : 0;
+    }
+  }
+  std::printf("ceil rule: caught on %d of 8 heads (worst case passes %d); row sum of unrounded P: %d (%d)\n",
+              caught[0], hidden[0], caught[1], hidden[1]);
+  EXPECT_GE(caught[0], 7);
+  EXPECT_GE(caught[1], 4);
+  EXPECT_GE(hidden[0], 7);  // without the emulation both bugs pass: what it catches is its own
+  EXPECT_GE(hidden[1], 7);
+}
+
+// The centre matters: emulating a schedule the kernel does not run (tiles of 32 keys, so another
+// running max rounds the weights) fails the honest kernel, so the emulated tier is not a second
+// worst case. (Another power-of-two offset would not: e4m3 rounds 2x as it rounds x, away from
+// its subnormals and its saturation.)
+TEST(MxAttention, AWrongScheduleFailsTheHonestKernel) {
+  kernels::QuantizedWeights wrong = *mxfp8_entry().quantized_weights;
+  wrong.tile = 32;
+  kernels::Tolerance entry = mxfp8_entry();
+  entry.quantized_weights = &wrong;
+  const Head h = random_head(7, 40, 300, 64, 1.0);
+  EXPECT_FALSE(judged(run_mxfp8(h, {}), h, entry).passed());
+  EXPECT_TRUE(judged(run_mxfp8(h, {}), h, mxfp8_entry()).passed());
+}
+
 TEST(MxAttention, DeclaredInputsAreTheFloorRulesValuesAndAFixedPoint) {
   Problem p = uniform_scale_problem(4, 64, false);
   p.q(0, 0) = 480.0;  // significand 1.875: the floor rule saturates it to 448

@@ -1,0 +1,215 @@
+#include "metrics/quantized_weights.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "metrics/inside_rounding.hpp"
+
+namespace sharpcheck::metrics {
+namespace {
+
+constexpr double ln2 = 0.6931471805599453;
+
+// One tile's rescale decision and its exponentials, as the kernel makes them (see
+// kernels/mx_attention.hpp): the running max and how far an honest kernel's may be from it.
+struct RunningMax {
+  double value = -std::numeric_limits<double>::infinity();
+  double error = 0;
+};
+
+}  // namespace
+
+WeightEmulator::WeightEmulator(const kernels::QuantizedWeights& recipe, const Matrix& queries,
+                               const Matrix& keys, const tensor::HeadScores& scores)
+    : recipe_(recipe), queries_(queries), keys_(keys), scores_(scores) {
+  scale_ = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
+  covers_ = recipe.format != nullptr && recipe.tile > 0 && std::isfinite(scale_) && scores.theta != 0.0 &&
+            std::isfinite(scores.theta);
+}
+
+// The exact logit z = (softcap(scale q.k) + b) / theta in double (its own error, d 2^-52 sum |q k|
+// and a few roundings of |z|, is part of `error`) and the most an honest kernel's fp32 logit may
+// differ from it: any summation order of the d products, blocked or not, with at most d + 4
+// roundings each relative to sum_t |q_t k_t| (the recursive-summation bound gamma_n, with the block
+// scales' products and conversions); the scale held in fp32 and multiplied (2^-23 |s|); a soft-cap's
+// division, tanh (within 4 ulp) and product (2^-21 (|s| + |c|) in all, tanh's slope being at
+// most 1); the bias converted to fp32 and added (2^-23 (|b| + |c + b|)); 1/theta in fp32 and its
+// product (2^-23 |z|). Each is taken twice over.
+WeightEmulator::Score WeightEmulator::score(std::size_t query, std::size_t key) const {
+  const std::size_t d = queries_.cols;
+  const double* q = queries_.row(query).data();
+  const double* k = keys_.row(key).data();
+  double dot = 0, absolute = 0;
+  for (std::size_t t = 0; t < d; ++t) {
+    dot += q[t] * k[t];
+    absolute += std::fabs(q[t] * k[t]);
+  }
+  const double scaled = dot * scale_;
+  const double cap = scores_.softcap;
+  const double capped = cap != 0.0 ? cap * std::tanh(scaled / cap) : scaled;
+  const double bias = scores_.has_bias() ? scores_.bias_of(query, key) : 0.0;
+  const double biased = capped + bias;
+  const double theta = std::fabs(scores_.theta);
+  const double value = biased / scores_.theta;
+  const double units = static_cast<double>(d + 4) * 0x1p-23 + static_cast<double>(d + 2) * 0x1p-51;
+  double error = units * absolute * std::fabs(scale_) + 0x1p-22 * std::fabs(scaled);
+  if (cap != 0.0) error += 0x1p-20 * (std::fabs(scaled) + std::fabs(capped));
+  error += 0x1p-22 * (std::fabs(bias) + std::fabs(biased));
+  return {value, error / theta + 0x1p-22 * std::fabs(value) + 0x1p-50 * std::fabs(value)};
+}
+
+bool WeightEmulator::emulate_row(std::size_t query, std::span<const std::size_t> visible,
+                                 EmulatedWeights& out) const {
+  const std::size_t n = visible.size();
+  const double offset = std::ldexp(1.0, recipe_.offset_log2);
+  const double largest = recipe_.format->max_finite;
+  // The kernel holds the threshold in fp32 and adds it to its max in fp32: 2^-23 of each.
+  const double threshold = recipe_.rescale_threshold_log2 * ln2;
+  std::vector<double> code(n), spread(n), unrounded(n), at(n);
+  RunningMax max;
+  const double sink = scores_.sink ? *scores_.sink / scores_.theta : 0.0;
+  if (scores_.sink) max = {sink, 0x1p-21 * std::fabs(sink)};
+  std::vector<Score> tile(recipe_.tile);
+  for (std::size_t start = 0; start < n; start += recipe_.tile) {
+    const std::size_t length = std::min(recipe_.tile, n - start);
+    RunningMax tile_max;
+    for (std::size_t j = 0; j < length; ++j) {
+      tile[j] = score(query, visible[start + j]);
+      if (!std::isfinite(tile[j].value)) return false;
+      tile_max.value = std::max(tile_max.value, tile[j].value);
+      tile_max.error = std::max(tile_max.error, tile[j].error);  // |max s~ - max s| <= max |s~ - s|
+    }
+    const bool first = max.value == -std::numeric_limits<double>::infinity();
+    if (!first) {
+      const double gap = tile_max.value - (max.value + threshold);
+      const double margin = tile_max.error + max.error + 0x1p-22 * (std::fabs(max.value) + threshold);
+      if (std::fabs(gap) <= margin) return false;  // an honest kernel may decide either way
+      if (gap > 0) max = tile_max;
+    } else {
+      max = tile_max;
+    }
+    for (std::size_t j = 0; j < length; ++j) {
+      const double difference = tile[j].value - max.value;
+      const double x = offset * std::exp(difference);
+      // The exponent's error: both logits', the fp32 subtraction's (2^-24 |z - m|, taken as
+      // 2^-22), a log2(e) folded into either before exp2 (2^-22 (|z| + |m|)) and an fp32
+      // exponential within 4 ulp (2^-21 relative).
+      const double delta = tile[j].error + max.error + 0x1p-22 * std::fabs(difference) +
+                           0x1p-22 * (std::fabs(tile[j].value) + std::fabs(max.value)) + 0x1p-21;
+      const auto rounded = [&](double w) { return round_to_format(std::min(w, largest), *recipe_.format); };
+      code[start + j] = rounded(x);
+      spread[start + j] = rounded(x * std::exp(delta)) - rounded(x * std::exp(-delta));
+      unrounded[start + j] = x;
+      at[start + j] = max.value;
+    }
+  }
+  // Every weight relative to the last max, as the kernel's rescaling leaves them; the sink's
+  // weight is the offset at its own logit.
+  double sum = scores_.sink ? offset * std::exp(sink - max.value) : 0.0;
+  out.weight.assign(n, 0.0);
+  out.flip.assign(n, 0.0);
+  out.row_sum_of_rounded = recipe_.row_sum_of_rounded;
+  for (std::size_t j = 0; j < n; ++j) {
+    const double factor = std::exp(at[j] - max.value);
+    out.weight[j] = code[j] * factor;
+    out.flip[j] = spread[j] * factor;
+    sum += (recipe_.row_sum_of_rounded ? code[j] : unrounded[j]) * factor;
+  }
+  if (sum == 0) return true;  // no key and no sink: the kernel writes zeros
+  for (std::size_t j = 0; j < n; ++j) {
+    out.weight[j] /= sum;
+    out.flip[j] /= sum;
+  }
+  return true;
+}
+
+namespace {
+
+// Row i of the centred comparison: o~ = sum_j w_j v_j and its magnitude sum_j w_j |v_j|; in
+// `s_second` what the flips can move it by, each flip's full width times |v_jc| (and |o~_c|
+// where the row sum takes the same weights, which moves the denominator too), plus the double
+// arithmetic's own error (n + 11) 2^-50 (M~ + |o~|). The row-scale fields the same way, projected
+// on the signs of o~ (RowRounding's emulated form).
+RowRounding centred_row(const EmulatedWeights& w, const Matrix& values, std::span<const std::size_t> visible,
+                        std::size_t i, InsideSpreads& spreads) {
+  const std::size_t columns = values.cols;
+  RowRounding r;
+  r.exact.assign(columns, 0.0);
+  r.p_spread.assign(columns, 0.0);
+  r.s_spread.assign(columns, 0.0);
+  r.s_second.assign(columns, 0.0);
+  r.emulated = true;
+  std::vector<double> magnitude(columns, 0.0), flips(columns, 0.0);
+  double flip_weight = 0, flip_projection = 0;
+  for (std::size_t a = 0; a < visible.size(); ++a) {
+    const double* v = values.row(visible[a]).data();
+    for (std::size_t c = 0; c < columns; ++c) {
+      r.exact[c] += w.weight[a] * v[c];
+      magnitude[c] += w.weight[a] * std::fabs(v[c]);
+      flips[c] += w.flip[a] * std::fabs(v[c]);
+    }
+    flip_weight += w.flip[a];
+  }
+  double absolute_sum = 0, arithmetic_total = 0;
+  for (const double o : r.exact) absolute_sum += std::fabs(o);
+  for (std::size_t a = 0; a < visible.size(); ++a) {
+    if (w.flip[a] == 0) continue;
+    double absolute = 0;
+    for (const double v : values.row(visible[a])) absolute += std::fabs(v);
+    flip_projection += w.flip[a] * absolute;
+  }
+  const double arithmetic = static_cast<double>(visible.size() + 11) * 0x1p-50;
+  const double shared = w.row_sum_of_rounded ? flip_weight : 0.0;
+  for (std::size_t c = 0; c < columns; ++c) {
+    const double own = arithmetic * (magnitude[c] + std::fabs(r.exact[c]));
+    arithmetic_total += own;
+    r.s_second[c] = (flips[c] + shared * std::fabs(r.exact[c])) * (1 + 0x1p-30) + own;
+    spreads.centre(i, c) = r.exact[c];
+    spreads.centre_magnitude(i, c) = magnitude[c] * (1 + 1e-9);
+    spreads.s_second(i, c) = r.s_second[c];
+  }
+  r.scale_s_second = (flip_projection + shared * absolute_sum) * (1 + 0x1p-30) + arithmetic_total;
+  return r;
+}
+
+}  // namespace
+
+std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry, const FloatFormat& output,
+                                                 const Matrix& queries, const Matrix& keys,
+                                                 const Matrix& values, const tensor::HeadScores& head,
+                                                 const ComparisonInput& base) {
+  if (entry.quantized_weights == nullptr) return std::nullopt;
+  const WeightEmulator emulator(*entry.quantized_weights, queries, keys, head);
+  if (!emulator.covers_head()) return std::nullopt;
+  const std::size_t rows = queries.rows, columns = values.cols;
+  InsideSpreads spreads{.p = {},
+                        .s = Matrix(rows, columns),
+                        .s_second = Matrix(rows, columns),
+                        .centre = Matrix(rows, columns),
+                        .centre_magnitude = Matrix(rows, columns),
+                        .weights_emulated = true};
+  std::vector<RowRounding> roundings(rows);
+  std::vector<std::size_t> visible;
+  EmulatedWeights weights;
+  for (std::size_t i = 0; i < rows; ++i) {
+    head.visible_keys(i, visible);
+    // A row whose schedule could branch otherwise: the whole head keeps the worst-case charge.
+    if (!emulator.emulate_row(i, visible, weights)) return std::nullopt;
+    roundings[i] = centred_row(weights, values, visible, i, spreads);
+  }
+  ComparisonInput input = base;
+  input.allowed = nullptr;
+  input.inside = &spreads;
+  Comparison comparison = compare(input, entry, output);
+  // Around the emulated weights neither P's rounding nor its subnormal floor is charged again.
+  kernels::Tolerance rest = entry;
+  rest.probabilities_in_output = 0;
+  rest.probability_floor = 0;
+  for (std::size_t i = 0; i < rows; ++i)
+    judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest, base.scales[i],
+                    output, comparison);
+  return comparison;
+}
+
+}  // namespace sharpcheck::metrics
