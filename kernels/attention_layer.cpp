@@ -39,7 +39,8 @@ LayerInputs declared_layer_inputs(const AttentionKernel& kernel, const tensor::A
       Matrix queries = gather(q, rows, shape.head_dim, query_at);
       Matrix key_rows = gather(k, keys, shape.head_dim, key_at);
       Matrix values = gather(v, keys, shape.value_dim, value_at);
-      kernel.declared_inputs(queries, key_rows, values);  // K and V: the same for every head of a group
+      kernel.declared_inputs(queries, key_rows, values,
+                             problem.head(b, h));  // K and V: the same for every head of a group
       scatter(queries, inputs.q, query_at);
       scatter(key_rows, inputs.k, key_at);
       scatter(values, inputs.v, value_at);

@@ -58,6 +58,53 @@ constexpr Tolerance mxfp8_attention_tolerance{
     .floor_over_row_sum = true,
     .quantized_weights = &mxfp8_weights};
 
+// SageAttention-2-style attention (kernels/sage_attention.hpp), judged against the exact attention
+// of the inputs it computes with (declared_inputs: dequantised Q, K'^ + k~ and dequantised V). On
+// attention_fp8's entry: each logit is an exact integer dot product times fl(s_q s_k) and the
+// logit's scaling, a few roundings of |s'| <= |z| + |c| within "dot_product 6" (c <= max |z| of
+// the keys' mean); V's per-channel scale multiplies each fp32 sum once, within "constant 20"; the
+// FP8 MMA's accumulator keeps 22 bits, truncating, so each key's product-add errs by up to
+// 2^-21 = 8 u: "per_item 12" (attention_fp8's 4, plus 8). P = RN_e4m3(2^8 exp(s' - m)) and the
+// row sum over the fp32 weights: P V alone sees P's rounding, "probabilities_in_output 1" in
+// e4m3's unit, with attention_fp8's subnormal floor 2^-18 over Z; the log-sum-exp is charged no P
+// rounding (row_sum_of_rounded_probabilities false) but the fp32 error of the correction c it adds
+// back (smoothed_keys). The statistical tier is judged around the emulated weights.
+constexpr QuantizedWeights sage_weights{.format = &fp8_e4m3,
+                                        .offset_log2 = 8,
+                                        .rescale_threshold_log2 = 0,
+                                        .tile = 64,
+                                        .row_sum_of_rounded = false,
+                                        .smoothed_keys = true};
+
+constexpr Tolerance sage_attention_tolerance{
+    .accumulation = &fp32,
+    .argument = 3,
+    .spread = 9,
+    .per_item = 12,
+    .constant = 20,
+    .dot_product = 6,
+    .basis = "analysis: attention_fp8 with INT8 Q K^T, K smoothing, a 22-bit P V accumulator",
+    .reason = "P rounded to e4m3 (u = 2^-4) dominates; tiny weights err absolutely",
+    .probabilities_in_output = 1,
+    .probability_floor = 0x1.004p-18,
+    .probability_format = &fp8_e4m3,
+    .row_sum_of_rounded_probabilities = false,
+    .floor_over_row_sum = true,
+    .quantized_weights = &sage_weights};
+
+template <SageAttentionBug Bug, int ThresholdLog2 = 0>
+constexpr AttentionKernel sage_kernel(std::string_view name, std::string_view description) {
+  return {.name = name,
+          .description = description,
+          .input = &bf16,
+          .output = &bf16,
+          .accumulation = &fp32,
+          .deliberately_broken = Bug != SageAttentionBug::none || ThresholdLog2 > 0,
+          .run = attention_sage_inputs<Bug, ThresholdLog2>,
+          .tolerance = sage_attention_tolerance,
+          .declared_inputs = sage_inputs};
+}
+
 template <MxAttentionBug Bug, int ThresholdLog2 = 4>
 constexpr AttentionKernel mxfp8_kernel(std::string_view name, std::string_view description) {
   return {.name = name,
@@ -229,6 +276,27 @@ const AttentionKernel attention_table[] = {
     mxfp8_kernel<MxAttentionBug::q_scale_missing>("attention_mxfp8_q_scale_missing",
                                                   "as attention_mxfp8 with Q's block scales ignored (q_scale "
                                                   "missing)"),
+    // SageAttention 2's design (INT8 Q K^T with K smoothing, FP8 P V with a 22-bit accumulator)
+    // and the bugs of INT8/FP8 ports as twins.
+    sage_kernel<SageAttentionBug::none>(
+        "attention_sage",
+        "SageAttention 2 style: bf16 in, INT8 Q K^T per block with K smoothed "
+        "by its mean, e4m3 P at offset 2^8 and V per channel, a 22-bit P V "
+        "accumulator, fp32 row sum, LSE corrected, bf16 out"),
+    sage_kernel<SageAttentionBug::q_scale_missing>("attention_sage_q_scale_missing",
+                                                   "as attention_sage with Q's INT8 block scales ignored"),
+    sage_kernel<SageAttentionBug::lse_unsmoothed>("attention_sage_lse_unsmoothed",
+                                                  "as attention_sage with the log-sum-exp returned without "
+                                                  "undoing K's smoothing (q . mean(k) scale missing)"),
+    sage_kernel<SageAttentionBug::lse_correction_bf16>("attention_sage_lse_correction_bf16",
+                                                       "as attention_sage with the log-sum-exp's correction "
+                                                       "q . mean(k) scale formed in bf16"),
+    sage_kernel<SageAttentionBug::row_sum_rounded>("attention_sage_row_sum_rounded",
+                                                   "as attention_sage with the row sum over the rounded P "
+                                                   "where the fp32 weights are declared"),
+    sage_kernel<SageAttentionBug::none, 1>("attention_sage_lazy_rescale_1",
+                                           "as attention_sage with lazy rescaling at 2^1, above "
+                                           "log2(448/256) = 0.807: P saturates at 448"),
     designed("flash2_bf16", "FlashAttention 2/3 forward: bf16 in and out, P in bf16 before P V, fp32 sums",
              flash2_bf16, run_design<flash2_bf16>, "flash_bf16"),
     designed("flash2_bf16_fp32_out", "as flash2_bf16 with the output left in fp32", flash2_bf16_fp32_out,

@@ -85,8 +85,14 @@ class MxRow {
     max_ = logit_.has_sink() ? logit_.sink() : minus_infinity;
     sum_ = logit_.has_sink() ? offset_ : 0.0F;
     std::fill(accumulator_.begin(), accumulator_.end(), 0.0F);
-    for (std::size_t start = 0; start < visible.size(); start += options_.tile)
-      add_tile(query, visible, start, std::min(options_.tile, visible.size() - start));
+    // Tiles of key positions [t tile, (t + 1) tile), as FlashAttention-style kernels tile K; a tile
+    // holds the visible keys among them (one with none is skipped).
+    for (std::size_t start = 0, end = 0; start < visible.size(); start = end) {
+      for (end = start;
+           end < visible.size() && visible[end] / options_.tile == visible[start] / options_.tile;)
+        ++end;
+      add_tile(query, visible, start, end - start);
+    }
     const bool empty = sum_ == 0.0F;
     for (std::size_t c = 0; c < v_.cols; ++c)
       out[c] = Bfloat16::from_float(empty ? 0.0F : accumulator_[c] / sum_).to_float();

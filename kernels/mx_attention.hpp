@@ -7,14 +7,13 @@
 // row (one head; masks and modifiers as tensor/head_scores.hpp says):
 //   score   s_j = logit(sum_b fl(sum_{t in b} q_t k_t) 2^(e_q,b + e_k,b)): each block's products of
 //           e4m3 codes exact, summed in fp32, times the blocks' power-of-two scales, in fp32;
-//   online softmax over tiles of `tile` visible keys with lazy rescaling: the running max moves
-//   only when a tile's max exceeds it by more than `rescale_threshold_log2` (log2 units);
-//   P = RN_e4m3(2^p_offset_log2 exp(s - m)), saturating at 448: the largest weight is 16 and a
-//   stale max lets weights grow to 16 * 2^threshold, which must stay within 448, so a threshold
-//   above log2(448 / 16) = 4.807 saturates P (the bug class of FlashAttention 4's FP8 path);
-//   l summed from the quantised P, the P that P V uses;
-//   P V per block of 32 keys and column: fl(sum_j p_j v_j) of e4m3 products, times 2^e_v, in fp32;
-//   the output acc / l rounded once to bf16; the log-sum-exp m + log(l / 2^offset) in fp32.
+//   online softmax over tiles of `tile` key positions (their visible keys) with lazy rescaling: the running
+//   max moves only when a tile's max exceeds it by more than `rescale_threshold_log2` (log2 units); P =
+//   RN_e4m3(2^p_offset_log2 exp(s - m)), saturating at 448: the largest weight is 16 and a stale max lets
+//   weights grow to 16 * 2^threshold, which must stay within 448, so a threshold above log2(448 / 16) = 4.807
+//   saturates P (the bug class of FlashAttention 4's FP8 path); l summed from the quantised P, the P that P V
+//   uses; P V per block of 32 keys and column: fl(sum_j p_j v_j) of e4m3 products, times 2^e_v, in fp32; the
+//   output acc / l rounded once to bf16; the log-sum-exp m + log(l / 2^offset) in fp32.
 // The exact reference is attention of the inputs as the declared rule quantises them
 // (declared_mx_inputs), so a kernel whose quantiser departs from its declared rule is judged on
 // the values it should have computed with.

@@ -62,9 +62,11 @@ struct AttentionKernel {
   std::string_view recipe = {};
   bool writes_lse = true;  // false: the kernel returns no log-sum-exp (PyTorch's math path)
   // A kernel that quantises its own inputs (the block-scaled kernels): the values its declared
-  // quantisation gives, head by head (Q and K of one head, V of its KV head), which the exact
-  // reference computes with instead of the inputs; null: the inputs as given.
-  void (*declared_inputs)(Matrix& queries, Matrix& keys, Matrix& values) = nullptr;
+  // quantisation gives, head by head (Q and K of one head, V of its KV head, with the head's
+  // scores, on which a quantisation may depend), which the exact reference computes with instead
+  // of the inputs; null: the inputs as given.
+  void (*declared_inputs)(Matrix& queries, Matrix& keys, Matrix& values,
+                          const tensor::HeadScores& scores) = nullptr;
 };
 
 // The row of `rows` with this name, or null: how every registry (forward, backward) is searched.

@@ -14,6 +14,7 @@
 #include "kernels/mx_attention.hpp"
 #include "kernels/quantized_softmax.hpp"
 #include "kernels/registry.hpp"
+#include "kernels/sage_attention.hpp"
 #include "kernels/softmax_kernels.hpp"
 
 namespace sharpcheck::kernels::adapters {
@@ -169,8 +170,23 @@ void attention_mxfp8_inputs(const Matrix& q, const Matrix& k, const Matrix& v,
   attention_mxfp8(q, k, v, scores, options, out, lse);
 }
 
-inline void mxfp8_floor_inputs(Matrix& q, Matrix& k, Matrix& v) {
+inline void mxfp8_floor_inputs(Matrix& q, Matrix& k, Matrix& v, const tensor::HeadScores& /*scores*/) {
   declared_mx_inputs(q, k, v, ScaleRule::ocp_floor);
+}
+
+// SageAttention-2-style attention (kernels/sage_attention.hpp) on bf16 inputs, which it quantises
+// itself; Bug and the lazy-rescale threshold (log2 units) make the twins.
+template <SageAttentionBug Bug, int RescaleThresholdLog2>
+void attention_sage_inputs(const Matrix& q, const Matrix& k, const Matrix& v,
+                           const tensor::HeadScores& scores, Matrix& out, std::vector<double>* lse) {
+  SageAttentionOptions options;
+  options.bug = Bug;
+  options.rescale_threshold_log2 = RescaleThresholdLog2;
+  attention_sage(q, k, v, scores, options, out, lse);
+}
+
+inline void sage_inputs(Matrix& q, Matrix& k, Matrix& v, const tensor::HeadScores& scores) {
+  declared_sage_inputs(q, k, v, smooths_keys(scores));
 }
 
 }  // namespace sharpcheck::kernels::adapters

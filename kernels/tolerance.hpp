@@ -14,7 +14,8 @@ namespace sharpcheck::kernels {
 
 // How a kernel rounds its unnormalised softmax weights to a narrow format before P V (FP8 and
 // MXFP8 attention, issue 36): w_j = RN_format(min(2^offset_log2 exp(s_j - m), largest)), m the
-// running max of an online softmax over tiles of `tile` keys that moves only when a tile's max
+// running max of an online softmax over tiles of `tile` key positions (the visible keys among
+// them; a tile with none is skipped) that moves only when a tile's max
 // exceeds it by more than rescale_threshold_log2 (log2 units; 0: whenever it grows), starting at
 // the sink's logit if there is one (whose weight is then 2^offset_log2). The reference knows the
 // exact scores, so it can emulate every w_j and mark those an honest kernel's fp32 score could
@@ -29,6 +30,10 @@ struct QuantizedWeights {
   // Whether the row sum l is taken over the rounded weights (the P that P V uses) or over the
   // fp32 ones before rounding (SageAttention3's design). A kernel that does the other is a bug.
   bool row_sum_of_rounded = true;
+  // Whether the kernel smooths K by its mean k~ first (SageAttention): its logits are then formed
+  // minus c = q . k~ scale / theta, so their fp32 error is relative to |z| + |c| (bounded per row by
+  // metrics::smoothing_shifts), and its log-sum-exp adds c back, formed in fp32.
+  bool smoothed_keys = false;
 };
 
 // Relative error bound of element j, in units of u:

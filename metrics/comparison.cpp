@@ -5,6 +5,8 @@
 #include <limits>
 #include <sstream>
 
+#include "metrics/quantized_weights.hpp"
+
 namespace sharpcheck::metrics {
 namespace {
 constexpr std::size_t max_described_violations = 8;
@@ -212,7 +214,7 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
   const bool s_charged = tolerance.scores_in_output > 0 && inside.s.cols > 0;
   if (p_charged) rest.probabilities_in_output = 0;
   if (s_charged) rest.scores_in_output = 0;
-  if (inside.weights_emulated) rest.probabilities_in_output = rest.probability_floor = 0;
+  if (inside.weights_emulated) rest = around_emulated_weights(rest);
   const bool centred = inside.centre.cols > 0;
   const double magnitude = centred ? inside.centre_magnitude(r, j) : (*input.magnitudes)(r, j);
   double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;

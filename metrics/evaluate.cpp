@@ -199,7 +199,7 @@ Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matr
     return judge_attention(spec, queries, keys, values, scores, std::move(actual));
   // A kernel that quantises its own inputs is judged on the values its declared quantisation gives.
   Matrix q = queries, k = keys, v = values;
-  kernel.declared_inputs(q, k, v);
+  kernel.declared_inputs(q, k, v, scores);
   return judge_attention(spec, q, k, v, scores, std::move(actual));
 }
 
@@ -455,6 +455,11 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     store_spreads(roundings[i], i, spreads);
     evaluation.lse_spreads.push_back(
         {roundings[i].lse_p_spread, roundings[i].lse_s_spread, roundings[i].lse_s_second});
+  }
+  if (const auto* rounded = spec.tolerance->quantized_weights; rounded != nullptr && rounded->smoothed_keys) {
+    const std::vector<double> shifts = smoothing_shifts(queries, keys, head);
+    for (std::size_t i = 0; i < queries.rows; ++i)
+      input.scales[i].smoothing_shift = static_cast<double>(queries.cols + 4) * shifts[i];
   }
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   evaluation.row_scales = input.scales;

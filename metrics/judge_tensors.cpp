@@ -21,8 +21,9 @@ struct HeadJudgement {
 
 // The head's log-sum-exp against the reference's (allowance derived in the header): the recipe's
 // units at magnitude 1 (1 / ln 2 for a base-2 LSE), and the roundings of ln and of the addition,
-// and the reference's own, as an absolute (2 u_lse + u_acc) (|L| + ln n + 1). P's rounding counts
-// only where the recipe sums the rounded P.
+// and the reference's own, as an absolute (2 u_lse + u_acc) (|L| + ln n + 1), plus a smoothing
+// kernel's fp32 correction (u_acc RowScale::smoothing_shift). P's rounding counts only where the
+// recipe sums the rounded P.
 Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::vector<double> actual) {
   const std::size_t rows = actual.size();
   Matrix expected(rows, 1), given(rows, 1), magnitudes(rows, 1), z_magnitudes(rows, 1), own(rows, 1);
@@ -45,7 +46,11 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
     given(i, 0) = empty ? (std::isinf(actual[i]) ? 0.0 : NAN) : actual[i];
     const auto n = static_cast<double>(std::max<std::size_t>(evaluation.row_scales[i].n, 1));
     magnitudes(i, 0) = empty ? 0.0 : unit;
-    own(i, 0) = empty ? 0.0 : roundings * (std::fabs(exact) + std::log(n) + 1) * (1 + 0x1p-20);
+    own(i, 0) =
+        empty ? 0.0
+              : (roundings * (std::fabs(exact) + std::log(n) + 1) +
+                 spec.tolerance->accumulation->unit_roundoff() * evaluation.row_scales[i].smoothing_shift) *
+                    (1 + 0x1p-20);
     z_magnitudes(i, 0) = evaluation.row_scales[i].largest_magnitude;
   }
   // The inside roundings' statistical charges (evaluate.cpp's RowRounding), in the LSE's unit.

@@ -11,14 +11,31 @@ namespace {
 
 constexpr double ln2 = 0.6931471805599453;
 
-// One tile's rescale decision and its exponentials, as the kernel makes them (see
-// kernels/mx_attention.hpp): the running max and how far an honest kernel's may be from it.
-struct RunningMax {
-  double value = -std::numeric_limits<double>::infinity();
-  double error = 0;
-};
-
 }  // namespace
+
+std::vector<double> smoothing_shifts(const Matrix& queries, const Matrix& keys,
+                                     const tensor::HeadScores& scores) {
+  const std::size_t d = keys.cols;
+  std::vector<double> mean(d, 0.0), shifts(queries.rows, 0.0);
+  if (keys.rows == 0) return shifts;
+  for (std::size_t j = 0; j < keys.rows; ++j) {
+    for (std::size_t t = 0; t < d; ++t) mean[t] += keys(j, t);
+  }
+  for (double& m : mean) m /= static_cast<double>(keys.rows);
+  double spread = 0;
+  for (std::size_t j = 0; j < keys.rows; ++j) {
+    for (std::size_t t = 0; t < d; ++t) spread = std::max(spread, std::fabs(keys(j, t) - mean[t]));
+  }
+  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const double factor = std::fabs(scale / scores.theta) * (1 + 0x1p-40);
+  for (std::size_t i = 0; i < queries.rows; ++i) {
+    double sum = 0;
+    for (std::size_t t = 0; t < d; ++t)
+      sum += std::fabs(queries(i, t)) * (std::fabs(mean[t]) + 0x1p-6 * spread);
+    shifts[i] = sum * factor;
+  }
+  return shifts;
+}
 
 WeightEmulator::WeightEmulator(const kernels::QuantizedWeights& recipe, const Matrix& queries,
                                const Matrix& keys, const tensor::HeadScores& scores)
@@ -26,6 +43,7 @@ WeightEmulator::WeightEmulator(const kernels::QuantizedWeights& recipe, const Ma
   scale_ = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   covers_ = recipe.format != nullptr && recipe.tile > 0 && std::isfinite(scale_) && scores.theta != 0.0 &&
             std::isfinite(scores.theta);
+  if (covers_ && recipe.smoothed_keys) shifts_ = smoothing_shifts(queries, keys, scores);
 }
 
 // The exact logit z = (softcap(scale q.k) + b) / theta in double (its own error, d 2^-52 sum |q k|
@@ -59,69 +77,119 @@ WeightEmulator::Score WeightEmulator::score(std::size_t query, std::size_t key) 
   return {value, error / theta + 0x1p-22 * std::fabs(value) + 0x1p-50 * std::fabs(value)};
 }
 
+// The kernel's max lies in [max_j (z_j - e_j), max_j (z_j + e_j)], which holds the exact one too.
+// (A key hidden by a mask of -1e9 has an error near 500 but cannot reach the max: it widens nothing.)
+WeightEmulator::Score WeightEmulator::largest_of(std::span<const Score> tile) {
+  double value = -std::numeric_limits<double>::infinity(), low = value, high = value;
+  for (const auto& score : tile) {
+    value = std::max(value, score.value);
+    low = std::max(low, score.value - score.error);
+    high = std::max(high, score.value + score.error);
+  }
+  return {value, std::max(high - value, value - low)};
+}
+
+// Visible keys are taken in tiles of key positions [t tile, (t + 1) tile), as FlashAttention-style
+// kernels tile K (a tile with no visible key is skipped).
 bool WeightEmulator::emulate_row(std::size_t query, std::span<const std::size_t> visible,
                                  EmulatedWeights& out) const {
   const std::size_t n = visible.size();
-  const double offset = std::ldexp(1.0, recipe_.offset_log2);
-  const double largest = recipe_.format->max_finite;
   // The kernel holds the threshold in fp32 and adds it to its max in fp32: 2^-23 of each.
   const double threshold = recipe_.rescale_threshold_log2 * ln2;
-  std::vector<double> code(n), spread(n), unrounded(n), at(n);
-  RunningMax max;
+  RowState state;
+  for (auto* column : {&state.code, &state.spread, &state.unrounded, &state.unrounded_error, &state.at})
+    column->assign(n, 0.0);
   const double sink = scores_.sink ? *scores_.sink / scores_.theta : 0.0;
-  if (scores_.sink) max = {sink, 0x1p-21 * std::fabs(sink)};
-  std::vector<Score> tile(recipe_.tile);
-  for (std::size_t start = 0; start < n; start += recipe_.tile) {
-    const std::size_t length = std::min(recipe_.tile, n - start);
-    RunningMax tile_max;
-    for (std::size_t j = 0; j < length; ++j) {
-      tile[j] = score(query, visible[start + j]);
-      if (!std::isfinite(tile[j].value)) return false;
-      tile_max.value = std::max(tile_max.value, tile[j].value);
-      tile_max.error = std::max(tile_max.error, tile[j].error);  // |max s~ - max s| <= max |s~ - s|
+  if (scores_.sink) state.max = {sink, 0x1p-21 * std::fabs(sink)};
+  std::vector<Score> tile;
+  // Smoothed keys: the kernel's logits are z_j - c, their fp32 roundings relative to |z_j| + |c|.
+  const double shift_error = shifts_.empty() ? 0.0 : 0x1p-21 * shifts_[query];
+  for (std::size_t start = 0, end = 0; start < n; start = end) {
+    tile.clear();
+    for (end = start; end < n && visible[end] / recipe_.tile == visible[start] / recipe_.tile; ++end) {
+      tile.push_back(score(query, visible[end]));
+      if (!std::isfinite(tile.back().value)) return false;
+      tile.back().error += shift_error;
     }
-    const bool first = max.value == -std::numeric_limits<double>::infinity();
-    if (!first) {
-      const double gap = tile_max.value - (max.value + threshold);
-      const double margin = tile_max.error + max.error + 0x1p-22 * (std::fabs(max.value) + threshold);
+    const Score tile_max = largest_of(tile);
+    const Score before = state.max;
+    if (before.value != -std::numeric_limits<double>::infinity()) {
+      const double gap = tile_max.value - (before.value + threshold);
+      const double margin = tile_max.error + before.error + 0x1p-22 * (std::fabs(before.value) + threshold);
       if (std::fabs(gap) <= margin) return false;  // an honest kernel may decide either way
-      if (gap > 0) max = tile_max;
+      if (gap > 0) {
+        state.max = tile_max;
+        // The kernel rescales what it has summed by fl(exp(m_old - m_new)): that factor's error.
+        state.drift += before.error + tile_max.error +
+                       0x1p-22 * (std::fabs(before.value) + std::fabs(tile_max.value)) + 0x1p-21;
+      }
     } else {
-      max = tile_max;
+      state.max = tile_max;
     }
-    for (std::size_t j = 0; j < length; ++j) {
-      const double difference = tile[j].value - max.value;
-      const double x = offset * std::exp(difference);
-      // The exponent's error: both logits', the fp32 subtraction's (2^-24 |z - m|, taken as
-      // 2^-22), a log2(e) folded into either before exp2 (2^-22 (|z| + |m|)) and an fp32
-      // exponential within 4 ulp (2^-21 relative).
-      const double delta = tile[j].error + max.error + 0x1p-22 * std::fabs(difference) +
-                           0x1p-22 * (std::fabs(tile[j].value) + std::fabs(max.value)) + 0x1p-21;
-      const auto rounded = [&](double w) { return round_to_format(std::min(w, largest), *recipe_.format); };
-      code[start + j] = rounded(x);
-      spread[start + j] = rounded(x * std::exp(delta)) - rounded(x * std::exp(-delta));
-      unrounded[start + j] = x;
-      at[start + j] = max.value;
-    }
+    round_tile(tile, start, state);
   }
-  // Every weight relative to the last max, as the kernel's rescaling leaves them; the sink's
-  // weight is the offset at its own logit.
-  double sum = scores_.sink ? offset * std::exp(sink - max.value) : 0.0;
+  finish_row(state, sink, out);
+  return true;
+}
+
+// The codes of one tile's weights, against the running max (the header's schedule).
+void WeightEmulator::round_tile(std::span<const Score> tile, std::size_t first, RowState& state) const {
+  const double offset = std::ldexp(1.0, recipe_.offset_log2);
+  const double largest = recipe_.format->max_finite;
+  const auto rounded = [&](double w) { return round_to_format(std::min(w, largest), *recipe_.format); };
+  const Score& max = state.max;
+  for (std::size_t j = 0; j < tile.size(); ++j) {
+    const double difference = tile[j].value - max.value;
+    const double x = offset * std::exp(difference);
+    // The exponent's error: both logits', the fp32 subtraction's (2^-24 |z - m|, taken as 2^-22),
+    // a log2(e) folded into either before exp2 (2^-22 (|z| + |m|)) and an fp32 exponential within
+    // 4 ulp (2^-21 relative).
+    const double delta = tile[j].error + max.error + 0x1p-22 * std::fabs(difference) +
+                         0x1p-22 * (std::fabs(tile[j].value) + std::fabs(max.value)) + 0x1p-21;
+    state.at[first + j] = max.value;
+    // A key hidden by a finite mask (-1e9, finfo.min): even at the far end of its enclosure its
+    // weight is below every format's least subnormal, so it is 0 in any honest kernel (and 0 times
+    // exp(delta), infinite, is not asked).
+    if (difference + delta < -1000) continue;
+    state.code[first + j] = rounded(x);
+    state.spread[first + j] = rounded(x * std::exp(delta)) - rounded(x * std::exp(-delta));
+    state.unrounded[first + j] = x;
+    state.unrounded_error[first + j] = x * std::expm1(delta);
+  }
+}
+
+// Every weight relative to the last max, as the kernel's rescaling leaves them, over the declared
+// row sum (the sink's weight is the offset at its own logit). A row sum of the fp32 weights moves
+// with their errors: sum_j x_j expm1(delta_j) / sum_j x_j relative, added to the drift.
+void WeightEmulator::finish_row(const RowState& state, double sink, EmulatedWeights& out) const {
+  const std::size_t n = state.code.size();
+  const double offset = std::ldexp(1.0, recipe_.offset_log2);
+  double sum = scores_.sink ? offset * std::exp(sink - state.max.value) : 0.0;
+  double sum_error = 0;
   out.weight.assign(n, 0.0);
   out.flip.assign(n, 0.0);
   out.row_sum_of_rounded = recipe_.row_sum_of_rounded;
   for (std::size_t j = 0; j < n; ++j) {
-    const double factor = std::exp(at[j] - max.value);
-    out.weight[j] = code[j] * factor;
-    out.flip[j] = spread[j] * factor;
-    sum += (recipe_.row_sum_of_rounded ? code[j] : unrounded[j]) * factor;
+    const double factor = std::exp(state.at[j] - state.max.value);
+    out.weight[j] = state.code[j] * factor;
+    out.flip[j] = state.spread[j] * factor;
+    sum += (recipe_.row_sum_of_rounded ? state.code[j] : state.unrounded[j]) * factor;
+    sum_error += state.unrounded_error[j] * factor;
   }
-  if (sum == 0) return true;  // no key and no sink: the kernel writes zeros
+  out.drift = state.drift;
+  if (sum == 0) return;  // no key and no sink: the kernel writes zeros
+  if (!recipe_.row_sum_of_rounded) out.drift += sum_error / sum;
   for (std::size_t j = 0; j < n; ++j) {
     out.weight[j] /= sum;
     out.flip[j] /= sum;
   }
-  return true;
+}
+
+kernels::Tolerance around_emulated_weights(const kernels::Tolerance& entry) {
+  kernels::Tolerance rest = entry;
+  rest.probabilities_in_output = rest.probability_floor = 0;
+  rest.argument = rest.spread = rest.dot_product = 0;
+  return rest;
 }
 
 namespace {
@@ -129,8 +197,9 @@ namespace {
 // Row i of the centred comparison: o~ = sum_j w_j v_j and its magnitude sum_j w_j |v_j|; in
 // `s_second` what the flips can move it by, each flip's full width times |v_jc| (and |o~_c|
 // where the row sum takes the same weights, which moves the denominator too), plus the double
-// arithmetic's own error (n + 11) 2^-50 (M~ + |o~|). The row-scale fields the same way, projected
-// on the signs of o~ (RowRounding's emulated form).
+// arithmetic's own error (n + 11) 2^-50 (M~ + |o~|), and the drift (rescale factors, an fp32 row
+// sum) times M~ + |o~|. The row-scale fields the same way, projected on the signs of o~
+// (RowRounding's emulated form).
 RowRounding centred_row(const EmulatedWeights& w, const Matrix& values, std::span<const std::size_t> visible,
                         std::size_t i, InsideSpreads& spreads) {
   const std::size_t columns = values.cols;
@@ -159,7 +228,7 @@ RowRounding centred_row(const EmulatedWeights& w, const Matrix& values, std::spa
     for (const double v : values.row(visible[a])) absolute += std::fabs(v);
     flip_projection += w.flip[a] * absolute;
   }
-  const double arithmetic = static_cast<double>(visible.size() + 11) * 0x1p-50;
+  const double arithmetic = static_cast<double>(visible.size() + 11) * 0x1p-50 + w.drift * (1 + 0x1p-30);
   const double shared = w.row_sum_of_rounded ? flip_weight : 0.0;
   for (std::size_t c = 0; c < columns; ++c) {
     const double own = arithmetic * (magnitude[c] + std::fabs(r.exact[c]));
@@ -196,16 +265,17 @@ std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry
     head.visible_keys(i, visible);
     // A row whose schedule could branch otherwise: the whole head keeps the worst-case charge.
     if (!emulator.emulate_row(i, visible, weights)) return std::nullopt;
+    // An enclosure too wide to say anything (a logit beyond fp32's range): the worst case stands.
+    if (!std::isfinite(weights.drift) ||
+        !std::all_of(weights.flip.begin(), weights.flip.end(), [](double f) { return std::isfinite(f); }))
+      return std::nullopt;
     roundings[i] = centred_row(weights, values, visible, i, spreads);
   }
   ComparisonInput input = base;
   input.allowed = nullptr;
   input.inside = &spreads;
   Comparison comparison = compare(input, entry, output);
-  // Around the emulated weights neither P's rounding nor its subnormal floor is charged again.
-  kernels::Tolerance rest = entry;
-  rest.probabilities_in_output = 0;
-  rest.probability_floor = 0;
+  const kernels::Tolerance rest = around_emulated_weights(entry);
   for (std::size_t i = 0; i < rows; ++i)
     judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest, base.scales[i],
                     output, comparison);

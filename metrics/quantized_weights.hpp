@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <span>
 #include <vector>
@@ -37,7 +38,19 @@ struct EmulatedWeights {
   std::vector<double> weight;  // per visible key, in the order given
   std::vector<double> flip;    // how far an honest kernel's weight_j may be from weight_j
   bool row_sum_of_rounded = true;
+  // How far, relative, the kernel's output may move with the weights' codes fixed: its rescale
+  // factors fl(exp(m_old - m_new)) (each scales a share of numerator and row sum alike, moving the
+  // output by at most that times M + |o|) and, with a row sum of the fp32 weights, their errors.
+  double drift = 0;
 };
+
+// Keys smoothed by their mean (kernels::QuantizedWeights::smoothed_keys): per query row, a bound on
+// the shift |c| = |q . k~ scale / theta| the kernel's logits are formed minus, and on what its fp32
+// forming of c errs relative to: sum_t |q_t| (|k~_t| + delta) |scale / theta|, k~ the mean of the
+// keys as given (the kernel's mean of the keys before quantisation differs from it by at most the
+// quantisation's step, covered by delta = 2^-6 max_jt |k_jt - k~_t|, with room for fp32's sums).
+[[nodiscard]] std::vector<double> smoothing_shifts(const Matrix& queries, const Matrix& keys,
+                                                   const tensor::HeadScores& scores);
 
 class WeightEmulator {
  public:
@@ -51,10 +64,23 @@ class WeightEmulator {
   bool emulate_row(std::size_t query, std::span<const std::size_t> visible, EmulatedWeights& out) const;
 
  private:
+  // An exact logit (a score, or the running max) and how far an honest kernel's fp32 one may be.
   struct Score {
-    double value = 0, error = 0;  // the exact score and how far an honest kernel's fp32 one may be
+    double value = -std::numeric_limits<double>::infinity();
+    double error = 0;
+  };
+  // One row's emulation in progress: per visible key its code, how far it may flip, the fp32
+  // weight before rounding and its error, the running max it was rounded against.
+  struct RowState {
+    std::vector<double> code, spread, unrounded, unrounded_error, at;
+    Score max;
+    double drift = 0;
   };
   [[nodiscard]] Score score(std::size_t query, std::size_t key) const;
+  void round_tile(std::span<const Score> tile, std::size_t first, RowState& state) const;
+  void finish_row(const RowState& state, double sink, EmulatedWeights& out) const;
+  // The largest logit of a tile: the kernel's max lies in [max_j (z_j - e_j), max_j (z_j + e_j)].
+  [[nodiscard]] static Score largest_of(std::span<const Score> tile);
 
   const kernels::QuantizedWeights& recipe_;
   const Matrix& queries_;
@@ -62,7 +88,14 @@ class WeightEmulator {
   const tensor::HeadScores& scores_;
   double scale_ = 1;
   bool covers_ = false;
+  std::vector<double> shifts_;  // smoothing_shifts, where the recipe smooths the keys
 };
+
+// What the entry charges around the emulated weights: neither P's rounding nor its subnormal floor,
+// nor the logits' fp32 errors (argument, spread, dot_product), which move a weight only by flipping
+// its code (charged in full) or through the rescale factors and an fp32 row sum (the drift); the
+// accumulation's (per_item, constant) and the output's rounding stay.
+[[nodiscard]] kernels::Tolerance around_emulated_weights(const kernels::Tolerance& entry);
 
 // The comparison of `base` (its proven tier unchanged) with the statistical tier centred on the
 // emulated weights' attention and the row-scale test around it; rows the emulation cannot follow

@@ -38,6 +38,10 @@ struct RowScale {
   // -1e9 or finfo.min, or a logit far below the rest). They are left out of n and of
   // largest_magnitude and counted here; see the derivation in tolerance_table.cpp.
   std::size_t negligible = 0;
+  // Attention with keys smoothed by their mean (kernels::QuantizedWeights::smoothed_keys): what the
+  // kernel's fp32 correction c added to its log-sum-exp may err by, in units of u: (d + 4) times
+  // metrics::smoothing_shifts (d + 2 roundings of the dot product q^ . k~, two of its scaling).
+  double smoothing_shift = 0;
 };
 
 // |z| beyond which an entry of a shifted softmax is negligible (derivation in tolerance_table.cpp).

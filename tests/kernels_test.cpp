@@ -449,7 +449,7 @@ TEST(AttentionKernels, HonourEveryMaskAndModifierAndFailWithoutIt) {
     // bottom-right diagonal that changes the outputs less than its own rounding allows.
     // A kernel that quantises its own inputs (MXFP8) is judged on what its declared rule gives.
     Matrix judged_q = q, judged_k = k, judged_v = v;
-    if (kernel.declared_inputs != nullptr) kernel.declared_inputs(judged_q, judged_k, judged_v);
+    if (kernel.declared_inputs != nullptr) kernel.declared_inputs(judged_q, judged_k, judged_v, {});
     const Matrix exact_without = reference::attention(judged_q, judged_k, judged_v, *kernel.output).output;
     std::size_t discriminating = 0;
     for (const auto& variant : variants) {
