@@ -74,7 +74,8 @@ constexpr QuantizedWeights sage_weights{.format = &fp8_e4m3,
                                         .rescale_threshold_log2 = 0,
                                         .tile = 64,
                                         .row_sum_of_rounded = false,
-                                        .smoothed_keys = true};
+                                        .smoothed_keys = true,
+                                        .exact_dot_product = true};
 
 constexpr Tolerance sage_attention_tolerance{
     .accumulation = &fp32,

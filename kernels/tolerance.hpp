@@ -30,10 +30,15 @@ struct QuantizedWeights {
   // Whether the row sum l is taken over the rounded weights (the P that P V uses) or over the
   // fp32 ones before rounding (SageAttention3's design). A kernel that does the other is a bug.
   bool row_sum_of_rounded = true;
-  // Whether the kernel smooths K by its mean k~ first (SageAttention): its logits are then formed
+  // Whether the kernel smooths K by its mean k~ first (SageAttention; not under a soft-cap or a
+  // sink, where the shift is not softmax-invariant): its logits are then formed
   // minus c = q . k~ scale / theta, so their fp32 error is relative to |z| + |c| (bounded per row by
   // metrics::smoothing_shifts), and its log-sum-exp adds c back, formed in fp32.
   bool smoothed_keys = false;
+  // Whether the kernel's dot products are exact (INT8 MMAs into int32): a logit's fp32 error is
+  // then a few roundings of its own size (of z - c where the keys are smoothed), not the fp32 dot
+  // product's d u sum |q k|.
+  bool exact_dot_product = false;
 };
 
 // Relative error bound of element j, in units of u:

@@ -456,10 +456,11 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     evaluation.lse_spreads.push_back(
         {roundings[i].lse_p_spread, roundings[i].lse_s_spread, roundings[i].lse_s_second});
   }
-  if (const auto* rounded = spec.tolerance->quantized_weights; rounded != nullptr && rounded->smoothed_keys) {
-    const std::vector<double> shifts = smoothing_shifts(queries, keys, head);
+  if (const auto* rounded = spec.tolerance->quantized_weights;
+      rounded != nullptr && smooths(*rounded, head)) {
+    const std::vector<SmoothingShift> shifts = smoothing_shifts(queries, keys, head);
     for (std::size_t i = 0; i < queries.rows; ++i)
-      input.scales[i].smoothing_shift = static_cast<double>(queries.cols + 4) * shifts[i];
+      input.scales[i].smoothing_shift = static_cast<double>(queries.cols + 4) * shifts[i].bound;
   }
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   evaluation.row_scales = input.scales;

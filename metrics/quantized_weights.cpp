@@ -13,11 +13,16 @@ constexpr double ln2 = 0.6931471805599453;
 
 }  // namespace
 
-std::vector<double> smoothing_shifts(const Matrix& queries, const Matrix& keys,
-                                     const tensor::HeadScores& scores) {
+bool smooths(const kernels::QuantizedWeights& recipe, const tensor::HeadScores& scores) {
+  return recipe.smoothed_keys && scores.softcap == 0.0 && !scores.sink;
+}
+
+std::vector<SmoothingShift> smoothing_shifts(const Matrix& queries, const Matrix& keys,
+                                             const tensor::HeadScores& scores) {
   const std::size_t d = keys.cols;
-  std::vector<double> mean(d, 0.0), shifts(queries.rows, 0.0);
+  std::vector<SmoothingShift> shifts(queries.rows);
   if (keys.rows == 0) return shifts;
+  std::vector<double> mean(d, 0.0);
   for (std::size_t j = 0; j < keys.rows; ++j) {
     for (std::size_t t = 0; t < d; ++t) mean[t] += keys(j, t);
   }
@@ -27,12 +32,19 @@ std::vector<double> smoothing_shifts(const Matrix& queries, const Matrix& keys,
     for (std::size_t t = 0; t < d; ++t) spread = std::max(spread, std::fabs(keys(j, t) - mean[t]));
   }
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(d));
-  const double factor = std::fabs(scale / scores.theta) * (1 + 0x1p-40);
+  const double margin = 1 + 0x1p-40;
   for (std::size_t i = 0; i < queries.rows; ++i) {
-    double sum = 0;
-    for (std::size_t t = 0; t < d; ++t)
-      sum += std::fabs(queries(i, t)) * (std::fabs(mean[t]) + 0x1p-6 * spread);
-    shifts[i] = sum * factor;
+    double centre = 0, absolute = 0, slack = 0;
+    for (std::size_t t = 0; t < d; ++t) {
+      centre += queries(i, t) * mean[t];
+      absolute += std::fabs(queries(i, t) * mean[t]);
+      slack += std::fabs(queries(i, t)) * 0x1p-6 * spread;
+    }
+    // The double sums' own errors (d 2^-52 of the absolute sums) go into the slack.
+    slack = (slack + static_cast<double>(d) * 0x1p-52 * absolute) * std::fabs(scale) * margin;
+    shifts[i] = {.centre = centre * scale,
+                 .slack = slack,
+                 .bound = (absolute * std::fabs(scale) * margin + slack) / std::fabs(scores.theta)};
   }
   return shifts;
 }
@@ -43,7 +55,7 @@ WeightEmulator::WeightEmulator(const kernels::QuantizedWeights& recipe, const Ma
   scale_ = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   covers_ = recipe.format != nullptr && recipe.tile > 0 && std::isfinite(scale_) && scores.theta != 0.0 &&
             std::isfinite(scores.theta);
-  if (covers_ && recipe.smoothed_keys) shifts_ = smoothing_shifts(queries, keys, scores);
+  if (covers_ && smooths(recipe, scores)) shifts_ = smoothing_shifts(queries, keys, scores);
 }
 
 // The exact logit z = (softcap(scale q.k) + b) / theta in double (its own error, d 2^-52 sum |q k|
@@ -70,6 +82,7 @@ WeightEmulator::Score WeightEmulator::score(std::size_t query, std::size_t key) 
   const double biased = capped + bias;
   const double theta = std::fabs(scores_.theta);
   const double value = biased / scores_.theta;
+  if (recipe_.exact_dot_product && cap == 0.0) return {value, exact_dot_error(query, scaled, bias, value)};
   const double units = static_cast<double>(d + 4) * 0x1p-23 + static_cast<double>(d + 2) * 0x1p-51;
   double error = units * absolute * std::fabs(scale_) + 0x1p-22 * std::fabs(scaled);
   if (cap != 0.0) error += 0x1p-20 * (std::fabs(scaled) + std::fabs(capped));
@@ -89,6 +102,20 @@ WeightEmulator::Score WeightEmulator::largest_of(std::span<const Score> tile) {
   return {value, std::max(high - value, value - low)};
 }
 
+// An exact dot product (an INT8 MMA into int32, converted to fp32 exactly below 2^24) times
+// fl(s_q s_k) and the scale, in any order: each of the few fp32 roundings is relative to the
+// kernel's scaled score, which for smoothed keys is the declared one less the kernel's shift,
+// |scaled - C| <= |scaled - centre| + slack (the declared one where the head is not smoothed); then
+// the bias and theta as score() charges them. Each
+// is taken twice over (2^-21 for about three roundings of 2^-24), plus the double's own error.
+double WeightEmulator::exact_dot_error(std::size_t query, double scaled, double bias, double value) const {
+  double own = std::fabs(scaled);
+  if (!shifts_.empty()) own = std::fabs(scaled - shifts_[query].centre) + shifts_[query].slack;
+  const double error = 0x1p-21 * own + static_cast<double>(queries_.cols + 2) * 0x1p-51 * std::fabs(scaled) +
+                       0x1p-22 * (std::fabs(bias) + std::fabs(scaled + bias));
+  return error / std::fabs(scores_.theta) + 0x1p-22 * std::fabs(value) + 0x1p-50 * std::fabs(value);
+}
+
 // Visible keys are taken in tiles of key positions [t tile, (t + 1) tile), as FlashAttention-style
 // kernels tile K (a tile with no visible key is skipped).
 bool WeightEmulator::emulate_row(std::size_t query, std::span<const std::size_t> visible,
@@ -102,8 +129,10 @@ bool WeightEmulator::emulate_row(std::size_t query, std::span<const std::size_t>
   const double sink = scores_.sink ? *scores_.sink / scores_.theta : 0.0;
   if (scores_.sink) state.max = {sink, 0x1p-21 * std::fabs(sink)};
   std::vector<Score> tile;
-  // Smoothed keys: the kernel's logits are z_j - c, their fp32 roundings relative to |z_j| + |c|.
-  const double shift_error = shifts_.empty() ? 0.0 : 0x1p-21 * shifts_[query];
+  // Smoothed keys: the kernel's logits are z_j - c, their fp32 roundings relative to |z_j| + |c|
+  // (exact_dot_error charges them relative to |z_j - c| itself).
+  const double shift_error =
+      shifts_.empty() || recipe_.exact_dot_product ? 0.0 : 0x1p-21 * shifts_[query].bound;
   for (std::size_t start = 0, end = 0; start < n; start = end) {
     tile.clear();
     for (end = start; end < n && visible[end] / recipe_.tile == visible[start] / recipe_.tile; ++end) {
@@ -242,6 +271,22 @@ RowRounding centred_row(const EmulatedWeights& w, const Matrix& values, std::spa
   return r;
 }
 
+// A row the emulation cannot follow, centred on the correctly rounded output e (within u_out |e| of
+// the exact one) with the entry's whole statistical allowance in `s_second`, which the centred
+// charge adds to the rest's: the worst case of P's rounding, as without the emulation.
+void worst_case_row(const kernels::Tolerance& entry, const FloatFormat& output, const ComparisonInput& base,
+                    std::size_t i, InsideSpreads& spreads) {
+  const double u_out = output.unit_roundoff();
+  for (std::size_t c = 0; c < spreads.centre.cols; ++c) {
+    const double e = (*base.expected)(i, c), magnitude = (*base.magnitudes)(i, c);
+    spreads.centre(i, c) = e;
+    spreads.centre_magnitude(i, c) = magnitude;
+    spreads.s_second(i, c) = allowed_error(entry, magnitude, (*base.z_magnitudes)(i, c), base.scales[i],
+                                           output, Tier::statistical, std::fabs(e)) +
+                             u_out * std::fabs(e) * (1 + 0x1p-20);
+  }
+}
+
 }  // namespace
 
 std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry, const FloatFormat& output,
@@ -263,12 +308,13 @@ std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry
   EmulatedWeights weights;
   for (std::size_t i = 0; i < rows; ++i) {
     head.visible_keys(i, visible);
-    // A row whose schedule could branch otherwise: the whole head keeps the worst-case charge.
-    if (!emulator.emulate_row(i, visible, weights)) return std::nullopt;
-    // An enclosure too wide to say anything (a logit beyond fp32's range): the worst case stands.
-    if (!std::isfinite(weights.drift) ||
-        !std::all_of(weights.flip.begin(), weights.flip.end(), [](double f) { return std::isfinite(f); }))
-      return std::nullopt;
+    // A row whose schedule could branch otherwise, or whose enclosures are too wide to say anything
+    // (a logit beyond fp32's range), keeps the worst-case charge; the rest of the head does not.
+    if (!emulator.emulate_row(i, visible, weights) || !std::isfinite(weights.drift) ||
+        !std::all_of(weights.flip.begin(), weights.flip.end(), [](double f) { return std::isfinite(f); })) {
+      worst_case_row(entry, output, base, i, spreads);
+      continue;
+    }
     roundings[i] = centred_row(weights, values, visible, i, spreads);
   }
   ComparisonInput input = base;
@@ -276,9 +322,11 @@ std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry
   input.inside = &spreads;
   Comparison comparison = compare(input, entry, output);
   const kernels::Tolerance rest = around_emulated_weights(entry);
-  for (std::size_t i = 0; i < rows; ++i)
-    judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest, base.scales[i],
-                    output, comparison);
+  for (std::size_t i = 0; i < rows; ++i) {
+    if (roundings[i].emulated)
+      judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest, base.scales[i],
+                      output, comparison);
+  }
   return comparison;
 }
 

@@ -49,8 +49,17 @@ struct EmulatedWeights {
 // forming of c errs relative to: sum_t |q_t| (|k~_t| + delta) |scale / theta|, k~ the mean of the
 // keys as given (the kernel's mean of the keys before quantisation differs from it by at most the
 // quantisation's step, covered by delta = 2^-6 max_jt |k_jt - k~_t|, with room for fp32's sums).
-[[nodiscard]] std::vector<double> smoothing_shifts(const Matrix& queries, const Matrix& keys,
-                                                   const tensor::HeadScores& scores);
+// Whether a kernel of this recipe smooths the keys of a head with these scores: not under a
+// soft-cap or a sink, where the shift is not softmax-invariant (kernels::QuantizedWeights).
+[[nodiscard]] bool smooths(const kernels::QuantizedWeights& recipe, const tensor::HeadScores& scores);
+
+struct SmoothingShift {
+  double centre = 0;  // q . k~ scale, k~ the mean of the keys as given (before theta)
+  double slack = 0;   // sum_t |q_t| delta |scale|: how far the kernel's own shift may be from it
+  double bound = 0;   // sum_t |q_t| (|k~_t| + delta) |scale / theta| >= |c|
+};
+[[nodiscard]] std::vector<SmoothingShift> smoothing_shifts(const Matrix& queries, const Matrix& keys,
+                                                           const tensor::HeadScores& scores);
 
 class WeightEmulator {
  public:
@@ -77,6 +86,8 @@ class WeightEmulator {
     double drift = 0;
   };
   [[nodiscard]] Score score(std::size_t query, std::size_t key) const;
+  // The error of an fp32 logit formed from an exact dot product (QuantizedWeights::exact_dot_product).
+  [[nodiscard]] double exact_dot_error(std::size_t query, double scaled, double bias, double value) const;
   void round_tile(std::span<const Score> tile, std::size_t first, RowState& state) const;
   void finish_row(const RowState& state, double sink, EmulatedWeights& out) const;
   // The largest logit of a tile: the kernel's max lies in [max_j (z_j - e_j), max_j (z_j + e_j)].
@@ -88,7 +99,7 @@ class WeightEmulator {
   const tensor::HeadScores& scores_;
   double scale_ = 1;
   bool covers_ = false;
-  std::vector<double> shifts_;  // smoothing_shifts, where the recipe smooths the keys
+  std::vector<SmoothingShift> shifts_;  // where the recipe smooths the keys
 };
 
 // What the entry charges around the emulated weights: neither P's rounding nor its subnormal floor,
@@ -99,8 +110,8 @@ class WeightEmulator {
 
 // The comparison of `base` (its proven tier unchanged) with the statistical tier centred on the
 // emulated weights' attention and the row-scale test around it; rows the emulation cannot follow
-// are centred on the exact output with the entry's worst case of P's rounding. nullopt where the
-// head is not covered.
+// are centred on the correctly rounded output with the entry's worst case of P's rounding (and no
+// row-scale test). nullopt where the head is not covered.
 [[nodiscard]] std::optional<Comparison> judge_emulated_weights(
     const kernels::Tolerance& entry, const FloatFormat& output, const Matrix& queries, const Matrix& keys,
     const Matrix& values, const tensor::HeadScores& head, const ComparisonInput& base);

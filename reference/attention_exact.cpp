@@ -34,9 +34,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
+#include "core/mpfr_number.hpp"
 #include "core/rational.hpp"
 #include "reference/attention_row.hpp"
 #include "reference/exact_rounding.hpp"
@@ -136,6 +138,130 @@ long decide_outputs_exactly(const AttentionRow& row, const ExactRow& exact, cons
   return decided;
 }
 
+bool is_zero(const Rational& x) { return mpq_sgn(x.get()) == 0; }
+
+// A group's exponent x_g = (softcap(s a) + b) / theta in double, and a bound on its error (the
+// rationals' conversions, the scale's square root and the soft-cap's tanh, each within a few
+// ulps; 1e-12 of the terms' sizes is far above them).
+struct Exponent {
+  double value = 0, error = 0;
+};
+
+Exponent group_exponent(const AttentionRow& row, const ExactRow& exact, std::size_t g) {
+  const Entry& entry = exact.entries[exact.groups[g].front()];
+  const double theta = row.scores.theta;
+  if (exact.by_value) {
+    const double x = mpq_get_d(entry.key.get()) / theta;
+    return {x, 1e-12 * std::fabs(x) + 1e-300};
+  }
+  const bool scaled = rational_scale(row.scores, row.keys.cols).has_value();  // dot holds s a then
+  const double dot = mpq_get_d(entry.dot.get());
+  const double sa = scaled ? dot : dot / std::sqrt(static_cast<double>(row.keys.cols));
+  const double cap = row.scores.softcap;
+  const double capped = cap != 0.0 ? cap * std::tanh(sa / cap) : sa;
+  const double bias = mpq_get_d(entry.bias.get());
+  return {(capped + bias) / theta,
+          1e-12 * (std::fabs(sa) + std::fabs(capped) + std::fabs(bias)) / std::fabs(theta) + 1e-300};
+}
+
+double log_of_magnitude(const Rational& x) {
+  MpfrNumber m(64);
+  mpfr_set_q(m.get(), x.get(), MPFR_RNDN);
+  mpfr_abs(m.get(), m.get(), MPFR_RNDN);
+  mpfr_log(m.get(), m.get(), MPFR_RNDN);
+  return mpfr_get_d(m.get(), MPFR_RNDN);
+}
+
+// Where the rounding of o = r + delta lands when r is a representable value or a midpoint of the
+// target and |delta| is below a quarter of the spacing there: r itself, or the neighbour on
+// delta's side of the midpoint. nullopt where r is neither (Ziv's loop decides those) or
+// |delta| may be larger (`log_delta` bounds ln |delta|).
+std::optional<double> round_near_boundary(const Rational& r, int side, double log_delta,
+                                          const FloatFormat& target) {
+  const double nearest = round_rational(r, target);
+  if (!std::isfinite(nearest)) return std::nullopt;
+  Rational at(nearest);
+  const int where = compare(r, at);
+  const double other = where > 0 ? next_up(nearest, target) : next_down(nearest, target);
+  if (!std::isfinite(other)) return std::nullopt;
+  if (!(log_delta < std::log(std::fabs(other - nearest) / 4))) return std::nullopt;
+  if (where == 0) {  // representable: the other side's spacing may be the smaller one
+    const double below = next_down(nearest, target), above = next_up(nearest, target);
+    if (!(log_delta < std::log(std::min(nearest - below, above - nearest) / 4))) return std::nullopt;
+    return nearest;
+  }
+  Rational midpoint(other);
+  mpq_add(midpoint.get(), midpoint.get(), at.get());
+  mpq_div_2exp(midpoint.get(), midpoint.get(), 1);
+  if (compare(r, midpoint) != 0) return std::nullopt;
+  return side > 0 ? std::max(nearest, other) : std::min(nearest, other);
+}
+
+// A tie broken by exponentially small weights (an additive mask of -1e9 or finfo.min on keys
+// whose values break a row's equal means): o = sum_g W_g e^x_g / sum_g c_g e^x_g with the top
+// group's mean r = W_t / c_t, so o - r = sum_g d_g e^x_g / sum_g c_g e^x_g with d_g = W_g - r c_g
+// (rational; 0 for every group of mean r). Where the deviating group g* of largest exponent
+// dominates the others (sum_{g != g*} |d_g| e^(x_g - x_g*) <= |d_g*| / 2), o - r has d_g*'s sign
+// and |o - r| <= 1.5 |d_g*| e^(x_g* - x_t) / c_t; beyond a few thousand below the top no precision
+// Ziv's loop can reach separates o from r, but this decides it whenever r is a midpoint.
+long decide_outputs_by_their_tail(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
+                                  AttentionRowResults& results) {
+  const std::size_t groups = exact.groups.size();
+  if (groups < 2) return 0;
+  std::vector<Exponent> x(groups);
+  std::size_t top = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    x[g] = group_exponent(row, exact, g);
+    if (!std::isfinite(x[g].value)) return 0;
+    if (x[g].value > x[top].value) top = g;
+  }
+  for (std::size_t g = 0; g < groups; ++g)  // the top group must be the top whatever the errors
+    if (g != top && x[g].value + x[g].error >= x[top].value - x[top].error) return 0;
+  long decided = 0;
+  Rational value, r, count;
+  std::vector<Rational> deviation(groups);
+  for (std::size_t column = 0; column < row.values.cols; ++column) {
+    if (results.output_done[column]) continue;
+    std::size_t leading = groups;  // g*
+    for (std::size_t g = 0; g < groups; ++g) {
+      Rational sum;
+      for (const std::size_t e : exact.groups[g]) {
+        mpq_set_d(value.get(), value_of(row, e, column));
+        mpq_add(sum.get(), sum.get(), value.get());
+      }
+      if (g == top) {
+        mpq_set_ui(count.get(), exact.groups[g].size(), 1);
+        mpq_div(r.get(), sum.get(), count.get());
+      }
+      deviation[g] = sum;  // W_g, made d_g below once r is known
+    }
+    for (std::size_t g = 0; g < groups; ++g) {
+      mpq_set_ui(count.get(), exact.groups[g].size(), 1);
+      mpq_mul(value.get(), r.get(), count.get());
+      mpq_sub(deviation[g].get(), deviation[g].get(), value.get());
+      if (!is_zero(deviation[g]) && (leading == groups || x[g].value > x[leading].value)) leading = g;
+    }
+    if (leading == groups) continue;  // equal means: decide_outputs_exactly's case
+    const double log_lead = log_of_magnitude(deviation[leading]);
+    double others = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      if (g == leading || is_zero(deviation[g])) continue;
+      others += std::exp(log_of_magnitude(deviation[g]) - log_lead + x[g].value - x[leading].value +
+                         x[g].error + x[leading].error) +
+                1e-300;
+    }
+    if (!(others <= 0.5)) continue;
+    const double log_delta = log_lead + std::log(1.5) + x[leading].value - x[top].value + x[leading].error +
+                             x[top].error - std::log(static_cast<double>(exact.groups[top].size()));
+    const auto rounded = round_near_boundary(r, mpq_sgn(deviation[leading].get()), log_delta, target);
+    if (!rounded) continue;
+    results.output[column] = *rounded;
+    results.output_done[column] = true;
+    ++decided;
+  }
+  return decided;
+}
+
 long decide_weights_exactly(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
                             AttentionRowResults& results) {
   if (exact.groups.size() != 1 || results.weights.empty()) return 0;
@@ -151,8 +277,6 @@ long decide_weights_exactly(const AttentionRow& row, const ExactRow& exact, cons
   }
   return decided;
 }
-
-bool is_zero(const Rational& x) { return mpq_sgn(x.get()) == 0; }
 
 bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, AttentionRowResults& results) {
   if (results.lse == nullptr || results.lse_done) return false;
@@ -221,6 +345,7 @@ long apply_attention_exact_cases(const AttentionRow& row, const FloatFormat& tar
                                  AttentionRowResults& results) {
   const ExactRow exact = group_entries(row);
   long decided = decide_outputs_exactly(row, exact, target, results);
+  decided += decide_outputs_by_their_tail(row, exact, target, results);
   decided += decide_weights_exactly(row, exact, target, results);
   if (decide_lse_exactly(row, exact, results)) ++decided;  // in its own format
   return decided;

@@ -209,6 +209,34 @@ TEST(MxAttention, AWrongScheduleFailsTheHonestKernel) {
   EXPECT_TRUE(judged(run_mxfp8(h, {}), h, mxfp8_entry()).passed());
 }
 
+// A row whose rescale decision an honest kernel may take either way (its tile max exactly at the
+// running max plus the threshold, as a double) keeps the worst-case charge; the head's other rows
+// are still judged around their emulated weights, so a 3% scale of one of them fails, where the
+// worst case (the entry without emulation) lets it pass.
+TEST(MxAttention, ARowTheEmulationCannotFollowKeepsTheWorstCaseAlone) {
+  DeterministicRandom random(12);
+  Head h{{Matrix(2, 32), Matrix(129, 32), Matrix(129, 32)}, {}};
+  h.p.q(0, 0) = 1.0;  // scores q . k = k_j0: tile 1's max 1, then key 128's 4 = 1 + threshold
+  h.p.q(1, 0) = 0.5;  // half those: 2 < 0.5 + threshold, no rescale to decide
+  for (std::size_t j = 0; j < 128; ++j) h.p.k(j, 0) = round_to_format(random.uniform(-1, 1), fp8_e4m3);
+  h.p.k(0, 0) = 1.0;
+  h.p.k(128, 0) = 4.0;
+  for (double& x : h.p.v.values) x = to_bf16(random.normal());
+  h.scores.scale = 1.0;
+  const double threshold_log2 = 3.0 / std::log(2.0);
+  kernels::QuantizedWeights schedule = *mxfp8_entry().quantized_weights;
+  schedule.rescale_threshold_log2 = threshold_log2;
+  kernels::Tolerance entry = mxfp8_entry();
+  entry.quantized_weights = &schedule;
+  kernels::Tolerance worst_case = entry;
+  worst_case.quantized_weights = nullptr;
+  Matrix out = run_mxfp8(h, {.rescale_threshold_log2 = threshold_log2});
+  EXPECT_TRUE(judged(out, h, entry).passed()) << judged(out, h, entry).failure_summary();
+  for (std::size_t c = 0; c < out.cols; ++c) out(1, c) = to_bf16(out(1, c) * 1.03);
+  EXPECT_FALSE(judged(out, h, entry).passed());
+  EXPECT_TRUE(judged(out, h, worst_case).passed());
+}
+
 TEST(MxAttention, DeclaredInputsAreTheFloorRulesValuesAndAFixedPoint) {
   Problem p = uniform_scale_problem(4, 64, false);
   p.q(0, 0) = 480.0;  // significand 1.875: the floor rule saturates it to 448

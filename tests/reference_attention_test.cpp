@@ -1,5 +1,6 @@
 // The attention reference against an independent cpp_bin_float computation and exact cases.
 #include <gtest/gtest.h>
+#include <mpfr.h>
 
 #include <cmath>
 #include <vector>
@@ -165,6 +166,50 @@ TEST(ExactCases, ScaleZeroUnderASoftCapIsOneGroup) {
   options.scores.scale = 0.0;
   options.scores.softcap = 1.0;
   EXPECT_EQ(reference::attention(q, k, v, fp64, options).output(0, 0), 1.0);
+}
+
+// A tie broken by an exponentially small weight (reference/attention_exact.cpp,
+// decide_outputs_by_their_tail): q = 0, so keys 0 and 1 tie, and their mean is a bf16 midpoint;
+// key 2 is hidden by a finite additive mask (as -1e9 or finfo.min masks are) and its value pulls the
+// output off the midpoint by about e^-gap. The output rounds to the neighbour on the hidden key's
+// side, against ties-to-even in two of the four cases. At a gap of 2000 it is checked against MPFR
+// at 12,000 bits (which separates e^-2000 ~ 2^-2885 from the midpoint); at 1e9, where no
+// precision does, by the side alone (before: UndecidedRounding at 131072 bits).
+TEST(ExactCases, ATieBrokenByAHiddenKeyRoundsTowardIt) {
+  struct Tie {
+    double low, high, hidden;
+  };
+  const Tie ties[] = {{1.0, 1.0 + 0x1p-7, 5.0},  // midpoint 1 + 2^-8, ties to even: 1
+                      {1.0, 1.0 + 0x1p-7, -5.0},
+                      {1.0 + 0x1p-7, 1.0 + 0x1p-6, 5.0},  // midpoint 1 + 3 2^-8, ties to even: 1 + 2^-6
+                      {1.0 + 0x1p-7, 1.0 + 0x1p-6, -5.0}};
+  for (const double gap : {2000.0, 1e9}) {
+    for (const Tie& tie : ties) {
+      Matrix q(1, 2, 0.0), k(3, 2, 1.0), v(3, 1);
+      v(0, 0) = tie.low;
+      v(1, 0) = tie.high;
+      v(2, 0) = tie.hidden;
+      const std::vector<double> bias{0.0, 0.0, -gap};
+      AttentionOptions options;
+      options.scores.bias = bias;
+      const double got = reference::attention(q, k, v, bf16, options).output(0, 0);
+      EXPECT_EQ(got, tie.hidden > tie.low ? tie.high : tie.low) << "gap " << gap << " hidden " << tie.hidden;
+      options.mpfr_only = true;  // the Ziv loop and its exact cases alone (the double stage may decide)
+      EXPECT_EQ(reference::attention(q, k, v, bf16, options).output(0, 0), got);
+      if (gap > 1e6) continue;
+      mpfr_t weight, sum, total;
+      mpfr_inits2(12000, weight, sum, total, static_cast<mpfr_ptr>(nullptr));
+      mpfr_set_d(weight, -gap, MPFR_RNDN);
+      mpfr_exp(weight, weight, MPFR_RNDN);  // e^-gap, the hidden key's weight against the tied keys' 1
+      mpfr_mul_d(sum, weight, tie.hidden, MPFR_RNDN);
+      mpfr_add_d(sum, sum, tie.low, MPFR_RNDN);
+      mpfr_add_d(sum, sum, tie.high, MPFR_RNDN);
+      mpfr_add_ui(total, weight, 2, MPFR_RNDN);
+      mpfr_div(sum, sum, total, MPFR_RNDN);
+      EXPECT_EQ(got, round_to_format(sum, bf16)) << "hidden " << tie.hidden;
+      mpfr_clears(weight, sum, total, static_cast<mpfr_ptr>(nullptr));
+    }
+  }
 }
 
 TEST(Masks, ExplicitMaskHidesKeysAndFullyMaskedQueriesAreErrorsOrZeros) {
