@@ -402,36 +402,47 @@ std::vector<Comparison> emulated_variants(const JudgeSpec& spec, const Matrix& q
 
 }  // namespace
 
+namespace {
+
+// The head's correctly rounded output (and log-sum-exp) into `evaluation`: computed, or taken from
+// the slot a judgement of several recipes keeps it in (JudgeSpec::known).
+void attention_reference(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
+                         const Matrix& values, const tensor::HeadScores& head, Evaluation& evaluation) {
+  if (spec.known != nullptr && spec.known->has_value()) {
+    evaluation.expected = (*spec.known)->output;
+    evaluation.expected_lse = (*spec.known)->lse;
+    evaluation.reference_statistics = (*spec.known)->statistics;
+    return;
+  }
+  reference::AttentionOptions options;
+  options.scores = head;
+  options.return_lse = spec.lse;
+  options.lse_base2 = spec.lse_base2;
+  options.lse_format = spec.lse_format;
+  options.statistics = &evaluation.reference_statistics;
+  auto reference_result = reference::attention(queries, keys, values, *spec.output, options);
+  evaluation.expected = std::move(reference_result.output);
+  evaluation.expected_lse = std::move(reference_result.lse);
+  if (spec.known != nullptr)
+    spec.known->emplace(
+        KnownReference{evaluation.expected, evaluation.expected_lse, evaluation.reference_statistics});
+}
+
+}  // namespace
+
 Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
                            const Matrix& values, const tensor::HeadScores& scores, Matrix actual) {
   Evaluation evaluation;
   evaluation.actual = std::move(actual);
-  reference::AttentionOptions options;
-  options.scores = scores;
-  options.scores.fully_masked = tensor::FullyMaskedRows::zeros;
-  options.return_lse = spec.lse;
-  options.lse_base2 = spec.lse_base2;
-  options.lse_format = spec.lse_format;
-  if (spec.known == nullptr || !spec.known->has_value()) {
-    options.statistics = &evaluation.reference_statistics;
-    auto reference_result = reference::attention(queries, keys, values, *spec.output, options);
-    evaluation.expected = std::move(reference_result.output);
-    evaluation.expected_lse = std::move(reference_result.lse);
-    if (spec.known != nullptr)
-      spec.known->emplace(
-          KnownReference{evaluation.expected, evaluation.expected_lse, evaluation.reference_statistics});
-  } else {
-    evaluation.expected = (*spec.known)->output;
-    evaluation.expected_lse = (*spec.known)->lse;
-    evaluation.reference_statistics = (*spec.known)->statistics;
-  }
+  tensor::HeadScores head = scores;
+  head.fully_masked = tensor::FullyMaskedRows::zeros;
+  attention_reference(spec, queries, keys, values, head, evaluation);
   Matrix magnitudes(queries.rows, values.cols);
   Matrix z_magnitudes(queries.rows, values.cols);
   evaluation.allowed = Matrix(queries.rows, values.cols);
   ComparisonInput input{&evaluation.expected, &evaluation.actual, &magnitudes, &z_magnitudes, {}, false, 0,
                         &evaluation.allowed};
   input.output_rounding_of_expected = true;
-  tensor::HeadScores head = options.scores;
   if (head.queries == 0) head.queries = queries.rows;
   if (head.keys == 0) head.keys = keys.rows;
   if (head.row_stride == 0) head.row_stride = keys.rows;
@@ -456,12 +467,7 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     evaluation.lse_spreads.push_back(
         {roundings[i].lse_p_spread, roundings[i].lse_s_spread, roundings[i].lse_s_second});
   }
-  if (const auto* rounded = spec.tolerance->quantized_weights;
-      rounded != nullptr && smooths(*rounded, head)) {
-    const std::vector<SmoothingShift> shifts = smoothing_shifts(queries, keys, head);
-    for (std::size_t i = 0; i < queries.rows; ++i)
-      input.scales[i].smoothing_shift = static_cast<double>(queries.cols + 4) * shifts[i].bound;
-  }
+  add_smoothing_shifts(*spec.tolerance, queries, keys, head, input.scales);
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   evaluation.row_scales = input.scales;
   if (spec.tolerance->scores_emulated && spec.tolerance->score_format != nullptr && scores_emulable(head)) {

@@ -49,6 +49,14 @@ std::vector<SmoothingShift> smoothing_shifts(const Matrix& queries, const Matrix
   return shifts;
 }
 
+void add_smoothing_shifts(const kernels::Tolerance& entry, const Matrix& queries, const Matrix& keys,
+                          const tensor::HeadScores& scores, std::span<RowScale> rows) {
+  if (entry.quantized_weights == nullptr || !smooths(*entry.quantized_weights, scores)) return;
+  const std::vector<SmoothingShift> shifts = smoothing_shifts(queries, keys, scores);
+  for (std::size_t i = 0; i < rows.size() && i < shifts.size(); ++i)
+    rows[i].smoothing_shift = static_cast<double>(queries.cols + 4) * shifts[i].bound;
+}
+
 WeightEmulator::WeightEmulator(const kernels::QuantizedWeights& recipe, const Matrix& queries,
                                const Matrix& keys, const tensor::HeadScores& scores)
     : recipe_(recipe), queries_(queries), keys_(keys), scores_(scores) {

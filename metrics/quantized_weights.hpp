@@ -61,6 +61,11 @@ struct SmoothingShift {
 [[nodiscard]] std::vector<SmoothingShift> smoothing_shifts(const Matrix& queries, const Matrix& keys,
                                                            const tensor::HeadScores& scores);
 
+// Sets each row's RowScale::smoothing_shift where `entry` rounds its weights as a key-smoothing
+// kernel does (what the LSE's fp32 correction may err by: (d + 4) times the bound above).
+void add_smoothing_shifts(const kernels::Tolerance& entry, const Matrix& queries, const Matrix& keys,
+                          const tensor::HeadScores& scores, std::span<RowScale> rows);
+
 class WeightEmulator {
  public:
   WeightEmulator(const kernels::QuantizedWeights& recipe, const Matrix& queries, const Matrix& keys,
