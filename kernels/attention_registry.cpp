@@ -33,7 +33,7 @@ constexpr Tolerance fp8_attention_tolerance{
 // larger, so l >= 16 Z and the output moves by at most 2^-14 |v_j| / Z per such weight:
 // "probability_floor 2^-14" charged against sum_j |v_j| / Z (floor_over_row_sum; 2^-10 margin).
 // How the MXFP8 kernel rounds its weights (kernels/mx_attention.hpp): e4m3 at offset 2^4, lazy
-// rescaling at 2^4 over tiles of 128 keys, the row sum over the rounded P. The statistical tier
+// rescaling at 2^4 over tiles of 128 key positions, the row sum over the rounded P. The statistical tier
 // is judged around these weights emulated from the exact scores (metrics/quantized_weights.hpp),
 // charging only the codes an honest kernel's fp32 scores could round the other way; the proven
 // tier keeps the worst case below.

@@ -7,6 +7,7 @@
 
 #include "core/errors.hpp"
 #include "formats/storage.hpp"
+#include "kernels/lazy_running_max.hpp"
 #include "kernels/logit_maker.hpp"
 
 namespace sharpcheck::kernels {
@@ -76,27 +77,22 @@ class MxRow {
         logit_(scores, q.cols),
         options_(options),
         offset_(std::ldexp(1.0F, options.p_offset_log2)),
-        threshold_(static_cast<float>(options.rescale_threshold_log2 * std::log(2.0))),
+        max_(static_cast<float>(options.rescale_threshold_log2 * std::log(2.0))),
         accumulator_(v.cols),
         block_sums_(v.cols),
         tile_scores_(options.tile) {}
 
   void run(std::size_t query, const std::vector<std::size_t>& visible, double* out, double* lse) {
-    max_ = logit_.has_sink() ? logit_.sink() : minus_infinity;
+    max_.start(logit_.has_sink() ? logit_.sink() : minus_infinity);
     sum_ = logit_.has_sink() ? offset_ : 0.0F;
     std::fill(accumulator_.begin(), accumulator_.end(), 0.0F);
-    // Tiles of key positions [t tile, (t + 1) tile), as FlashAttention-style kernels tile K; a tile
-    // holds the visible keys among them (one with none is skipped).
-    for (std::size_t start = 0, end = 0; start < visible.size(); start = end) {
-      for (end = start;
-           end < visible.size() && visible[end] / options_.tile == visible[start] / options_.tile;)
-        ++end;
-      add_tile(query, visible, start, end - start);
-    }
+    for_each_position_tile(visible, options_.tile, [&](std::size_t start, std::size_t length) {
+      add_tile(query, visible, start, length);
+    });
     const bool empty = sum_ == 0.0F;
     for (std::size_t c = 0; c < v_.cols; ++c)
       out[c] = Bfloat16::from_float(empty ? 0.0F : accumulator_[c] / sum_).to_float();
-    if (lse != nullptr) *lse = empty ? minus_infinity : max_ + std::log(sum_ / offset_);
+    if (lse != nullptr) *lse = empty ? minus_infinity : max_.value() + std::log(sum_ / offset_);
   }
 
  private:
@@ -116,13 +112,10 @@ class MxRow {
   }
 
   void rescale_if_needed(float tile_max) {
-    const bool first = max_ == minus_infinity;
-    if (!first && tile_max <= max_ + threshold_) return;
-    const float new_max = std::max(max_, tile_max);
-    const float rescale = std::exp(max_ - new_max);  // exp(-inf) = 0 on the first tile
+    const float rescale = max_.rescale_for(tile_max);
+    if (rescale == 1.0F) return;
     sum_ *= rescale;
     for (float& a : accumulator_) a *= rescale;
-    max_ = new_max;
   }
 
   void add_tile(std::size_t query, const std::vector<std::size_t>& visible, std::size_t start,
@@ -140,8 +133,8 @@ class MxRow {
       const std::size_t block = visible[start + j] / mx_block;
       std::fill(block_sums_.begin(), block_sums_.end(), 0.0F);
       for (; j < length && visible[start + j] / mx_block == block; ++j) {
-        const float w = (options_.reordered_arithmetic ? std::exp2((tile_scores_[j] - max_) * log2e)
-                                                       : std::exp(tile_scores_[j] - max_)) *
+        const float w = (options_.reordered_arithmetic ? std::exp2((tile_scores_[j] - max_.value()) * log2e)
+                                                       : std::exp(tile_scores_[j] - max_.value())) *
                         offset_;
         const float p = static_cast<float>(round_to_format(std::min<double>(w, 448.0), fp8_e4m3));
         sum_ += options_.bug == MxAttentionBug::row_sum_unrounded ? std::min(w, 448.0F) : p;
@@ -159,9 +152,10 @@ class MxRow {
   const MxMatrix &q_, &k_, &v_;
   LogitMaker logit_;
   const MxAttentionOptions& options_;
-  float offset_, threshold_;
+  float offset_;
+  LazyRunningMax max_;
   std::vector<float> accumulator_, block_sums_, tile_scores_;
-  float max_ = 0, sum_ = 0;
+  float sum_ = 0;
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "core/errors.hpp"
 #include "formats/block_scaled.hpp"
 #include "formats/storage.hpp"
+#include "kernels/lazy_running_max.hpp"
 #include "kernels/logit_maker.hpp"
 
 namespace sharpcheck::kernels {
@@ -114,7 +115,7 @@ class SageRow {
       : in_(in),
         logit_(scores, in.q.cols),
         options_(options),
-        threshold_(static_cast<float>(options.rescale_threshold_log2 * std::log(2.0))),
+        max_(static_cast<float>(options.rescale_threshold_log2 * std::log(2.0))),
         scale_(static_cast<float>(scores.scale ? *scores.scale
                                                : 1.0 / std::sqrt(static_cast<double>(in.q.cols)))),
         inverse_theta_(static_cast<float>(1.0 / scores.theta)),
@@ -124,23 +125,18 @@ class SageRow {
 
   void run(std::size_t query, const std::vector<std::size_t>& visible, double* out, double* lse) {
     const float shift = correction(query);
-    max_ = logit_.has_sink() ? logit_.sink() : minus_infinity;
+    max_.start(logit_.has_sink() ? logit_.sink() : minus_infinity);
     sum_ = logit_.has_sink() ? offset : 0.0F;
     std::fill(buffer_.begin(), buffer_.end(), 0.0F);
-    // Tiles of key positions [t tile, (t + 1) tile), as FlashAttention-style kernels tile K; a tile
-    // holds the visible keys among them (one with none is skipped).
-    for (std::size_t start = 0, end = 0; start < visible.size(); start = end) {
-      for (end = start;
-           end < visible.size() && visible[end] / options_.tile == visible[start] / options_.tile;)
-        ++end;
-      add_tile(query, visible, start, end - start);
-    }
+    for_each_position_tile(visible, options_.tile, [&](std::size_t start, std::size_t length) {
+      add_tile(query, visible, start, length);
+    });
     const bool empty = sum_ == 0.0F;
     for (std::size_t c = 0; c < buffer_.size(); ++c)
       out[c] = Bfloat16::from_float(empty ? 0.0F : buffer_[c] * in_.v.scales[c] / sum_).to_float();
     if (lse == nullptr) return;
     const bool smoothed = options_.bug != SageAttentionBug::lse_unsmoothed;
-    *lse = empty ? minus_infinity : max_ + std::log(sum_ / offset) + (smoothed ? shift : 0.0F);
+    *lse = empty ? minus_infinity : max_.value() + std::log(sum_ / offset) + (smoothed ? shift : 0.0F);
   }
 
  private:
@@ -166,13 +162,10 @@ class SageRow {
   }
 
   void rescale_if_needed(float tile_max) {
-    const bool first = max_ == minus_infinity;
-    if (!first && tile_max <= max_ + threshold_) return;
-    const float new_max = std::max(max_, tile_max);
-    const float rescale = std::exp(max_ - new_max);
+    const float rescale = max_.rescale_for(tile_max);
+    if (rescale == 1.0F) return;
     sum_ *= rescale;
     for (float& a : buffer_) a *= rescale;
-    max_ = new_max;
   }
 
   void add_tile(std::size_t query, const std::vector<std::size_t>& visible, std::size_t start,
@@ -187,7 +180,7 @@ class SageRow {
     for (std::size_t j0 = 0; j0 < length; j0 += mma_keys) {
       std::fill(block_.begin(), block_.end(), 0.0F);
       for (std::size_t j = j0; j < std::min(length, j0 + mma_keys); ++j) {
-        const float w = std::exp(tile_scores_[j] - max_) * offset;
+        const float w = std::exp(tile_scores_[j] - max_.value()) * offset;
         const auto p = static_cast<float>(round_to_format(std::min(w, 448.0F), fp8_e4m3));
         sum_ += options_.bug == SageAttentionBug::row_sum_rounded ? p : w;
         const float* v = in_.v.elements.data() + visible[start + j] * columns;
@@ -200,9 +193,10 @@ class SageRow {
   const SageInputs& in_;
   LogitMaker logit_;
   const SageAttentionOptions& options_;
-  float threshold_, scale_, inverse_theta_;
+  LazyRunningMax max_;
+  float scale_, inverse_theta_;
   std::vector<float> buffer_, block_, tile_scores_;
-  float max_ = 0, sum_ = 0;
+  float sum_ = 0;
 };
 
 void check_shapes(const Matrix& queries, const Matrix& keys, const Matrix& values,

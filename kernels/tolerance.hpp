@@ -28,7 +28,8 @@ struct QuantizedWeights {
   double rescale_threshold_log2 = 0;
   std::size_t tile = 128;
   // Whether the row sum l is taken over the rounded weights (the P that P V uses) or over the
-  // fp32 ones before rounding (SageAttention3's design). A kernel that does the other is a bug.
+  // fp32 ones before rounding (SageAttention3's design, and the SageAttention-2-style kernel
+  // here). A kernel that does the other is a bug.
   bool row_sum_of_rounded = true;
   // Whether the kernel smooths K by its mean k~ first (SageAttention; not under a soft-cap or a
   // sink, where the shift is not softmax-invariant): its logits are then formed
@@ -94,6 +95,10 @@ struct Tolerance {
   // A kernel whose weights are rounded at a fixed offset as QuantizedWeights says: its statistical
   // tier is centred on the emulated weights (metrics/quantized_weights.hpp). nullptr: not emulated.
   const QuantizedWeights* quantized_weights = nullptr;
+  // Adaptive temperature whose entropy is formed from unshifted logits (log Z - sum p z with z
+  // = e / theta, not e - max): the entropy's error, which beta_sensitivity carries to the output,
+  // grows with |m / theta| as well as with the spread (its factor 2 + ln n + max|z| gains |m/theta|).
+  bool entropy_unshifted = false;
 };
 
 // An attention backward kernel's tolerance (metrics/judge_backward.hpp): each gradient element

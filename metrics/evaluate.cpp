@@ -485,8 +485,8 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     }
   }
   // A kernel whose rounded weights are emulated: the statistical tier is judged around them.
-  if (auto around_weights =
-          judge_emulated_weights(*spec.tolerance, *spec.output, queries, keys, values, head, input)) {
+  if (auto around_weights = judge_emulated_weights(*spec.tolerance, *spec.output, queries, keys, values, head,
+                                                   input, roundings)) {
     evaluation.comparison = std::move(*around_weights);
     return evaluation;
   }

@@ -27,10 +27,18 @@ std::vector<SmoothingShift> smoothing_shifts(const Matrix& queries, const Matrix
     for (std::size_t t = 0; t < d; ++t) mean[t] += keys(j, t);
   }
   for (double& m : mean) m /= static_cast<double>(keys.rows);
+  // The kernel's own mean, an fp32 sum of the keys before quantisation, is off the given keys' mean
+  // by its quantisation (within 2^-6 of the spread) and its fp32 sum's error (within n 2^-23 of the
+  // channel's largest |k|).
   double spread = 0;
+  std::vector<double> largest(d, 0.0);
   for (std::size_t j = 0; j < keys.rows; ++j) {
-    for (std::size_t t = 0; t < d; ++t) spread = std::max(spread, std::fabs(keys(j, t) - mean[t]));
+    for (std::size_t t = 0; t < d; ++t) {
+      spread = std::max(spread, std::fabs(keys(j, t) - mean[t]));
+      largest[t] = std::max(largest[t], std::fabs(keys(j, t)));
+    }
   }
+  const double summation = static_cast<double>(keys.rows + 2) * 0x1p-23;
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(d));
   const double margin = 1 + 0x1p-40;
   for (std::size_t i = 0; i < queries.rows; ++i) {
@@ -38,7 +46,7 @@ std::vector<SmoothingShift> smoothing_shifts(const Matrix& queries, const Matrix
     for (std::size_t t = 0; t < d; ++t) {
       centre += queries(i, t) * mean[t];
       absolute += std::fabs(queries(i, t) * mean[t]);
-      slack += std::fabs(queries(i, t)) * 0x1p-6 * spread;
+      slack += std::fabs(queries(i, t)) * (0x1p-6 * spread + summation * largest[t]);
     }
     // The double sums' own errors (d 2^-52 of the absolute sums) go into the slack.
     slack = (slack + static_cast<double>(d) * 0x1p-52 * absolute) * std::fabs(scale) * margin;
@@ -54,7 +62,7 @@ void add_smoothing_shifts(const kernels::Tolerance& entry, const Matrix& queries
   if (entry.quantized_weights == nullptr || !smooths(*entry.quantized_weights, scores)) return;
   const std::vector<SmoothingShift> shifts = smoothing_shifts(queries, keys, scores);
   for (std::size_t i = 0; i < rows.size() && i < shifts.size(); ++i)
-    rows[i].smoothing_shift = static_cast<double>(queries.cols + 4) * shifts[i].bound;
+    rows[i].smoothing_shift = static_cast<double>(queries.cols + 6) * shifts[i].bound;
 }
 
 WeightEmulator::WeightEmulator(const kernels::QuantizedWeights& recipe, const Matrix& queries,
@@ -129,7 +137,7 @@ double WeightEmulator::exact_dot_error(std::size_t query, double scaled, double 
 bool WeightEmulator::emulate_row(std::size_t query, std::span<const std::size_t> visible,
                                  EmulatedWeights& out) const {
   const std::size_t n = visible.size();
-  // The kernel holds the threshold in fp32 and adds it to its max in fp32: 2^-23 of each.
+  // The kernel holds the threshold in fp32 and adds it to its max in fp32 (charged 2^-22 below).
   const double threshold = recipe_.rescale_threshold_log2 * ln2;
   RowState state;
   for (auto* column : {&state.code, &state.spread, &state.unrounded, &state.unrounded_error, &state.at})
@@ -156,9 +164,11 @@ bool WeightEmulator::emulate_row(std::size_t query, std::span<const std::size_t>
       if (std::fabs(gap) <= margin) return false;  // an honest kernel may decide either way
       if (gap > 0) {
         state.max = tile_max;
-        // The kernel rescales what it has summed by fl(exp(m_old - m_new)): that factor's error.
-        state.drift += before.error + tile_max.error +
-                       0x1p-22 * (std::fabs(before.value) + std::fabs(tile_max.value)) + 0x1p-21;
+        // The kernel rescales what it has summed by fl(exp(m_old - m_new)): that factor's relative
+        // error, charged in finish_row in proportion to the share it scales.
+        const double exponent = before.error + tile_max.error +
+                                0x1p-22 * (std::fabs(before.value) + std::fabs(tile_max.value)) + 0x1p-21;
+        state.rescales.push_back({std::expm1(exponent), start});
       }
     } else {
       state.max = tile_max;
@@ -196,30 +206,47 @@ void WeightEmulator::round_tile(std::span<const Score> tile, std::size_t first, 
 }
 
 // Every weight relative to the last max, as the kernel's rescaling leaves them, over the declared
-// row sum (the sink's weight is the offset at its own logit). A row sum of the fp32 weights moves
-// with their errors: sum_j x_j expm1(delta_j) / sum_j x_j relative, added to the drift.
+// row sum (the sink's weight is the offset at its own logit). The drift: a rescale by a factor of
+// relative error e scales a share phi of the row (numerator and row sum alike), moving o by at most
+// e (M_A + phi |o|) / (1 - e phi) <= e (M + |o|) / (1 - e phi), and nothing where phi is exactly 0
+// (a tile hidden by a finite mask, its weights 0 once rescaled); a row sum of the fp32 weights moves
+// with their errors, sum_j x_j expm1(delta_j) / sum_j x_j relative. With a row sum of the rounded
+// codes, flips of total F move the row sum too, so each flip is charged over 1 - F. A share or
+// flips too large for these bounds make the drift infinite: the row keeps the worst case.
 void WeightEmulator::finish_row(const RowState& state, double sink, EmulatedWeights& out) const {
   const std::size_t n = state.code.size();
   const double offset = std::ldexp(1.0, recipe_.offset_log2);
-  double sum = scores_.sink ? offset * std::exp(sink - state.max.value) : 0.0;
-  double sum_error = 0;
+  const double sink_share = scores_.sink ? offset * std::exp(sink - state.max.value) : 0.0;
+  std::vector<double> summed(n + 1, sink_share);  // summed[j]: the row sum before key j
+  double sum_error = 0, flips = 0;
   out.weight.assign(n, 0.0);
   out.flip.assign(n, 0.0);
   out.row_sum_of_rounded = recipe_.row_sum_of_rounded;
   for (std::size_t j = 0; j < n; ++j) {
     const double factor = std::exp(state.at[j] - state.max.value);
+    summed[j + 1] = summed[j];
+    if (factor == 0) continue;  // rescaled to exactly 0 in any honest kernel
     out.weight[j] = state.code[j] * factor;
     out.flip[j] = state.spread[j] * factor;
-    sum += (recipe_.row_sum_of_rounded ? state.code[j] : state.unrounded[j]) * factor;
+    summed[j + 1] += (recipe_.row_sum_of_rounded ? state.code[j] : state.unrounded[j]) * factor;
     sum_error += state.unrounded_error[j] * factor;
   }
-  out.drift = state.drift;
+  const double sum = summed[n];
+  out.drift = 0;
   if (sum == 0) return;  // no key and no sink: the kernel writes zeros
+  for (const auto& [error, first] : state.rescales) {
+    const double share = summed[first] / sum;
+    if (share > 0) out.drift += error * share < 0.5 ? error / (1 - error * share) : INFINITY;
+  }
   if (!recipe_.row_sum_of_rounded) out.drift += sum_error / sum;
   for (std::size_t j = 0; j < n; ++j) {
     out.weight[j] /= sum;
     out.flip[j] /= sum;
+    flips += out.flip[j];
   }
+  if (!recipe_.row_sum_of_rounded) return;
+  if (!(flips < 0.5)) out.drift = INFINITY;
+  for (double& flip : out.flip) flip /= 1 - flips;
 }
 
 kernels::Tolerance around_emulated_weights(const kernels::Tolerance& entry) {
@@ -300,7 +327,8 @@ void worst_case_row(const kernels::Tolerance& entry, const FloatFormat& output, 
 std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry, const FloatFormat& output,
                                                  const Matrix& queries, const Matrix& keys,
                                                  const Matrix& values, const tensor::HeadScores& head,
-                                                 const ComparisonInput& base) {
+                                                 const ComparisonInput& base,
+                                                 std::span<const RowRounding> standard) {
   if (entry.quantized_weights == nullptr) return std::nullopt;
   const WeightEmulator emulator(*entry.quantized_weights, queries, keys, head);
   if (!emulator.covers_head()) return std::nullopt;
@@ -334,6 +362,9 @@ std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry
     if (roundings[i].emulated)
       judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest, base.scales[i],
                       output, comparison);
+    else if (i < standard.size())
+      judge_row_scale(*base.actual, i, standard[i], base.magnitudes->row(i), entry, base.scales[i], output,
+                      comparison);
   }
   return comparison;
 }

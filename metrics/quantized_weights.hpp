@@ -22,11 +22,13 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/matrix.hpp"
 #include "kernels/tolerance.hpp"
 #include "metrics/comparison.hpp"
+#include "metrics/inside_rounding.hpp"
 #include "tensor/head_scores.hpp"
 
 namespace sharpcheck::metrics {
@@ -44,15 +46,16 @@ struct EmulatedWeights {
   double drift = 0;
 };
 
-// Keys smoothed by their mean (kernels::QuantizedWeights::smoothed_keys): per query row, a bound on
-// the shift |c| = |q . k~ scale / theta| the kernel's logits are formed minus, and on what its fp32
-// forming of c errs relative to: sum_t |q_t| (|k~_t| + delta) |scale / theta|, k~ the mean of the
-// keys as given (the kernel's mean of the keys before quantisation differs from it by at most the
-// quantisation's step, covered by delta = 2^-6 max_jt |k_jt - k~_t|, with room for fp32's sums).
 // Whether a kernel of this recipe smooths the keys of a head with these scores: not under a
 // soft-cap or a sink, where the shift is not softmax-invariant (kernels::QuantizedWeights).
 [[nodiscard]] bool smooths(const kernels::QuantizedWeights& recipe, const tensor::HeadScores& scores);
 
+// Keys smoothed by their mean (kernels::QuantizedWeights::smoothed_keys): per query row, a bound on
+// the shift |c| = |q . k~ scale / theta| the kernel's logits are formed minus, and on what its fp32
+// forming of c errs relative to: sum_t |q_t| (|k~_t| + delta) |scale / theta|, k~ the mean of the
+// keys as given (the kernel's mean of the keys before quantisation differs from it by at most the
+// quantisation's step and its fp32 sum's error, covered by delta_t = 2^-6 max_jt |k_jt - k~_t| +
+// (n + 2) 2^-23 max_j |k_jt|).
 struct SmoothingShift {
   double centre = 0;  // q . k~ scale, k~ the mean of the keys as given (before theta)
   double slack = 0;   // sum_t |q_t| delta |scale|: how far the kernel's own shift may be from it
@@ -88,7 +91,8 @@ class WeightEmulator {
   struct RowState {
     std::vector<double> code, spread, unrounded, unrounded_error, at;
     Score max;
-    double drift = 0;
+    // Each rescale: its factor's relative error and the number of keys rounded before it.
+    std::vector<std::pair<double, std::size_t>> rescales;
   };
   [[nodiscard]] Score score(std::size_t query, std::size_t key) const;
   // The error of an fp32 logit formed from an exact dot product (QuantizedWeights::exact_dot_product).
@@ -115,10 +119,12 @@ class WeightEmulator {
 
 // The comparison of `base` (its proven tier unchanged) with the statistical tier centred on the
 // emulated weights' attention and the row-scale test around it; rows the emulation cannot follow
-// are centred on the correctly rounded output with the entry's worst case of P's rounding (and no
-// row-scale test). nullopt where the head is not covered.
+// are centred on the correctly rounded output with the entry's worst case of P's rounding, and keep
+// the row-scale test of their `standard` roundings (RowRounding). nullopt where the head is not
+// covered.
 [[nodiscard]] std::optional<Comparison> judge_emulated_weights(
     const kernels::Tolerance& entry, const FloatFormat& output, const Matrix& queries, const Matrix& keys,
-    const Matrix& values, const tensor::HeadScores& head, const ComparisonInput& base);
+    const Matrix& values, const tensor::HeadScores& head, const ComparisonInput& base,
+    std::span<const RowRounding> standard);
 
 }  // namespace sharpcheck::metrics

@@ -92,7 +92,10 @@ double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, c
   const double z = row.largest_magnitude;
   const double units =
       t.argument * z_magnitude + t.spread * z + t.unshifted * row.shift_magnitude + t.per_item * length +
-      t.constant + t.beta_sensitivity * n * (2 + std::log(std::max(n, 1.0)) + z) * (z_magnitude + z) +
+      t.constant +
+      t.beta_sensitivity * n *
+          (2 + std::log(std::max(n, 1.0)) + z + (t.entropy_unshifted ? row.shift_magnitude : 0.0)) *
+          (z_magnitude + z) +
       t.dot_product * row.logit_rounding + t.log_length * std::log(std::max(n, 1.0)) +
       (magnitude != 0 ? t.logarithm * charged_length(n + 1, tier) * std::fabs(std::log(std::fabs(magnitude)))
                       : 0.0);

@@ -39,8 +39,9 @@ struct RowScale {
   // largest_magnitude and counted here; see the derivation in tolerance_table.cpp.
   std::size_t negligible = 0;
   // Attention with keys smoothed by their mean (kernels::QuantizedWeights::smoothed_keys): what the
-  // kernel's fp32 correction c added to its log-sum-exp may err by, in units of u: (d + 4) times
-  // metrics::smoothing_shifts (d + 2 roundings of the dot product q^ . k~, two of its scaling).
+  // kernel's fp32 correction c added to its log-sum-exp may err by, in units of u: (d + 6) times
+  // metrics::smoothing_shifts' bound (two roundings per product of q^ . k~ and d - 1 in its sum,
+  // the products by the scale and 1/theta, and their conversions to fp32).
   double smoothing_shift = 0;
 };
 

@@ -278,6 +278,52 @@ long decide_weights_exactly(const AttentionRow& row, const ExactRow& exact, cons
   return decided;
 }
 
+// Entry e's logit x = (s a + b) / theta where it is rational (grouped by value, or a = 0 whatever s
+// is, soft-cap(0) being 0); nullopt where it is irrational.
+std::optional<Rational> rational_logit(const AttentionRow& row, const ExactRow& exact, std::size_t e) {
+  const Entry& entry = exact.entries[e];
+  Rational logit;
+  if (exact.by_value) {
+    logit = entry.key;
+  } else if (is_zero(entry.dot)) {
+    logit = entry.bias;
+  } else {
+    return std::nullopt;
+  }
+  Rational theta(row.scores.theta);
+  mpq_div(logit.get(), logit.get(), theta.get());
+  return logit;
+}
+
+// One entry far above the rest (a key beside others hidden by a finite mask): L = x_top +
+// ln(1 + S), S = sum_{g != top} c_g e^(x_g - x_top), so L lies above x_top by at most S, checked
+// with rounded-outward exponents; where x_top is rational and a midpoint of the LSE's format
+// (or representable) and S is below a quarter of the spacing, L rounds up from it (or to it).
+bool decide_lse_by_its_tail(const AttentionRow& row, const ExactRow& exact, AttentionRowResults& results) {
+  const std::size_t groups = exact.groups.size();
+  if (groups < 2) return false;
+  std::vector<Exponent> x(groups);
+  std::size_t top = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    x[g] = group_exponent(row, exact, g);
+    if (!std::isfinite(x[g].value)) return false;
+    if (x[g].value > x[top].value) top = g;
+  }
+  if (exact.groups[top].size() != 1) return false;
+  double tail = 1e-300;
+  for (std::size_t g = 0; g < groups; ++g) {
+    if (g == top) continue;
+    tail += static_cast<double>(exact.groups[g].size()) *
+            std::exp(x[g].value - x[top].value + x[g].error + x[top].error) * (1 + 1e-12);
+  }
+  const std::optional<Rational> logit = rational_logit(row, exact, exact.groups[top].front());
+  if (!logit) return false;
+  const auto rounded = round_near_boundary(*logit, 1, std::log(tail), *results.lse_target);
+  if (!rounded) return false;
+  *results.lse = *rounded;
+  return results.lse_done = true;
+}
+
 bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, AttentionRowResults& results) {
   if (results.lse == nullptr || results.lse_done) return false;
   const std::size_t count = row.entries();
@@ -289,22 +335,14 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, Attentio
         round_to_format(static_cast<double>(std::bit_width(count) - 1), *results.lse_target);  // log2 of 2^k
     return results.lse_done = true;
   }
-  if (count != 1) return false;
-  const Entry& entry = exact.entries[0];
-  Rational logit;
-  if (exact.by_value) {
-    logit = entry.key;
-  } else if (is_zero(entry.dot)) {
-    logit = entry.bias;  // soft-cap(0) = 0 and s * 0 = 0 for any s
-  } else {
-    return false;  // an irrational logit: the loop decides it
+  if (count == 1) {
+    const std::optional<Rational> logit = rational_logit(row, exact, 0);
+    if (!logit) return false;  // an irrational logit: the loop decides it
+    *results.lse = round_rational(*logit, *results.lse_target);
+    return results.lse_done = true;
   }
-  Rational theta(row.scores.theta);
-  mpq_div(logit.get(), logit.get(), theta.get());
-  *results.lse = round_rational(logit, *results.lse_target);
-  return results.lse_done = true;
+  return decide_lse_by_its_tail(row, exact, results);
 }
-
 }  // namespace
 
 std::optional<Rational> rational_scale(const tensor::HeadScores& scores, std::size_t dim) {

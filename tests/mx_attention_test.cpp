@@ -237,6 +237,27 @@ TEST(MxAttention, ARowTheEmulationCannotFollowKeepsTheWorstCaseAlone) {
   EXPECT_TRUE(judged(out, h, worst_case).passed());
 }
 
+// Left padding under a finite mask: the first tile's keys are all hidden by -1e9, so the kernel's
+// max there is about -1e9 with an error of hundreds, and the rescale to the next tile scales that
+// share by exactly 0. Charged as a drift of that error (a review's finding), the allowance let the
+// ceil-rule twin and a 5% scale of every output through; the share being 0, nothing is charged.
+TEST(MxAttention, AMaskedFirstTileChargesNothingForItsRescale) {
+  Head h = random_head(21, 16, 300, 64, 1.0);
+  h.scores.causal = false;
+  h.scores.sink.reset();
+  h.scores.softcap = 0;
+  std::vector<double> bias(16 * 300, 0.0);
+  for (std::size_t i = 0; i < 16; ++i) {
+    for (std::size_t j = 0; j < 128; ++j) bias[i * 300 + j] = -1e9;
+  }
+  h.scores.bias = bias;
+  Matrix honest = run_mxfp8(h, {});
+  EXPECT_TRUE(judged(honest, h, mxfp8_entry()).passed());
+  EXPECT_FALSE(judged(run_mxfp8(h, {.bug = kernels::MxAttentionBug::ceil_rule}), h, mxfp8_entry()).passed());
+  for (double& x : honest.values) x = to_bf16(x * 1.05);
+  EXPECT_FALSE(judged(honest, h, mxfp8_entry()).passed());
+}
+
 TEST(MxAttention, DeclaredInputsAreTheFloorRulesValuesAndAFixedPoint) {
   Problem p = uniform_scale_problem(4, 64, false);
   p.q(0, 0) = 480.0;  // significand 1.875: the floor rule saturates it to 448

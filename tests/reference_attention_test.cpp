@@ -212,6 +212,34 @@ TEST(ExactCases, ATieBrokenByAHiddenKeyRoundsTowardIt) {
   }
 }
 
+// The log-sum-exp's counterpart (decide_lse_by_its_tail): one key whose logit is a bf16 midpoint
+// (1 + 2^-8), one hidden far below, so L = x + ln(1 + e^-gap) lies just above the midpoint and
+// rounds up to 1 + 2^-7 (ties to even would give 1); checked against MPFR where the gap allows.
+TEST(ExactCases, ALogSumExpJustAboveAMidpointRoundsUp) {
+  for (const double gap : {2000.0, 1e9}) {
+    Matrix q(1, 1, 1.0), k(2, 1, 1.0 + 0x1p-8), v(2, 1, 1.0);
+    const std::vector<double> bias{0.0, -gap};
+    AttentionOptions options;
+    options.scores.bias = bias;
+    options.scores.scale = 1.0;
+    options.return_lse = true;
+    options.lse_format = &bf16;
+    for (const bool mpfr_only : {false, true}) {
+      options.mpfr_only = mpfr_only;
+      EXPECT_EQ(reference::attention(q, k, v, fp32, options).lse.at(0), 1.0 + 0x1p-7) << "gap " << gap;
+    }
+    if (gap > 1e6) continue;
+    mpfr_t l;
+    mpfr_init2(l, 12000);
+    mpfr_set_d(l, -gap, MPFR_RNDN);
+    mpfr_exp(l, l, MPFR_RNDN);
+    mpfr_log1p(l, l, MPFR_RNDN);
+    mpfr_add_d(l, l, 1.0 + 0x1p-8, MPFR_RNDN);
+    EXPECT_EQ(round_to_format(l, bf16), 1.0 + 0x1p-7);
+    mpfr_clear(l);
+  }
+}
+
 TEST(Masks, ExplicitMaskHidesKeysAndFullyMaskedQueriesAreErrorsOrZeros) {
   DeterministicRandom random(17);
   const Matrix q = random_matrix(2, 4, random, 1.0);
