@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -77,6 +78,28 @@ struct CaseOutcome {
   // Set when a signal stopped the judgement part way ("interrupted by signal 15 after 5 of 16
   // heads ..."): the comparison covers what was judged before it, and the report says so.
   std::string incomplete;
+  // A batch-invariance case (ops/paged_attention/invariance.hpp): the same requests run in other
+  // batches and layouts, each request's output compared bit for bit with its first run's.
+  struct InvarianceRun {
+    std::string name;            // "batch of 17", "alone", "again", ...
+    std::size_t batch = 0;       // requests in one call
+    bool judged = false;         // judged against the reference (it differed from the first run)
+    double max_bound_ratio = 0;  // of its judgement, when judged
+  };
+  struct BitwiseChange {
+    std::size_t request = 0;   // its index in the pool
+    std::string run;           // the run it changed in
+    std::size_t elements = 0;  // elements whose bits differ from the first run
+    std::uint64_t max_ulps = 0;
+    double max_abs = 0;  // NaN when one of them is NaN
+  };
+  struct Invariance {
+    std::size_t requests = 0;
+    std::size_t near_ties = 0;  // rows of the first run whose two largest values are within one ulp
+    std::vector<InvarianceRun> runs;
+    std::vector<BitwiseChange> changes;
+  };
+  std::optional<Invariance> invariance;
   [[nodiscard]] bool passed() const { return failures.empty(); }
   // Passed, but the case cannot discriminate (metrics::Comparison::inconclusive): not a plain pass.
   [[nodiscard]] bool inconclusive() const { return !crashed && passed() && comparison.inconclusive(); }

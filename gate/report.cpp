@@ -120,6 +120,28 @@ nlohmann::json finite_or_string(double x) {
   return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
 }
 
+// A batch-invariance case's runs and the requests whose bits changed (searchable as "invariance").
+void add_invariance(const CaseOutcome::Invariance& invariance, nlohmann::json& record) {
+  nlohmann::json& out = record["invariance"];
+  out["requests"] = invariance.requests;
+  out["near_ties"] = invariance.near_ties;
+  out["invariant"] = invariance.changes.empty();
+  out["runs"] = nlohmann::json::array();
+  for (const CaseOutcome::InvarianceRun& run : invariance.runs) {
+    nlohmann::json entry = {{"name", run.name}, {"batch", run.batch}, {"judged", run.judged}};
+    if (run.judged) entry["max_bound_ratio"] = finite_or_string(run.max_bound_ratio);
+    out["runs"].push_back(std::move(entry));
+  }
+  out["changed"] = nlohmann::json::array();
+  for (const CaseOutcome::BitwiseChange& change : invariance.changes) {
+    out["changed"].push_back({{"request", change.request},
+                              {"run", change.run},
+                              {"elements", change.elements},
+                              {"max_ulps", change.max_ulps},
+                              {"max_abs", finite_or_string(change.max_abs)}});
+  }
+}
+
 // What only some records have: the plugin's console, the worst element's full index, the judged
 // gradients, an interruption, and the recipe of judged arrays.
 void add_optional_fields(const CaseOutcome& outcome, nlohmann::json& record) {
@@ -137,6 +159,7 @@ void add_optional_fields(const CaseOutcome& outcome, nlohmann::json& record) {
                                  {"non_finite", t.non_finite}});
   }
   if (!outcome.incomplete.empty()) record["incomplete"] = outcome.incomplete;
+  if (outcome.invariance) add_invariance(*outcome.invariance, record);
   if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
     record["recipe"] = outcome.recipe;
     record["recipe_note"] = outcome.recipe_note;

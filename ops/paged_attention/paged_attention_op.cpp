@@ -8,6 +8,7 @@
 #include "core/errors.hpp"
 #include "gate/case_tools.hpp"
 #include "ops/attention/attention_op.hpp"
+#include "ops/paged_attention/invariance.hpp"
 #include "ops/paged_attention/paged_kernels.hpp"
 
 namespace sharpcheck::ops {
@@ -351,26 +352,42 @@ void plan_builtin(const gate::PlanContext& context, std::vector<gate::GateCase>&
   }
 }
 
-// Runs a built-in paged kernel on its scenario and judges its output as arrays handed over are.
-void run_case(const gate::GateCase& gate_case, const gate::GateSettings&, gate::CaseOutcome& outcome) {
-  const paged::Kernel& kernel = *paged::find_kernel(gate_case.kernel);
-  const paged::Scenario& scenario = *paged::find_scenario(gate_case.input.substr(input_prefix.size()));
-  const paged::Problem problem = paged::make_problem(scenario, gate_case.seed);
-  const auto out = paged::run(kernel, scenario, problem);
+// A built-in paged kernel's output judged as arrays handed over are.
+gate::CaseOutcome judge_output(const paged::Kernel& kernel, const paged::Scenario& layout,
+                               const paged::Problem& problem, const gate::Array& out) {
   gate::OpCall call;
   call.tensors = {{"q", problem.q.get()},
                   {"k_cache", problem.k_cache.get()},
                   {"v_cache", problem.v_cache.get()},
-                  {"out", out.get()}};
+                  {"out", &out}};
   for (const auto& table : problem.tables) call.tensors[table->name()] = table.get();
   gate::JudgeOptions& options = call.options.judge;
   options.format = options.input_format = "bf16";
-  options.layout = scenario.heads_first ? "HND" : "NHD";
-  options.scores.causal = scenario.causal;
+  options.layout = layout.heads_first ? "HND" : "NHD";
+  options.scores.causal = layout.causal;
   options.cu_seqlens_q = problem.query_offsets;
   options.threads = 1;  // the gate runs cases side by side
   options.name = std::string(kernel.name);
-  gate::adopt_judgement(judge_paged(call), outcome);
+  return judge_paged(call);
+}
+
+// Runs a built-in paged kernel on its scenario and judges it; an invariance scenario reruns its
+// requests in other batches (paged/invariance.hpp).
+void run_case(const gate::GateCase& gate_case, const gate::GateSettings&, gate::CaseOutcome& outcome) {
+  const paged::Kernel& kernel = *paged::find_kernel(gate_case.kernel);
+  const paged::Scenario& scenario = *paged::find_scenario(gate_case.input.substr(input_prefix.size()));
+  if (scenario.invariance) {
+    paged::judge_invariance(
+        kernel, scenario, gate_case.seed,
+        [&kernel](const paged::Scenario& layout, const paged::Problem& problem, const gate::Array& out) {
+          return judge_output(kernel, layout, problem, out);
+        },
+        outcome);
+    return;
+  }
+  const paged::Problem problem = paged::make_problem(scenario, gate_case.seed);
+  const auto out = paged::run(kernel, scenario, problem);
+  gate::adopt_judgement(judge_output(kernel, scenario, problem, *out), outcome);
 }
 
 std::vector<gate::KernelRow> kernel_rows() {

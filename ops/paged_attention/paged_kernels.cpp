@@ -29,6 +29,16 @@ constexpr Kernel kernel_table[] = {
      .description = "broken: reads one slot past the sequence (the page's tail or the table's next column)",
      .bug = Bug::reads_past_the_end,
      .deliberately_broken = true},
+    {.name = "paged_split_kv_bf16",
+     .description =
+         "FlashDecoding's split-KV over the pages: splits of 128 keys, fp32 partials merged in fp32 "
+         "(batch-invariant: the split size is fixed)",
+     .split_keys = 128},
+    {.name = "paged_split_kv_bf16_split_count_from_batch",
+     .description = "broken: the split count from FlashAttention's heuristic over batch x heads (accurate, "
+                    "but a request's bits change with the batch it joins)",
+     .bug = Bug::split_count_from_batch,
+     .deliberately_broken = true},
 };
 
 constexpr std::size_t decode_keys[] = {1, 37, 130, 300};
@@ -39,6 +49,10 @@ constexpr std::size_t speculative_keys[] = {300, 17, 129};
 constexpr std::size_t speculative_queries[] = {4, 2, 8};
 constexpr std::size_t prefill_keys[] = {200, 90};
 constexpr std::size_t prefill_queries[] = {64, 30};
+// Requests of mixed lengths, a few speculative: the pool the batch-invariance case regroups.
+constexpr std::size_t invariance_keys[] = {1,   37, 130, 300, 64, 513, 7, 200, 129,
+                                           256, 90, 17,  700, 33, 128, 5, 420};
+constexpr std::size_t invariance_queries[] = {1, 1, 4, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 8, 1, 1};
 
 constexpr Scenario scenario_table[] = {
     {.name = "decode_nhd_page16_ids_above_65535",
@@ -65,6 +79,12 @@ constexpr Scenario scenario_table[] = {
      .heads_first = true,
      .indptr_form = true,
      .causal = true},
+    {.name = "invariance_17_requests_decode_and_speculative",
+     .keys = invariance_keys,
+     .queries = invariance_queries,
+     .page = 16,
+     .causal = true,
+     .invariance = true},
 };
 
 constexpr kernels::AttentionDesign flash_bf16{.input = &bf16, .output = &bf16};
@@ -83,7 +103,7 @@ std::unique_ptr<gate::MemoryArray> integers(const char* name, const std::vector<
 }
 
 void add_tables(const Scenario& s, Problem& p) {
-  const std::size_t batch = s.keys.size();
+  const std::size_t batch = p.keys.size();
   if (!s.indptr_form) {
     std::size_t width = 0;
     for (const auto& row : p.page_rows) width = std::max(width, row.size());
@@ -93,16 +113,16 @@ void add_tables(const Scenario& s, Problem& p) {
                 table.begin() + static_cast<std::ptrdiff_t>(b * width));
     p.tables.push_back(std::make_unique<gate::MemoryArray>(
         "block_table", std::vector<std::size_t>{batch, width}, std::move(table)));
-    p.tables.push_back(integers("seq_lens", {s.keys.begin(), s.keys.end()}));
+    p.tables.push_back(integers("seq_lens", p.keys));
     return;
   }
   std::vector<std::size_t> indptr{0}, indices, last;
   for (std::size_t b = 0; b < batch; ++b) {
-    const std::size_t used = pages_for(s.keys[b], s.page);
+    const std::size_t used = pages_for(p.keys[b], s.page);
     indices.insert(indices.end(), p.page_rows[b].begin(),
                    p.page_rows[b].begin() + static_cast<std::ptrdiff_t>(used));
     indptr.push_back(indices.size());
-    last.push_back(s.keys[b] - (used - 1) * s.page);
+    last.push_back(p.keys[b] - (used - 1) * s.page);
   }
   p.tables.push_back(integers("kv_indptr", indptr));
   p.tables.push_back(integers("kv_indices", indices));
@@ -150,47 +170,103 @@ std::vector<double>& PoisonedCache::page(std::size_t id) {
   return found->second;
 }
 
+namespace {
+
 // Page ids drawn without repeats from [low, low + used + 8), low = 65,536 when asked (the cache
-// then has that many pages more, never written); each sequence's row ends with one id no
-// sequence uses (what a read past its pages finds).
-Problem make_problem(const Scenario& s, std::uint64_t seed, const FloatFormat& format) {
-  DeterministicRandom random(seed);
-  Problem p;
+// then has that many pages more, never written); the last id is used by no sequence.
+std::vector<std::size_t> scrambled_ids(const Scenario& layout, std::span<const std::size_t> keys,
+                                       DeterministicRandom& random) {
   std::size_t used_total = 0;
-  for (const std::size_t n : s.keys) used_total += pages_for(n, s.page);
-  const std::size_t low = s.high_ids ? 65'536 : 0, pages = low + used_total + 8;
-  std::vector<std::size_t> ids(pages - low);
+  for (const std::size_t n : keys) used_total += pages_for(n, layout.page);
+  const std::size_t low = layout.high_ids ? 65'536 : 0;
+  std::vector<std::size_t> ids(used_total + 8);
   std::iota(ids.begin(), ids.end(), low);
   for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[random.below(i)]);
+  return ids;
+}
+
+// The requests written into pages `ids` names in turn; each sequence's row of ids ends with the
+// last id, which no sequence uses (what a read past its pages finds).
+Problem place(std::span<const Request> requests, const Scenario& s, const std::vector<std::size_t>& ids) {
+  Problem p;
+  const std::size_t pages = *std::max_element(ids.begin(), ids.end()) + 1;
   const std::vector<std::size_t> shape = s.heads_first
                                              ? std::vector<std::size_t>{pages, p.kv_heads, s.page, p.dim}
                                              : std::vector<std::size_t>{pages, s.page, p.kv_heads, p.dim};
   p.k_cache = std::make_unique<PoisonedCache>("k_cache", shape);
   p.v_cache = std::make_unique<PoisonedCache>("v_cache", shape);
   std::size_t next = 0;
-  for (const std::size_t n : s.keys) {
+  p.query_offsets = {0};
+  std::vector<double> q;
+  for (const Request& r : requests) {
     std::vector<std::size_t> row;
-    for (std::size_t i = 0; i < pages_for(n, s.page); ++i) row.push_back(ids[next++]);
-    for (std::size_t j = 0; j < n; ++j) {
+    for (std::size_t i = 0; i < pages_for(r.keys, s.page); ++i) row.push_back(ids[next++]);
+    for (std::size_t j = 0; j < r.keys; ++j) {
       for (std::size_t h = 0; h < p.kv_heads; ++h) {
-        const std::size_t at = within_page(s, p, j % s.page, h);
-        for (PoisonedCache* cache : {p.k_cache.get(), p.v_cache.get()}) {
-          std::vector<double>& page = cache->page(row[j / s.page]);
-          for (std::size_t d = 0; d < p.dim; ++d) page[at + d] = round_to_format(random.normal(), format);
-        }
+        const std::size_t at = within_page(s, p, j % s.page, h), from = (j * p.kv_heads + h) * p.dim;
+        std::copy_n(r.k.begin() + static_cast<std::ptrdiff_t>(from), p.dim,
+                    p.k_cache->page(row[j / s.page]).begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy_n(r.v.begin() + static_cast<std::ptrdiff_t>(from), p.dim,
+                    p.v_cache->page(row[j / s.page]).begin() + static_cast<std::ptrdiff_t>(at));
       }
     }
     row.push_back(ids.back());  // never written: NaN
     p.page_rows.push_back(std::move(row));
+    p.keys.push_back(r.keys);
+    p.query_offsets.push_back(p.query_offsets.back() + r.queries);
+    q.insert(q.end(), r.q.begin(), r.q.end());
   }
-  p.query_offsets = {0};
-  for (const std::size_t m : s.queries) p.query_offsets.push_back(p.query_offsets.back() + m);
-  std::vector<double> q(p.query_offsets.back() * p.heads * p.dim);
-  for (double& x : q) x = round_to_format(random.normal(), format);
   p.q = std::make_unique<gate::MemoryArray>(
       "q", std::vector<std::size_t>{p.query_offsets.back(), p.heads, p.dim}, std::move(q));
   add_tables(s, p);
   return p;
+}
+
+}  // namespace
+
+// The ids first, then each sequence's keys and values (interleaved key by key, head by head), then
+// every query: the order the gate's reports were made with.
+Problem make_problem(const Scenario& s, std::uint64_t seed, const FloatFormat& format) {
+  DeterministicRandom random(seed);
+  const std::vector<std::size_t> ids = scrambled_ids(s, s.keys, random);
+  const Problem shape_only;
+  std::vector<Request> requests(s.keys.size());
+  for (std::size_t b = 0; b < requests.size(); ++b) {
+    Request& r = requests[b];
+    r.keys = s.keys[b];
+    r.queries = s.queries[b];
+    for (std::size_t j = 0; j < r.keys * shape_only.kv_heads; ++j) {
+      for (std::vector<double>* values : {&r.k, &r.v}) {
+        for (std::size_t d = 0; d < shape_only.dim; ++d)
+          values->push_back(round_to_format(random.normal(), format));
+      }
+    }
+  }
+  for (Request& r : requests) {
+    r.q.resize(r.queries * shape_only.heads * shape_only.dim);
+    for (double& x : r.q) x = round_to_format(random.normal(), format);
+  }
+  return place(requests, s, ids);
+}
+
+Request make_request(std::size_t keys, std::size_t queries, std::uint64_t seed, const FloatFormat& format) {
+  DeterministicRandom random(seed);
+  const Problem shape_only;
+  Request r{.keys = keys, .queries = queries, .k = {}, .v = {}, .q = {}};
+  for (std::vector<double>* values : {&r.k, &r.v}) {
+    values->resize(keys * shape_only.kv_heads * shape_only.dim);
+    for (double& x : *values) x = round_to_format(random.normal(), format);
+  }
+  r.q.resize(queries * shape_only.heads * shape_only.dim);
+  for (double& x : r.q) x = round_to_format(random.normal(), format);
+  return r;
+}
+
+Problem pack_requests(std::span<const Request> requests, const Scenario& layout, std::uint64_t seed) {
+  DeterministicRandom random(seed);
+  std::vector<std::size_t> keys;
+  for (const Request& r : requests) keys.push_back(r.keys);
+  return place(requests, layout, scrambled_ids(layout, keys, random));
 }
 
 namespace {
@@ -208,15 +284,73 @@ Matrix read_rows(const Kernel& kernel, const Scenario& s, const Problem& p, cons
   return rows;
 }
 
+constexpr kernels::AttentionDesign fp32_partials{.input = &bf16, .output = &fp32};
+
+// FlashAttention's num_splits_heuristic, simplified: enough splits (of whole 64-key blocks) for
+// batch x heads x splits to fill 132 SMs, at most 128 and one per block.
+std::size_t split_keys_from_batch(std::size_t batch, std::size_t heads, std::size_t keys) {
+  constexpr std::size_t sms = 132, block = 64;
+  const std::size_t blocks = pages_for(keys, block);
+  const std::size_t splits =
+      std::clamp<std::size_t>(pages_for(sms, batch * heads), 1, std::min<std::size_t>(128, blocks));
+  return block * pages_for(blocks, splits);
+}
+
+// FlashDecoding for one head: each split of `split` keys runs the flash loop to an fp32 output and
+// log-sum-exp (a split a query sees nothing of is empty: zeros, -inf), and the partials are merged in
+// fp32 as vLLM's merge_attn_states does, then rounded once to bf16.
+void split_kv(const Matrix& queries, const Matrix& keys, const Matrix& values,
+              const tensor::HeadScores& scores, std::size_t split, Matrix& result) {
+  const std::size_t m = queries.rows, n = keys.rows, dim = values.cols;
+  std::vector<Matrix> outs;
+  std::vector<std::vector<double>> lses;
+  for (std::size_t first = 0; first < n; first += split) {
+    const std::size_t length = std::min(split, n - first);
+    std::vector<std::uint8_t> keep(m * length);
+    for (std::size_t i = 0; i < m; ++i) {
+      for (std::size_t j = 0; j < length; ++j) keep[i * length + j] = scores.sees(i, first + j) ? 1 : 0;
+    }
+    tensor::HeadScores part;
+    part.queries = m;
+    part.keys = part.row_stride = length;
+    part.keep = keep;
+    part.fully_masked = tensor::FullyMaskedRows::zeros;
+    Matrix k(length, keys.cols), v(length, dim);
+    for (std::size_t j = 0; j < length; ++j) {
+      std::copy(keys.row(first + j).begin(), keys.row(first + j).end(), k.row(j).begin());
+      std::copy(values.row(first + j).begin(), values.row(first + j).end(), v.row(j).begin());
+    }
+    kernels::attention_by_design(fp32_partials, queries, k, v, part, outs.emplace_back(),
+                                 &lses.emplace_back());
+  }
+  result = Matrix(m, dim);
+  for (std::size_t i = 0; i < m; ++i) {
+    float top = -std::numeric_limits<float>::infinity();
+    for (const auto& lse : lses) top = std::max(top, static_cast<float>(lse[i]));
+    if (top == -std::numeric_limits<float>::infinity()) continue;  // nothing seen: zeros
+    float sum = 0;
+    for (const auto& lse : lses) sum += std::exp(static_cast<float>(lse[i]) - top);
+    for (std::size_t c = 0; c < dim; ++c) {
+      float o = 0;
+      for (std::size_t t = 0; t < outs.size(); ++t)
+        o += std::exp(static_cast<float>(lses[t][i]) - top) / sum * static_cast<float>(outs[t](i, c));
+      result(i, c) = round_to_format(o, bf16);
+    }
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, const Problem& p) {
   std::vector<double> out(p.query_offsets.back() * p.heads * p.dim, 0.0);
-  for (std::size_t b = 0; b < s.keys.size(); ++b) {
-    std::size_t count = s.keys[b];
+  for (std::size_t b = 0; b < p.keys.size(); ++b) {
+    std::size_t count = p.keys[b];
     if (kernel.bug == Bug::last_page_short) --count;
     if (kernel.bug == Bug::reads_past_the_end) ++count;
-    const std::size_t m = s.queries[b], first = p.query_offsets[b];
+    const std::size_t m = p.query_offsets[b + 1] - p.query_offsets[b], first = p.query_offsets[b];
+    std::size_t split = kernel.split_keys;
+    if (kernel.bug == Bug::split_count_from_batch)
+      split = split_keys_from_batch(p.keys.size(), p.heads, count);
     for (std::size_t h = 0; h < p.heads; ++h) {
       if (count == 0) continue;  // nothing read: zeros
       const std::size_t kv = h / (p.heads / p.kv_heads);
@@ -227,10 +361,14 @@ std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, 
       scores.keys = scores.row_stride = count;
       scores.causal = s.causal;
       scores.alignment = tensor::DiagonalAlignment::bottom_right;
+      const Matrix keys = read_rows(kernel, s, p, *p.k_cache, b, kv, count);
+      const Matrix values = read_rows(kernel, s, p, *p.v_cache, b, kv, count);
       Matrix result;
-      kernels::attention_by_design(flash_bf16, queries, read_rows(kernel, s, p, *p.k_cache, b, kv, count),
-                                   read_rows(kernel, s, p, *p.v_cache, b, kv, count), scores, result,
-                                   nullptr);
+      if (split == 0) {
+        kernels::attention_by_design(flash_bf16, queries, keys, values, scores, result, nullptr);
+      } else {
+        split_kv(queries, keys, values, scores, split, result);
+      }
       for (std::size_t i = 0; i < m; ++i)
         std::copy(result.row(i).begin(), result.row(i).end(),
                   out.begin() + static_cast<std::ptrdiff_t>(((first + i) * p.heads + h) * p.dim));
@@ -254,7 +392,8 @@ std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep)
   const std::string kernel = "python:paged_attention:" + std::string(sweep.format->name);
   std::vector<gate::ExternalCase> cases;
   for (const Scenario& s : scenario_table) {
-    gate::GateCase shape;  // only for the id, the gate's form
+    if (s.invariance) continue;  // reruns in other batches: the gate's own (invariance.hpp)
+    gate::GateCase shape;        // only for the id, the gate's form
     shape.kernel = kernel;
     shape.input = "paged_" + std::string(s.name);
     shape.n = total_keys(s);

@@ -1,9 +1,12 @@
 // The gate's paged_attention cases: serving problems over a paged KV cache as serving kernels meet
 // them (scrambled physical pages, page ids above 65,535, NaN in every slot no sequence reaches,
 // page sizes 1 to 256, decode, speculative decode and chunked prefill, both page-table forms,
-// NHD and HND), and built-in paged kernels to run on them: FlashAttention 2/3's bf16 loop
-// (kernels/attention_designs.hpp) over the keys it reads from the pages, and twins carrying the
-// paged-cache bugs serving kernels shipped. Internal to ops/paged_attention.
+// NHD and HND, and a batch-invariance scenario: ops/paged_attention/invariance.hpp), and built-in
+// paged kernels to run on them: FlashAttention 2/3's bf16 loop (kernels/attention_designs.hpp)
+// over the keys it reads from the pages, FlashDecoding's split-KV (fp32 partials merged in fp32)
+// with a fixed split size, and twins carrying the bugs serving kernels shipped: three paged-cache
+// bugs and a split count taken from the batch (accurate, but not batch-invariant). Internal to
+// ops/paged_attention.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +28,9 @@ enum class Bug {
   block_ids_16_bit,    // page ids truncated to 16 bits (silent corruption above 65,535)
   last_page_short,     // the last page's length off by one: the sequence's last key dropped
   reads_past_the_end,  // one slot past the sequence's last (the page's tail or the table's next column)
+  // split-KV only: FlashAttention's num_splits heuristic (fill 132 SMs with batch x heads x splits),
+  // so a request's splits, and its bits, change with what else is in the batch
+  split_count_from_batch,
 };
 
 struct Kernel {
@@ -32,6 +38,9 @@ struct Kernel {
   Bug bug = Bug::none;
   bool deliberately_broken = false;
   const FloatFormat* format = &bf16;  // its tensors' (the arithmetic is fp32)
+  // 0: one flash loop over each sequence's keys; otherwise FlashDecoding's split-KV with splits of
+  // this many keys (each split's fp32 output and LSE merged in fp32, as vLLM's merge_attn_states)
+  std::size_t split_keys = 0;
 };
 [[nodiscard]] std::span<const Kernel> kernels();
 [[nodiscard]] const Kernel* find_kernel(std::string_view name);
@@ -45,6 +54,8 @@ struct Scenario {
   bool indptr_form = false;  // FlashInfer's kv_indptr / kv_indices / kv_last_page_len
   bool high_ids = false;     // every page id above 65,535
   bool causal = false;
+  // The batch-invariance case (invariance.hpp): the sequences are requests, rerun in other batches.
+  bool invariance = false;
 };
 [[nodiscard]] std::span<const Scenario> scenarios();
 [[nodiscard]] const Scenario* find_scenario(std::string_view name);
@@ -69,6 +80,13 @@ class PoisonedCache final : public gate::Array {
   std::unordered_map<std::size_t, std::vector<double>> pages_;
 };
 
+// One sequence's values as its caller holds them: keys and values [keys, H_kv, D] and its
+// queries [queries, H, D], row-major.
+struct Request {
+  std::size_t keys = 0, queries = 1;
+  std::vector<double> k, v, q;
+};
+
 // One scenario's inputs (bf16 values): the arrays a judge reads by name, and each sequence's row
 // of page ids as a kernel reads them (the used pages, then a column holding an unreferenced page).
 struct Problem {
@@ -77,13 +95,23 @@ struct Problem {
   std::unique_ptr<PoisonedCache> k_cache, v_cache;
   std::vector<std::unique_ptr<gate::MemoryArray>> tables;  // block_table, seq_lens or the indptr form
   std::vector<std::vector<std::size_t>> page_rows;
+  std::vector<std::size_t> keys;           // per sequence
   std::vector<std::size_t> query_offsets;  // cu_seqlens_q
 };
 // Values of `format` (the gate's built-in kernels run in bf16).
 [[nodiscard]] Problem make_problem(const Scenario& scenario, std::uint64_t seed,
                                    const FloatFormat& format = bf16);
+// Values of `format` for one request of `keys` keys and `queries` queries, drawn from `seed` alone
+// (the same request whatever batch it joins).
+[[nodiscard]] Request make_request(std::size_t keys, std::size_t queries, std::uint64_t seed,
+                                   const FloatFormat& format = bf16);
+// The requests in a paged cache laid out as `layout` says (its page size, NHD or HND, table form,
+// ids above 65,535), their pages scrambled by `seed`; the scenario's keys and queries are ignored.
+[[nodiscard]] Problem pack_requests(std::span<const Request> requests, const Scenario& layout,
+                                    std::uint64_t seed);
 
-// The kernel's output [T, H, D] in bf16.
+// The kernel's output [T, H, D] in bf16 (the scenario gives the page layout and the mask; the
+// sequences are the problem's).
 [[nodiscard]] std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& scenario,
                                                      const Problem& problem);
 
