@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gate/cases.hpp"
+#include "gate/invariance.hpp"
 #include "gate/judge_arrays.hpp"
 
 namespace sharpcheck::gate {
@@ -111,6 +112,12 @@ struct ExternalTensor {
   // slopes), "fp32" for the partial LSEs of a merge (kernels keep them in fp32).
   std::string_view stored_as = {};
 };
+// One call of a batch-invariance case's reruns: its tensors, options and output shapes.
+struct ExternalCall {
+  std::vector<ExternalTensor> tensors;
+  nlohmann::json options = nlohmann::json::object();
+  std::vector<ExternalTensor> outputs;
+};
 struct ExternalCase {
   std::string id;
   std::vector<ExternalTensor> tensors;
@@ -125,11 +132,18 @@ struct ExternalCase {
   // The judged tensors a kernel returns (names and shapes; values empty), for a plugin's
   // version-6 entry, which fills buffers the gate allocates. Empty: the case cannot be run there.
   std::vector<ExternalTensor> outputs;
+  // A batch-invariance case (gate/invariance.hpp): the same requests called again, regrouped;
+  // reruns[i] is the call invariance.reruns[i] describes. Empty for a plain case.
+  InvariancePlan invariance;
+  std::vector<ExternalCall> reruns;
 };
 struct ExternalSweep {
   const FloatFormat* format = nullptr;
   std::vector<std::size_t> sizes;  // as the gate's --sizes (default: 16 to 16,384)
   std::uint64_t seed = 0;          // the gate's --seed; each case mixes in its id, as the gate does
+  // When set, only the case of this id is wanted: an operation may skip building the others (a
+  // hint that saves work, not a filter every operation applies).
+  std::string only_id;
 };
 
 // Everything planning needs: the settings and the sweep's sizes, and whether a kernel is wanted.

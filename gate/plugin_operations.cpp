@@ -42,8 +42,8 @@ std::shared_ptr<const std::vector<ExternalCase>> external_cases_of(const Operati
   const std::lock_guard lock(mutex);
   auto& cases = made[key];
   if (!cases) {
-    cases = std::make_shared<const std::vector<ExternalCase>>(
-        operation.external_cases(ExternalSweep{&format, sweep_sizes(settings), settings.seed}));
+    cases = std::make_shared<const std::vector<ExternalCase>>(operation.external_cases(ExternalSweep{
+        .format = &format, .sizes = sweep_sizes(settings), .seed = settings.seed, .only_id = {}}));
   }
   return cases;
 }
@@ -162,18 +162,81 @@ void plan_plugin_operations(const PlanContext& context, std::vector<GateCase>& c
   }
 }
 
+void judge_external_invariance(const Operation& operation, const ExternalCase& c, const FloatFormat& format,
+                               const std::vector<double>& first,
+                               const std::vector<const std::vector<double>*>& reruns,
+                               const std::string& kernel, CaseOutcome& outcome) {
+  if (reruns.size() != c.reruns.size()) throw std::logic_error("reruns of " + c.id + " miscounted");
+  gate::judge_invariance(
+      c.invariance, format, first, reruns,
+      [&](std::size_t index, const std::vector<double>& output) {
+        CaseOutcome judged;
+        if (index == 0) {
+          judge_external_outputs(operation, c, format, output, kernel, judged);
+          return judged;
+        }
+        ExternalCase rerun;  // the rerun's own tensors and options
+        rerun.id = c.id;
+        rerun.tensors = c.reruns[index - 1].tensors;
+        rerun.options = c.reruns[index - 1].options;
+        rerun.judge_options = c.judge_options;
+        rerun.outputs = c.reruns[index - 1].outputs;
+        judge_external_outputs(operation, rerun, format, output, kernel, judged);
+        return judged;
+      },
+      outcome);
+}
+
+namespace {
+
+kernels::PluginRun run_call(const Operation& operation, const FloatFormat& format,
+                            const GateSettings& settings, const std::vector<ExternalTensor>& tensors,
+                            const nlohmann::json& options, const std::vector<ExternalTensor>& outputs,
+                            std::vector<kernels::PluginTensor>& inputs) {
+  std::vector<kernels::PluginTensor> results;
+  inputs.clear();
+  for (const ExternalTensor& t : tensors)
+    inputs.push_back({t.name, storage_of(t, format), t.shape, t.values});
+  for (const ExternalTensor& t : outputs) results.push_back({t.name, storage_of(t, format), t.shape, {}});
+  return settings.plugin->run_operation(std::string(operation.name), format, options.dump(), inputs, results);
+}
+
+// An invariance case's reruns through the plugin, compared with the first call and judged
+// (gate/invariance.hpp); a rerun that crashes, hangs or fails is a failure naming it.
+void judge_plugin_reruns(const Operation& operation, const ExternalCase& c, const FloatFormat& format,
+                         const GateSettings& settings, const std::vector<double>& first,
+                         const std::string& kernel, CaseOutcome& outcome) {
+  std::vector<std::vector<double>> values(c.reruns.size());
+  std::vector<const std::vector<double>*> reruns(c.reruns.size(), nullptr);
+  std::vector<std::string> broken;
+  std::vector<kernels::PluginTensor> inputs;
+  for (std::size_t i = 0; i < c.reruns.size(); ++i) {
+    const ExternalCall& call = c.reruns[i];
+    const kernels::PluginRun run =
+        run_call(operation, format, settings, call.tensors, call.options, call.outputs, inputs);
+    if (run.status != kernels::PluginRun::Status::ok) {
+      broken.push_back("the " + c.invariance.reruns[i].name + " " + kernels::plugin_status_name(run.status) +
+                       (run.detail.empty() ? "" : " (" + run.detail + ")"));
+      continue;
+    }
+    values[i] = run.out.values;
+    reruns[i] = &values[i];
+  }
+  judge_external_invariance(operation, c, format, first, reruns, kernel, outcome);
+  for (const std::string& b : broken) outcome.failures.push_back("in another batch, " + b);
+}
+
+}  // namespace
+
 void run_plugin_operation_case(const Operation& operation, const GateCase& gate_case,
                                const GateSettings& settings, CaseOutcome& outcome) {
   const FloatFormat& format = *gate_case.plugin_format;
   outcome.format = std::string(format.name);
   const auto all = external_cases_of(operation, format, settings);
   const ExternalCase& c = find_external_case(*all, gate_case);
-  std::vector<kernels::PluginTensor> inputs, outputs;
-  for (const ExternalTensor& t : c.tensors)
-    inputs.push_back({t.name, storage_of(t, format), t.shape, t.values});
-  for (const ExternalTensor& t : c.outputs) outputs.push_back({t.name, storage_of(t, format), t.shape, {}});
+  std::vector<kernels::PluginTensor> inputs;
   const kernels::PluginRun run =
-      settings.plugin->run_operation(std::string(operation.name), format, c.options.dump(), inputs, outputs);
+      run_call(operation, format, settings, c.tensors, c.options, c.outputs, inputs);
   if (run.status != kernels::PluginRun::Status::ok) {
     std::vector<Matrix> kept;
     kept.reserve(inputs.size());
@@ -187,7 +250,11 @@ void run_plugin_operation_case(const Operation& operation, const GateCase& gate_
     return;
   }
   outcome.console = run.console;
-  judge_external_outputs(operation, c, format, run.out.values, gate_case.kernel, outcome);
+  if (c.reruns.empty()) {
+    judge_external_outputs(operation, c, format, run.out.values, gate_case.kernel, outcome);
+  } else {
+    judge_plugin_reruns(operation, c, format, settings, run.out.values, gate_case.kernel, outcome);
+  }
 }
 
 }  // namespace sharpcheck::gate

@@ -39,4 +39,11 @@ void judge_external_outputs(const Operation& operation, const ExternalCase& c, c
                             const std::vector<double>& values, const std::string& kernel,
                             CaseOutcome& outcome);
 
+// and, for a batch-invariance case (c.reruns), the first call's outputs and each rerun's (null:
+// it produced none) compared request by request and judged (gate/invariance.hpp).
+void judge_external_invariance(const Operation& operation, const ExternalCase& c, const FloatFormat& format,
+                               const std::vector<double>& first,
+                               const std::vector<const std::vector<double>*>& reruns,
+                               const std::string& kernel, CaseOutcome& outcome);
+
 }  // namespace sharpcheck::gate

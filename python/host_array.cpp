@@ -303,4 +303,16 @@ std::vector<double> HostArray::values() const {
   return all;
 }
 
+pybind11::array_t<double> to_numpy(const std::vector<double>& values, const std::vector<std::size_t>& shape) {
+  std::size_t count = 1;
+  for (const std::size_t extent : shape) count *= extent;
+  if (count != values.size())
+    throw std::logic_error("sharpcheck: " + std::to_string(values.size()) + " values for a shape of " +
+                           std::to_string(count) + " elements");
+  std::vector<pybind11::ssize_t> extents(shape.begin(), shape.end());
+  pybind11::array_t<double> array(extents);
+  std::copy(values.begin(), values.end(), array.mutable_data());
+  return array;
+}
+
 }  // namespace sharpcheck::python

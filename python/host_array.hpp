@@ -10,6 +10,7 @@
 // says so.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -76,5 +77,9 @@ class HostArray final : public gate::Array {
   // the array, also when the constructor refuses it half way.
   std::shared_ptr<void> exported_;
 };
+
+// A NumPy float64 array of `shape` holding `values` (as many as the shape's elements).
+[[nodiscard]] pybind11::array_t<double> to_numpy(const std::vector<double>& values,
+                                                 const std::vector<std::size_t>& shape);
 
 }  // namespace sharpcheck::python

@@ -25,6 +25,7 @@
 #include "python/host_array.hpp"
 #include "python/options.hpp"
 #include "python/released.hpp"
+#include "python/sweep_cases.hpp"
 #include "reference/attention.hpp"
 #include "reference/attention_backward.hpp"
 #include "reference/softmax.hpp"
@@ -62,18 +63,6 @@ class ResultArray {
   py::array array_;
   void* data_;
 };
-
-py::array_t<double> to_numpy(const std::vector<double>& values, const std::vector<std::size_t>& shape) {
-  std::size_t count = 1;
-  for (const std::size_t extent : shape) count *= extent;
-  if (count != values.size())
-    throw std::logic_error("sharpcheck: " + std::to_string(values.size()) + " values for a shape of " +
-                           std::to_string(count) + " elements");
-  std::vector<py::ssize_t> extents(shape.begin(), shape.end());
-  py::array_t<double> array(extents);
-  std::copy(values.begin(), values.end(), array.mutable_data());
-  return array;
-}
 
 // theta and the fully masked rule of the row references.
 reference::RowOptions row_options_of(const Options& options) {
@@ -277,45 +266,6 @@ std::string judge_op(const std::string& name, const py::dict& tensors, const py:
 // dict of id, tensors (name: float64 array holding values of the format), stored_as (the tensors
 // handed over in another format: fp64 per-head values, fp32 partial LSEs), options (JSON text, by the
 // schema's names) and needs.
-py::list external_cases(const std::string& name, const std::string& format,
-                        const std::vector<std::size_t>& sizes, std::uint64_t seed) {
-  const gate::Operation& operation = gate::find_operation(ops::all_operations(), name);
-  if (operation.external_cases == nullptr)
-    throw InputError(InputProblem::out_of_range,
-                     "sharpcheck.cases: " + name + " has no sweep for Python kernels yet");
-  const gate::StoredFormat stored = gate::stored_format(format);
-  if (stored.zero_point || stored.name != stored.format->name)
-    throw InputError(InputProblem::out_of_range,
-                     "sharpcheck.cases: format must be a float format, got " + format);
-  for (const std::size_t n : sizes) {
-    if (n == 0) throw InputError(InputProblem::out_of_range, "sharpcheck.cases: sizes: a size of 0");
-  }
-  std::vector<std::size_t> swept = sizes;
-  if (swept.empty()) {
-    for (std::size_t n = 16; n <= 16384; n *= 2) swept.push_back(n);
-  }
-  const std::vector<gate::ExternalCase> cases =
-      operation.external_cases({.format = stored.format, .sizes = swept, .seed = seed});
-  py::list list;
-  for (const gate::ExternalCase& c : cases) {
-    py::dict tensors;
-    py::dict stored_as;
-    for (const gate::ExternalTensor& tensor : c.tensors) {
-      tensors[py::str(tensor.name)] = to_numpy(tensor.values, tensor.shape);
-      if (!tensor.stored_as.empty()) stored_as[py::str(tensor.name)] = std::string(tensor.stored_as);
-    }
-    py::dict entry;
-    entry["id"] = c.id;
-    entry["tensors"] = tensors;
-    entry["stored_as"] = stored_as;
-    entry["options"] = c.options.dump();
-    entry["judge_options"] = c.judge_options.dump();
-    entry["needs"] = c.needs;
-    list.append(entry);
-  }
-  return list;
-}
-
 // The case record of attention outputs (and a log-sum-exp, if given) against q, k and v.
 std::string judge_attention(const py::object& out, const py::object& q, const py::object& k,
                             const py::object& v, const py::object& lse, const py::dict& given) {
@@ -492,6 +442,8 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
   module.def("external_cases", &external_cases, py::arg("name"), py::arg("format"), py::arg("sizes"),
              py::arg("seed"));
+  module.def("judge_invariance_case", &judge_invariance_case, py::arg("name"), py::arg("format"),
+             py::arg("sizes"), py::arg("seed"), py::arg("id"), py::arg("kernel"), py::arg("calls"));
   module.def("report_json", &report_json, py::arg("cases"), py::arg("complete") = true);
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));

@@ -9,6 +9,7 @@
 #include "formats/float_format.hpp"
 #include "gate/case_tools.hpp"
 #include "kernels/attention_designs.hpp"
+#include "ops/paged_attention/invariance.hpp"
 
 namespace sharpcheck::ops::paged {
 namespace {
@@ -388,25 +389,53 @@ gate::ExternalTensor whole(const gate::Array& array, std::string_view stored_as 
 
 }  // namespace
 
+namespace {
+
+// A problem as a kernel outside the gate is handed it: the caches in full (NaN where no sequence
+// reaches), the tables as int64, the layout and mask as options, the output's shape.
+gate::ExternalCall external_call(const Problem& p, const Scenario& layout) {
+  gate::ExternalCall call;
+  call.tensors = {whole(*p.q), whole(*p.k_cache), whole(*p.v_cache)};
+  for (const auto& table : p.tables) call.tensors.push_back(whole(*table, "int64"));
+  call.options = {{"page_layout", layout.heads_first ? "HND" : "NHD"},
+                  {"causal", layout.causal},
+                  {"cu_seqlens_q", p.query_offsets}};
+  call.outputs.push_back({.name = "out", .shape = p.q->shape(), .values = {}});
+  return call;
+}
+
+}  // namespace
+
 std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep) {
   const std::string kernel = "python:paged_attention:" + std::string(sweep.format->name);
   std::vector<gate::ExternalCase> cases;
   for (const Scenario& s : scenario_table) {
-    if (s.invariance) continue;  // reruns in other batches: the gate's own (invariance.hpp)
-    gate::GateCase shape;        // only for the id, the gate's form
+    gate::GateCase shape;  // only for the id, the gate's form
     shape.kernel = kernel;
     shape.input = "paged_" + std::string(s.name);
     shape.n = total_keys(s);
     gate::ExternalCase c;
     c.id = shape.id();
-    const Problem p = make_problem(s, gate::case_seed(sweep.seed, c.id), *sweep.format);
+    if (!sweep.only_id.empty() && sweep.only_id != c.id) continue;
+    const std::uint64_t seed = gate::case_seed(sweep.seed, c.id);
+    if (s.invariance) {  // the first call, then its reruns
+      InvarianceCalls calls = invariance_calls(s, seed, *sweep.format);
+      gate::ExternalCall first = external_call(calls.problems[0], calls.layouts[0]);
+      c.tensors = std::move(first.tensors);
+      c.options = std::move(first.options);
+      c.outputs = std::move(first.outputs);
+      for (std::size_t i = 1; i < calls.problems.size(); ++i)
+        c.reruns.push_back(external_call(calls.problems[i], calls.layouts[i]));
+      c.invariance = std::move(calls.plan);
+      cases.push_back(std::move(c));
+      continue;
+    }
+    const Problem p = make_problem(s, seed, *sweep.format);
     if (p.k_cache->size() > (std::size_t{1} << 24)) continue;
-    c.tensors = {whole(*p.q), whole(*p.k_cache), whole(*p.v_cache)};
-    for (const auto& table : p.tables) c.tensors.push_back(whole(*table, "int64"));
-    c.options = {{"page_layout", s.heads_first ? "HND" : "NHD"},
-                 {"causal", s.causal},
-                 {"cu_seqlens_q", p.query_offsets}};
-    c.outputs.push_back({.name = "out", .shape = p.q->shape(), .values = {}});
+    gate::ExternalCall call = external_call(p, s);
+    c.tensors = std::move(call.tensors);
+    c.options = std::move(call.options);
+    c.outputs = std::move(call.outputs);
     cases.push_back(std::move(c));
   }
   return cases;

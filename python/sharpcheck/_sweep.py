@@ -96,6 +96,15 @@ class Case:
         self._results = [t["name"] for t in spec["tensors"] if t["role"] in ("judged", "optional judged")]
         # Results stored in the output's format (out, probs, dq, ...), whose dtype must match it.
         self._in_output_format = {t["name"] for t in spec["tensors"] if t["format"] == "format"}
+        # A batch-invariance case: the same requests again in other batches, each a call of its own
+        # (its name in rerun.name); sweep() compares them with the first call request by request.
+        self.reruns: List["Case"] = []
+        for rerun in entry.get("reruns", []):
+            self.reruns.append(Case(op, fmt, rerun, array, output_format))
+            self.reruns[-1].name = rerun["name"]
+        self.name = "first call"
+        self.sizes: List[int] = []
+        self.seed = DEFAULT_SEED
 
     @property
     def args(self) -> Tuple[Any, ...]:
@@ -184,7 +193,10 @@ def cases(op: str, *, format: str = "fp32", sizes: Sequence[int] = (), seed: int
               (match is None or (entry["id"] == match if exact else match in entry["id"]))]
     if match is not None and not chosen:
         raise ValueError(f"match: no case of {op} at these sizes and features has an id containing {match!r}")
-    return [Case(op, format, entry, array, output_format) for entry in chosen]
+    chosen_cases = [Case(op, format, entry, array, output_format) for entry in chosen]
+    for case in chosen_cases:  # what judge_invariance_case regenerates the case from
+        case.sizes, case.seed = _sizes(sizes), seed
+    return chosen_cases
 
 
 class SweepResult:
@@ -247,6 +259,9 @@ def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: S
                       output_format=output_format):
         try:
             result = kernel(*case.args, **case.kwargs)
+            if case.reruns:
+                results.append(_judge_invariance(kernel, case, result))
+                continue
         except Exception as error:  # noqa: BLE001 - any exception of the kernel is its case's crash
             results.append(SweepResult(case.id, "crash", f"{type(error).__name__}: {error}"))
             continue
@@ -258,3 +273,23 @@ def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: S
         except (ValueError, TypeError, ArithmeticError) as error:  # ArithmeticError: UndecidedRounding
             results.append(SweepResult(case.id, "error", f"{type(error).__name__}: {error}"))
     return SweepReport(op, getattr(kernel, "__name__", repr(kernel)), results)
+
+
+def _judge_invariance(kernel: Callable[..., Any], case: Case, result: Any) -> SweepResult:
+    """A batch-invariance case: the kernel called on every rerun too, then every request's outputs
+    compared bit for bit with the first call's and the calls that differ judged, by the gate's own
+    check (judge_invariance_case). Judged under the operation's default allowance."""
+    calls = [case.results(result)]
+    for rerun in case.reruns:
+        try:
+            calls.append(rerun.results(kernel(*rerun.args, **rerun.kwargs)))
+        except Exception as error:  # noqa: BLE001 - any exception of the kernel is its case's crash
+            return SweepResult(case.id, "crash", f"{type(error).__name__} in the {rerun.name}: {error}")
+    name = getattr(kernel, "__name__", repr(kernel))
+    try:
+        text = _sharpcheck.judge_invariance_case(case.op, case.format, case.sizes, case.seed, case.id, name, calls)
+    except (ValueError, TypeError, ArithmeticError) as error:
+        return SweepResult(case.id, "error", f"{type(error).__name__}: {error}")
+    record = json.loads(text)
+    report = Report(record, [])
+    return SweepResult(case.id, record["status"], "\n".join(record["failures"]), report)

@@ -1,7 +1,8 @@
 // A version-6 plugin (kernels/plugin_abi.h's sharpcheck_op) for the gate's own tests: the merge of
 // partial attention states and paged attention, computed in float as a serving kernel would, and
 // mutants carrying a bug each (SHARPCHECK_OPERATION_MUTANT): 1, the merge's log-sum-exp taken as the
-// max and its weights left unnormalised; 2, paged page ids truncated to 16 bits.
+// max and its weights left unnormalised; 2, paged page ids truncated to 16 bits; 3, paged keys
+// summed in another order when the batch holds 16 or more sequences (accurate, not batch-invariant).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -164,7 +165,10 @@ int paged(const sharpcheck_op_call& call) {
         }
         std::vector<float> acc(dim, 0.0F);
         float sum = 0;
-        for (std::size_t j = 0; j < visible; ++j) {
+        // mutant 3: a path chosen by batch bucket (the keys summed last to first from 16 sequences)
+        const bool reversed = mutant == 3 && p.keys.size() >= 16;
+        for (std::size_t a = 0; a < visible; ++a) {
+          const std::size_t j = reversed ? visible - 1 - a : a;
           const float w = std::exp(s[j] - top);
           sum += w;
           for (std::size_t d = 0; d < dim; ++d)

@@ -64,10 +64,12 @@ def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", 
             if bug == "block_ids_16_bit":
                 pid &= 0xFFFF
             rows.append((pid, j % page))
-        def gather(cache):
+        pids = torch.tensor([p for p, _ in rows], dtype=torch.int64)
+        slots = torch.tensor([s for _, s in rows], dtype=torch.int64)
+        def gather(cache):  # [n, H_kv, D]
             if layout == "NHD":
-                return torch.stack([cache[p, s] for p, s in rows]).float()
-            return torch.stack([cache[p, :, s] for p, s in rows]).float()
+                return cache[pids, slots].float()
+            return cache[pids, :, slots].float()
         k = gather(k_cache).repeat_interleave(heads // kv_heads, dim=1)  # [n, H, D]
         v = gather(v_cache).repeat_interleave(heads // kv_heads, dim=1)
         m = q_lens[b]
@@ -76,7 +78,10 @@ def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", 
         i = torch.arange(m)[:, None]
         j = torch.arange(len(rows))[None, :]
         s = s.masked_fill(j > i + (len(rows) - m), float("-inf"))  # bottom-right causal
-        outs.append(torch.einsum("hmn,nhd->mhd", torch.softmax(s, dim=-1), v).to(q.dtype))
+        p = torch.softmax(s, dim=-1)
+        if bug == "batch_bucket" and table.shape[0] >= 16:  # a path chosen by batch size: P in bf16
+            p = p.to(torch.bfloat16).float()
+        outs.append(torch.einsum("hmn,nhd->mhd", p, v).to(q.dtype))
         start += m
     return torch.cat(outs)
 
@@ -243,9 +248,40 @@ def sweep_kernel(bug=None):
 
 def test_the_paged_sweep_runs_a_python_kernel_and_catches_its_twin():
     cases = sharpcheck.cases("paged_attention", format="bf16")
-    assert len(cases) == 3 and any("ids_above_65535" in c.id for c in cases)
+    assert len(cases) == 4 and any("ids_above_65535" in c.id for c in cases)
+    assert [len(c.reruns) for c in cases if "invariance" in c.id] == [22]
     assert all(c.inputs[name].dtype == torch.int64 for c in cases for name in c.inputs
                if name in ("block_table", "seq_lens", "kv_indptr", "kv_indices", "kv_last_page_len"))
     sharpcheck.sweep(sweep_kernel(), "paged_attention", format="bf16").check()
     broken = sharpcheck.sweep(sweep_kernel("block_ids_16_bit"), "paged_attention", format="bf16")
     assert [r.id for r in broken.results if r.status != "pass"] == [c.id for c in cases if "65535" in c.id]
+
+
+def test_the_paged_sweep_reports_a_kernel_whose_path_follows_the_batch():
+    """The invariance case reruns its 17 requests alone, again, in batches of 15 and 16, reversed
+    and in other pages: a kernel that rounds P to bf16 from 16 sequences on is accurate everywhere
+    but changes the bits of requests between batches, and the sweep names them."""
+    case = sharpcheck.cases("paged_attention", format="bf16", match="invariance")
+    honest = sharpcheck.sweep(sweep_kernel(), "paged_attention", format="bf16", match="invariance")
+    assert honest.passed and honest.results[0].report.record["invariance"]["invariant"]
+    bucket = sharpcheck.sweep(sweep_kernel("batch_bucket"), "paged_attention", format="bf16", match="invariance")
+    (result,) = bucket.results
+    assert result.status == "fail" and "not batch-invariant" in result.message, result.message
+    record = result.report.record["invariance"]
+    changed = {c["run"] for c in record["changed"]}
+    # the first call (17 sequences) took the bf16 path, as 16 do; 15 and fewer did not
+    assert {"alone", "batch of 15 (requests 2-16)"} <= changed and "batch of 16 (requests 1-16)" not in changed
+    judged = [r for r in record["runs"] if r["judged"]]
+    assert all(r["max_bound_ratio"] <= 1 for r in judged)  # accurate in every batch
+    assert len(case) == 1
+
+
+def test_a_kernel_that_raises_in_a_rerun_is_that_cases_crash():
+    calls = []
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("out of shared memory")
+        return sweep_kernel()(*args, **kwargs)
+    (result,) = sharpcheck.sweep(kernel, "paged_attention", format="bf16", match="invariance").results
+    assert result.status == "crash" and "RuntimeError in the alone: out of shared memory" in result.message

@@ -1,0 +1,130 @@
+// Batch invariance (gate/invariance.hpp): the bitwise comparison by request, near-ties, and the
+// judgements of the runs that differ.
+#include "gate/invariance.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+#include "formats/float_format.hpp"
+#include "gate/case_tools.hpp"
+
+namespace sharpcheck::gate {
+namespace {
+
+// Elements whose bits differ, and the largest distance among them in ulps of the format (NaN
+// against a number counts as the whole range) and in absolute value (NaN when one is NaN).
+CaseOutcome::BitwiseChange compare_bits(std::span<const double> first, std::span<const double> now,
+                                        const FloatFormat& format) {
+  CaseOutcome::BitwiseChange change;
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    if (std::bit_cast<std::uint64_t>(first[i]) == std::bit_cast<std::uint64_t>(now[i])) continue;
+    ++change.elements;
+    change.max_ulps = std::max(change.max_ulps, ulp_distance(first[i], now[i], format).value_or(UINT64_MAX));
+    const double gap = std::abs(first[i] - now[i]);
+    change.max_abs = std::isnan(gap) ? gap : std::max(change.max_abs, gap);
+  }
+  return change;
+}
+
+// Finite rows whose two largest values are within one ulp of the format.
+std::size_t near_ties(const std::vector<double>& values, std::size_t row, const FloatFormat& format) {
+  if (row < 2) return 0;
+  std::vector<double> sorted(row);
+  std::size_t ties = 0;
+  for (std::size_t at = 0; at + row <= values.size(); at += row) {
+    std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at), row, sorted.begin());
+    if (!std::all_of(sorted.begin(), sorted.end(), [](double x) { return std::isfinite(x); })) continue;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    if (ulp_distance(sorted[0], sorted[1], format).value_or(2) <= 1) ++ties;
+  }
+  return ties;
+}
+
+std::string three_digits(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", x);
+  return text;
+}
+
+std::string where(const CaseOutcome::BitwiseChange& c) {
+  return c.run == "alone" ? "alone" : "in the " + c.run;
+}
+
+// "8 of 17 requests changed bit for bit ...: alone: 2, 3, 5; in the batch of 15 (requests 2-16):
+// 2, 5; largest: request 5 alone, 95 elements, max |diff| 0.000977".
+std::string changes_text(const std::vector<CaseOutcome::BitwiseChange>& changes, std::size_t requests) {
+  std::vector<bool> seen(requests, false);
+  std::string by_run, last_run;
+  const CaseOutcome::BitwiseChange* largest = &changes.front();
+  for (const auto& c : changes) {
+    if (c.request < requests) seen[c.request] = true;
+    by_run += c.run == last_run ? ", " : (last_run.empty() ? "" : "; ") + where(c) + ": ";
+    by_run += std::to_string(c.request);
+    last_run = c.run;
+    if (!(c.max_abs <= largest->max_abs)) largest = &c;
+  }
+  return std::to_string(std::count(seen.begin(), seen.end(), true)) + " of " + std::to_string(requests) +
+         " requests changed bit for bit with the batch they ran in: " + by_run + "; largest: request " +
+         std::to_string(largest->request) + " " + where(*largest) + ", " + std::to_string(largest->elements) +
+         " elements, max |diff| " + three_digits(largest->max_abs);
+}
+
+}  // namespace
+
+void judge_invariance(const InvariancePlan& plan, const FloatFormat& format, const std::vector<double>& first,
+                      const std::vector<const std::vector<double>*>& reruns, const JudgeCall& judge,
+                      CaseOutcome& outcome) {
+  const std::vector<RerunPlan>& plans = plan.reruns;
+  const std::size_t requests = plan.requests;
+  CaseOutcome::Invariance record{
+      .requests = requests, .near_ties = near_ties(first, plan.row, format), .runs = {}, .changes = {}};
+  CaseOutcome first_judged = judge(0, first);
+  record.runs.push_back({.name = plan.first_name,
+                         .batch = requests,
+                         .judged = true,
+                         .max_bound_ratio = first_judged.comparison.max_bound_ratio});
+  adopt_judgement(std::move(first_judged), outcome);
+  std::vector<std::string> wrong, nondeterministic;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    CaseOutcome::InvarianceRun entry{
+        .name = plans[i].name, .batch = plans[i].batch, .judged = false, .max_bound_ratio = 0};
+    if (reruns[i] == nullptr) {
+      record.runs.push_back(std::move(entry));
+      continue;
+    }
+    const std::vector<double>& now = *reruns[i];
+    bool changed = false;
+    for (const RequestStretch& s : plans[i].stretches) {
+      CaseOutcome::BitwiseChange change = compare_bits(std::span(first).subspan(s.first_at, s.count),
+                                                       std::span(now).subspan(s.here_at, s.count), format);
+      if (change.elements == 0) continue;
+      changed = true;
+      change.request = s.request;
+      change.run = plans[i].name;
+      record.changes.push_back(change);
+      if (plans[i].same_call) nondeterministic.push_back(std::to_string(s.request));
+    }
+    if (changed) {
+      const CaseOutcome judged = judge(i + 1, now);
+      entry.judged = true;
+      entry.max_bound_ratio = judged.comparison.max_bound_ratio;
+      if (!judged.passed())
+        wrong.push_back("wrong in another batch, the " + plans[i].name + ": " + judged.failures.front());
+    }
+    record.runs.push_back(std::move(entry));
+  }
+  outcome.failures.insert(outcome.failures.end(), wrong.begin(), wrong.end());
+  if (!record.changes.empty())
+    outcome.failures.push_back("not batch-invariant: " + changes_text(record.changes, requests));
+  if (!nondeterministic.empty()) {
+    std::string list;
+    for (const std::string& r : nondeterministic) list += (list.empty() ? "" : ", ") + r;
+    outcome.failures.push_back("not deterministic: the same call twice changed requests " + list);
+  }
+  outcome.invariance = std::move(record);
+}
+
+}  // namespace sharpcheck::gate
