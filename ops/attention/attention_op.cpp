@@ -13,6 +13,7 @@
 #include "metrics/evaluate.hpp"
 #include "metrics/judge_tensors.hpp"
 #include "metrics/tolerance_table.hpp"
+#include "ops/attention/max_logit_check.hpp"
 
 namespace sharpcheck::ops {
 namespace {
@@ -41,6 +42,11 @@ constexpr gate::TensorSpec attention_tensors[] = {
      .format = "lse_format"},
     sinks_tensor,
     alibi_slopes_tensor,
+    {.name = "max_logit",
+     .role = TensorRole::optional_judged,
+     .shape = "[H] (each head over the batch) or [B, H]",
+     .meaning = "the largest scaled score scale q.k a head sees (QK-Clip's input), before soft-cap and bias",
+     .format = "fp32"},
 };
 
 // The key count a scenario's case reports as n.
@@ -212,7 +218,10 @@ CaseOutcome judge_attention_call(const gate::OpCall& call) {
   arrays.out = &call.at("out");
   arrays.lse = call.find("lse");
   read_head_values(call, arrays);
-  return gate::judge_attention_arrays(call.options.judge, arrays);
+  gate::CaseOutcome outcome = gate::judge_attention_arrays(call.options.judge, arrays);
+  if (const gate::Array* max_logit = call.find("max_logit"))
+    judge_max_logit(call.options.judge, arrays, *max_logit, outcome);
+  return outcome;
 }
 
 }  // namespace

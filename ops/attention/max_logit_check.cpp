@@ -1,0 +1,117 @@
+// attention's max_logit judgement (ops/attention/max_logit_check.hpp).
+#include "ops/attention/max_logit_check.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "formats/float_format.hpp"
+#include "reference/max_logit.hpp"
+#include "tensor/head_view.hpp"
+
+namespace sharpcheck::ops {
+namespace {
+
+constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
+
+// The largest fp32 score error over the pairs the head sees (the header's bound).
+double allowance_of(const Matrix& q, const Matrix& k, const tensor::HeadScores& head) {
+  const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(q.cols));
+  const double nu = static_cast<double>(q.cols + 2) * 0x1p-24;
+  const double gamma = nu / (1 - nu) * (1 + 0x1p-40);
+  std::vector<std::size_t> seen;
+  double worst = 0;
+  for (std::size_t i = 0; i < head.queries; ++i) {
+    head.visible_keys(i, seen);
+    for (const std::size_t j : seen) {
+      double magnitude = 0;
+      for (std::size_t t = 0; t < q.cols; ++t) magnitude += std::abs(q(i, t) * k(j, t));
+      worst = std::max(worst, gamma * magnitude * (1 + 0x1p-40) * std::abs(scale));
+    }
+  }
+  return worst;
+}
+
+struct Element {
+  double expected = minus_infinity, allowed = 0;
+};
+
+void compare(const std::vector<Element>& expected, const std::vector<double>& actual,
+             const std::vector<std::string>& names, metrics::Comparison& c) {
+  for (std::size_t e = 0; e < expected.size(); ++e) {
+    const double want = expected[e].expected, got = actual[e];
+    double allowed = expected[e].allowed;
+    if (std::isfinite(want)) allowed += 0.5 * (next_up(std::abs(want), fp32) - std::abs(want));
+    const bool equal = want == got;  // both -inf for a head that sees nothing
+    const double error = equal ? 0.0 : std::abs(got - want);
+    const double ratio =
+        equal ? 0.0 : (std::isnan(error) ? std::numeric_limits<double>::infinity() : error / allowed);
+    ++c.elements;
+    if (std::isfinite(want) && want != 0) ++c.informative;
+    if (!std::isfinite(got) && std::isfinite(want)) ++c.non_finite;
+    if (std::isfinite(error)) c.max_absolute_error = std::max(c.max_absolute_error, error);
+    c.max_ulps = std::max(c.max_ulps, ulp_distance(want, got, fp32).value_or(std::uint64_t{1} << 32));
+    if (!(ratio <= c.max_bound_ratio)) {
+      c.max_bound_ratio = ratio;
+      c.worst.index = e;
+      c.worst.expected = want;
+      c.worst.actual = got;
+      c.worst.allowed = allowed;
+      c.worst.bound_ratio = ratio;
+      c.worst.ulps = ulp_distance(want, got, fp32);
+    }
+    if (ratio <= 1) continue;
+    ++c.violation_count;
+    ++c.element_violation_count;
+    if (c.violations.size() < 5)
+      c.violations.push_back("max_logit of " + names[e] + ": expected " + hex_float(want) + " got " +
+                             hex_float(got) + " (|error| " + std::to_string(error) + " vs allowed " +
+                             std::to_string(allowed) + ")");
+  }
+}
+
+}  // namespace
+
+void judge_max_logit(const gate::JudgeOptions& options, const gate::AttentionArrays& arrays,
+                     const gate::Array& given, gate::CaseOutcome& outcome) {
+  const tensor::AttentionProblem problem = gate::attention_problem_of(options, arrays);
+  const std::size_t batch = problem.shape.batch, heads = problem.shape.heads;
+  const bool per_batch = given.shape() == std::vector<std::size_t>{batch, heads};
+  if (!per_batch && given.shape() != std::vector<std::size_t>{heads})
+    throw InputError(InputProblem::shape_mismatch, "max_logit must be [H] = [" + std::to_string(heads) +
+                                                       "] (each head over the batch) or [B, H] = [" +
+                                                       std::to_string(batch) + ", " + std::to_string(heads) +
+                                                       "]");
+  std::vector<Element> expected(given.size());
+  std::vector<std::string> names(given.size());
+  for (std::size_t b = 0; b < batch; ++b) {
+    for (std::size_t h = 0; h < heads; ++h) {
+      const tensor::HeadScores head = problem.head(b, h);
+      const Matrix q = tensor::gather_head(problem, tensor::HeadTensor::query, *arrays.q, b, h);
+      const Matrix k =
+          tensor::gather_head(problem, tensor::HeadTensor::key, *arrays.k, b, h / problem.group_size());
+      Element& e = expected[per_batch ? b * heads + h : h];
+      names[per_batch ? b * heads + h : h] = per_batch
+                                                 ? "batch " + std::to_string(b) + " head " + std::to_string(h)
+                                                 : "head " + std::to_string(h);
+      e.expected = std::max(e.expected, reference::max_logit(q, k, head, fp32));
+      e.allowed = std::max(e.allowed, allowance_of(q, k, head));
+    }
+  }
+  std::vector<double> actual(given.size());
+  given.read(0, actual);
+  metrics::Comparison c;
+  compare(expected, actual, names, c);
+  outcome.tensors.push_back({.name = "max_logit",
+                             .proven_ratio = c.max_bound_ratio,
+                             .statistical_ratio = 0,
+                             .violations = c.violation_count,
+                             .non_finite = c.non_finite,
+                             .proven_violations = c.violation_count});
+  if (c.violation_count > 0) outcome.failures.push_back(c.violations.front());
+  outcome.comparison.merge(c);
+}
+
+}  // namespace sharpcheck::ops
