@@ -201,29 +201,44 @@ kernels::PluginRun run_call(const Operation& operation, const FloatFormat& forma
   return settings.plugin->run_operation(std::string(operation.name), format, options.dump(), inputs, results);
 }
 
+// A call the plugin did not complete: a crash record with its inputs saved, or an interruption.
+void record_call_failure(const kernels::PluginRun& run, const GateSettings& settings,
+                         const GateCase& gate_case, const std::vector<kernels::PluginTensor>& inputs,
+                         CaseOutcome& outcome) {
+  std::vector<Matrix> kept;
+  kept.reserve(inputs.size());
+  std::vector<std::pair<std::string, const Matrix*>> named;
+  for (const kernels::PluginTensor& t : inputs) {
+    Matrix& m = kept.emplace_back(1, t.values.size());
+    m.values = t.values;
+    named.emplace_back("_" + t.name, &m);
+  }
+  record_plugin_failure(run, settings, gate_case, named, outcome);
+}
+
 // An invariance case's reruns through the plugin, compared with the first call and judged
-// (gate/invariance.hpp); a rerun that crashes, hangs or fails is a failure naming it.
+// (gate/invariance.hpp); a rerun that crashes, hangs or runs out of memory makes the case a crash
+// naming that rerun (its inputs saved), and an interruption stops it as the first call's would.
 void judge_plugin_reruns(const Operation& operation, const ExternalCase& c, const FloatFormat& format,
-                         const GateSettings& settings, const std::vector<double>& first,
-                         const std::string& kernel, CaseOutcome& outcome) {
+                         const GateSettings& settings, const GateCase& gate_case,
+                         const std::vector<double>& first, CaseOutcome& outcome) {
   std::vector<std::vector<double>> values(c.reruns.size());
-  std::vector<const std::vector<double>*> reruns(c.reruns.size(), nullptr);
-  std::vector<std::string> broken;
+  std::vector<const std::vector<double>*> reruns;
   std::vector<kernels::PluginTensor> inputs;
   for (std::size_t i = 0; i < c.reruns.size(); ++i) {
     const ExternalCall& call = c.reruns[i];
     const kernels::PluginRun run =
         run_call(operation, format, settings, call.tensors, call.options, call.outputs, inputs);
     if (run.status != kernels::PluginRun::Status::ok) {
-      broken.push_back("the " + c.invariance.reruns[i].name + " " + kernels::plugin_status_name(run.status) +
-                       (run.detail.empty() ? "" : " (" + run.detail + ")"));
-      continue;
+      record_call_failure(run, settings, gate_case, inputs, outcome);
+      if (!outcome.failures.empty())
+        outcome.failures.back() += " (in the " + c.invariance.reruns[i].name + ")";
+      return;
     }
     values[i] = run.out.values;
-    reruns[i] = &values[i];
+    reruns.push_back(&values[i]);
   }
-  judge_external_invariance(operation, c, format, first, reruns, kernel, outcome);
-  for (const std::string& b : broken) outcome.failures.push_back("in another batch, " + b);
+  judge_external_invariance(operation, c, format, first, reruns, gate_case.kernel, outcome);
 }
 
 }  // namespace
@@ -238,22 +253,14 @@ void run_plugin_operation_case(const Operation& operation, const GateCase& gate_
   const kernels::PluginRun run =
       run_call(operation, format, settings, c.tensors, c.options, c.outputs, inputs);
   if (run.status != kernels::PluginRun::Status::ok) {
-    std::vector<Matrix> kept;
-    kept.reserve(inputs.size());
-    std::vector<std::pair<std::string, const Matrix*>> named;
-    for (const kernels::PluginTensor& t : inputs) {
-      Matrix& m = kept.emplace_back(1, t.values.size());
-      m.values = t.values;
-      named.emplace_back("_" + t.name, &m);
-    }
-    record_plugin_failure(run, settings, gate_case, named, outcome);
+    record_call_failure(run, settings, gate_case, inputs, outcome);
     return;
   }
   outcome.console = run.console;
   if (c.reruns.empty()) {
     judge_external_outputs(operation, c, format, run.out.values, gate_case.kernel, outcome);
   } else {
-    judge_plugin_reruns(operation, c, format, settings, run.out.values, gate_case.kernel, outcome);
+    judge_plugin_reruns(operation, c, format, settings, gate_case, run.out.values, outcome);
   }
 }
 

@@ -443,7 +443,7 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.def("external_cases", &external_cases, py::arg("name"), py::arg("format"), py::arg("sizes"),
              py::arg("seed"));
   module.def("judge_invariance_case", &judge_invariance_case, py::arg("name"), py::arg("format"),
-             py::arg("sizes"), py::arg("seed"), py::arg("id"), py::arg("kernel"), py::arg("calls"));
+             py::arg("output_format"), py::arg("sizes"), py::arg("seed"), py::arg("id"), py::arg("calls"));
   module.def("report_json", &report_json, py::arg("cases"), py::arg("complete") = true);
   module.def("junit_xml", &junit_xml, py::arg("cases"));
   module.def("exit_code", &exit_code, py::arg("cases"));

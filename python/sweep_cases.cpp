@@ -65,16 +65,17 @@ std::vector<double> outputs_of(const py::handle& given, const std::vector<gate::
   for (const gate::ExternalTensor& t : wanted) {
     if (!outputs.contains(t.name))
       throw InputError(InputProblem::shape_mismatch, call + ": the kernel returned no " + t.name);
-    const HostArray array(outputs[py::str(t.name)], t.name, stored);
-    if (array.shape() != t.shape) {
-      std::string want, got;
-      for (const std::size_t e : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(e);
-      for (const std::size_t e : array.shape()) got += (got.empty() ? "" : ", ") + std::to_string(e);
-      throw InputError(InputProblem::shape_mismatch,
-                       call + ": " + t.name + " came back as [" + got + "], expected [" + want + "]");
+    try {
+      const HostArray array(outputs[py::str(t.name)], t.name, stored);
+      if (array.shape() != t.shape)
+        throw InputError(InputProblem::shape_mismatch, t.name + " came back as " +
+                                                           gate::shape_text(array.shape()) + ", expected " +
+                                                           gate::shape_text(t.shape));
+      const std::vector<double> all = array.values();
+      values.insert(values.end(), all.begin(), all.end());
+    } catch (const InputError& error) {  // which call's tensor
+      throw InputError(error.problem(), call + ": " + error.what());
     }
-    const std::vector<double> all = array.values();
-    values.insert(values.end(), all.begin(), all.end());
   }
   return values;
 }
@@ -100,22 +101,23 @@ py::list external_cases(const std::string& name, const std::string& format,
 }
 
 std::string judge_invariance_case(const std::string& name, const std::string& format,
-                                  const std::vector<std::size_t>& sizes, std::uint64_t seed,
-                                  const std::string& id, const std::string& kernel, const py::list& calls) {
+                                  const std::string& output_format, const std::vector<std::size_t>& sizes,
+                                  std::uint64_t seed, const std::string& id, const py::list& calls) {
   const gate::Operation& operation = gate::find_operation(ops::all_operations(), name);
-  const std::vector<gate::ExternalCase> cases = cases_of(operation, name, format, sizes, seed, id);
-  const gate::ExternalCase* found = nullptr;
-  for (const gate::ExternalCase& c : cases) {
+  std::vector<gate::ExternalCase> cases = cases_of(operation, name, format, sizes, seed, id);
+  gate::ExternalCase* found = nullptr;
+  for (gate::ExternalCase& c : cases) {
     if (c.id == id) found = &c;
   }
   if (found == nullptr || found->reruns.empty())
     throw InputError(InputProblem::out_of_range, "sharpcheck.sweep: " + id + " is no batch-invariance case");
-  const gate::ExternalCase& c = *found;
+  gate::ExternalCase& c = *found;
   if (calls.size() != c.reruns.size() + 1)
     throw InputError(InputProblem::shape_mismatch, id + ": " + std::to_string(calls.size()) +
                                                        " calls' outputs for " +
                                                        std::to_string(c.reruns.size() + 1) + " calls");
-  const gate::StoredFormat stored = gate::stored_format(format);
+  const gate::StoredFormat stored = gate::stored_format(output_format);
+  if (output_format != format) c.judge_options["input_format"] = format;  // inputs stay the case's
   const std::vector<double> first = outputs_of(calls[0], c.outputs, stored, id + ", the first call");
   std::vector<std::vector<double>> values;
   for (std::size_t i = 0; i < c.reruns.size(); ++i)
@@ -124,8 +126,7 @@ std::string judge_invariance_case(const std::string& name, const std::string& fo
   std::vector<const std::vector<double>*> reruns;
   for (const auto& v : values) reruns.push_back(&v);
   gate::CaseOutcome outcome;
-  outcome.gate_case.kernel = kernel;
-  gate::judge_external_invariance(operation, c, *stored.format, first, reruns, kernel, outcome);
+  gate::judge_external_invariance(operation, c, *stored.format, first, reruns, "python", outcome);
   return gate::to_json(outcome).dump();
 }
 

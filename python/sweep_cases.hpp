@@ -18,10 +18,10 @@ namespace sharpcheck::python {
                                             const std::vector<std::size_t>& sizes, std::uint64_t seed);
 
 // The case record (JSON text) of the invariance case `id` of that sweep, from `calls`: the
-// kernel's outputs ({name: array}) of the first call and then of every rerun, in order.
+// kernel's outputs ({name: array}, in `output_format`) of the first call and then of every rerun.
 [[nodiscard]] std::string judge_invariance_case(const std::string& name, const std::string& format,
+                                                const std::string& output_format,
                                                 const std::vector<std::size_t>& sizes, std::uint64_t seed,
-                                                const std::string& id, const std::string& kernel,
-                                                const pybind11::list& calls);
+                                                const std::string& id, const pybind11::list& calls);
 
 }  // namespace sharpcheck::python

@@ -16,10 +16,12 @@ namespace {
 
 constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
 
-// The score in double and a bound on its error: the dot product's naive sum carries at most
-// gamma_d sum |q k| (any order; u = 2^-53), the scale in double (1/sqrt(d) rounded) and the
-// product one more u each, so (d + 3) u (1 + 2^-40) of sum |q k| |scale| bounds it; 2^-1000 covers
-// underflow of the products (inputs are values of formats far above it).
+// The score in double and a bound on its error: the products and the naive sum carry at most
+// gamma_d sum |q k| (any order; u = 2^-53), the scale (1/sqrt(d): the root and the quotient round)
+// two more u and the product one, so gamma_{d+3} sum |q k| |scale| bounds it, and the bound's own
+// roundings (a few u of it) are covered by the factors (1 + 2^-40); 2^-1000 covers underflow of the
+// products (inputs are values of formats far above it). A score that overflows double has no
+// estimate (NaN or infinite): it is always rounded exactly.
 struct Estimate {
   double score = 0, error = 0;
 };
@@ -29,9 +31,9 @@ Estimate estimate(std::span<const double> q, std::span<const double> k, double s
     dot += q[t] * k[t];
     magnitude += std::abs(q[t] * k[t]);
   }
-  const double u = 0x1p-53;
-  const double gamma = static_cast<double>(q.size() + 3) * u * (1 + 0x1p-40);
-  return {dot * scale, gamma * magnitude * (1 + 0x1p-40) * std::abs(scale) * (1 + 4 * u) + 0x1p-1000};
+  const double nu = static_cast<double>(q.size() + 3) * 0x1p-53;
+  const double gamma = nu / (1 - nu) * (1 + 0x1p-40);
+  return {dot * scale, gamma * magnitude * (1 + 0x1p-40) * std::abs(scale) * (1 + 0x1p-40) + 0x1p-1000};
 }
 
 double scale_of(const tensor::HeadScores& head, std::size_t dim) {
@@ -86,15 +88,15 @@ double max_logit(const Matrix& queries, const Matrix& keys, const tensor::HeadSc
     head.visible_keys(i, seen);
     for (const std::size_t j : seen) {
       const Estimate e = estimate(queries.row(i), keys.row(j), scale);
-      floor = std::max(floor, e.score - e.error);
+      if (std::isfinite(e.score - e.error)) floor = std::max(floor, e.score - e.error);
     }
   }
   double best = minus_infinity;
-  for (std::size_t i = 0; i < rows && floor != minus_infinity; ++i) {
+  for (std::size_t i = 0; i < rows; ++i) {
     head.visible_keys(i, seen);
     for (const std::size_t j : seen) {
       const Estimate e = estimate(queries.row(i), keys.row(j), scale);
-      if (e.score + e.error >= floor)
+      if (!(e.score + e.error < floor))  // NaN (no estimate) included
         best = std::max(best, rounded_score(queries.row(i), keys.row(j), head, target));
     }
   }

@@ -152,6 +152,49 @@ CaseOutcome judge_call(const gate::OpCall& call) {
   return outcome;
 }
 
+gate::ExternalTensor tensor_of(const char* name, const Matrix& m) {
+  return {.name = name, .shape = {m.rows, m.cols}, .values = m.values};
+}
+
+// The sweep for a kernel outside the gate: each of the operation's problems (the gate's), as its
+// tensors and options; the kernel returns `out` [m, dv] (linear) or `weights`.
+template <EscapeOperation operation>
+std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep) {
+  constexpr std::string_view name = operation == EscapeOperation::linear      ? "linear_attention"
+                                    : operation == EscapeOperation::selective ? "selective_attention"
+                                                                              : "differential_attention";
+  std::vector<gate::ExternalCase> cases;
+  for (const inputs::EscapeKind kind : inputs::all_escape_kinds) {
+    if (inputs::escape_kind_operation(kind) != operation) continue;
+    gate::GateCase shape;  // only for the id, the gate's form
+    shape.kernel = "python:" + std::string(name) + ":" + std::string(sweep.format->name);
+    shape.input = std::string(inputs::escape_kind_name(kind));
+    shape.n = inputs::escape_kind_keys(kind);
+    gate::ExternalCase c;
+    c.id = shape.id();
+    const tensor::EscapeProblem p =
+        inputs::make_escape_problem(kind, *sweep.format, gate::case_seed(sweep.seed, c.id));
+    if (operation == EscapeOperation::linear) {
+      c.tensors = {tensor_of("q", p.queries), tensor_of("k", p.keys), tensor_of("v", p.values)};
+      if (p.causal) {
+        c.options["causal"] = true;
+        c.needs.emplace_back("causal");
+      }
+      c.outputs.push_back({.name = "out", .shape = {p.queries.rows, p.values.cols}, .values = {}});
+    } else {
+      c.tensors = {tensor_of("logits", p.logits)};
+      if (operation == EscapeOperation::selective) c.tensors.push_back(tensor_of("selection", p.selection));
+      if (operation == EscapeOperation::differential) {
+        c.tensors.push_back(tensor_of("logits2", p.logits2));
+        c.options["lambda"] = p.lambda;
+      }
+      c.outputs.push_back({.name = "weights", .shape = {p.logits.rows, p.logits.cols}, .values = {}});
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 constexpr std::string_view escape_allowance =
     "the fp32 arithmetic every such kernel does plus the output's rounding, derived in "
     "metrics/judge_attention_escapes.cpp";
@@ -170,6 +213,7 @@ const gate::Operation linear_attention_operation{
     .plan_plugin = nullptr,
     .run = run_case,
     .judge = judge_call<EscapeOperation::linear>,
+    .external_cases = external_cases<EscapeOperation::linear>,
 };
 
 const gate::Operation selective_attention_operation{
@@ -184,6 +228,7 @@ const gate::Operation selective_attention_operation{
     .plan_plugin = nullptr,
     .run = run_case,
     .judge = judge_call<EscapeOperation::selective>,
+    .external_cases = external_cases<EscapeOperation::selective>,
 };
 
 const gate::Operation differential_attention_operation{
@@ -198,6 +243,7 @@ const gate::Operation differential_attention_operation{
     .plan_plugin = nullptr,
     .run = run_case,
     .judge = judge_call<EscapeOperation::differential>,
+    .external_cases = external_cases<EscapeOperation::differential>,
 };
 
 }  // namespace sharpcheck::ops

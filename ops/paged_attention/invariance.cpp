@@ -28,7 +28,8 @@ std::vector<Call> reruns_of(std::size_t requests) {
   std::iota(all.begin(), all.end(), std::size_t{0});
   const std::string whole = "batch of " + std::to_string(requests);
   std::vector<Call> calls{{.plan = named(whole + " again", requests), .members = all}};
-  for (std::size_t r = 0; r < requests; ++r) calls.push_back({.plan = named("alone", 1), .members = {r}});
+  for (std::size_t r = 0; r < requests; ++r)
+    calls.push_back({.plan = named("request " + std::to_string(r) + " alone", 1), .members = {r}});
   for (const std::size_t size : {std::size_t{15}, std::size_t{16}}) {
     if (size >= requests) continue;
     const std::size_t first = requests - size;
@@ -43,7 +44,7 @@ std::vector<Call> reruns_of(std::size_t requests) {
   calls.push_back({.plan = named(whole + " in pages of 64, HND, indptr form", requests),
                    .members = all,
                    .other_layout = true});
-  calls.front().plan.same_call = true;
+  calls.front().plan.same_call = true;  // the first call again
   return calls;
 }
 

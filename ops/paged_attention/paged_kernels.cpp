@@ -291,7 +291,7 @@ constexpr kernels::AttentionDesign fp32_partials{.input = &bf16, .output = &fp32
 // batch x heads x splits to fill 132 SMs, at most 128 and one per block.
 std::size_t split_keys_from_batch(std::size_t batch, std::size_t heads, std::size_t keys) {
   constexpr std::size_t sms = 132, block = 64;
-  const std::size_t blocks = pages_for(keys, block);
+  const std::size_t blocks = std::max<std::size_t>(1, pages_for(keys, block));
   const std::size_t splits =
       std::clamp<std::size_t>(pages_for(sms, batch * heads), 1, std::min<std::size_t>(128, blocks));
   return block * pages_for(blocks, splits);

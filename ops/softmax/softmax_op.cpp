@@ -147,7 +147,8 @@ void run_row_case(const gate::GateCase& gate_case, const gate::GateSettings& set
 }
 
 std::vector<gate::ExternalCase> row_external_cases(std::string_view operation,
-                                                   const gate::ExternalSweep& sweep) {
+                                                   const gate::ExternalSweep& sweep,
+                                                   std::string_view judged) {
   // The plugin's cases (plan_plugin_rows): every row kind at every size, and the scaled rows at
   // theta = 1 / scale for a kernel that declares "theta".
   const std::string kernel = "python:" + std::string(operation) + ":" + std::string(sweep.format->name);
@@ -167,6 +168,7 @@ std::vector<gate::ExternalCase> row_external_cases(std::string_view operation,
       c.options["theta"] = 1.0 / scale;
       c.needs.emplace_back("theta");
     }
+    if (!judged.empty()) c.outputs.push_back({.name = std::string(judged), .shape = {1, n}, .values = {}});
     cases.push_back(std::move(c));
   };
   for (const inputs::RowKind kind : inputs::all_row_kinds) {

@@ -28,9 +28,11 @@ void plan_row_kernels(const gate::PlanContext& context, kernels::Operation opera
 void run_row_case(const gate::GateCase& gate_case, const gate::GateSettings& settings,
                   gate::CaseOutcome& outcome);
 // The sweep's row cases for a kernel outside the gate (a plugin's row cases): every row kind at
-// every size as `logits` [1, n], and scaled rows (option theta, needing "theta").
+// every size as `logits` [1, n], and scaled rows (option theta, needing "theta"). `judged` names
+// the result a plugin's sharpcheck_op fills ([1, n]); empty: the operation has its own entry.
 [[nodiscard]] std::vector<gate::ExternalCase> row_external_cases(std::string_view operation,
-                                                                 const gate::ExternalSweep& sweep);
+                                                                 const gate::ExternalSweep& sweep,
+                                                                 std::string_view judged = {});
 // Rows computed elsewhere: `logits` and the judged tensor `judged` along options' dim, under the
 // tolerance named, else `default_entry`.
 [[nodiscard]] gate::CaseOutcome judge_rows(const gate::OpCall& call, kernels::Operation operation,

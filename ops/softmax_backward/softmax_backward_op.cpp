@@ -69,6 +69,40 @@ void run_case(const GateCase& gate_case, const gate::GateSettings&, CaseOutcome&
   outcome.comparison = metrics::judge_softmax_backward(kernel, logits, dy, dx);
 }
 
+// The sweep for a kernel outside the gate: every row kind at every size as logits [1, n] of the
+// format, with a normal dy [1, n] of the format; the kernel returns dx [1, n]. dy is 0 at a masked
+// logit: the reference does not read it there (a masked entry is a constant), while autograd's
+// log-softmax backward sums it into every entry (dx_j = dy_j - y_j sum_i dy_i over all i); with
+// nothing flowing into a -inf output the two conventions agree.
+template <bool log_softmax>
+std::vector<gate::ExternalCase> external_cases(const gate::ExternalSweep& sweep) {
+  const std::string kernel = std::string("python:") + (log_softmax ? "log_" : "") +
+                             "softmax_backward:" + std::string(sweep.format->name);
+  std::vector<gate::ExternalCase> cases;
+  for (const inputs::RowKind kind : inputs::all_row_kinds) {
+    for (const std::size_t n : sweep.sizes) {
+      gate::GateCase shape;  // only for the id, the gate's form
+      shape.kernel = kernel;
+      shape.input = std::string(inputs::row_kind_name(kind));
+      shape.n = n;
+      gate::ExternalCase c;
+      c.id = shape.id();
+      const std::uint64_t seed = gate::case_seed(sweep.seed, c.id);
+      std::vector<double> logits = inputs::make_row(kind, n, *sweep.format, seed), dy(n);
+      DeterministicRandom random(seed ^ 0x5BD1E995ULL);
+      for (std::size_t j = 0; j < n; ++j) {
+        const double g = round_to_format(random.normal(0, 1), *sweep.format);
+        dy[j] = logits[j] == -INFINITY ? 0.0 : g;  // see above
+      }
+      c.tensors = {{.name = "logits", .shape = {1, n}, .values = std::move(logits)},
+                   {.name = "dy", .shape = {1, n}, .values = std::move(dy)}};
+      c.outputs.push_back({.name = "dx", .shape = {1, n}, .values = {}});
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
 // The tolerance entry: a softmax backward kernel's, by name (default: the fp32 kernel of this
 // direction, whose arithmetic every sound fp32-accumulating kernel matches).
 const kernels::SoftmaxBackwardKernel& entry_of(const gate::OpOptions& options, bool log_softmax) {
@@ -138,6 +172,7 @@ const gate::Operation softmax_backward_operation{
     .plan_plugin = nullptr,
     .run = run_case,
     .judge = judge_call<false>,
+    .external_cases = external_cases<false>,
 };
 
 const gate::Operation log_softmax_backward_operation{
@@ -154,6 +189,7 @@ const gate::Operation log_softmax_backward_operation{
     .plan_plugin = nullptr,
     .run = run_case,
     .judge = judge_call<true>,
+    .external_cases = external_cases<true>,
 };
 
 }  // namespace sharpcheck::ops

@@ -15,10 +15,12 @@ rounded reference by the operation's own judge.
 Case ids are the gate's (kernel/input/modifiers/n=N, the kernel named python:<op>:<format>), and
 the same seed gives the same inputs, so a failing id reruns alone."""
 
+import copy
 import json
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import _sharpcheck
+from ._arrays import host
 from ._asserts import Report, judge, operation_spec
 
 DEFAULT_SEED = 20241008  # the gate's default --seed
@@ -113,7 +115,7 @@ class Case:
     @property
     def kwargs(self) -> Dict[str, Any]:
         kwargs = {name: _copy(value) for name, value in self.inputs.items() if name not in self._required}
-        kwargs.update(self.options)
+        kwargs.update(copy.deepcopy(self.options))  # a kernel rewriting cu_seqlens_q cannot move the judge
         return kwargs
 
     def __str__(self) -> str:
@@ -137,13 +139,8 @@ class Case:
             return dict(zip(self._results, result))
         return {self._results[0]: result}
 
-    def judge(self, result: Any, **judge_options: Any) -> Report:
-        """Judges the kernel's result on this case (AssertionError when it does not fit, as judge)."""
-        options = dict(self.options)
-        options.update(self.judge_options)
-        options.update(judge_options)
-        options.setdefault("input_format", self.format)
-        options.setdefault("name", self.id)
+    def checked_results(self, result: Any) -> Dict[str, Any]:
+        """results(result), each result in the output's format checked (TypeError naming it)."""
         results = self.results(result)
         for name, value in results.items():
             got = _dtype_format(value)
@@ -151,6 +148,21 @@ class Case:
             if name in self._in_output_format and got is not None and got != expected:
                 raise TypeError(f"{self.id}: {name} came back as {got} where {self.output_format} was asked "
                                 f"(output_format={got!r} judges a {got} output)")
+        return results
+
+    def judge(self, result: Any, **judge_options: Any) -> Report:
+        """Judges the kernel's result on this case (AssertionError when it does not fit, as judge).
+        A batch-invariance case (reruns) is judged only by calling the kernel on every rerun:
+        sharpcheck.sweep(kernel, op, match=case.id); judge() refuses it rather than skip the check."""
+        if self.reruns:
+            raise ValueError(f"{self.id} is a batch-invariance case: its {len(self.reruns)} reruns must run "
+                             f"too; judge it with sharpcheck.sweep(kernel, {self.op!r}, match={self.id!r})")
+        options = dict(self.options)
+        options.update(self.judge_options)
+        options.update(judge_options)
+        options.setdefault("input_format", self.format)
+        options.setdefault("name", self.id)
+        results = self.checked_results(result)
         options.setdefault("format", self.output_format)
         return judge(self.op, **self.inputs, **results, **options)
 
@@ -279,17 +291,37 @@ def _judge_invariance(kernel: Callable[..., Any], case: Case, result: Any) -> Sw
     """A batch-invariance case: the kernel called on every rerun too, then every request's outputs
     compared bit for bit with the first call's and the calls that differ judged, by the gate's own
     check (judge_invariance_case). Judged under the operation's default allowance."""
-    calls = [case.results(result)]
+    notes: List[str] = []
+
+    def kept(call: Case, result: Any) -> Dict[str, Any]:
+        # Each result copied to the host at once: a kernel reusing one output buffer (CUDA graphs,
+        # out=) overwrites it on the next call.
+        results = call.checked_results(result)
+        if set(results) - {"out"}:
+            notes.append(f"{sorted(set(results) - {'out'})} returned too: the invariance case compares and "
+                         "judges out only (the other paged cases judge the rest)")
+        return {name: _copy(host(value, name, notes)) for name, value in results.items() if name == "out"}
+
+    try:
+        calls = [kept(case, result)]
+    except (ValueError, TypeError) as error:
+        return SweepResult(case.id, "error", f"{type(error).__name__} in the first call: {error}")
     for rerun in case.reruns:
         try:
-            calls.append(rerun.results(kernel(*rerun.args, **rerun.kwargs)))
+            rerun_result = kernel(*rerun.args, **rerun.kwargs)
         except Exception as error:  # noqa: BLE001 - any exception of the kernel is its case's crash
             return SweepResult(case.id, "crash", f"{type(error).__name__} in the {rerun.name}: {error}")
-    name = getattr(kernel, "__name__", repr(kernel))
+        try:
+            calls.append(kept(rerun, rerun_result))
+        except (ValueError, TypeError) as error:
+            return SweepResult(case.id, "error", f"{type(error).__name__} in the {rerun.name}: {error}")
     try:
-        text = _sharpcheck.judge_invariance_case(case.op, case.format, case.sizes, case.seed, case.id, name, calls)
+        text = _sharpcheck.judge_invariance_case(case.op, case.format, case.output_format, case.sizes, case.seed,
+                                                 case.id, calls)
     except (ValueError, TypeError, ArithmeticError) as error:
         return SweepResult(case.id, "error", f"{type(error).__name__}: {error}")
     record = json.loads(text)
-    report = Report(record, [])
-    return SweepResult(case.id, record["status"], "\n".join(record["failures"]), report)
+    record["kernel"] = getattr(kernel, "__name__", repr(kernel))
+    if notes:
+        record["notes"] = sorted(set(notes))
+    return SweepResult(case.id, record["status"], "\n".join(record["failures"]), Report(record, notes))

@@ -270,10 +270,13 @@ def test_the_paged_sweep_reports_a_kernel_whose_path_follows_the_batch():
     record = result.report.record["invariance"]
     changed = {c["run"] for c in record["changed"]}
     # the first call (17 sequences) took the bf16 path, as 16 do; 15 and fewer did not
-    assert {"alone", "batch of 15 (requests 2-16)"} <= changed and "batch of 16 (requests 1-16)" not in changed
+    assert {"request 3 alone", "batch of 15 (requests 2-16)"} <= changed
+    assert "batch of 16 (requests 1-16)" not in changed and "batch of 17 again" not in changed
     judged = [r for r in record["runs"] if r["judged"]]
     assert all(r["max_bound_ratio"] <= 1 for r in judged)  # accurate in every batch
     assert len(case) == 1
+    with pytest.raises(ValueError, match="batch-invariance case: its 22 reruns must run too"):
+        case[0].judge(sweep_kernel()(*case[0].args, **case[0].kwargs))  # judge() alone would skip the check
 
 
 def test_a_kernel_that_raises_in_a_rerun_is_that_cases_crash():
@@ -284,4 +287,16 @@ def test_a_kernel_that_raises_in_a_rerun_is_that_cases_crash():
             raise RuntimeError("out of shared memory")
         return sweep_kernel()(*args, **kwargs)
     (result,) = sharpcheck.sweep(kernel, "paged_attention", format="bf16", match="invariance").results
-    assert result.status == "crash" and "RuntimeError in the alone: out of shared memory" in result.message
+    assert result.status == "crash" and "RuntimeError in the request 2 alone: out of shared memory" in result.message
+
+
+def test_a_kernel_reusing_one_output_buffer_is_judged_on_each_calls_result():
+    """CUDA-graph and out= kernels return a view of one buffer that the next call overwrites."""
+    buffer = {}
+    def kernel(*args, **kwargs):
+        out = sweep_kernel()(*args, **kwargs)
+        held = buffer.setdefault("out", torch.empty(0, dtype=out.dtype))
+        held.resize_(out.shape).copy_(out)
+        return held
+    (result,) = sharpcheck.sweep(kernel, "paged_attention", format="bf16", match="invariance").results
+    assert result.status == "pass", result.message

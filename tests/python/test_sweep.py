@@ -152,8 +152,7 @@ def test_unknown_features_operations_and_formats_are_refused_by_name():
         sharpcheck.cases("attention", features={"casual"})
     with pytest.raises(ValueError, match="attn"):
         sharpcheck.sweep(torch_softmax, "attn")
-    with pytest.raises(ValueError, match="no sweep"):
-        sharpcheck.cases("linear_attention")
+    assert all(sharpcheck.cases(op["name"], sizes=[16]) for op in sharpcheck.ops())  # every operation has a sweep
     with pytest.raises(ValueError, match="int8"):
         sharpcheck.cases("softmax", format="int8")
     with pytest.raises(ValueError, match="no case"):
@@ -258,3 +257,52 @@ def test_tf32_sweeps_take_float32_results_and_an_id_reruns_alone_and_fp8_is_refu
     assert sharpcheck.cases("attention", features={"causal", "theta"}, sizes=(16,))  # theta: another op's feature
     with pytest.raises(ValueError, match="fp8"):
         sharpcheck.cases("softmax", format="fp8_e4m3")
+
+
+def _autograd(forward):
+    def kernel(logits, dy, **options):
+        x = logits.double().requires_grad_()
+        forward(x).backward(dy.double())
+        return x.grad.to(logits.dtype)
+    return kernel
+
+
+def _ssmax(logits, theta=1.0, **options):
+    n = logits.shape[-1] - int(torch.isinf(logits).sum())  # n counts the keys a row sees
+    return torch.softmax(logits.double() * math.log(n) / theta, -1).to(logits.dtype)
+
+
+def _linear(q, k, v, causal=False):
+    phi_q, phi_k = torch.nn.functional.elu(q.double()) + 1, torch.nn.functional.elu(k.double()) + 1
+    w = phi_q @ phi_k.T
+    w = torch.tril(w) if causal else w
+    return ((w / w.sum(-1, keepdim=True)) @ v.double()).to(q.dtype)
+
+
+def _differential(logits, logits2, **options):  # "lambda" is a Python keyword: it comes in options
+    return (torch.softmax(logits.double(), -1) - options["lambda"] * torch.softmax(logits2.double(), -1)).to(logits.dtype)
+
+
+@pytest.mark.parametrize("op, kernel", [
+    ("softmax_backward", _autograd(lambda x: torch.softmax(x, -1))),
+    ("log_softmax_backward", _autograd(lambda x: torch.log_softmax(x, -1))),
+    ("scalable_softmax", _ssmax),
+    ("linear_attention", _linear),
+    ("differential_attention", _differential),
+])
+def test_every_operation_is_swept_for_a_python_kernel(op, kernel):
+    """The sweeps issue 31's operations gained: autograd's backward, SSMax, linear and Differential
+    attention written in torch pass every case; each twin below fails."""
+    report = sharpcheck.sweep(kernel, op, format="fp32", sizes=[16, 256], features={"theta", "causal"})
+    assert report.passed, str(report)
+    assert len(report.results) >= 2
+
+
+def test_the_new_sweeps_catch_their_twins():
+    forgot_the_sum = lambda logits, dy, **o: (torch.softmax(logits.double(), -1) * dy.double()).to(logits.dtype)  # noqa: E731
+    assert not sharpcheck.sweep(forgot_the_sum, "softmax_backward", format="fp32", sizes=[16]).passed
+    no_log_n = lambda logits, theta=1.0, **o: torch.softmax(logits.double() / theta, -1).to(logits.dtype)  # noqa: E731
+    assert not sharpcheck.sweep(no_log_n, "scalable_softmax", format="fp32", sizes=[16], features={"theta"}).passed
+    unnormalised = lambda q, k, v, causal=False: ((torch.nn.functional.elu(q.double()) + 1)  # noqa: E731
+                                                  @ (torch.nn.functional.elu(k.double()) + 1).T @ v.double()).to(q.dtype)
+    assert not sharpcheck.sweep(unnormalised, "linear_attention", format="fp32", features={"causal"}).passed
