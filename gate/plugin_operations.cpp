@@ -194,6 +194,7 @@ kernels::PluginRun run_call(const Operation& operation, const FloatFormat& forma
                             const nlohmann::json& options, const std::vector<ExternalTensor>& outputs,
                             std::vector<kernels::PluginTensor>& inputs) {
   std::vector<kernels::PluginTensor> results;
+  results.reserve(outputs.size());
   inputs.clear();
   for (const ExternalTensor& t : tensors)
     inputs.push_back({t.name, storage_of(t, format), t.shape, t.values});

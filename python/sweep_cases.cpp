@@ -120,10 +120,12 @@ std::string judge_invariance_case(const std::string& name, const std::string& fo
   if (output_format != format) c.judge_options["input_format"] = format;  // inputs stay the case's
   const std::vector<double> first = outputs_of(calls[0], c.outputs, stored, id + ", the first call");
   std::vector<std::vector<double>> values;
+  values.reserve(c.reruns.size());
   for (std::size_t i = 0; i < c.reruns.size(); ++i)
     values.push_back(
         outputs_of(calls[i + 1], c.reruns[i].outputs, stored, id + ", the " + c.invariance.reruns[i].name));
   std::vector<const std::vector<double>*> reruns;
+  reruns.reserve(values.size());
   for (const auto& v : values) reruns.push_back(&v);
   gate::CaseOutcome outcome;
   gate::judge_external_invariance(operation, c, *stored.format, first, reruns, "python", outcome);
