@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <optional>
 #include <string>
 
 #include "core/errors.hpp"
+#include "core/mpfr_number.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/exact_rounding.hpp"
 #include "reference/input_checks.hpp"
@@ -149,6 +151,81 @@ void decide_at(const LoopState& s, slong precision, const FloatFormat& target, s
   }
 }
 
+// The rounding of r + t for every t of sign `side` with |t| <= 2^tail_exponent, if one (nullopt
+// otherwise). `near` is r moved strictly toward `side` by less than r's distance to any rounding
+// boundary other than r (boundaries are dyadic, at or above 2^-1075, so r - b != 0 is at least
+// 1 / (den(r) 2^1075); the precision below keeps the move under that), so RN is constant on
+// (r, near]; `far` is r + side 2^tail_exponent rounded outward. Both ends rounding alike decides.
+std::optional<double> round_beside(mpq_srcptr r, int side, long tail_exponent, const FloatFormat& target) {
+  const auto bits = [](mpz_srcptr z) { return static_cast<mpfr_prec_t>(mpz_sizeinbase(z, 2)); };
+  const mpfr_prec_t precision = bits(mpq_numref(r)) + bits(mpq_denref(r)) + 1200;
+  const mpfr_rnd_t outward = side > 0 ? MPFR_RNDU : MPFR_RNDD;
+  MpfrNumber near(precision), far(precision), tail(precision);
+  if (mpfr_set_q(near.get(), r, outward) == 0) {
+    if (side > 0) {
+      mpfr_nextabove(near.get());
+    } else {
+      mpfr_nextbelow(near.get());
+    }
+  }
+  mpfr_set_si_2exp(tail.get(), side, std::max(tail_exponent, static_cast<long>(mpfr_get_emin()) + 2),
+                   outward);
+  mpfr_set_q(far.get(), r, outward);
+  mpfr_add(far.get(), far.get(), tail.get(), outward);
+  return side > 0 ? round_if_decided(near.get(), far.get(), target)
+                  : round_if_decided(far.get(), near.get(), target);
+}
+
+// log_softmax_backward_j = (dy_j - y_j D) / theta where one group G of logits is far above the rest
+// (a gap of z_G - z_g >= g): for j in G, y_j = 1/k_G - T / (k_G (k_G + T)) with 0 < T <= n e^-g, so
+// the result is r = (dy_j - D/k_G) / theta plus a tail of sign sign(D) sign(theta); elsewhere y_j
+// is at most e^-g and r = dy_j / theta with a tail of the opposite sign. |tail| <= |D| n e^-g /
+// |theta|. When r is a rounding boundary (dy of few bits make that common) no enclosure decides,
+// but the tail's sign does: round_beside. Decides what it can; the rest go on in the Ziv loop.
+void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFormat& target,
+                     std::vector<double>& result, std::vector<bool>& done) {
+  const DistinctLogits& distinct = *s.distinct;
+  const int d_sign = mpq_sgn(facts.total.value), theta_sign = s.theta > 0 ? 1 : -1;
+  if (s.operation != Operation::log_softmax || distinct.values.size() < 2 || d_sign == 0) return;
+  std::size_t top = 0;
+  for (std::size_t v = 1; v < distinct.values.size(); ++v) {
+    if (distinct.values[v] / s.theta > distinct.values[top] / s.theta) top = v;
+  }
+  double gap = INFINITY;  // a lower bound on z_G - z_g (each rounding at most 2^-53 relative)
+  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
+    if (v != top)
+      gap = std::min(gap, std::abs(distinct.values[top] - distinct.values[v]) / std::abs(s.theta));
+  }
+  gap *= 1 - 0x1p-50;
+  const auto bits = [](mpz_srcptr z) { return static_cast<double>(mpz_sizeinbase(z, 2)); };
+  const double log2_d = bits(mpq_numref(facts.total.value)) - bits(mpq_denref(facts.total.value)) + 1;
+  const double log2_tail = log2_d + std::log2(static_cast<double>(s.row->active.size())) + 2 -
+                           std::log2(std::abs(s.theta)) * (1 - 0x1p-40) -
+                           gap * std::numbers::log2e * (1 - 0x1p-40);
+  const long exponent = std::isfinite(log2_tail)
+                            ? static_cast<long>(std::max(std::ceil(log2_tail) + 1, -1e15))
+                            : static_cast<long>(mpfr_get_emin());
+  Rational r, count, divisor(s.theta);
+  mpq_set_ui(count.value, distinct.counts[top], 1);
+  for (std::size_t a = 0; a < s.row->active.size(); ++a) {
+    if (done[a]) continue;
+    const std::size_t j = s.row->active[a];
+    const bool in_top = distinct.of_active[a] == top;
+    mpq_set_d(r.value, s.dy[j]);
+    if (in_top) {
+      Rational mean;
+      mpq_div(mean.value, facts.total.value, count.value);
+      mpq_sub(r.value, r.value, mean.value);
+    }
+    mpq_div(r.value, r.value, divisor.value);
+    const int side = (in_top ? 1 : -1) * d_sign * theta_sign;
+    if (const auto decided = round_beside(r.value, side, exponent, target)) {
+      result[j] = *decided;
+      done[a] = true;
+    }
+  }
+}
+
 // The exact cases (module comment); marks them done and counts them.
 void decide_exactly(const LoopState& s, const ExactFacts& facts, const FloatFormat& target,
                     std::vector<double>& result, std::vector<bool>& done, ZivStatistics* statistics) {
@@ -192,6 +269,7 @@ std::vector<double> backward(std::span<const double> logits, std::span<const dou
       ZivSchedule::for_format(target), 0, options.statistics,
       [&](mpfr_prec_t precision) {
         decide_at(state, static_cast<slong>(precision), target, result, done);
+        if (!all_done()) decide_by_tails(state, facts, target, result, done);
         return all_done();
       },
       [&] { return std::string(name_of(operation)) + ": rounding"; });

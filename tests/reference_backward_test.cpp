@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/errors.hpp"
 #include "core/random.hpp"
 #include "reference/softmax_backward.hpp"
 #include "support/independent_reference.hpp"
@@ -99,6 +100,104 @@ TEST(BackwardExactCases, ZerosAndRationalsAreExactAndCounted) {
   EXPECT_EQ(log_softmax_backward(logits, Row{0.5, -0.25, -0.25}, fp32, options),
             (std::vector<double>{0.25, -0.125, -0.125}));
 }
+
+// The fp8 outputs on the extreme-input families: e4m3 (overflow is NaN, no infinity) and e5m2
+// (IEEE: overflow is infinity), with tiny temperatures (1e-17, 2^-60, -1e-17: one-hot rows whose
+// gradients are exponentially small or beyond every format), logits of +-1e30 and beyond double's
+// exp range, and dy at the format's largest values; each result against the independent backend,
+// an exact value past the overflow threshold (half an ulp above the largest finite value) against
+// the format's overflow value. Nothing may be refused.
+::testing::AssertionResult is_rounded_with_overflow(double rounded, const Exact& exact,
+                                                    const FloatFormat& format) {
+  const double largest = format.max_finite;
+  const Exact threshold = Exact(largest) + (Exact(largest) - Exact(next_down(largest, format))) / 2;
+  if (abs(exact) <= threshold) return testing::is_nearest_in_format(rounded, exact, format);
+  const bool overflowed =
+      format.has_infinity() ? std::isinf(rounded) && (rounded > 0) == (exact > 0) : std::isnan(rounded);
+  if (overflowed) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << hex_float(rounded) << " for " << exact.str(20) << ", past "
+                                       << format.name << "'s overflow threshold";
+}
+
+// Where the exact value is a rounding boundary at 320 bits, the true value lies beyond it by an
+// exponentially small tail (e^-1e30 is below the backend's range): it must round toward the tail.
+// The tail's side, derived here from the formula: log_softmax_backward_j = (dy_j - y_j D) / theta
+// with y_j just below 1/k for the top group (largest logit / theta) and just above 0 elsewhere.
+int tail_side(const std::vector<double>& logits, const std::vector<double>& dy, double theta, std::size_t j) {
+  Exact total = 0;
+  double top = -INFINITY;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    total += Exact(dy[i]);
+    top = std::max(top, logits[i] / theta);
+  }
+  const int d_sign = total > 0 ? 1 : (total < 0 ? -1 : 0);
+  return (logits[j] / theta == top ? 1 : -1) * d_sign * (theta > 0 ? 1 : -1);
+}
+
+::testing::AssertionResult is_rounded_toward_the_tail(double rounded, const Exact& exact,
+                                                      const FloatFormat& format, int side) {
+  const ::testing::AssertionResult plain = is_rounded_with_overflow(rounded, exact, format);
+  if (plain || side == 0) return plain;
+  for (const double other : {next_up(rounded, format), next_down(rounded, format)}) {
+    if (std::isfinite(other) && abs(exact - Exact(other)) == abs(exact - Exact(rounded)))  // a tie
+      return (side > 0) == (rounded > other)
+                 ? ::testing::AssertionSuccess()
+                 : ::testing::AssertionFailure() << "a tie rounded against its tail";
+  }
+  return plain;
+}
+
+class Fp8Extremes : public ::testing::TestWithParam<const FloatFormat*> {};
+
+TEST_P(Fp8Extremes, BackwardOnTinyTemperaturesHugeLogitsAndHugeGradients) {
+  const FloatFormat& format = *GetParam();
+  DeterministicRandom random(23);
+  const double huge_dy = format.max_finite;
+  struct Family {
+    const char* name;
+    double theta, logit_scale, dy_scale;
+  };
+  const Family families[] = {{"theta 1e-17", 1e-17, 1, 1},
+                             {"theta 2^-60", 0x1p-60, 1, 1},
+                             {"theta -1e-17", -1e-17, 1, 1},
+                             {"logits 1e30", 1, 1e30, 1},
+                             {"logits 1e300, theta 0.5", 0.5, 1e300, 1},
+                             {"dy at the format's top", 1, 3, huge_dy},
+                             {"dy at the top, theta 2^-20", 0x1p-20, 1, huge_dy}};
+  for (const Family& family : families) {
+    for (int trial = 0; trial < 6; ++trial) {
+      const std::size_t n = 2 + random.below(12);
+      std::vector<double> logits(n), dy(n);
+      for (std::size_t j = 0; j < n; ++j) {
+        logits[j] = family.logit_scale * round_to_format(random.normal(0, 1), bf16);
+        dy[j] = round_to_format(family.dy_scale * (2 * random.uniform() - 1), format);
+      }
+      if (trial == 5) logits[n - 1] = logits[0];  // a tie at the top
+      RowOptions options;
+      options.theta = family.theta;
+      for (const bool log : {false, true}) {
+        std::vector<double> ours;
+        try {
+          ours = log ? log_softmax_backward(logits, dy, format, options)
+                     : softmax_backward(logits, dy, format, options);
+        } catch (const UndecidedRounding& refused) {
+          ADD_FAILURE() << refused.what() << ": " << family.name << ", trial " << trial << ", row "
+                        << row_text(logits, dy);
+          continue;
+        }
+        const auto exact = independent_backward(logits, dy, family.theta, log);
+        for (std::size_t j = 0; j < n; ++j) {
+          EXPECT_TRUE(is_rounded_toward_the_tail(ours[j], exact[j], format,
+                                                 log ? tail_side(logits, dy, family.theta, j) : 0))
+              << (log ? "log_" : "") << "softmax_backward, " << family.name << ", trial " << trial << ", j "
+              << j << ", row " << row_text(logits, dy);
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, Fp8Extremes, ::testing::Values(&fp8_e4m3, &fp8_e5m2), format_name);
 
 TEST(BackwardBadInput, EachProblemIsNamed) {
   EXPECT_THROW((void)softmax_backward(Row{1.0, 2.0}, Row{1.0}, fp32), InputError);

@@ -341,5 +341,31 @@ TEST(Decisions, AnUnderflowingPositiveCoefficientIsPlusZero) {
   }
 }
 
+// fp8 outputs (e4m3: overflow is NaN; e5m2: IEEE) on the extreme-input families: temperatures of
+// 1e-17, 2^-60 and -1e-17 (one-hot rows, ties at the top), logits of +-1e30 and 1e300 at theta 0.5,
+// against the independent 320-bit backend; nothing refused.
+TEST(Fp8Extremes, SoftmaxOnTinyTemperaturesAndHugeLogits) {
+  DeterministicRandom random(29);
+  const std::pair<double, double> families[] = {
+      {1e-17, 1}, {0x1p-60, 1}, {-1e-17, 1}, {1, 1e30}, {0.5, 1e300}};
+  for (const FloatFormat* format : {&fp8_e4m3, &fp8_e5m2}) {
+    for (const auto& [theta, scale] : families) {
+      for (int trial = 0; trial < 6; ++trial) {
+        const std::size_t n = 2 + random.below(12);
+        std::vector<double> logits(n);
+        for (double& e : logits) e = scale * round_to_format(random.normal(0, 1), bf16);
+        if (trial >= 4) logits[n - 1] = logits[0];  // ties, perhaps at the top
+        RowOptions options;
+        options.theta = theta;
+        const std::vector<double> p = reference::softmax(logits, *format, options);
+        const std::vector<Exact> exact = testing::independent_softmax(logits, theta);
+        for (std::size_t j = 0; j < n; ++j)
+          EXPECT_TRUE(is_nearest_in_format(p[j], exact[j], *format))
+              << format->name << " theta " << theta << " scale " << scale << " trial " << trial << " j " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck
