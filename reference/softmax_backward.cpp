@@ -187,21 +187,28 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
   const DistinctLogits& distinct = *s.distinct;
   const int d_sign = mpq_sgn(facts.total.value), theta_sign = s.theta > 0 ? 1 : -1;
   if (s.operation != Operation::log_softmax || distinct.values.size() < 2 || d_sign == 0) return;
+  // The top group by the logits themselves (row.shift: the largest for theta > 0, the smallest
+  // for theta < 0): quotients e / theta in double may tie or overflow where the logits differ.
   std::size_t top = 0;
-  for (std::size_t v = 1; v < distinct.values.size(); ++v) {
-    if (distinct.values[v] / s.theta > distinct.values[top] / s.theta) top = v;
-  }
-  double gap = INFINITY;  // a lower bound on z_G - z_g (each rounding at most 2^-53 relative)
+  while (distinct.values[top] != s.row->shift) ++top;
+  // A lower bound on z_G - z_g = |e_G - e_g| / |theta|, rounded toward zero in MPFR (a difference
+  // of doubles may overflow double, and then the true gap may still be small).
+  double gap = INFINITY;
+  MpfrNumber difference(64), magnitude(64);
+  mpfr_set_d(magnitude.get(), std::abs(s.theta), MPFR_RNDN);  // exact
   for (std::size_t v = 0; v < distinct.values.size(); ++v) {
-    if (v != top)
-      gap = std::min(gap, std::abs(distinct.values[top] - distinct.values[v]) / std::abs(s.theta));
+    if (v == top) continue;
+    mpfr_set_d(difference.get(), distinct.values[top], MPFR_RNDN);  // exact
+    mpfr_sub_d(difference.get(), difference.get(), distinct.values[v], MPFR_RNDZ);
+    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
+    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
+    gap = std::min(gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
   }
-  gap *= 1 - 0x1p-50;
   const auto bits = [](mpz_srcptr z) { return static_cast<double>(mpz_sizeinbase(z, 2)); };
   const double log2_d = bits(mpq_numref(facts.total.value)) - bits(mpq_denref(facts.total.value)) + 1;
-  const double log2_tail = log2_d + std::log2(static_cast<double>(s.row->active.size())) + 2 -
-                           std::log2(std::abs(s.theta)) * (1 - 0x1p-40) -
-                           gap * std::numbers::log2e * (1 - 0x1p-40);
+  // + 3: the bound's factor 2 and the roundings of these logarithms (far below one bit).
+  const double log2_tail = log2_d + std::log2(static_cast<double>(s.row->active.size())) + 3 -
+                           std::log2(std::abs(s.theta)) - gap * std::numbers::log2e * (1 - 0x1p-40);
   const long exponent = std::isfinite(log2_tail)
                             ? static_cast<long>(std::max(std::ceil(log2_tail) + 1, -1e15))
                             : static_cast<long>(mpfr_get_emin());

@@ -22,6 +22,13 @@
 // - log_softmax_backward, two or more distinct logits: with D = sum_i dy_i = 0 the result is
 //   dy_j / theta, rational, computed exactly; otherwise y_j is irrational (y_j = r would give
 //   e^{z_j} - r sum_g k_g e^{z_g} = 0, impossible with a second group), so the result is too.
+// - log_softmax_backward where one group of logits lies far above the rest (a spread of 1e30, or
+//   theta = 1e-17): the result is r plus a tail of size about e^-gap, and when r is a rounding
+//   boundary (dy of few bits make that common in fp8) no enclosure within the cap decides. The
+//   tail's sign does, exactly: y_j = 1/k_G - T/(k_G (k_G + T)) in the top group G (T > 0), so the
+//   tail is D T/(...theta), of sign sign(D) sign(theta), and y_j > 0 elsewhere gives the opposite
+//   sign; |tail| <= |D| n e^-gap / |theta|. Rounding r + tail is decided when every value between r
+//   (approached from the tail's side) and r + that bound rounds alike (decide_by_tails).
 // The loop is still capped (ZivSchedule) and reports UndecidedRounding past the cap, never a guess.
 #pragma once
 

@@ -125,24 +125,28 @@ TEST(BackwardExactCases, ZerosAndRationalsAreExactAndCounted) {
 // with y_j just below 1/k for the top group (largest logit / theta) and just above 0 elsewhere.
 int tail_side(const std::vector<double>& logits, const std::vector<double>& dy, double theta, std::size_t j) {
   Exact total = 0;
-  double top = -INFINITY;
+  double top = logits[0];  // by the logits: e / theta in double may tie or overflow
   for (std::size_t i = 0; i < logits.size(); ++i) {
     total += Exact(dy[i]);
-    top = std::max(top, logits[i] / theta);
+    top = theta > 0 ? std::max(top, logits[i]) : std::min(top, logits[i]);
   }
   const int d_sign = total > 0 ? 1 : (total < 0 ? -1 : 0);
-  return (logits[j] / theta == top ? 1 : -1) * d_sign * (theta > 0 ? 1 : -1);
+  return (logits[j] == top ? 1 : -1) * d_sign * (theta > 0 ? 1 : -1);
 }
+
+int ties_seen = 0;  // boundaries met: the side check below must not be vacuous
 
 ::testing::AssertionResult is_rounded_toward_the_tail(double rounded, const Exact& exact,
                                                       const FloatFormat& format, int side) {
   const ::testing::AssertionResult plain = is_rounded_with_overflow(rounded, exact, format);
   if (plain || side == 0) return plain;
   for (const double other : {next_up(rounded, format), next_down(rounded, format)}) {
-    if (std::isfinite(other) && abs(exact - Exact(other)) == abs(exact - Exact(rounded)))  // a tie
+    if (std::isfinite(other) && abs(exact - Exact(other)) == abs(exact - Exact(rounded))) {  // a tie
+      ++ties_seen;
       return (side > 0) == (rounded > other)
                  ? ::testing::AssertionSuccess()
                  : ::testing::AssertionFailure() << "a tie rounded against its tail";
+    }
   }
   return plain;
 }
@@ -198,6 +202,49 @@ TEST_P(Fp8Extremes, BackwardOnTinyTemperaturesHugeLogitsAndHugeGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, Fp8Extremes, ::testing::Values(&fp8_e4m3, &fp8_e5m2), format_name);
+
+// Rows where double arithmetic misleads the tail decision, from a review: quotients e / theta that
+// overflow (1e308 and 1.5e308 at theta 0.5) or round to one double (a and its successor over 1.5)
+// although the logits differ, and a logit difference that overflows double while the gap in z is
+// about 3 (theta near 1.1e308): the first must find the true top group, the last must not be
+// decided by a tail that is not small. Against the independent backend, ties against the tail.
+TEST(Fp8TailDecisions, TopGroupsAndGapsWhereDoubleArithmeticMisleads) {
+  const double a = 0x1.e666666666667p+100, b = std::nextafter(a, INFINITY);
+  struct Case {
+    std::vector<double> logits, dy;
+    double theta;
+  };
+  const Case rows[] = {{{1e308, 1.5e308, 1.5e308}, {0.25, 1.5, 0.125}, 0.5},
+                       {{-1e308, -1.5e308, -1.5e308}, {0.25, 1.5, 0.125}, -0.5},
+                       {{a, b, b}, {0.125, 3.5, 0}, 1.5},
+                       {{1.5e308, -1.5e308}, {0x1.a6407c0ecb479p+1023, 0}, 0x1.1ccf385eee014p+1023}};
+  for (const Case& row : rows) {
+    RowOptions options;
+    options.theta = row.theta;
+    const auto ours = log_softmax_backward(row.logits, row.dy, fp8_e5m2, options);
+    const auto exact = independent_backward(row.logits, row.dy, row.theta, true);
+    for (std::size_t j = 0; j < row.logits.size(); ++j) {
+      EXPECT_TRUE(is_rounded_toward_the_tail(ours[j], exact[j], fp8_e5m2,
+                                             tail_side(row.logits, row.dy, row.theta, j)))
+          << "theta " << row.theta << " j " << j << " row " << row_text(row.logits, row.dy);
+    }
+  }
+}
+
+// A one-hot row whose top entry's rational part is a midpoint (-0.65625 in e4m3, -0.6875 in e5m2):
+// the side check is exercised (a counter, so the families' check cannot pass vacuously).
+TEST(Fp8TailDecisions, AMidpointIsMetAndRoundedTowardItsTail) {
+  const int before = ties_seen;
+  const std::pair<const FloatFormat*, double> formats[] = {{&fp8_e4m3, 0.15625}, {&fp8_e5m2, 0.1875}};
+  for (const auto& [format, last] : formats) {
+    const std::vector<double> logits = {0, 1e30, 2}, dy = {0.5, 0.5, last};  // top: r = 0.5 - D
+    const auto ours = log_softmax_backward(logits, dy, *format, RowOptions{});
+    const auto exact = independent_backward(logits, dy, 1.0, true);
+    for (std::size_t j = 0; j < 3; ++j)
+      EXPECT_TRUE(is_rounded_toward_the_tail(ours[j], exact[j], *format, tail_side(logits, dy, 1.0, j))) << j;
+  }
+  EXPECT_GT(ties_seen, before);
+}
 
 TEST(BackwardBadInput, EachProblemIsNamed) {
   EXPECT_THROW((void)softmax_backward(Row{1.0, 2.0}, Row{1.0}, fp32), InputError);
