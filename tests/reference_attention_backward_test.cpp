@@ -142,8 +142,59 @@ TEST_P(EveryFormat, GradientsAreCorrectlyRoundedAgainstTheIndependentBackend) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, EveryFormat, ::testing::Values(&fp64, &fp32, &bf16, &fp16, &fp8_e4m3),
+INSTANTIATE_TEST_SUITE_P(Formats, EveryFormat,
+                         ::testing::Values(&fp64, &fp32, &bf16, &fp16, &fp8_e4m3, &fp8_e5m2),
                          [](const auto& parameter) { return std::string(parameter.param->name); });
+
+// fp8 outputs on the extreme-input families: a temperature of 1e-17 (one-hot rows), scores of
+// about 1e30 (q and k of 1e15), and dO at the format's largest values; against the independent
+// backend, an exact value past the overflow threshold against the format's overflow value.
+// Nothing may be refused.
+TEST(AttentionBackwardReference, Fp8OutputsOnExtremeInputs) {
+  DeterministicRandom random(43);
+  for (const FloatFormat* format : {&fp8_e4m3, &fp8_e5m2}) {
+    for (int family = 0; family < 3; ++family) {
+      for (int trial = 0; trial < 3; ++trial) {
+        const std::size_t m = 2 + random.below(3), n = 3 + random.below(6), d = 2 + random.below(4), dv = 2;
+        const double qk = family == 1 ? 1e15 : 1.0, out = family == 2 ? format->max_finite / 4 : 1.0;
+        Problem p{random_matrix(m, d, qk, bf16, random),
+                  random_matrix(n, d, qk, bf16, random),
+                  random_matrix(n, dv, 1, *format, random),
+                  random_matrix(m, dv, out, *format, random),
+                  {},
+                  {}};
+        if (family == 0) p.scores.theta = 1e-17;
+        const char* name = family == 0 ? "theta 1e-17" : (family == 1 ? "scores near 1e30" : "dO at the top");
+        try {
+          const AttentionGradients got =
+              attention_backward({p.q, p.k, p.v, p.d_out, p.d_lse, p.scores}, *format);
+          const ExactGradients exact = independent_backward(p);
+          const auto check = [&](const char* tensor, const Matrix& values,
+                                 const std::vector<Exact>& expected) {
+            for (std::size_t e = 0; e < values.values.size(); ++e) {
+              const Exact threshold =
+                  Exact(format->max_finite) +
+                  (Exact(format->max_finite) - Exact(next_down(format->max_finite, *format))) / 2;
+              if (abs(expected[e]) > threshold) {
+                EXPECT_TRUE(format->has_infinity() ? std::isinf(values.values[e])
+                                                   : std::isnan(values.values[e]))
+                    << name << " " << tensor << "[" << e << "] in " << format->name;
+              } else {
+                EXPECT_TRUE(testing::is_nearest_in_format(values.values[e], expected[e], *format))
+                    << name << " " << tensor << "[" << e << "] in " << format->name;
+              }
+            }
+          };
+          check("dQ", got.d_queries, exact.dq);
+          check("dK", got.d_keys, exact.dk);
+          check("dV", got.d_values, exact.dv);
+        } catch (const UndecidedRounding& refused) {
+          ADD_FAILURE() << refused.what() << ": " << name << " in " << format->name << ", trial " << trial;
+        }
+      }
+    }
+  }
+}
 
 // Exact zeros are found (the loop reaches the zero band) and returned as 0, not refused.
 TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
