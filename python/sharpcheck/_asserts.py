@@ -319,6 +319,9 @@ def _option_text(key: str, value: Any) -> str:
     counts comma-separated (None in a window: -1, unbounded); NumPy scalars as their Python value."""
     if hasattr(value, "dtype") and getattr(value, "shape", None) == ():
         value = value.item()
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) == 1 and "int" in str(getattr(value, "dtype", "")):
+        value = value.tolist()  # a 1-D integer array as a list of counts (cu_seqlens as flash-attn takes it)
     if hasattr(value, "shape") or hasattr(value, "__dlpack__"):
         raise ValueError(f"{key} is an array but not a tensor of this operation; sharpcheck.ops() lists its tensors")
     if isinstance(value, bool):
@@ -326,6 +329,8 @@ def _option_text(key: str, value: Any) -> str:
     if isinstance(value, float):
         return value.hex()
     if isinstance(value, (list, tuple)):
+        value = [item.item() if hasattr(item, "dtype") and getattr(item, "shape", None) == () else item
+                 for item in value]  # NumPy or torch scalars as their Python value
         for item in value:
             if item is not None and (isinstance(item, bool) or not isinstance(item, (int, float)) or int(item) != item):
                 raise ValueError(f"{key}: expected whole counts (or None for unbounded), got {item!r}")

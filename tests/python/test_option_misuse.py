@@ -212,3 +212,20 @@ print("ignored")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["main interrupted", "background completed", "ignored"], done.stdout
+
+
+def test_counts_given_as_numpy_or_torch_integers_are_read_as_counts():
+    """flash-attn takes cu_seqlens as int32 tensors; NumPy integer scalars come out of any index
+    arithmetic. Both are counts; a float array is still refused by name."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(8, 2, 16, generator=g).bfloat16() for _ in range(3))
+    outs = []
+    for lo, hi in ((0, 5), (5, 8)):
+        s = (q[lo:hi].float().transpose(0, 1) @ k[lo:hi].float().transpose(0, 1).transpose(-1, -2)) / 4
+        outs.append((torch.softmax(s, -1) @ v[lo:hi].float().transpose(0, 1)).transpose(0, 1))
+    out = torch.cat(outs).bfloat16()
+    for cu in ([0, np.int64(5), 8], np.array([0, 5, 8]), torch.tensor([0, 5, 8], dtype=torch.int32)):
+        sharpcheck.judge("attention", q=q, k=k, v=v, out=out, layout="packed", cu_seqlens_q=cu, cu_seqlens_k=cu)
+    with pytest.raises(ValueError, match="cu_seqlens_q is an array but not a tensor"):
+        sharpcheck.judge("attention", q=q, k=k, v=v, out=out, layout="packed", cu_seqlens_q=np.array([0.0, 5.0, 8.0]),
+                         cu_seqlens_k=[0, 5, 8])
