@@ -22,7 +22,7 @@ from ._references import (attention, attention_backward, entropy, log_softmax, l
                           softmax, softmax_backward)
 from ._asserts import (Report, assert_attention_backward_close, assert_attention_close, assert_log_softmax_close,
                        assert_softmax_close, judge, ops)
-from ._sweep import Case, SweepReport, SweepResult, cases, sweep
+from ._sweep import Case, SweepReport, SweepResult, cases, probes, sweep
 from ._audit import AuditEntry, AuditReport, audit_tolerance
 from ._invariance import Difference, InvarianceReport, batch_invariance
 
@@ -54,5 +54,6 @@ __all__ = [
     "ops",
     "softmax",
     "softmax_backward",
+    "probes",
     "sweep",
 ]

@@ -146,6 +146,8 @@ def cases(op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int =
 def sweep(kernel: Callable[..., Any], op: str, *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
           features: Iterable[str] = ..., array: str = ..., match: Optional[str] = ...,
           output_format: Optional[str] = ..., **judge_options: Any) -> SweepReport: ...
+def probes(kernel: Callable[..., Any], op: str = ..., *, format: str = ..., sizes: Sequence[int] = ..., seed: int = ...,
+           features: Iterable[str] = ..., array: str = ..., **judge_options: Any) -> SweepReport: ...
 
 class AuditEntry:
     name: str

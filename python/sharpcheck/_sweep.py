@@ -287,6 +287,17 @@ def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: S
     return SweepReport(op, getattr(kernel, "__name__", repr(kernel)), results)
 
 
+def probes(kernel: Callable[..., Any], op: str = "attention", *, format: str = "bf16", sizes: Sequence[int] = (),
+           seed: int = DEFAULT_SEED, features: Iterable[str] = (), array: str = "torch",
+           **judge_options: Any) -> SweepReport:
+    """The sweep's exact probes alone: cases whose reference is exactly known (attention: V constant,
+    every output that constant; Q zero, every weight 1/n and the LSE ln n), which catch the bugs
+    no tolerance sees (a row sum of its neighbour's, a denominator off by a rounding). ValueError
+    when `op` has none."""
+    return sweep(kernel, op, format=format, sizes=sizes, seed=seed, features=features, array=array, match="probe",
+                 **judge_options)
+
+
 def _judge_invariance(kernel: Callable[..., Any], case: Case, result: Any) -> SweepResult:
     """A batch-invariance case: the kernel called on every rerun too, then every request's outputs
     compared bit for bit with the first call's and the calls that differ judged, by the gate's own

@@ -306,3 +306,22 @@ def test_the_new_sweeps_catch_their_twins():
     unnormalised = lambda q, k, v, causal=False: ((torch.nn.functional.elu(q.double()) + 1)  # noqa: E731
                                                   @ (torch.nn.functional.elu(k.double()) + 1).T @ v.double()).to(q.dtype)
     assert not sharpcheck.sweep(unnormalised, "linear_attention", format="fp32", features={"causal"}).passed
+
+
+def test_probes_are_the_exact_cases_alone():
+    """sharpcheck.probes: V constant and Q zero, whose references are exact. A kernel dividing by its
+    neighbour row's sum fails the first (rows differ) and passes the second (every row sums to n)."""
+    def attention(q, k, v, scale=None, **options):
+        return (torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, -1) @ v.float()).to(q.dtype)
+
+    def neighbour_row_sum(q, k, v, scale=None, **options):
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        w = torch.exp(s - s.amax(-1, keepdim=True))
+        return ((w @ v.float()) / torch.roll(w.sum(-1, keepdim=True), 1, dims=-2)).to(q.dtype)
+
+    honest = sharpcheck.probes(attention, "attention", format="bf16", sizes=[64])
+    assert honest.passed and len(honest.results) == 2 and all("probe" in r.id for r in honest.results)
+    broken = sharpcheck.probes(neighbour_row_sum, "attention", format="bf16", sizes=[64])
+    assert [r.status for r in broken.results] == ["fail", "pass"], broken.counts()
+    with pytest.raises(ValueError, match="probe"):
+        sharpcheck.probes(attention, "softmax", sizes=[64])
