@@ -100,6 +100,18 @@ std::vector<gate::ExternalCase> merge_external_cases(const gate::ExternalSweep& 
     }
     cases.push_back(merge_case(std::move(id), 4, std::move(p)));
   }
+  {  // an exact probe: two identical partials merge to the same output, exactly, and lse + ln 2
+    std::string id = case_id(kernel, "merge_probe_identical_partials");
+    Partials p = split_attention(2, gate::case_seed(sweep.seed, id), *sweep.format);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t first = (t * 2) * heads + h, second = (t * 2 + 1) * heads + h;
+        p.lse[second] = p.lse[first];
+        for (std::size_t d = 0; d < dim; ++d) p.out[second * dim + d] = p.out[first * dim + d];
+      }
+    }
+    cases.push_back(merge_case(std::move(id), 2, std::move(p)));
+  }
   {  // every LSE + 100, rounded to fp32 as a kernel stores it (the merge is unchanged by a common shift)
     std::string id = case_id(kernel, "merge_large_lse");
     Partials p = split_attention(4, gate::case_seed(sweep.seed, id), *sweep.format);

@@ -145,14 +145,15 @@ def test_the_merge_sweep_passes_an_honest_merge_and_fails_the_twins_where_they_b
     report = sharpcheck.sweep(honest, "attention_merge", format="fp32")
     assert report.passed, str(report)
     ids = {r.id for r in report.results}
-    assert "python:attention_merge:fp32/merge_splits_133/n=1064" in ids and len(ids) == 6
+    assert "python:attention_merge:fp32/merge_splits_133/n=1064" in ids and len(ids) == 7
+    assert "python:attention_merge:fp32/merge_probe_identical_partials/n=1064" in ids
     assert sharpcheck.sweep(honest, "attention_merge", format="bf16").passed
     nan_on_empty = sharpcheck.sweep(lambda po, pl: merge(po, pl, bug="nan_on_empty"), "attention_merge")
     assert {r.id.split("/")[1] for r in nan_on_empty.failures} == {"merge_empty_partials"}
     fixed_max = sharpcheck.sweep(lambda po, pl: merge(po, pl, bug="fixed_max"), "attention_merge")
     assert "merge_large_lse" in {r.id.split("/")[1] for r in fixed_max.failures}
     wrong_slot = sharpcheck.sweep(lambda po, pl: merge(po, pl, bug="wrong_lse_slot"), "attention_merge")
-    assert len(wrong_slot.failures) == 6
+    assert len(wrong_slot.failures) == 7
 
 
 def test_a_nan_in_a_partial_that_is_not_empty_is_named_in_the_users_order():
