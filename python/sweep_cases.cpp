@@ -37,7 +37,8 @@ std::vector<gate::ExternalCase> cases_of(const gate::Operation& operation, const
 }
 
 py::dict entry_of(const std::string& id, const std::vector<gate::ExternalTensor>& inputs,
-                  const nlohmann::json& options, const gate::ExternalCase& c) {
+                  const nlohmann::json& options, const std::vector<gate::ExternalTensor>& outputs,
+                  const gate::ExternalCase& c) {
   py::dict tensors;
   py::dict stored_as;
   for (const gate::ExternalTensor& tensor : inputs) {
@@ -51,6 +52,10 @@ py::dict entry_of(const std::string& id, const std::vector<gate::ExternalTensor>
   entry["options"] = options.dump();
   entry["judge_options"] = c.judge_options.dump();
   entry["needs"] = c.needs;
+  std::vector<std::string> output_names;
+  output_names.reserve(outputs.size());
+  for (const gate::ExternalTensor& t : outputs) output_names.push_back(t.name);
+  entry["outputs"] = output_names;  // what the case judges (empty: the operation's own entry)
   return entry;
 }
 
@@ -87,10 +92,10 @@ py::list external_cases(const std::string& name, const std::string& format,
   const gate::Operation& operation = gate::find_operation(ops::all_operations(), name);
   py::list list;
   for (const gate::ExternalCase& c : cases_of(operation, name, format, sizes, seed)) {
-    py::dict entry = entry_of(c.id, c.tensors, c.options, c);
+    py::dict entry = entry_of(c.id, c.tensors, c.options, c.outputs, c);
     py::list reruns;
     for (std::size_t i = 0; i < c.reruns.size(); ++i) {
-      py::dict rerun = entry_of(c.id, c.reruns[i].tensors, c.reruns[i].options, c);
+      py::dict rerun = entry_of(c.id, c.reruns[i].tensors, c.reruns[i].options, c.reruns[i].outputs, c);
       rerun["name"] = c.invariance.reruns[i].name;
       reruns.append(rerun);
     }

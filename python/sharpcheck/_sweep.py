@@ -105,6 +105,7 @@ class Case:
             self.reruns.append(Case(op, fmt, rerun, array, output_format))
             self.reruns[-1].name = rerun["name"]
         self.name = "first call"
+        self.outputs: Tuple[str, ...] = tuple(entry.get("outputs", ()))  # what an invariance case compares
         self.sizes: List[int] = []
         self.seed = DEFAULT_SEED
 
@@ -308,10 +309,11 @@ def _judge_invariance(kernel: Callable[..., Any], case: Case, result: Any) -> Sw
         # Each result copied to the host at once: a kernel reusing one output buffer (CUDA graphs,
         # out=) overwrites it on the next call.
         results = call.checked_results(result)
-        if set(results) - {"out"}:
-            notes.append(f"{sorted(set(results) - {'out'})} returned too: the invariance case compares and "
-                         "judges out only (the other paged cases judge the rest)")
-        return {name: _copy(host(value, name, notes)) for name, value in results.items() if name == "out"}
+        extra = sorted(set(results) - set(call.outputs))
+        if extra:
+            notes.append(f"{extra} returned too: the invariance case compares and judges {list(call.outputs)} "
+                         "only (the operation's other cases judge the rest)")
+        return {name: _copy(host(value, name, notes)) for name, value in results.items() if name in call.outputs}
 
     try:
         calls = [kept(case, result)]
