@@ -172,31 +172,6 @@ double log_of_magnitude(const Rational& x) {
   return mpfr_get_d(m.get(), MPFR_RNDN);
 }
 
-// Where the rounding of o = r + delta lands when r is a representable value or a midpoint of the
-// target and |delta| is below a quarter of the spacing there: r itself, or the neighbour on
-// delta's side of the midpoint. nullopt where r is neither (Ziv's loop decides those) or
-// |delta| may be larger (`log_delta` bounds ln |delta|).
-std::optional<double> round_near_boundary(const Rational& r, int side, double log_delta,
-                                          const FloatFormat& target) {
-  const double nearest = round_rational(r, target);
-  if (!std::isfinite(nearest)) return std::nullopt;
-  Rational at(nearest);
-  const int where = compare(r, at);
-  const double other = where > 0 ? next_up(nearest, target) : next_down(nearest, target);
-  if (!std::isfinite(other)) return std::nullopt;
-  if (!(log_delta < std::log(std::fabs(other - nearest) / 4))) return std::nullopt;
-  if (where == 0) {  // representable: the other side's spacing may be the smaller one
-    const double below = next_down(nearest, target), above = next_up(nearest, target);
-    if (!(log_delta < std::log(std::min(nearest - below, above - nearest) / 4))) return std::nullopt;
-    return nearest;
-  }
-  Rational midpoint(other);
-  mpq_add(midpoint.get(), midpoint.get(), at.get());
-  mpq_div_2exp(midpoint.get(), midpoint.get(), 1);
-  if (compare(r, midpoint) != 0) return std::nullopt;
-  return side > 0 ? std::max(nearest, other) : std::min(nearest, other);
-}
-
 // A tie broken by exponentially small weights (an additive mask of -1e9 or finfo.min on keys
 // whose values break a row's equal means): o = sum_g W_g e^x_g / sum_g c_g e^x_g with the top
 // group's mean r = W_t / c_t, so o - r = sum_g d_g e^x_g / sum_g c_g e^x_g with d_g = W_g - r c_g
@@ -253,7 +228,7 @@ long decide_outputs_by_their_tail(const AttentionRow& row, const ExactRow& exact
     if (!(others <= 0.5)) continue;
     const double log_delta = log_lead + std::log(1.5) + x[leading].value - x[top].value + x[leading].error +
                              x[top].error - std::log(static_cast<double>(exact.groups[top].size()));
-    const auto rounded = round_near_boundary(r, mpq_sgn(deviation[leading].get()), log_delta, target);
+    const auto rounded = round_near_boundary(r.get(), mpq_sgn(deviation[leading].get()), log_delta, target);
     if (!rounded) continue;
     results.output[column] = *rounded;
     results.output_done[column] = true;
@@ -318,7 +293,7 @@ bool decide_lse_by_its_tail(const AttentionRow& row, const ExactRow& exact, Atte
   }
   const std::optional<Rational> logit = rational_logit(row, exact, exact.groups[top].front());
   if (!logit) return false;
-  const auto rounded = round_near_boundary(*logit, 1, std::log(tail), *results.lse_target);
+  const auto rounded = round_near_boundary(logit->get(), 1, std::log(tail), *results.lse_target);
   if (!rounded) return false;
   *results.lse = *rounded;
   return results.lse_done = true;

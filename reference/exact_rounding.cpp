@@ -78,4 +78,30 @@ ZivSchedule ZivSchedule::for_format(const FloatFormat& format) {
   return ZivSchedule{std::max<mpfr_prec_t>(64, format.precision() + 40)};
 }
 
+std::optional<double> round_near_boundary(mpq_srcptr r, int side, double log_delta,
+                                          const FloatFormat& target) {
+  const double nearest = round_exact_ratio(mpq_numref(r), mpq_denref(r), target);
+  if (!std::isfinite(nearest)) return std::nullopt;
+  mpq_t at, midpoint;
+  mpq_inits(at, midpoint, static_cast<mpq_ptr>(nullptr));
+  mpq_set_d(at, nearest);
+  const int where = mpq_cmp(r, at);
+  const double other = where > 0 ? next_up(nearest, target) : next_down(nearest, target);
+  std::optional<double> rounded;
+  if (std::isfinite(other) && log_delta < std::log(std::fabs(other - nearest) / 4)) {
+    if (where == 0) {  // representable: the other side's spacing may be the smaller one
+      const double below = next_down(nearest, target), above = next_up(nearest, target);
+      if (log_delta < std::log(std::min(nearest - below, above - nearest) / 4))
+        rounded = nearest == 0 ? std::copysign(0.0, side) : nearest;
+    } else {
+      mpq_set_d(midpoint, other);
+      mpq_add(midpoint, midpoint, at);
+      mpq_div_2exp(midpoint, midpoint, 1);
+      if (mpq_cmp(r, midpoint) == 0) rounded = side > 0 ? std::max(nearest, other) : std::min(nearest, other);
+    }
+  }
+  mpq_clears(at, midpoint, static_cast<mpq_ptr>(nullptr));
+  return rounded;
+}
+
 }  // namespace sharpcheck::reference

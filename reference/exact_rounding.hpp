@@ -34,6 +34,15 @@ namespace sharpcheck::reference {
 [[nodiscard]] double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator,
                                        const FloatFormat& format);
 
+// The rounding of r + delta, where r is rational and delta a real of sign `side` (+1 or -1) with
+// ln |delta| <= log_delta: an exponentially small tail (weights of e^-1e9) that no Ziv precision
+// separates from r. If r is a representable value or a midpoint of the target and |delta| is below
+// a quarter of the spacing there, it is r itself (a zero signed by `side`, the exact result's sign)
+// or the neighbour on delta's side of the midpoint; nullopt otherwise (r is neither, and Ziv's loop
+// decides it, or |delta| may be larger).
+[[nodiscard]] std::optional<double> round_near_boundary(mpq_srcptr r, int side, double log_delta,
+                                                        const FloatFormat& target);
+
 // Working precisions of the Ziv loops: start near the target's precision plus guard bits,
 // grow geometrically, and stop at a cap beyond which the reference reports UndecidedRounding.
 struct ZivSchedule {

@@ -151,37 +151,12 @@ void decide_at(const LoopState& s, slong precision, const FloatFormat& target, s
   }
 }
 
-// The rounding of r + t for every t of sign `side` with |t| <= 2^tail_exponent, if one (nullopt
-// otherwise). `near` is r moved strictly toward `side` by less than r's distance to any rounding
-// boundary other than r (boundaries are dyadic, at or above 2^-1075, so r - b != 0 is at least
-// 1 / (den(r) 2^1075); the precision below keeps the move under that), so RN is constant on
-// (r, near]; `far` is r + side 2^tail_exponent rounded outward. Both ends rounding alike decides.
-std::optional<double> round_beside(mpq_srcptr r, int side, long tail_exponent, const FloatFormat& target) {
-  const auto bits = [](mpz_srcptr z) { return static_cast<mpfr_prec_t>(mpz_sizeinbase(z, 2)); };
-  const mpfr_prec_t precision = bits(mpq_numref(r)) + bits(mpq_denref(r)) + 1200;
-  const mpfr_rnd_t outward = side > 0 ? MPFR_RNDU : MPFR_RNDD;
-  MpfrNumber near(precision), far(precision), tail(precision);
-  if (mpfr_set_q(near.get(), r, outward) == 0) {
-    if (side > 0) {
-      mpfr_nextabove(near.get());
-    } else {
-      mpfr_nextbelow(near.get());
-    }
-  }
-  mpfr_set_si_2exp(tail.get(), side, std::max(tail_exponent, static_cast<long>(mpfr_get_emin()) + 2),
-                   outward);
-  mpfr_set_q(far.get(), r, outward);
-  mpfr_add(far.get(), far.get(), tail.get(), outward);
-  return side > 0 ? round_if_decided(near.get(), far.get(), target)
-                  : round_if_decided(far.get(), near.get(), target);
-}
-
 // log_softmax_backward_j = (dy_j - y_j D) / theta where one group G of logits is far above the rest
 // (a gap of z_G - z_g >= g): for j in G, y_j = 1/k_G - T / (k_G (k_G + T)) with 0 < T <= n e^-g, so
 // the result is r = (dy_j - D/k_G) / theta plus a tail of sign sign(D) sign(theta); elsewhere y_j
 // is at most e^-g and r = dy_j / theta with a tail of the opposite sign. |tail| <= |D| n e^-g /
 // |theta|. When r is a rounding boundary (dy of few bits make that common) no enclosure decides,
-// but the tail's sign does: round_beside. Decides what it can; the rest go on in the Ziv loop.
+// but the tail's sign does (round_near_boundary). Decides what it can; the rest go on in Ziv's loop.
 void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFormat& target,
                      std::vector<double>& result, std::vector<bool>& done) {
   const DistinctLogits& distinct = *s.distinct;
@@ -204,14 +179,13 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
     mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
     gap = std::min(gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
   }
+  // ln |tail| <= ln |D| + ln n + ln 4 - ln |theta| - gap; ln |D| from D's bit lengths (an upper
+  // bound), ln 8 covering the factor 2 and these logarithms' own roundings.
   const auto bits = [](mpz_srcptr z) { return static_cast<double>(mpz_sizeinbase(z, 2)); };
   const double log2_d = bits(mpq_numref(facts.total.value)) - bits(mpq_denref(facts.total.value)) + 1;
-  // + 3: the bound's factor 2 and the roundings of these logarithms (far below one bit).
-  const double log2_tail = log2_d + std::log2(static_cast<double>(s.row->active.size())) + 3 -
-                           std::log2(std::abs(s.theta)) - gap * std::numbers::log2e * (1 - 0x1p-40);
-  const long exponent = std::isfinite(log2_tail)
-                            ? static_cast<long>(std::max(std::ceil(log2_tail) + 1, -1e15))
-                            : static_cast<long>(mpfr_get_emin());
+  const double log_tail = (log2_d + 3) * std::numbers::ln2 +
+                          std::log(static_cast<double>(s.row->active.size())) - std::log(std::abs(s.theta)) -
+                          gap * (1 - 0x1p-40);
   Rational r, count, divisor(s.theta);
   mpq_set_ui(count.value, distinct.counts[top], 1);
   for (std::size_t a = 0; a < s.row->active.size(); ++a) {
@@ -226,7 +200,7 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
     }
     mpq_div(r.value, r.value, divisor.value);
     const int side = (in_top ? 1 : -1) * d_sign * theta_sign;
-    if (const auto decided = round_beside(r.value, side, exponent, target)) {
+    if (const auto decided = round_near_boundary(r.value, side, log_tail, target)) {
       result[j] = *decided;
       done[a] = true;
     }

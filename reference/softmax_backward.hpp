@@ -27,8 +27,9 @@
 //   boundary (dy of few bits make that common in fp8) no enclosure within the cap decides. The
 //   tail's sign does, exactly: y_j = 1/k_G - T/(k_G (k_G + T)) in the top group G (T > 0), so the
 //   tail is D T/(...theta), of sign sign(D) sign(theta), and y_j > 0 elsewhere gives the opposite
-//   sign; |tail| <= |D| n e^-gap / |theta|. Rounding r + tail is decided when every value between r
-//   (approached from the tail's side) and r + that bound rounds alike (decide_by_tails).
+//   sign; |tail| <= |D| n e^-gap / |theta|. Where r is a representable value or a midpoint and that
+//   bound is below a quarter of the spacing, r + tail rounds to r or to the neighbour on the tail's
+//   side (decide_by_tails, through round_near_boundary, which attention's outputs use too).
 // The loop is still capped (ZivSchedule) and reports UndecidedRounding past the cap, never a guess.
 #pragma once
 
