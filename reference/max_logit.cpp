@@ -16,28 +16,16 @@ namespace {
 
 constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
 
-// The score in double and a bound on its error: the products and the naive sum carry at most
+// A bound on a score's error in double: the products and the naive sum carry at most
 // gamma_d sum |q k| (any order; u = 2^-53), the scale (1/sqrt(d): the root and the quotient round)
 // two more u and the product one, so gamma_{d+3} sum |q k| |scale| bounds it, and the bound's own
 // roundings (a few u of it) are covered by the factors (1 + 2^-40); 2^-1000 covers underflow of the
 // products (inputs are values of formats far above it). A score that overflows double has no
 // estimate (NaN or infinite): it is always rounded exactly.
-struct Estimate {
-  double score = 0, error = 0;
-};
-Estimate estimate(std::span<const double> q, std::span<const double> k, double scale) {
-  double dot = 0, magnitude = 0;
-  for (std::size_t t = 0; t < q.size(); ++t) {
-    dot += q[t] * k[t];
-    magnitude += std::abs(q[t] * k[t]);
-  }
-  const double nu = static_cast<double>(q.size() + 3) * 0x1p-53;
+double error_of(double magnitude, std::size_t dim, double scale) {
+  const double nu = static_cast<double>(dim + 3) * 0x1p-53;
   const double gamma = nu / (1 - nu) * (1 + 0x1p-40);
-  return {dot * scale, gamma * magnitude * (1 + 0x1p-40) * std::abs(scale) * (1 + 0x1p-40) + 0x1p-1000};
-}
-
-double scale_of(const tensor::HeadScores& head, std::size_t dim) {
-  return head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(dim));
+  return gamma * magnitude * (1 + 0x1p-40) * std::abs(scale) * (1 + 0x1p-40) + 0x1p-1000;
 }
 
 }  // namespace
@@ -80,26 +68,18 @@ double rounded_score(std::span<const double> query, std::span<const double> key,
 
 double max_logit(const Matrix& queries, const Matrix& keys, const tensor::HeadScores& head,
                  const FloatFormat& target) {
-  const double scale = scale_of(head, queries.cols);
-  const std::size_t rows = head.queries != 0 ? head.queries : queries.rows;
-  std::vector<std::size_t> seen;
+  const double scale = scale_in_double(head, queries.cols);
   double floor = minus_infinity;  // the largest lower end of an enclosure
-  for (std::size_t i = 0; i < rows; ++i) {
-    head.visible_keys(i, seen);
-    for (const std::size_t j : seen) {
-      const Estimate e = estimate(queries.row(i), keys.row(j), scale);
-      if (std::isfinite(e.score - e.error)) floor = std::max(floor, e.score - e.error);
-    }
-  }
+  for_each_visible_score(queries, keys, head, [&](std::size_t, std::size_t, double score, double magnitude) {
+    const double low = score - error_of(magnitude, queries.cols, scale);
+    if (std::isfinite(low)) floor = std::max(floor, low);
+  });
   double best = minus_infinity;
-  for (std::size_t i = 0; i < rows; ++i) {
-    head.visible_keys(i, seen);
-    for (const std::size_t j : seen) {
-      const Estimate e = estimate(queries.row(i), keys.row(j), scale);
-      if (!(e.score + e.error < floor))  // NaN (no estimate) included
-        best = std::max(best, rounded_score(queries.row(i), keys.row(j), head, target));
-    }
-  }
+  for_each_visible_score(
+      queries, keys, head, [&](std::size_t i, std::size_t j, double score, double magnitude) {
+        if (!(score + error_of(magnitude, queries.cols, scale) < floor))  // NaN (no estimate) included
+          best = std::max(best, rounded_score(queries.row(i), keys.row(j), head, target));
+      });
   return best;
 }
 

@@ -24,26 +24,17 @@ struct Interval {
   double low = minus_infinity, high = minus_infinity;
 };
 Interval interval_of(const Matrix& q, const Matrix& k, const tensor::HeadScores& head) {
-  const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(q.cols));
+  const double scale = reference::scale_in_double(head, q.cols);
   const double nu = static_cast<double>(q.cols + 3) * 0x1p-24,
                nu64 = static_cast<double>(q.cols + 3) * 0x1p-53;
   const double gamma = (nu / (1 - nu) + nu64 / (1 - nu64)) * (1 + 0x1p-40);
-  std::vector<std::size_t> seen;
   Interval range;
-  for (std::size_t i = 0; i < head.queries; ++i) {
-    head.visible_keys(i, seen);
-    for (const std::size_t j : seen) {
-      double dot = 0, magnitude = 0;
-      for (std::size_t t = 0; t < q.cols; ++t) {
-        dot += q(i, t) * k(j, t);
-        magnitude += std::abs(q(i, t) * k(j, t));
-      }
-      const double score = dot * scale,
-                   bound = gamma * magnitude * (1 + 0x1p-40) * std::abs(scale) + 0x1p-1000;
-      range.low = std::max(range.low, score - bound);
-      range.high = std::max(range.high, score + bound);
-    }
-  }
+  reference::for_each_visible_score(
+      q, k, head, [&](std::size_t, std::size_t, double score, double magnitude) {
+        const double bound = gamma * magnitude * (1 + 0x1p-40) * std::abs(scale) + 0x1p-1000;
+        range.low = std::max(range.low, score - bound);
+        range.high = std::max(range.high, score + bound);
+      });
   return range;
 }
 
