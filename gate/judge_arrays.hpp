@@ -54,6 +54,13 @@ class Array : public tensor::TensorSource {
                                           std::size_t count) const;
 };
 
+// Every element of `array`, in order (a whole small array: index tables, LSEs, one call's output).
+[[nodiscard]] inline std::vector<double> all_values(const Array& array) {
+  std::vector<double> values(array.size());
+  array.read(0, values);
+  return values;
+}
+
 // Values already in memory with a shape and a name: arrays a judge builds itself (the merge's
 // one-query view) or a test hands it.
 class MemoryArray final : public Array {

@@ -20,12 +20,6 @@
 namespace sharpcheck::gate {
 namespace {
 
-std::vector<double> read_all(const Array& array) {
-  std::vector<double> values(array.size());
-  array.read(0, values);
-  return values;
-}
-
 // The problem the arrays and options describe (every layout, padding, mask, bias and modifier of
 // the forward), with dO's size checked.
 tensor::AttentionProblem backward_problem(const JudgeOptions& options, const BackwardArrays& arrays) {
@@ -115,9 +109,10 @@ Group group_of(const tensor::AttentionProblem& p, const Tensors& t, std::size_t 
 }
 
 Tensors read_tensors(const BackwardArrays& arrays, const tensor::AttentionProblem& problem) {
-  Tensors t{read_all(*arrays.q), read_all(*arrays.k), read_all(*arrays.v), read_all(*arrays.d_out), {}};
+  Tensors t{
+      all_values(*arrays.q), all_values(*arrays.k), all_values(*arrays.v), all_values(*arrays.d_out), {}};
   if (arrays.d_lse != nullptr) {
-    t.d_lse = read_all(*arrays.d_lse);
+    t.d_lse = all_values(*arrays.d_lse);
     if (t.d_lse.size() != problem.lse_elements())
       refuse(InputProblem::shape_mismatch, arrays.d_lse->name() + " holds " + std::to_string(t.d_lse.size()) +
                                                " elements, the log-sum-exp " +
@@ -130,7 +125,7 @@ Tensors read_tensors(const BackwardArrays& arrays, const tensor::AttentionProble
 std::vector<double> read_gradient(const Array* array, const char* what, std::size_t elements,
                                   const StoredFormat& format) {
   if (array == nullptr) refuse(InputProblem::out_of_range, std::string("the judge needs ") + what);
-  std::vector<double> values = read_all(*array);
+  std::vector<double> values = all_values(*array);
   if (values.size() != elements)
     refuse(InputProblem::shape_mismatch, array->name() + " holds " + std::to_string(values.size()) +
                                              " elements, " + what + " has " + std::to_string(elements));

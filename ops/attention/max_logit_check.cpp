@@ -114,8 +114,7 @@ void judge_max_logit(const gate::JudgeOptions& options, const gate::AttentionArr
       e.honest.high = std::max(e.honest.high, honest.high);
     }
   }
-  std::vector<double> actual(given.size());
-  given.read(0, actual);
+  const std::vector<double> actual = gate::all_values(given);
   metrics::Comparison c;
   compare(expected, actual, names, c);
   double ulps = 0;

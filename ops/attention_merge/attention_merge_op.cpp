@@ -120,12 +120,6 @@ MergeShape shape_of(const gate::OpCall& call, bool splits_first) {
   return s;
 }
 
-std::vector<double> all_values(const gate::Array& array) {
-  std::vector<double> values(array.size());
-  array.read(0, values);
-  return values;
-}
-
 // The one-query problem: q = 1 (d = 1), k_j = lse_j (0 where empty, masked), v_j = o_j (0 where
 // empty), in bshd with batch = tokens, seq_q = 1, seq_k = splits; keep [T, H, 1, S].
 struct OneQueryProblem {
@@ -154,8 +148,8 @@ std::string partial_element(const MergeConvention& c, std::size_t t, std::size_t
 }
 
 OneQueryProblem one_query_problem(const gate::OpCall& call, const MergeShape& s, const MergeConvention& c) {
-  const std::vector<double> lse = all_values(call.at("partial_lse"));
-  const std::vector<double> out = all_values(call.at("partial_out"));
+  const std::vector<double> lse = gate::all_values(call.at("partial_lse"));
+  const std::vector<double> out = gate::all_values(call.at("partial_out"));
   std::vector<double> k(s.tokens * s.splits * s.heads), v(s.tokens * s.splits * s.heads * s.dim);
   std::vector<std::uint8_t> keep(s.tokens * s.heads * s.splits, 1);
   for (std::size_t t = 0; t < s.tokens; ++t) {

@@ -48,12 +48,6 @@ std::vector<Call> reruns_of(std::size_t requests) {
   return calls;
 }
 
-std::vector<double> values_of(const gate::Array& array) {
-  std::vector<double> values(array.size());
-  array.read(0, values);
-  return values;
-}
-
 }  // namespace
 
 InvarianceCalls invariance_calls(const Scenario& scenario, std::uint64_t seed, const FloatFormat& format) {
@@ -100,7 +94,7 @@ void judge_invariance(const Kernel& kernel, const Scenario& scenario, std::uint6
   std::vector<std::vector<double>> values;
   for (std::size_t i = 0; i < calls.problems.size(); ++i) {
     outs.push_back(run(kernel, calls.layouts[i], calls.problems[i]));
-    values.push_back(values_of(*outs.back()));
+    values.push_back(gate::all_values(*outs.back()));
   }
   std::vector<const std::vector<double>*> reruns;
   for (std::size_t i = 1; i < values.size(); ++i) reruns.push_back(&values[i]);

@@ -127,12 +127,6 @@ Cache cache_of(const gate::Array& array, bool heads_first) {
   return c;
 }
 
-std::vector<double> all_values(const gate::Array& array) {
-  std::vector<double> values(array.size());
-  array.read(0, values);
-  return values;
-}
-
 // An index tensor's entry as a count: a finite non-negative integer, else InputError naming it.
 std::size_t count_at(const gate::Array& array, std::span<const double> values, std::size_t i) {
   const double x = values[i];
@@ -157,7 +151,7 @@ std::vector<Sequence> from_block_table(const gate::OpCall& call, const Cache& ca
                                              shape_text(table.shape()) + " and " +
                                              shape_text(lengths.shape()));
   const std::size_t batch = table.shape()[0], width = table.shape()[1];
-  const std::vector<double> ids = all_values(table), lens = all_values(lengths);
+  const std::vector<double> ids = gate::all_values(table), lens = gate::all_values(lengths);
   std::vector<Sequence> sequences(batch);
   for (std::size_t b = 0; b < batch; ++b) {
     Sequence& s = sequences[b];
@@ -186,7 +180,8 @@ std::vector<Sequence> from_indptr(const gate::OpCall& call, const Cache& cache) 
            "kv_indptr must be [B + 1], kv_last_page_len [B] and kv_indices 1-D, got " +
                shape_text(indptr.shape()) + ", " + shape_text(last.shape()) + " and " +
                shape_text(indices.shape()));
-  const std::vector<double> ptr = all_values(indptr), ids = all_values(indices), lasts = all_values(last);
+  const std::vector<double> ptr = gate::all_values(indptr), ids = gate::all_values(indices),
+                            lasts = gate::all_values(last);
   std::vector<Sequence> sequences(ptr.size() - 1);
   for (std::size_t b = 0; b + 1 < ptr.size(); ++b) {
     const std::size_t begin = count_at(indptr, ptr, b), end = count_at(indptr, ptr, b + 1);
@@ -266,7 +261,7 @@ std::unique_ptr<gate::MemoryArray> transposed_lse(const gate::Array& lse, std::s
   if (lse.shape() != std::vector<std::size_t>{tokens, heads})
     refuse(InputProblem::shape_mismatch,
            "lse must be " + shape_text({tokens, heads}) + " [T, H], got " + shape_text(lse.shape()));
-  const std::vector<double> given = all_values(lse);
+  const std::vector<double> given = gate::all_values(lse);
   std::vector<double> values(given.size());
   for (std::size_t t = 0; t < tokens; ++t) {
     for (std::size_t h = 0; h < heads; ++h) values[h * tokens + t] = given[t * heads + h];

@@ -382,9 +382,10 @@ std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, 
 namespace {
 
 gate::ExternalTensor whole(const gate::Array& array, std::string_view stored_as = {}) {
-  std::vector<double> values(array.size());
-  array.read(0, values);
-  return {.name = array.name(), .shape = array.shape(), .values = std::move(values), .stored_as = stored_as};
+  return {.name = array.name(),
+          .shape = array.shape(),
+          .values = gate::all_values(array),
+          .stored_as = stored_as};
 }
 
 }  // namespace
