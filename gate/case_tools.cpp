@@ -1,6 +1,7 @@
 // A case's record and a plugin failure's record with its reproducers.
 #include "gate/case_tools.hpp"
 
+#include <algorithm>
 #include <exception>
 
 #include "io/atomic_file.hpp"
@@ -103,6 +104,10 @@ void adopt_judgement(CaseOutcome judged, CaseOutcome& outcome) {
   outcome.recipe = std::move(judged.recipe);
   outcome.recipe_note = std::move(judged.recipe_note);
   outcome.tensors = std::move(judged.tensors);
+  for (std::string& note : judged.notes) {
+    if (std::find(outcome.notes.begin(), outcome.notes.end(), note) == outcome.notes.end())
+      outcome.notes.push_back(std::move(note));
+  }
 }
 
 }  // namespace sharpcheck::gate

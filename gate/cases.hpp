@@ -78,6 +78,8 @@ struct CaseOutcome {
   // Set when a signal stopped the judgement part way ("interrupted by signal 15 after 5 of 16
   // heads ..."): the comparison covers what was judged before it, and the report says so.
   std::string incomplete;
+  // What the judgement left out and why ("lse not returned: not judged").
+  std::vector<std::string> notes;
   // A batch-invariance case (ops/paged_attention/invariance.hpp): the same requests run in other
   // batches and layouts, each request's output compared bit for bit with its first run's.
   struct InvarianceRun {
@@ -89,6 +91,7 @@ struct CaseOutcome {
   struct BitwiseChange {
     std::size_t request = 0;   // its index in the pool
     std::string run;           // the run it changed in
+    std::string output;        // the output that changed ("out", "lse")
     std::size_t elements = 0;  // elements whose bits differ from the first run
     std::uint64_t max_ulps = 0;
     double max_abs = 0;  // NaN when one of them is NaN

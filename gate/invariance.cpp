@@ -30,7 +30,7 @@ CaseOutcome::BitwiseChange compare_bits(std::span<const double> first, std::span
 }
 
 // Finite rows whose two largest values are within one ulp of the format.
-std::size_t near_ties(const std::vector<double>& values, std::size_t row, const FloatFormat& format) {
+std::size_t near_ties(std::span<const double> values, std::size_t row, const FloatFormat& format) {
   if (row < 2) return 0;
   std::vector<double> sorted(row);
   std::size_t ties = 0;
@@ -53,23 +53,39 @@ std::string three_digits(double x) {
 bool alone(const std::string& run) { return run.starts_with("request ") && run.ends_with(" alone"); }
 std::string group(const CaseOutcome::BitwiseChange& c) { return alone(c.run) ? "alone" : "in the " + c.run; }
 
-// "8 of 17 requests changed bit for bit ...: alone: 2, 3, 5; in the batch of 15 (requests 2-16):
-// 2, 5; largest: request 5 alone, 95 elements, max |diff| 0.000977".
+// "8 of 17 requests changed bit for bit ...: alone: 2, 3, 5 (lse only: 3); in the batch of 15
+// (requests 2-16): 2, 5; largest: request 5 alone, 95 elements of out, max |diff| 0.000977". The
+// changes come by run, then request, then output ("out" before "lse").
 std::string changes_text(const std::vector<CaseOutcome::BitwiseChange>& changes, std::size_t requests) {
   std::vector<bool> seen(requests, false);
-  std::string by_run, last_run;
+  std::string by_run, listed, only, last_group;
+  const auto close_group = [&] {
+    if (!last_group.empty())
+      by_run +=
+          (by_run.empty() ? "" : "; ") + last_group + ": " + listed + (only.empty() ? "" : " (" + only + ")");
+    listed.clear();
+    only.clear();
+  };
   const CaseOutcome::BitwiseChange* largest = &changes.front();
-  for (const auto& c : changes) {
+  for (std::size_t i = 0; i < changes.size(); ++i) {
+    const CaseOutcome::BitwiseChange& c = changes[i];
     if (c.request < requests) seen[c.request] = true;
-    by_run += group(c) == last_run ? ", " : (last_run.empty() ? "" : "; ") + group(c) + ": ";
-    by_run += std::to_string(c.request);
-    last_run = group(c);
     if (!(c.max_abs <= largest->max_abs)) largest = &c;
+    const auto same_call = [&](std::size_t k) {
+      return k < changes.size() && changes[k].request == c.request && changes[k].run == c.run;
+    };
+    if (i > 0 && same_call(i - 1)) continue;  // the same request's other output in the same run
+    if (group(c) != last_group) close_group();
+    last_group = group(c);
+    listed += (listed.empty() ? "" : ", ") + std::to_string(c.request);
+    if (!same_call(i + 1) && c.output != "out")  // a request whose only change is in another output
+      only += (only.empty() ? c.output + " only: " : ", ") + std::to_string(c.request);
   }
+  close_group();
   return std::to_string(std::count(seen.begin(), seen.end(), true)) + " of " + std::to_string(requests) +
          " requests changed bit for bit with the batch they ran in: " + by_run + "; largest: request " +
          std::to_string(largest->request) + " " + group(*largest) + ", " + std::to_string(largest->elements) +
-         " elements, max |diff| " + three_digits(largest->max_abs);
+         (largest->elements == 1 ? " element of " : " elements of ") + largest->output + ", max |diff| " + three_digits(largest->max_abs);
 }
 
 }  // namespace
@@ -79,8 +95,12 @@ void judge_invariance(const InvariancePlan& plan, const FloatFormat& format, con
                       CaseOutcome& outcome) {
   const std::vector<RerunPlan>& plans = plan.reruns;
   const std::size_t requests = plan.requests;
-  CaseOutcome::Invariance record{
-      .requests = requests, .near_ties = near_ties(first, plan.row, format), .runs = {}, .changes = {}};
+  const std::size_t row_values =
+      plan.row_values == 0 ? first.size() : std::min(plan.row_values, first.size());
+  CaseOutcome::Invariance record{.requests = requests,
+                                 .near_ties = near_ties(std::span(first).first(row_values), plan.row, format),
+                                 .runs = {},
+                                 .changes = {}};
   CaseOutcome first_judged = judge(0, first);
   record.runs.push_back({.name = plan.first_name,
                          .batch = requests,
@@ -99,15 +119,19 @@ void judge_invariance(const InvariancePlan& plan, const FloatFormat& format, con
     const std::vector<double>& now = *reruns[i];
     bool changed = false;
     for (const RequestStretch& s : plans[i].stretches) {
-      CaseOutcome::BitwiseChange change = compare_bits(std::span(first).subspan(s.first_at, s.count),
-                                                       std::span(now).subspan(s.here_at, s.count), format);
+      CaseOutcome::BitwiseChange change =
+          compare_bits(std::span(first).subspan(s.first_at, s.count),
+                       std::span(now).subspan(s.here_at, s.count), s.format == nullptr ? format : *s.format);
       if (change.elements == 0) continue;
       changed = true;
       change.request = s.request;
       change.run = plans[i].name;
+      change.output = s.output;
       record.changes.push_back(change);
       if (plans[i].same_call) {
-        nondeterministic.push_back(std::to_string(s.request));
+        const std::string request = std::to_string(s.request);
+        if (nondeterministic.empty() || nondeterministic.back() != request)
+          nondeterministic.push_back(request);
       } else {
         variant.push_back(change);
       }

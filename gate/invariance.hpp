@@ -13,15 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "formats/float_format.hpp"
 #include "gate/cases.hpp"
 
 namespace sharpcheck::gate {
 
-// Where one request's outputs lie in the first call's values and in a rerun's (each call's
-// outputs one after another, as the operation lists them), and how many values.
+// Where one request's values of one output lie in the first call's values and in a rerun's (each
+// call's outputs one after another, as the operation lists them), and how many values; the output's
+// name and format (null: the case's), in which a change is measured in ulps.
 struct RequestStretch {
   std::size_t request = 0;
   std::size_t first_at = 0, here_at = 0, count = 0;
+  std::string output = "out";
+  const FloatFormat* format = nullptr;
 };
 
 // A rerun of the first call's requests: its name in reports ("alone", "batch of 15 (requests 2-16)"),
@@ -35,11 +39,12 @@ struct RerunPlan {
 };
 
 // An invariance case's calls: the first (its name, its requests, an output row's length for
-// near-ties) and the reruns.
+// near-ties and how many of its first values hold such rows) and the reruns.
 struct InvariancePlan {
   std::string first_name;  // "batch of 17"
   std::size_t requests = 0;
   std::size_t row = 0;
+  std::size_t row_values = 0;  // 0: all of them
   std::vector<RerunPlan> reruns;
 };
 

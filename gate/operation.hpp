@@ -111,6 +111,10 @@ struct ExternalTensor {
   // The format it is handed over in when not the case's: "fp64" for per-head values (sinks,
   // slopes), "fp32" for the partial LSEs of a merge (kernels keep them in fp32).
   std::string_view stored_as = {};
+  // An output a kernel may leave out (attention's LSE): a Python kernel by not returning it, a
+  // plugin by leaving its buffer as the gate filled it (NaN throughout). It is judged when given;
+  // when not, the record's notes say it was not judged.
+  bool optional = false;
 };
 // One call of a batch-invariance case's reruns: its tensors, options and output shapes.
 struct ExternalCall {

@@ -1,5 +1,7 @@
 #include "gate/plugin_operations.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -123,6 +125,7 @@ void judge_external_outputs(const Operation& operation, const ExternalCase& c, c
     call.tensors[t.name] =
         arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, t.values)).get();
   auto next = values.begin();
+  std::vector<std::string> left_out;
   for (const ExternalTensor& t : c.outputs) {
     std::size_t count = 1;
     for (const std::size_t extent : t.shape) count *= extent;
@@ -130,10 +133,21 @@ void judge_external_outputs(const Operation& operation, const ExternalCase& c, c
       throw std::logic_error("fewer output values than " + c.id + " says");
     std::vector<double> output(next, next + static_cast<std::ptrdiff_t>(count));
     next += static_cast<std::ptrdiff_t>(count);
+    if (t.optional && count > 0 &&
+        std::all_of(output.begin(), output.end(), [](double x) { return std::isnan(x); })) {
+      left_out.push_back(t.name);  // not returned (or a plugin's buffer left as the gate filled it)
+      continue;
+    }
     call.tensors[t.name] =
         arrays.emplace_back(std::make_unique<MemoryArray>(t.name, t.shape, std::move(output))).get();
   }
-  call.options = parse_op_arguments(operation, schema_pairs(c, format)).options;
+  std::vector<std::pair<std::string, std::string>> pairs = schema_pairs(c, format);
+  std::erase_if(pairs, [&](const auto& pair) {
+    return std::find(left_out.begin(), left_out.end(), pair.first) != left_out.end();
+  });
+  for (const std::string& name : left_out)
+    outcome.notes.push_back(name + " not returned (NaN throughout): not judged");
+  call.options = parse_op_arguments(operation, pairs).options;
   call.options.judge.name = kernel;
   call.options.judge.threads = 1;  // the gate runs cases side by side
   adopt_judgement(operation.judge(call), outcome);

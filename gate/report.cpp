@@ -136,6 +136,7 @@ void add_invariance(const CaseOutcome::Invariance& invariance, nlohmann::json& r
   for (const CaseOutcome::BitwiseChange& change : invariance.changes) {
     out["changed"].push_back({{"request", change.request},
                               {"run", change.run},
+                              {"output", change.output},
                               {"elements", change.elements},
                               {"max_ulps", change.max_ulps},
                               {"max_abs", finite_or_string(change.max_abs)}});
@@ -159,6 +160,7 @@ void add_optional_fields(const CaseOutcome& outcome, nlohmann::json& record) {
                                  {"non_finite", t.non_finite}});
   }
   if (!outcome.incomplete.empty()) record["incomplete"] = outcome.incomplete;
+  if (!outcome.notes.empty()) record["notes"] = outcome.notes;
   if (outcome.invariance) add_invariance(*outcome.invariance, record);
   if (!outcome.recipe.empty()) {  // judged arrays: the recipe the verdict is under, and why
     record["recipe"] = outcome.recipe;

@@ -3,6 +3,10 @@
 
 #include <pybind11/stl.h>
 
+#include <limits>
+#include <string>
+#include <vector>
+
 #include "core/errors.hpp"
 #include "gate/array_checks.hpp"
 #include "gate/operation.hpp"
@@ -59,19 +63,30 @@ py::dict entry_of(const std::string& id, const std::vector<gate::ExternalTensor>
   return entry;
 }
 
-// One call's outputs in the order `wanted` lists them, one after another; ValueError (InputError)
-// naming the call and tensor for a missing output or a wrong shape.
+// One call's outputs in the order `wanted` lists them, one after another, an optional output the
+// kernel did not return as NaN throughout (which the judge reads as not returned); `returned` says
+// which it returned. ValueError (InputError) naming the call and tensor for a missing output or a
+// wrong shape.
 std::vector<double> outputs_of(const py::handle& given, const std::vector<gate::ExternalTensor>& wanted,
-                               const gate::StoredFormat& stored, const std::string& call) {
+                               const gate::StoredFormat& stored, const std::string& call,
+                               std::vector<std::string>& returned) {
   if (!py::isinstance<py::dict>(given))
     throw InputError(InputProblem::out_of_range, call + ": expected a dict of output arrays");
   const py::dict outputs = py::reinterpret_borrow<py::dict>(given);
   std::vector<double> values;
   for (const gate::ExternalTensor& t : wanted) {
+    if (!outputs.contains(t.name) && t.optional) {
+      std::size_t count = 1;
+      for (const std::size_t extent : t.shape) count *= extent;
+      values.insert(values.end(), count, std::numeric_limits<double>::quiet_NaN());
+      continue;
+    }
     if (!outputs.contains(t.name))
       throw InputError(InputProblem::shape_mismatch, call + ": the kernel returned no " + t.name);
+    returned.push_back(t.name);
     try {
-      const HostArray array(outputs[py::str(t.name)], t.name, stored);
+      const HostArray array(outputs[py::str(t.name)], t.name,
+                            t.stored_as.empty() ? stored : gate::stored_format(std::string(t.stored_as)));
       if (array.shape() != t.shape)
         throw InputError(InputProblem::shape_mismatch, t.name + " came back as " +
                                                            gate::shape_text(array.shape()) + ", expected " +
@@ -83,6 +98,12 @@ std::vector<double> outputs_of(const py::handle& given, const std::vector<gate::
     }
   }
   return values;
+}
+
+std::string names_text(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return "(" + text + ")";
 }
 
 }  // namespace
@@ -123,12 +144,20 @@ std::string judge_invariance_case(const std::string& name, const std::string& fo
                                                        std::to_string(c.reruns.size() + 1) + " calls");
   const gate::StoredFormat stored = gate::stored_format(output_format);
   if (output_format != format) c.judge_options["input_format"] = format;  // inputs stay the case's
-  const std::vector<double> first = outputs_of(calls[0], c.outputs, stored, id + ", the first call");
+  std::vector<std::string> returned_first;
+  const std::vector<double> first =
+      outputs_of(calls[0], c.outputs, stored, id + ", the first call", returned_first);
   std::vector<std::vector<double>> values;
   values.reserve(c.reruns.size());
-  for (std::size_t i = 0; i < c.reruns.size(); ++i)
-    values.push_back(
-        outputs_of(calls[i + 1], c.reruns[i].outputs, stored, id + ", the " + c.invariance.reruns[i].name));
+  for (std::size_t i = 0; i < c.reruns.size(); ++i) {
+    const std::string call = id + ", the " + c.invariance.reruns[i].name;
+    std::vector<std::string> returned;
+    values.push_back(outputs_of(calls[i + 1], c.reruns[i].outputs, stored, call, returned));
+    if (returned != returned_first)  // an optional output in some calls only cannot be compared
+      throw InputError(InputProblem::shape_mismatch, call + ": the kernel returned " + names_text(returned) +
+                                                         " where the first call returned " +
+                                                         names_text(returned_first));
+  }
   std::vector<const std::vector<double>*> reruns;
   reruns.reserve(values.size());
   for (const auto& v : values) reruns.push_back(&v);

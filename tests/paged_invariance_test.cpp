@@ -3,7 +3,8 @@
 // split-KV twin whose split count comes from the batch is accurate and reported with exactly the
 // requests its heuristic moves (those of more than two 64-key blocks, whose splits differ between a
 // batch of 1 and one of 17), and the kernel property behind it is checked here directly on packed
-// batches, apart from the check's own comparison; a kernel that is invariant and wrong still fails.
+// batches, apart from the check's own comparison; an LSE that moves alone is named; a kernel that is
+// invariant and wrong still fails.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -80,6 +81,28 @@ TEST(BatchInvariance, ASplitCountFromTheBatchIsReportedWithTheRequestsItMoves) {
   EXPECT_TRUE(outcome.comparison.violations.empty());
 }
 
+// The LSE is compared as the output is: a path chosen by batch bucket that moves only the LSE's
+// bits (its output bit for bit the same) is named, with each change marked as the LSE's.
+TEST(BatchInvariance, AnLseThatMovesWithTheBatchIsNamedThoughTheOutputDoesNot) {
+  const gate::CaseOutcome outcome = invariance_case("paged_split_kv_bf16_lse_path_from_batch");
+  ASSERT_TRUE(outcome.invariance.has_value());
+  ASSERT_EQ(outcome.failures.size(), 1U) << (outcome.failures.empty() ? "" : outcome.failures[0]);
+  EXPECT_NE(outcome.failures[0].find("not batch-invariant"), std::string::npos) << outcome.failures[0];
+  EXPECT_NE(outcome.failures[0].find("(lse only: "), std::string::npos) << outcome.failures[0];
+  ASSERT_FALSE(outcome.invariance->changes.empty());
+  for (const auto& c : outcome.invariance->changes) {
+    EXPECT_EQ(c.output, "lse") << "request " << c.request << " in the " << c.run;
+    EXPECT_LE(c.max_ulps, 8U) << "request " << c.request;  // two fp32 paths, both accurate
+    // batches of 16 and more take the base-2 path: the batch of 15 and each request alone do not
+    EXPECT_TRUE(c.run.ends_with(" alone") || c.run.starts_with("batch of 15")) << c.run;
+  }
+  for (const auto& run : outcome.invariance->runs) {
+    if (run.judged) {
+      EXPECT_LE(run.max_bound_ratio, 1.0) << run.name;
+    }
+  }
+}
+
 TEST(BatchInvariance, InvariantAndWrongStillFails) {
   const gate::CaseOutcome outcome = invariance_case("paged_flash2_bf16_last_page_short");
   ASSERT_TRUE(outcome.invariance.has_value());
@@ -95,9 +118,9 @@ std::vector<std::uint64_t> first_request_bits(const char* kernel_name, std::size
   for (std::size_t r = 0; r < batch_size; ++r)
     batch.push_back(ops::paged::make_request(r == 0 ? 300 : 50, 1, 100 + r));
   const ops::paged::Problem problem = ops::paged::pack_requests(batch, layout, 7 + batch_size);
-  const auto out = ops::paged::run(*ops::paged::find_kernel(kernel_name), layout, problem);
+  const auto outputs = ops::paged::run(*ops::paged::find_kernel(kernel_name), layout, problem);
   std::vector<double> values(problem.heads * problem.dim);
-  out->read(0, values);
+  outputs.out->read(0, values);
   std::vector<std::uint64_t> bits;
   for (const double x : values) bits.push_back(std::bit_cast<std::uint64_t>(x));
   return bits;

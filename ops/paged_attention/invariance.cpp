@@ -64,9 +64,13 @@ InvarianceCalls invariance_calls(const Scenario& scenario, std::uint64_t seed, c
   const std::uint64_t first_pages = seeds.next_u64();
   calls.problems.push_back(pack_requests(pool, scenario, first_pages));
   calls.layouts.push_back(scenario);
+  // Each call's values are its out [T, H, D], then its lse [T, H] (paged_kernels.hpp's Outputs).
   const std::vector<std::size_t> first_offsets = calls.problems.front().query_offsets;  // problems grows
-  const std::size_t row = calls.problems.front().heads * calls.problems.front().dim;
+  const std::size_t heads = calls.problems.front().heads;
+  const std::size_t row = heads * calls.problems.front().dim;
+  const std::size_t first_out = first_offsets.back() * row;
   calls.plan.row = calls.problems.front().dim;
+  calls.plan.row_values = first_out;
   for (Call& call : reruns_of(pool.size())) {
     std::vector<Request> batch;
     for (const std::size_t r : call.members) batch.push_back(pool[r]);
@@ -74,13 +78,20 @@ InvarianceCalls invariance_calls(const Scenario& scenario, std::uint64_t seed, c
     const std::uint64_t pages = call.plan.same_call ? first_pages : seeds.next_u64();
     const Problem& problem = calls.problems.emplace_back(pack_requests(batch, layout, pages));
     calls.layouts.push_back(layout);
+    const std::size_t here_out = problem.query_offsets.back() * row;
     for (std::size_t k = 0; k < call.members.size(); ++k) {
       const std::size_t r = call.members[k];
-      call.plan.stretches.push_back(
-          {.request = r,
-           .first_at = first_offsets[r] * row,
-           .here_at = problem.query_offsets[k] * row,
-           .count = (problem.query_offsets[k + 1] - problem.query_offsets[k]) * row});
+      const std::size_t queries = problem.query_offsets[k + 1] - problem.query_offsets[k];
+      call.plan.stretches.push_back({.request = r,
+                                     .first_at = first_offsets[r] * row,
+                                     .here_at = problem.query_offsets[k] * row,
+                                     .count = queries * row});
+      call.plan.stretches.push_back({.request = r,
+                                     .first_at = first_out + first_offsets[r] * heads,
+                                     .here_at = here_out + problem.query_offsets[k] * heads,
+                                     .count = queries * heads,
+                                     .output = "lse",
+                                     .format = &fp32});
     }
     calls.plan.reruns.push_back(std::move(call.plan));
   }
@@ -90,18 +101,20 @@ InvarianceCalls invariance_calls(const Scenario& scenario, std::uint64_t seed, c
 void judge_invariance(const Kernel& kernel, const Scenario& scenario, std::uint64_t seed,
                       const JudgeRun& judge, gate::CaseOutcome& outcome) {
   const InvarianceCalls calls = invariance_calls(scenario, seed);
-  std::vector<std::unique_ptr<gate::MemoryArray>> outs;
+  std::vector<Outputs> outs;
   std::vector<std::vector<double>> values;
   for (std::size_t i = 0; i < calls.problems.size(); ++i) {
     outs.push_back(run(kernel, calls.layouts[i], calls.problems[i]));
-    values.push_back(gate::all_values(*outs.back()));
+    values.push_back(gate::all_values(*outs.back().out));
+    const std::vector<double> lse = gate::all_values(*outs.back().lse);
+    values.back().insert(values.back().end(), lse.begin(), lse.end());
   }
   std::vector<const std::vector<double>*> reruns;
   for (std::size_t i = 1; i < values.size(); ++i) reruns.push_back(&values[i]);
   gate::judge_invariance(
       calls.plan, bf16, values.front(), reruns,
       [&](std::size_t i, const std::vector<double>&) {
-        return judge(calls.layouts[i], calls.problems[i], *outs[i]);
+        return judge(calls.layouts[i], calls.problems[i], outs[i]);
       },
       outcome);
 }

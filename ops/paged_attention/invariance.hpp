@@ -26,9 +26,9 @@ struct InvarianceCalls {
 [[nodiscard]] InvarianceCalls invariance_calls(const Scenario& scenario, std::uint64_t seed,
                                                const FloatFormat& format = bf16);
 
-// Judges the kernel's output for a problem laid out as `layout` says (the op's judge).
+// Judges the kernel's outputs for a problem laid out as `layout` says (the op's judge).
 using JudgeRun =
-    std::function<gate::CaseOutcome(const Scenario& layout, const Problem& problem, const gate::Array& out)>;
+    std::function<gate::CaseOutcome(const Scenario& layout, const Problem& problem, const Outputs& outputs)>;
 
 // Runs a built-in kernel on every call of the scenario (scenario.invariance) and judges them.
 void judge_invariance(const Kernel& kernel, const Scenario& scenario, std::uint64_t seed,

@@ -347,14 +347,15 @@ void plan_builtin(const gate::PlanContext& context, std::vector<gate::GateCase>&
   }
 }
 
-// A built-in paged kernel's output judged as arrays handed over are.
+// A built-in paged kernel's output and LSE judged as arrays handed over are.
 gate::CaseOutcome judge_output(const paged::Kernel& kernel, const paged::Scenario& layout,
-                               const paged::Problem& problem, const gate::Array& out) {
+                               const paged::Problem& problem, const paged::Outputs& outputs) {
   gate::OpCall call;
   call.tensors = {{"q", problem.q.get()},
                   {"k_cache", problem.k_cache.get()},
                   {"v_cache", problem.v_cache.get()},
-                  {"out", &out}};
+                  {"out", outputs.out.get()},
+                  {"lse", outputs.lse.get()}};
   for (const auto& table : problem.tables) call.tensors[table->name()] = table.get();
   gate::JudgeOptions& options = call.options.judge;
   options.format = options.input_format = "bf16";
@@ -374,15 +375,14 @@ void run_case(const gate::GateCase& gate_case, const gate::GateSettings&, gate::
   if (scenario.invariance) {
     paged::judge_invariance(
         kernel, scenario, gate_case.seed,
-        [&kernel](const paged::Scenario& layout, const paged::Problem& problem, const gate::Array& out) {
-          return judge_output(kernel, layout, problem, out);
-        },
+        [&kernel](const paged::Scenario& layout, const paged::Problem& problem,
+                  const paged::Outputs& outputs) { return judge_output(kernel, layout, problem, outputs); },
         outcome);
     return;
   }
   const paged::Problem problem = paged::make_problem(scenario, gate_case.seed);
-  const auto out = paged::run(kernel, scenario, problem);
-  gate::adopt_judgement(judge_output(kernel, scenario, problem, *out), outcome);
+  gate::adopt_judgement(judge_output(kernel, scenario, problem, paged::run(kernel, scenario, problem)),
+                        outcome);
 }
 
 std::vector<gate::KernelRow> kernel_rows() {

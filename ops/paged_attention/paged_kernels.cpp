@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <numeric>
 
 #include "core/random.hpp"
@@ -40,6 +41,13 @@ constexpr Kernel kernel_table[] = {
                     "but a request's bits change with the batch it joins)",
      .bug = Bug::split_count_from_batch,
      .deliberately_broken = true},
+    {.name = "paged_split_kv_bf16_lse_path_from_batch",
+     .description =
+         "broken: from 16 requests on, the merged LSE is taken in base 2 and converted (accurate, and "
+         "the output is unchanged, but a request's LSE bits change with the batch it joins)",
+     .bug = Bug::lse_path_from_batch,
+     .deliberately_broken = true,
+     .split_keys = 128},
 };
 
 constexpr std::size_t decode_keys[] = {1, 37, 130, 300};
@@ -299,9 +307,11 @@ std::size_t split_keys_from_batch(std::size_t batch, std::size_t heads, std::siz
 
 // FlashDecoding for one head: each split of `split` keys runs the flash loop to an fp32 output and
 // log-sum-exp (a split a query sees nothing of is empty: zeros, -inf), and the partials are merged in
-// fp32 as vLLM's merge_attn_states does, then rounded once to bf16.
+// fp32 as vLLM's merge_attn_states does (the merged log-sum-exp max + log(sum)), then rounded once
+// to bf16.
 void split_kv(const Matrix& queries, const Matrix& keys, const Matrix& values,
-              const tensor::HeadScores& scores, std::size_t split, Matrix& result) {
+              const tensor::HeadScores& scores, std::size_t split, bool base_2_lse, Matrix& result,
+              std::vector<double>& lse) {
   const std::size_t m = queries.rows, n = keys.rows, dim = values.cols;
   std::vector<Matrix> outs;
   std::vector<std::vector<double>> lses;
@@ -325,12 +335,15 @@ void split_kv(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                  &lses.emplace_back());
   }
   result = Matrix(m, dim);
+  lse.assign(m, -std::numeric_limits<double>::infinity());
   for (std::size_t i = 0; i < m; ++i) {
     float top = -std::numeric_limits<float>::infinity();
-    for (const auto& lse : lses) top = std::max(top, static_cast<float>(lse[i]));
+    for (const auto& partial : lses) top = std::max(top, static_cast<float>(partial[i]));
     if (top == -std::numeric_limits<float>::infinity()) continue;  // nothing seen: zeros
     float sum = 0;
-    for (const auto& lse : lses) sum += std::exp(static_cast<float>(lse[i]) - top);
+    for (const auto& partial : lses) sum += std::exp(static_cast<float>(partial[i]) - top);
+    constexpr float log2e = std::numbers::log2e_v<float>, ln2 = std::numbers::ln2_v<float>;
+    lse[i] = base_2_lse ? (top * log2e + std::log2(sum)) * ln2 : top + std::log(sum);
     for (std::size_t c = 0; c < dim; ++c) {
       float o = 0;
       for (std::size_t t = 0; t < outs.size(); ++t)
@@ -342,8 +355,10 @@ void split_kv(const Matrix& queries, const Matrix& keys, const Matrix& values,
 
 }  // namespace
 
-std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, const Problem& p) {
-  std::vector<double> out(p.query_offsets.back() * p.heads * p.dim, 0.0);
+Outputs run(const Kernel& kernel, const Scenario& s, const Problem& p) {
+  const std::size_t tokens = p.query_offsets.back();
+  std::vector<double> out(tokens * p.heads * p.dim, 0.0);
+  std::vector<double> lse(tokens * p.heads, -std::numeric_limits<double>::infinity());
   for (std::size_t b = 0; b < p.keys.size(); ++b) {
     std::size_t count = p.keys[b];
     if (kernel.bug == Bug::last_page_short) --count;
@@ -365,18 +380,24 @@ std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& s, 
       const Matrix keys = read_rows(kernel, s, p, *p.k_cache, b, kv, count);
       const Matrix values = read_rows(kernel, s, p, *p.v_cache, b, kv, count);
       Matrix result;
+      std::vector<double> head_lse;
       if (split == 0) {
-        kernels::attention_by_design(flash_bf16, queries, keys, values, scores, result, nullptr);
+        kernels::attention_by_design(flash_bf16, queries, keys, values, scores, result, &head_lse);
       } else {
-        split_kv(queries, keys, values, scores, split, result);
+        const bool base_2_lse = kernel.bug == Bug::lse_path_from_batch && p.keys.size() >= 16;
+        split_kv(queries, keys, values, scores, split, base_2_lse, result, head_lse);
       }
-      for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t i = 0; i < m; ++i) {
         std::copy(result.row(i).begin(), result.row(i).end(),
                   out.begin() + static_cast<std::ptrdiff_t>(((first + i) * p.heads + h) * p.dim));
+        lse[(first + i) * p.heads + h] = head_lse[i];
+      }
     }
   }
-  return std::make_unique<gate::MemoryArray>(
-      "out", std::vector<std::size_t>{p.query_offsets.back(), p.heads, p.dim}, std::move(out));
+  return {.out = std::make_unique<gate::MemoryArray>("out", std::vector<std::size_t>{tokens, p.heads, p.dim},
+                                                     std::move(out)),
+          .lse = std::make_unique<gate::MemoryArray>("lse", std::vector<std::size_t>{tokens, p.heads},
+                                                     std::move(lse))};
 }
 
 namespace {
@@ -402,6 +423,11 @@ gate::ExternalCall external_call(const Problem& p, const Scenario& layout) {
                   {"causal", layout.causal},
                   {"cu_seqlens_q", p.query_offsets}};
   call.outputs.push_back({.name = "out", .shape = p.q->shape(), .values = {}});
+  call.outputs.push_back({.name = "lse",
+                          .shape = {p.q->shape()[0], p.q->shape()[1]},
+                          .values = {},
+                          .stored_as = "fp32",
+                          .optional = true});
   return call;
 }
 

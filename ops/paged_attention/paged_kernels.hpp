@@ -31,6 +31,11 @@ enum class Bug {
   // split-KV only: FlashAttention's num_splits heuristic (fill 132 SMs with batch x heads x splits),
   // so a request's splits, and its bits, change with what else is in the batch
   split_count_from_batch,
+  // split-KV only: a path chosen by batch bucket, as serving kernels choose them: from 16 requests on,
+  // the merged log-sum-exp is taken in base 2 and converted, (m log2 e + log2 sum) ln 2, as
+  // FlashInfer's kernels keep it. Accurate both ways and the output is unchanged, but a request's
+  // LSE bits change with the batch it joins.
+  lse_path_from_batch,
 };
 
 struct Kernel {
@@ -110,10 +115,13 @@ struct Problem {
 [[nodiscard]] Problem pack_requests(std::span<const Request> requests, const Scenario& layout,
                                     std::uint64_t seed);
 
-// The kernel's output [T, H, D] in bf16 (the scenario gives the page layout and the mask; the
-// sequences are the problem's).
-[[nodiscard]] std::unique_ptr<gate::MemoryArray> run(const Kernel& kernel, const Scenario& scenario,
-                                                     const Problem& problem);
+// A kernel's results: the output [T, H, D] in bf16 and the log-sum-exp [T, H] in fp32 (natural
+// log; -inf for a query that sees no key), as FlashInfer and vLLM return them.
+struct Outputs {
+  std::unique_ptr<gate::MemoryArray> out, lse;
+};
+// Runs the kernel (the scenario gives the page layout and the mask; the sequences are the problem's).
+[[nodiscard]] Outputs run(const Kernel& kernel, const Scenario& scenario, const Problem& problem);
 
 // The scenarios as cases for a kernel outside the gate (sharpcheck.sweep, a plugin's sharpcheck_op):
 // the caches in full (NaN where no sequence reaches), the tables as int64; those whose caches

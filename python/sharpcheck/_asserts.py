@@ -172,7 +172,7 @@ def _judged(judge: Callable[[Dict[str, Any]], Any], options: Dict[str, Any], wha
     record["tolerance_entry"] = record.get("recipe") or tolerance
     record["proven_only"] = bool(options.get("proven_only", False))
     if notes:
-        record["notes"] = notes
+        record["notes"] = record.get("notes", []) + [n for n in notes if n not in record.get("notes", [])]
     if recording:
         RECORDED.append({"test": current_test or options["name"], "record": record})
     report = Report(record, notes)

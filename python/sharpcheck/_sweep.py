@@ -281,8 +281,8 @@ def sweep(kernel: Callable[..., Any], op: str, *, format: str = "fp32", sizes: S
         try:
             report = case.judge(result, **judge_options)
             results.append(SweepResult(case.id, report.status, "", report))
-        except AssertionError as failure:
-            results.append(SweepResult(case.id, "fail", str(failure)))
+        except AssertionError as failure:  # its report (the case record) kept for the caller
+            results.append(SweepResult(case.id, "fail", str(failure), getattr(failure, "report", None)))
         except (ValueError, TypeError, ArithmeticError) as error:  # ArithmeticError: UndecidedRounding
             results.append(SweepResult(case.id, "error", f"{type(error).__name__}: {error}"))
     return SweepReport(op, getattr(kernel, "__name__", repr(kernel)), results)
@@ -336,5 +336,5 @@ def _judge_invariance(kernel: Callable[..., Any], case: Case, result: Any) -> Sw
     record = json.loads(text)
     record["kernel"] = getattr(kernel, "__name__", repr(kernel))
     if notes:
-        record["notes"] = sorted(set(notes))
+        record["notes"] = sorted(set(record.get("notes", [])) | set(notes))
     return SweepResult(case.id, record["status"], "\n".join(record["failures"]), Report(record, notes))

@@ -140,6 +140,7 @@ int paged(const sharpcheck_op_call& call) {
   const sharpcheck_tensor* kc = find(call.inputs, call.input_count, "k_cache");
   const sharpcheck_tensor* vc = find(call.inputs, call.input_count, "v_cache");
   const sharpcheck_tensor* out = find(call.outputs, call.output_count, "out");
+  const sharpcheck_tensor* lse = find(call.outputs, call.output_count, "lse");  // optional: written
   const std::size_t heads = q->shape[1], dim = q->shape[2];
   const std::size_t page = hnd ? kc->shape[2] : kc->shape[1], kv_heads = hnd ? kc->shape[1] : kc->shape[2];
   const Pages p = pages_of(call, page);
@@ -175,6 +176,8 @@ int paged(const sharpcheck_op_call& call) {
             acc[d] += w * get(*vc, at(p.ids[b][j / page], j % page, kv) + d);
         }
         for (std::size_t d = 0; d < dim; ++d) put(*out, row * dim + d, sum == 0 ? 0.0F : acc[d] / sum);
+        if (lse != nullptr)
+          put(*lse, row, sum == 0 ? -std::numeric_limits<float>::infinity() : top + std::log(sum));
       }
     }
   }

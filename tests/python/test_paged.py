@@ -13,6 +13,7 @@ import torch
 import sharpcheck
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 
 
 def make_cache(lengths, page, *, pages=None, layout="NHD", seed=0, dtype=torch.bfloat16):
@@ -49,13 +50,14 @@ def make_cache(lengths, page, *, pages=None, layout="NHD", seed=0, dtype=torch.b
     return k_cache, v_cache, table, torch.tensor(lengths, dtype=torch.int32), ks, vs
 
 
-def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", bug=None):
+def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", bug=None, with_lse=False):
     """A paged decode / chunked-prefill kernel as users write it: gather each sequence's pages by
-    the block table, attention in fp32 with the diagonal bottom-right, output in q's dtype."""
+    the block table, attention in fp32 with the diagonal bottom-right, output in q's dtype (and,
+    with_lse, the fp32 log-sum-exp [T, H] beside it)."""
     page = k_cache.shape[1] if layout == "NHD" else k_cache.shape[2]
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[2] if layout == "NHD" else k_cache.shape[1]
-    outs, start = [], 0
+    outs, lses, start = [], [], 0
     for b in range(table.shape[0]):
         n = int(seq_lens[b]) - (1 if bug == "last_page_off_by_one" else 0)
         rows = []
@@ -82,7 +84,15 @@ def paged_kernel(q, k_cache, v_cache, table, seq_lens, q_lens, *, layout="NHD", 
         if bug == "batch_bucket" and table.shape[0] >= 16:  # a path chosen by batch size: P in bf16
             p = p.to(torch.bfloat16).float()
         outs.append(torch.einsum("hmn,nhd->mhd", p, v).to(q.dtype))
+        if bug == "lse_batch_bucket" and table.shape[0] >= 16:  # base 2 and back, as FlashInfer keeps it
+            top = s.amax(dim=-1, keepdim=True)
+            lse = (top.squeeze(-1) * LOG2E + torch.log2(torch.exp2((s - top) * LOG2E).sum(-1))) * LN2
+        else:
+            lse = torch.logsumexp(s, dim=-1)
+        lses.append(lse.transpose(0, 1))  # [m, H]
         start += m
+    if with_lse:
+        return torch.cat(outs), torch.cat(lses).contiguous()
     return torch.cat(outs)
 
 
@@ -228,7 +238,7 @@ def test_compare_reads_int32_and_int64_tables_from_npy_files(tmp_path):
     assert worst["full_index"] == [1, 2, 7]
 
 
-def sweep_kernel(bug=None):
+def sweep_kernel(bug=None, with_lse=False):
     """paged_kernel with the sweep's calling convention (q, caches, tables, then options by name),
     for either table form and layout."""
     def kernel(q, k_cache, v_cache, block_table=None, seq_lens=None, kv_indptr=None, kv_indices=None,
@@ -242,7 +252,8 @@ def sweep_kernel(bug=None):
                 block_table[b, :len(r)] = r
             seq_lens = [(len(r) - 1) * page + int(kv_last_page_len[b]) for b, r in enumerate(rows)]
         q_lens = [cu_seqlens_q[b + 1] - cu_seqlens_q[b] for b in range(len(cu_seqlens_q) - 1)]
-        return paged_kernel(q, k_cache, v_cache, block_table, seq_lens, q_lens, layout=page_layout, bug=bug)
+        return paged_kernel(q, k_cache, v_cache, block_table, seq_lens, q_lens, layout=page_layout, bug=bug,
+                            with_lse=with_lse)
     return kernel
 
 
@@ -277,6 +288,44 @@ def test_the_paged_sweep_reports_a_kernel_whose_path_follows_the_batch():
     assert len(case) == 1
     with pytest.raises(ValueError, match="batch-invariance case: its 22 reruns must run too"):
         case[0].judge(sweep_kernel()(*case[0].args, **case[0].kwargs))  # judge() alone would skip the check
+
+
+def test_the_invariance_case_compares_the_lse_a_kernel_returns():
+    """An LSE returned beside the output is judged and compared bit for bit too: a kernel whose LSE
+    takes another path from 16 sequences on (its output unchanged) is named, each change marked as
+    the LSE's; a kernel returning no LSE is judged on its output, and the record says so."""
+    honest = sharpcheck.sweep(sweep_kernel(with_lse=True), "paged_attention", format="bf16", match="invariance")
+    (result,) = honest.results
+    assert result.status == "pass", result.message
+    assert not result.report.record.get("notes"), result.report.record.get("notes")
+    bucket = sharpcheck.sweep(sweep_kernel("lse_batch_bucket", with_lse=True), "paged_attention", format="bf16",
+                              match="invariance")
+    (result,) = bucket.results
+    assert result.status == "fail" and "not batch-invariant" in result.message, result.message
+    assert "(lse only: " in result.message, result.message
+    changed = result.report.record["invariance"]["changed"]
+    assert changed and {c["output"] for c in changed} == {"lse"}
+    (out_only,) = sharpcheck.sweep(sweep_kernel(), "paged_attention", format="bf16", match="invariance").results
+    assert out_only.status == "pass" and "lse not returned (NaN throughout): not judged" in out_only.report.record["notes"]
+
+
+def test_an_lse_returned_by_some_calls_only_is_an_error_naming_the_call():
+    calls = []
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        return sweep_kernel(with_lse=len(calls) == 1)(*args, **kwargs)
+    (result,) = sharpcheck.sweep(kernel, "paged_attention", format="bf16", match="invariance").results
+    assert result.status == "error", result.message
+    assert "the batch of 17 again: the kernel returned (out) where the first call returned (out, lse)" in result.message
+
+
+def test_a_wrong_lse_fails_the_paged_sweep():
+    def kernel(*args, **kwargs):
+        out, lse = sweep_kernel(with_lse=True)(*args, **kwargs)
+        return out, lse * LOG2E  # log2 units where the natural log is asked
+    failed = [r for r in sharpcheck.sweep(kernel, "paged_attention", format="bf16").results if r.status != "pass"]
+    assert len(failed) == 4, [r.message for r in failed]
+    assert all(r.report.record["worst"]["array"] == "lse" for r in failed), [r.message for r in failed]
 
 
 def test_a_kernel_that_raises_in_a_rerun_is_that_cases_crash():
