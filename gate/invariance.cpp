@@ -85,7 +85,8 @@ std::string changes_text(const std::vector<CaseOutcome::BitwiseChange>& changes,
   return std::to_string(std::count(seen.begin(), seen.end(), true)) + " of " + std::to_string(requests) +
          " requests changed bit for bit with the batch they ran in: " + by_run + "; largest: request " +
          std::to_string(largest->request) + " " + group(*largest) + ", " + std::to_string(largest->elements) +
-         (largest->elements == 1 ? " element of " : " elements of ") + largest->output + ", max |diff| " + three_digits(largest->max_abs);
+         (largest->elements == 1 ? " element of " : " elements of ") + largest->output + ", max |diff| " +
+         three_digits(largest->max_abs);
 }
 
 }  // namespace
