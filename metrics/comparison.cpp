@@ -353,6 +353,19 @@ void record_scale(Comparison& comparison, const std::string& what, double deviat
   add_statistical_violation(comparison, text.str());
 }
 
+void record_scale_spread(Comparison& comparison, std::size_t rows, double rms, double allowed_rms,
+                         double ratio) {
+  if (std::isnan(ratio)) ratio = INFINITY;
+  comparison.max_row_scale_ratio = std::max(comparison.max_row_scale_ratio, ratio);
+  if (ratio <= 1) return;
+  std::ostringstream text;
+  text << "the " << rows << " rows' scales together: their errors spread " << rms * 100
+       << "% (root mean square; "
+       << "the recipe's roundings allow " << allowed_rms * 100 << "%; spread ratio " << ratio
+       << "): rows mis-normalised at random (a denominator summed in low precision?)";
+  add_statistical_violation(comparison, text.str());
+}
+
 void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed) {
   record_scale(comparison, "row " + std::to_string(row_number), deviation, allowed);
 }

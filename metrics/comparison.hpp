@@ -119,6 +119,11 @@ struct ComparisonInput {
 void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed);
 // The same for any group of elements, named in the message ("dQ as a whole").
 void record_scale(Comparison& comparison, const std::string& what, double deviation, double allowed);
+// The rows' scale errors spread wider than their roundings allow (HeadScale, inside_rounding.hpp):
+// `ratio` above 1 is a statistical-tier finding, `rows` how many were pooled, `rms` their relative
+// scale errors' root mean square and `allowed_rms` what the recipe's roundings allow it.
+void record_scale_spread(Comparison& comparison, std::size_t rows, double rms, double allowed_rms,
+                         double ratio);
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,
                                  const FloatFormat& output);

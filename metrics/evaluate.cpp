@@ -285,6 +285,7 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   std::fill(magnitudes.begin(), magnitudes.end(), 0.0);
   weights_out.p.clear();
   weights_out.z.clear();
+  weights_out.dot.clear();
   if (logits.empty()) return row_scale;
   const double largest = *std::max_element(logits.begin(), logits.end());
   double smallest = largest;
@@ -312,6 +313,8 @@ RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const
   for (std::size_t a = 0; a < visible.size(); ++a) {
     weights_out.p.push_back(weights[a] / sum);
     weights_out.z.push_back(std::fabs(logits[a]));
+    // A sink's score error moves every weight alike: its rounding stays charged in full (no dot).
+    if (!scores.sink) weights_out.dot.push_back(roundings[a]);
   }
   sums.assign(magnitudes.size(), 0.0);
   for (const std::size_t key : visible) {
@@ -362,11 +365,13 @@ std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const Ju
   input.allowed = nullptr;
   input.inside = &spreads;
   Comparison comparison = compare(input, *spec.tolerance, *spec.output);
+  HeadScale head_scale;
   for (std::size_t i = 0; i < rows; ++i) {
     if (!roundings[i].emulated) continue;
-    judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), *spec.tolerance,
-                    base.scales[i], *spec.output, comparison);
+    head_scale.add(judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i),
+                                   *spec.tolerance, base.scales[i], *spec.output, comparison));
   }
+  head_scale.judge(comparison);
   return comparison;
 }
 
@@ -490,9 +495,11 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     evaluation.comparison = std::move(*around_weights);
     return evaluation;
   }
+  HeadScale head_scale;
   for (std::size_t i = 0; i < queries.rows; ++i)
-    judge_row_scale(evaluation.actual, i, roundings[i], magnitudes.row(i), *spec.tolerance, input.scales[i],
-                    *spec.output, evaluation.comparison);
+    head_scale.add(judge_row_scale(evaluation.actual, i, roundings[i], magnitudes.row(i), *spec.tolerance,
+                                   input.scales[i], *spec.output, evaluation.comparison));
+  head_scale.judge(evaluation.comparison);
   return evaluation;
 }
 

@@ -81,11 +81,12 @@ void scale_sums(const Matrix& values, std::span<const std::size_t> visible, cons
                 double u_s, RowRounding& r) {
   double weight = 0;
   for (const double o : r.exact) weight += std::fabs(o);
-  double plain = 0, centred = 0, scores = 0, second = 0;
+  double plain = 0, centred = 0, scores = 0, second = 0, dots = 0;
+  const bool dot_known = w.dot.size() == w.p.size();
   const std::vector<std::size_t> order = by_weight(w);
   for (std::size_t start = 0; start < order.size();) {
     std::size_t end = start;
-    double group_projection = 0, group_weight = 0;
+    double group_projection = 0, group_weight = 0, dot_moved = 0;
     for (; end < order.size() && (end == start || w.p[order[end]] == w.p[order[start]]); ++end) {
       const std::size_t a = order[end];
       if (w.p[a] == 0) continue;
@@ -97,14 +98,17 @@ void scale_sums(const Matrix& values, std::span<const std::size_t> visible, cons
       }
       group_projection += w.p[a] * projection;
       group_weight += w.p[a];
+      if (dot_known) dot_moved += w.p[a] * w.dot[a] * (projection - weight);
       second += w.p[a] * second_order(w.z[a], u_s) * (absolute + weight);
     }
     const double moved = group_projection - weight * group_weight;
     plain += group_projection * group_projection;
     centred += moved * moved;
     scores += w.z[order[start]] * w.z[order[start]] * moved * moved;
+    dots += dot_moved * dot_moved;
     start = end;
   }
+  if (dot_known) r.scale_dot_spread = std::sqrt(dots) * (1 + 0x1p-30);
   r.scale_p_spread = std::sqrt(std::max(plain, centred)) * (1 + 0x1p-30);
   r.scale_s_spread = std::sqrt(scores) * (1 + 0x1p-30);
   r.scale_s_second = second * (1 + 0x1p-30);
@@ -234,14 +238,23 @@ InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) 
 // the output rounding, summed with the weights s_c) and the double o_c's own error. A kernel
 // whose denominator is off (summed in bf16, a skipped rescale) moves every element of the row by
 // the same factor: T shows it at about sqrt(d) times the sensitivity of any one element.
-void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
-                     std::span<const double> magnitudes, const Tolerance& tolerance, const RowScale& scale,
-                     const FloatFormat& output, Comparison& comparison) {
-  double weight = 0, deviation = 0, output_noise = 0, charged = 0;
+RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
+                             std::span<const double> magnitudes, const Tolerance& tolerance,
+                             const RowScale& scale, const FloatFormat& output, Comparison& comparison) {
+  double weight = 0, deviation = 0, output_noise = 0, charged = 0, charged_by_keys = 0;
   const double u_out = output.unit_roundoff();
   const InsideUnits u = inside_units(tolerance, output);
   Tolerance rest = tolerance;
   rest.probabilities_in_output = rest.scores_in_output = 0;
+  // The scores' fp32 errors may also be charged by Hoeffding over the keys, where their bounds are
+  // known (first order; the second order expm1(e) - e <= e_max^2 (1 + e_max) / 2 in full, on
+  // sum_c (M_c + |o_c|)); the smaller of the two charges is the row's.
+  const bool dot_by_keys = !rounding.emulated && rounding.scale_dot_spread >= 0;
+  const double dot_unit = tolerance.dot_product * tolerance.accumulation->unit_roundoff();
+  const double dot_max = dot_unit * scale.logit_rounding;
+  const double dot_second = dot_max * dot_max * (1 + dot_max) / 2;
+  Tolerance rest_by_keys = rest;
+  rest_by_keys.dot_product = 0;
   for (std::size_t c = 0; c < actual.cols; ++c) {
     const double o = rounding.exact[c], y = actual(row, c);
     // A non-finite output is judged by the element check (a correct overflow passes there, a wrong
@@ -251,11 +264,16 @@ void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& r
     weight += std::fabs(o);
     deviation += o > 0 ? y - o : o - y;
     output_noise += u_out * u_out * y * y;
+    const double own = (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
     charged +=
         allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
-        (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
+        own;
+    if (dot_by_keys)
+      charged_by_keys += allowed_error(rest_by_keys, magnitudes[c], scale.largest_magnitude, scale, output,
+                                       Tier::statistical, 0.0) +
+                         own + dot_second * (magnitudes[c] + std::fabs(o));
   }
-  if (weight == 0) return;
+  if (weight == 0) return {};
   const double growth = std::exp(2.0001 * u.s * scale.largest_score);  // 1 / W and p's own growth
   // Emulated weights are the kernel's own: P's spread needs no growth; the fp32 terms (at the
   // exact row's |z|) get it, as comparison.cpp's inside_charge does.
@@ -266,11 +284,77 @@ void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& r
   const double s_noise =
       rounding.emulated ? rounding.scale_s_spread : 2.0001 * u.s * rounding.scale_s_spread * growth;
   const double s_second = rounding.emulated ? rounding.scale_s_second : growth * rounding.scale_s_second;
-  const double allowed =
-      (statistical_lambda * std::sqrt(output_noise + p_noise * p_noise + s_noise * s_noise) + s_second +
-       charged) *
-      (1 + 0x1p-20) / weight;
-  record_row_scale(comparison, row, std::fabs(deviation) / weight, allowed);
+  const double noise_sq = output_noise + p_noise * p_noise + s_noise * s_noise;
+  RowScaleStat stat{.deviation = deviation,
+                    .weight = weight,
+                    .noise_sq = noise_sq * (1 + 0x1p-20),
+                    .in_full = (s_second + charged) * (1 + 0x1p-20)};
+  const auto allowance = [](const RowScaleStat& s) {
+    return statistical_lambda * std::sqrt(s.noise_sq) + s.in_full;
+  };
+  if (dot_by_keys) {
+    const double dot_noise = dot_unit * rounding.scale_dot_spread * growth;
+    const RowScaleStat by_keys{.deviation = deviation,
+                               .weight = weight,
+                               .noise_sq = (noise_sq + dot_noise * dot_noise) * (1 + 0x1p-20),
+                               .in_full = (s_second + charged_by_keys) * (1 + 0x1p-20)};
+    if (allowance(by_keys) < allowance(stat)) stat = by_keys;
+  }
+  record_row_scale(comparison, row, std::fabs(deviation) / weight, allowance(stat) * (1 + 0x1p-20) / weight);
+  return stat;
+}
+
+void HeadScale::add(const RowScaleStat& row) {
+  if (row.weight == 0) return;
+  ++rows_;
+  deviation_ += row.deviation;
+  weight_ += row.weight;
+  noise_sq_ += row.noise_sq;
+  in_full_ += row.in_full;
+  if (!(row.noise_sq > 0)) return;  // a row with no noise is judged by its own test alone
+  ++noisy_rows_;
+  const double beyond = std::max(std::fabs(row.deviation) - row.in_full, 0.0);
+  spread_ += beyond * beyond / row.noise_sq;
+  relative_sq_ += beyond * beyond / (row.weight * row.weight);
+  allowed_sq_ += row.noise_sq / (row.weight * row.weight);
+}
+
+namespace {
+
+// The spread test's threshold a for m rows: m/2 (a - 1 - ln a) = lambda^2 / 2, a > 1 (bisection;
+// the left side grows with a).
+double spread_threshold(std::size_t m) {
+  const double target = statistical_lambda * statistical_lambda / static_cast<double>(m);
+  double low = 1, high = 2;
+  while (high - 1 - std::log(high) < target) high *= 2;
+  for (int step = 0; step < 100; ++step) {
+    const double middle = (low + high) / 2;
+    (middle - 1 - std::log(middle) < target ? low : high) = middle;
+  }
+  return high;
+}
+
+}  // namespace
+
+// The pooled scale: every row's deviation is its noise N_r (independent across rows, each
+// sub-Gaussian with proxy noise_sq_r, as the row test assumes) plus at most in_full_r, so
+// |sum_r deviation_r| > lambda sqrt(sum_r noise_sq_r) + sum_r in_full_r has probability below
+// 2 exp(-lambda^2 / 2), the row test's own. The spread: Y_r = max(|deviation_r| - in_full_r, 0) <=
+// |N_r|, and for N sub-Gaussian with proxy s^2, E exp(t N^2 / (2 s^2)) <= (1 - t)^(-1/2) for
+// 0 <= t < 1 (write exp(t N^2 / (2 s^2)) = E_G exp(sqrt(t) G N / s), G standard normal). By
+// Chernoff over the m independent rows, P(sum_r Y_r^2 / noise_sq_r >= m a) <= exp(-m/2 (a - 1 -
+// ln a)), which spread_threshold sets to exp(-lambda^2 / 2). The reported ratio is the sum over
+// m a; the message gives the rows' relative errors' root mean square beside the noise's.
+void HeadScale::judge(Comparison& comparison) const {
+  if (rows_ < 2 || weight_ == 0) return;
+  const double allowed = (statistical_lambda * std::sqrt(noise_sq_) + in_full_) * (1 + 0x1p-20) / weight_;
+  record_scale(comparison, "the " + std::to_string(rows_) + " rows together", std::fabs(deviation_) / weight_,
+               allowed);
+  if (noisy_rows_ < 2) return;
+  const double m = static_cast<double>(noisy_rows_);
+  const double threshold = spread_threshold(noisy_rows_) * (1 + 0x1p-20);
+  record_scale_spread(comparison, noisy_rows_, std::sqrt(relative_sq_ / m),
+                      std::sqrt(threshold * allowed_sq_ / m), spread_ / (m * threshold));
 }
 
 // Each element's inside-rounding spreads, in the matrices compare() reads (ComparisonInput).

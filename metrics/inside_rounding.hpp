@@ -15,8 +15,11 @@
 namespace sharpcheck::metrics {
 
 // The visible keys' exact weights p_j (in double) and |z_j| = |s_j / theta|, their scores' sizes.
+// Optionally (empty: not known), each score's rounding bound in the units the tolerance's
+// dot_product term multiplies (evaluate.cpp's logit roundings): the row-scale test then charges the
+// scores' fp32 errors by Hoeffding over the keys instead of in full in every column.
 struct VisibleWeights {
-  std::vector<double> p, z;
+  std::vector<double> p, z, dot;
 };
 
 // What the recipe's roundings inside the kernel can do to one row, for this row's exact weights
@@ -38,6 +41,10 @@ struct RowRounding {
   // rounded P, by ln(1 + sum_j d_j p_j) (spread sqrt(sum_j p_j^2)).
   double scale_p_spread = 0, scale_s_spread = 0, scale_s_second = 0;
   double lse_p_spread = 0, lse_s_spread = 0, lse_s_second = 0;
+  // The scores' fp32 errors e_j (|e_j| <= dot_product u L_j, L_j = VisibleWeights::dot) projected
+  // as the scores' roundings are: spread sqrt(sum_j p_j^2 L_j^2 (sum_c s_c (v_jc - o_c))^2); negative
+  // where the logit roundings are not known (they are then charged in full).
+  double scale_dot_spread = -1;
   // Computed for emulated scores' weights (metrics/score_emulation.hpp): `exact` is then the
   // centre o~, the scores' spreads are 0 and their second order is what the emulation leaves open.
   bool emulated = false;
@@ -76,11 +83,37 @@ struct InsideUnits {
 };
 [[nodiscard]] InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output);
 
+// One row's scale statistic, as the head-scale tests pool it: its signed deviation
+// sum_c s_c (y_c - o_c) and weight sum_c |o_c|, the Hoeffding variance proxy of its independent
+// roundings (`noise_sq`: the deviation's noise part N satisfies E exp(t N) <= exp(t^2 noise_sq / 2))
+// and what is charged in full (`in_full`: |deviation - N| <= in_full).
+struct RowScaleStat {
+  double deviation = 0, weight = 0, noise_sq = 0, in_full = 0;
+};
+
 // The row-scale test of row `row` of `actual` (derivation in inside_rounding.cpp); a failure is
-// recorded in `comparison` as a statistical-tier finding.
-void judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
-                     std::span<const double> magnitudes, const Tolerance& tolerance, const RowScale& scale,
-                     const FloatFormat& output, Comparison& comparison);
+// recorded in `comparison` as a statistical-tier finding. Returns the row's statistic.
+RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
+                             std::span<const double> magnitudes, const Tolerance& tolerance,
+                             const RowScale& scale, const FloatFormat& output, Comparison& comparison);
+
+// The head-scale tests (statistical tier): one head's rows pooled, which sees what no row alone
+// does. A head whose output is scaled by 0.5%, or whose rows are each mis-normalised by a few
+// tenths of a percent at random (a row sum kept in bf16), stays inside every row's allowance,
+// because a row's allowance is its d roundings' noise; pooled over m rows the noise averages out.
+// Two tests (derivations in inside_rounding.cpp): the pooled scale, sum_r deviation_r / sum_r
+// weight_r, against the rows' noise together; and the spread, sum_r (max(|deviation_r| -
+// in_full_r, 0))^2 / noise_sq_r, against what m independent sub-Gaussian rows can reach.
+class HeadScale {
+ public:
+  void add(const RowScaleStat& row);
+  void judge(Comparison& comparison) const;
+
+ private:
+  double deviation_ = 0, weight_ = 0, noise_sq_ = 0, in_full_ = 0;
+  double spread_ = 0, relative_sq_ = 0, allowed_sq_ = 0;  // the spread test's sums
+  std::size_t rows_ = 0, noisy_rows_ = 0;
+};
 
 // Row `row`'s spreads into the matrices compare() reads.
 void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& spreads);

@@ -358,14 +358,16 @@ std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry
   input.inside = &spreads;
   Comparison comparison = compare(input, entry, output);
   const kernels::Tolerance rest = around_emulated_weights(entry);
+  HeadScale head_scale;
   for (std::size_t i = 0; i < rows; ++i) {
     if (roundings[i].emulated)
-      judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest, base.scales[i],
-                      output, comparison);
+      head_scale.add(judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i), rest,
+                                     base.scales[i], output, comparison));
     else if (i < standard.size())
-      judge_row_scale(*base.actual, i, standard[i], base.magnitudes->row(i), entry, base.scales[i], output,
-                      comparison);
+      head_scale.add(judge_row_scale(*base.actual, i, standard[i], base.magnitudes->row(i), entry,
+                                     base.scales[i], output, comparison));
   }
+  head_scale.judge(comparison);
   return comparison;
 }
 

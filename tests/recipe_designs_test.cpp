@@ -28,7 +28,13 @@ namespace {
 // others by a 0.3% temperature: with eight rows, one of the twelve variants absorbs the twin's row
 // scales (ratio 0.91; the other variants 1.85 to 2.2). Naming flash_bf16 catches it (4.45 at worst
 // over the gate). Listed so that a new miss fails.
+// Two more, seen since the head-scale tests (metrics/inside_rounding.hpp's HeadScale) made
+// flash_bf16 catch a row sum kept in bf16 (no LSE) on two small problems where it passed before:
+// math_bf16, whose emulated rows still charge the scores' fp32 errors in full in every column,
+// absorbs those rows' scale errors there. Naming flash_bf16 catches them.
 bool known_default_miss(std::string_view kernel, std::string_view scenario, std::string_view recipe) {
+  if (kernel == "flash2_bf16_row_sum_bf16_no_lse" && recipe == "math_bf16")
+    return scenario == "alibi_causal_64x96_d128" || scenario == "additive_mask_16x48_d32";
   return kernel == "flash2_bf16_p_e4m3_no_lse" && scenario == "kv_cache_decode_1x1024_d128_gqa_8_2" &&
          recipe == "math_bf16";
 }
@@ -131,18 +137,21 @@ TEST(RecipeDesigns, AScaledOutputFitsNoDefaultRecipe) {
 // honest math_bf16 kernel fits math_bf16 on the plain problem and on one with a sink (the problems
 // where, charged as noise, the scores' roundings let a denominator summed in bf16 pass), and the
 // same outputs scaled by 1.25% do not. The mutation check: the same recipe with the emulation
-// switched off (its scores' roundings charged as noise, as before) lets the scaled rows through.
+// switched off (its scores' roundings charged as noise, as before) sees the scaled rows less sharply
+// (it let them through before the head-scale tests pooled a head's rows; now those catch them too).
 TEST(RecipeDesigns, TheMathRecipeSeesARowScaledByOnePercentWhereNoiseDidNot) {
   const kernels::AttentionKernel& kernel = *kernels::find_attention_kernel("math_bf16");
   const kernels::Tolerance& emulated = metrics::forward_tolerance(*metrics::find_recipe("math_bf16"));
   ASSERT_TRUE(emulated.scores_emulated);
   kernels::Tolerance noise = emulated;
   noise.scores_emulated = false;
-  const auto passes = [&](const kernels::Tolerance& t, const gate::ScenarioInputs& in,
-                          const kernels::LayerOutputs& got) {
+  const auto judged_by = [&](const kernels::Tolerance& t, const gate::ScenarioInputs& in,
+                             const kernels::LayerOutputs& got) {
     const metrics::JudgeSpec spec{kernels::Operation::attention, kernel.output, &t};
-    return metrics::judge_attention_tensors(spec, in.problem, in.q, in.k, in.v, got.out, got.lse).passed();
+    return metrics::judge_attention_tensors(spec, in.problem, in.q, in.k, in.v, got.out, got.lse);
   };
+  const auto passes = [&](const kernels::Tolerance& t, const gate::ScenarioInputs& in,
+                          const kernels::LayerOutputs& got) { return judged_by(t, in, got).passed(); };
   std::size_t judged = 0;
   for (const auto& scenario : gate::attention_scenarios()) {
     if (scenario.name != "sinks_33x129_d256" && scenario.name != gate::attention_scenarios()[0].name)
@@ -151,8 +160,10 @@ TEST(RecipeDesigns, TheMathRecipeSeesARowScaledByOnePercentWhereNoiseDidNot) {
     kernels::LayerOutputs got = kernels::run_attention_layer(kernel, in.problem, in.q, in.k, in.v);
     EXPECT_TRUE(passes(emulated, in, got)) << scenario.name;
     for (double& x : got.out) x = round_to_format(x * 1.0125, bf16);
-    EXPECT_FALSE(passes(emulated, in, got)) << scenario.name;
-    EXPECT_TRUE(passes(noise, in, got)) << scenario.name << ": the mutation check shows nothing";
+    const double sharp = judged_by(emulated, in, got).output.max_row_scale_ratio;
+    const double blunt = judged_by(noise, in, got).output.max_row_scale_ratio;
+    EXPECT_GT(sharp, 1) << scenario.name;
+    EXPECT_GT(sharp, blunt) << scenario.name << ": the mutation check shows nothing";
     ++judged;
   }
   EXPECT_EQ(judged, 2U);
