@@ -179,7 +179,7 @@ Command add_gate_command(CLI::App& app) {
       command->add_option("--kernel", s.kernels, "Kernel names, or 'all' (default)")->delimiter(',');
   command->add_option("--sizes", options->sizes,
                       "Row sizes, comma-separated (default 16 to 16384 in powers of two)");
-  command->add_option("--seed", s.seed, "Base seed; each case mixes in its id");
+  command->add_option("--seed", s.seed, "Base seed; each case mixes in its id")->check(seed_value);
   command->add_option("--case", s.only_case, "Run only this case id, e.g. safe3/random_normal/n=1024");
   command->add_option("--shard", options->shard,
                       "Run shard i of N (i/N); GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS also work");

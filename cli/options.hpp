@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <exception>
 #include <limits>
 #include <string>
 #include <vector>
@@ -33,6 +34,18 @@ inline const CLI::Validator report_path(
 // goes through long double and rounds twice). "inf", "-inf" and "nan" are read too; the caller
 // checks the range.
 [[nodiscard]] double parse_real(const std::string& text, const std::string& option);
+
+// A seed (--seed): a decimal integer in [0, 2^64 - 1], refused (not wrapped or saturated) otherwise.
+inline const CLI::Validator seed_value(
+    [](const std::string& text) {
+      try {
+        (void)parse_count(text, "--seed", 0);
+        return std::string();
+      } catch (const std::exception& error) {
+        return std::string(error.what());
+      }
+    },
+    "SEED");
 
 // --name VALUE read with parse_real into `target`; the list form takes comma-separated values.
 CLI::Option* add_real_option(CLI::App* command, const std::string& name, double& target,

@@ -399,9 +399,10 @@ Command add_study_command(CLI::App& app) {
       "kernels "
       "and their broken twins judged by sharpcheck, PyTorch's rule and FlashAttention's rule");
   command->add_flag("--quick", s->quick, "stall, flash-deviation, fp8-spread: CI's size (seconds)");
-  command->add_option(
-      "--seed", s->preset_seed,
-      "stall, flash-deviation, fp8-spread: the inputs' seed (results are deterministic from it)");
+  command
+      ->add_option("--seed", s->preset_seed,
+                   "stall, flash-deviation, fp8-spread: the inputs' seed (results are deterministic from it)")
+      ->check(seed_value);
   command->add_option(
       "--threads", s->threads,
       "Threads for the dispersion, stall, flash-deviation and fp8-spread presets (0: every core)");

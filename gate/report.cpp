@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -409,6 +410,12 @@ std::string junit_xml(const std::vector<nlohmann::json>& cases, JudgingScope sco
 }
 
 nlohmann::json read_json_file(const std::string& path, const char* what) {
+  // Only a regular file (or a link to one): a directory made reading throw an internal error, and a
+  // FIFO with no writer blocked merge forever.
+  std::error_code error_code;
+  if (!std::filesystem::is_regular_file(path, error_code) && std::filesystem::exists(path, error_code))
+    throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path +
+                                                     "' is not a regular file (a directory, FIFO or device)");
   std::ifstream in(path);
   if (!in)
     throw InputError(InputProblem::out_of_range, std::string(what) + " file '" + path + "' cannot be read");

@@ -67,6 +67,15 @@ void validate(const Matrix& queries, const Matrix& keys, const Matrix& values,
 }
 
 // One query row's MPFR Ziv loop over enclosures of its logits, weights, outputs and log-sum-exp.
+// The inputs are finite here (checked before any stage), so a NaN end is the enclosure's own: at a
+// low precision a logit of 1e30 spans more than MPFR's exponent range, its exponential's ends
+// overflow and underflow, and 0 / 0 or inf / inf follows. Such an enclosure decides nothing; the
+// next precision narrows it (round_if_decided would take the NaN for a NaN input's answer).
+std::optional<double> decided_enclosure(mpfr_srcptr lo, mpfr_srcptr hi, const FloatFormat& format) {
+  if (mpfr_nan_p(lo) != 0 || mpfr_nan_p(hi) != 0) return std::nullopt;
+  return round_if_decided(lo, hi, format);
+}
+
 class ZivRow {
  public:
   ZivRow(const AttentionRow& row, const FloatFormat& target)
@@ -211,7 +220,7 @@ class ZivRow {
       if (results.weight_done[a]) continue;
       mpfr_div(lo.get(), w_lo_[a], sum_hi_->get(), MPFR_RNDD);
       mpfr_div(hi.get(), w_hi_[a], sum_lo_->get(), MPFR_RNDU);
-      if (const auto rounded = round_if_decided(lo.get(), hi.get(), target_)) {
+      if (const auto rounded = decided_enclosure(lo.get(), hi.get(), target_)) {
         results.weights[row_.active[a]] = *rounded;
         results.weight_done[a] = true;
       }
@@ -236,7 +245,7 @@ class ZivRow {
                mpfr_sgn(numerator_lo.get()) >= 0 ? sum_hi_->get() : sum_lo_->get(), MPFR_RNDD);
       mpfr_div(hi.get(), numerator_hi.get(),
                mpfr_sgn(numerator_hi.get()) >= 0 ? sum_lo_->get() : sum_hi_->get(), MPFR_RNDU);
-      if (const auto rounded = round_if_decided(lo.get(), hi.get(), target_)) {
+      if (const auto rounded = decided_enclosure(lo.get(), hi.get(), target_)) {
         results.output[column] = *rounded;
         results.output_done[column] = true;
       }
@@ -258,7 +267,7 @@ class ZivRow {
       mpfr_div(lo.get(), lo.get(), mpfr_sgn(lo.get()) >= 0 ? ln2_hi.get() : ln2_lo.get(), MPFR_RNDD);
       mpfr_div(hi.get(), hi.get(), mpfr_sgn(hi.get()) >= 0 ? ln2_lo.get() : ln2_hi.get(), MPFR_RNDU);
     }
-    if (const auto rounded = round_if_decided(lo.get(), hi.get(), *results.lse_target)) {
+    if (const auto rounded = decided_enclosure(lo.get(), hi.get(), *results.lse_target)) {
       *results.lse = *rounded;
       results.lse_done = true;
     }

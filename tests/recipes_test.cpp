@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -119,6 +120,21 @@ TEST_P(FlashBf16, ADenominatorSummedInBf16FailsWithoutAnLse) {
       judge(h, run(h, {.denominator_in_bf16 = true}, output), output, "flash_bf16").comparison;
   EXPECT_FALSE(broken.passed());
   EXPECT_GT(broken.max_row_scale_ratio, 1) << "the row-scale test sees the mis-normalised rows";
+}
+
+// The head-scale tests (metrics/inside_rounding.hpp's HeadScale): the whole head's output scaled by
+// 0.5% stays inside each row's scale allowance (a row's is its d roundings' noise) but not inside
+// the rows' pooled one; the finding names the rows together.
+TEST_P(FlashBf16, AHeadScaledByHalfAPercentFailsByItsRowsTogether) {
+  const FloatFormat& output = *GetParam();
+  const Head h = make_head(5);
+  Outputs o = run(h, {}, output);
+  for (double& x : o.out.values) x = round_to_format(x * 1.005, output);
+  const auto scaled = judge(h, o, output, "flash_bf16").comparison;
+  EXPECT_FALSE(scaled.passed());
+  const std::string text = scaled.failure_summary();
+  EXPECT_NE(text.find(std::to_string(queries) + " rows together"), std::string::npos) << text;
+  EXPECT_EQ(text.find("row 0:"), std::string::npos) << "a row alone should not see 0.5%: " << text;
 }
 
 TEST_P(FlashBf16, AnLseOffBy1e3Fails) {

@@ -71,7 +71,13 @@ case $attack in
     expect_code 2; expect_text "max_ulps must be a non-negative integer"
     echo '{"cases": {"x": {"max_bound_ratio": -0.5}}}' > baseline.json
     run gate --kernel safe3 --sizes 16 --baseline baseline.json
-    expect_code 2; expect_text "max_bound_ratio must be a number >= 0" ;;
+    expect_code 2; expect_text "max_bound_ratio must be a number >= 0"
+    # a directory or a FIFO as a file to read: refused by name (an internal error, or a hang, before)
+    mkdir -p a_directory; mkfifo a_fifo
+    run gate --kernel safe3 --sizes 16 --baseline a_directory
+    expect_code 2; expect_text "a_directory' is not a regular file"
+    out=$(timeout 20 "$sharpcheck" merge a_fifo --json merged.json 2>&1); code=$?
+    expect_code 2; expect_text "a_fifo' is not a regular file" ;;
   numeric_options)
     for sizes in 0 "" -1 16,x 99999999999999999999999; do
       run gate --kernel safe3 --sizes "$sizes"
@@ -84,6 +90,10 @@ case $attack in
     for timeout in nan inf -1 0 1e9 ""; do
       run gate --plugin "$(plugin good)" --sizes 16 --plugin-timeout "$timeout"
       expect_code 2; expect_text "plugin-timeout"
+    done
+    for seed in -1 99999999999999999999999 1e3 ""; do  # never wrapped or saturated
+      run gate --kernel safe3 --sizes 16 --seed "$seed"
+      expect_code 2; expect_text "seed"
     done
     run gate --kernel safe3 --sizes 16 --threads 100000
     expect_code 2; expect_text "threads"

@@ -112,6 +112,19 @@ def test_attention_reference_equals_mpmath_on_one_head():
                 assert float(ours[i, c]) == rounded(value, 24, -126), (i, c)
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("size", [1e14, 1e15])
+def test_one_visible_key_of_a_huge_score_gives_its_value_exactly(fmt, size):
+    """One key: P = 1, so the output is v exactly, whatever the score (here 1e28 to 1e30). The Ziv
+    loop's first precision spans more than MPFR's exponent range there; its NaN ends must not be
+    taken for an answer (the output came back NaN before)."""
+    q, k = np.array([[size]]), np.array([[size]])
+    v = np.array([[-2.0, 0.75]])
+    out, lse = sharpcheck.attention(q, k, v, format=fmt, return_lse=True)
+    assert out.ravel().tolist() == [-2.0, 0.75]
+    assert np.isfinite(lse).all()
+
+
 def test_attention_weights_are_returned_correctly_rounded_against_mpmath():
     """P, for an outside audit: GQA (2 query heads per KV head), causal bottom-right, a sink and a
     padded key length; unseen keys and padding are 0, and each seen weight is exp(z - L) rounded once."""
