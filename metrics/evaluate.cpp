@@ -365,13 +365,8 @@ std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const Ju
   input.allowed = nullptr;
   input.inside = &spreads;
   Comparison comparison = compare(input, *spec.tolerance, *spec.output);
-  HeadScale head_scale;
-  for (std::size_t i = 0; i < rows; ++i) {
-    if (!roundings[i].emulated) continue;
-    head_scale.add(judge_row_scale(*base.actual, i, roundings[i], spreads.centre_magnitude.row(i),
-                                   *spec.tolerance, base.scales[i], *spec.output, comparison));
-  }
-  head_scale.judge(comparison);
+  judge_head_scales(*base.actual, roundings, spreads.centre_magnitude, *spec.tolerance, base.scales,
+                    *spec.output, /*emulated_only=*/true, comparison);
   return comparison;
 }
 
@@ -495,11 +490,8 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     evaluation.comparison = std::move(*around_weights);
     return evaluation;
   }
-  HeadScale head_scale;
-  for (std::size_t i = 0; i < queries.rows; ++i)
-    head_scale.add(judge_row_scale(evaluation.actual, i, roundings[i], magnitudes.row(i), *spec.tolerance,
-                                   input.scales[i], *spec.output, evaluation.comparison));
-  head_scale.judge(evaluation.comparison);
+  judge_head_scales(evaluation.actual, roundings, magnitudes, *spec.tolerance, input.scales, *spec.output,
+                    /*emulated_only=*/false, evaluation.comparison);
   return evaluation;
 }
 

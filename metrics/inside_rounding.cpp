@@ -304,6 +304,18 @@ RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRou
   return stat;
 }
 
+void judge_head_scales(const Matrix& actual, std::span<const RowRounding> roundings, const Matrix& magnitudes,
+                       const Tolerance& tolerance, std::span<const RowScale> scales,
+                       const FloatFormat& output, bool emulated_only, Comparison& comparison) {
+  HeadScale head;
+  for (std::size_t i = 0; i < roundings.size(); ++i) {
+    if (emulated_only && !roundings[i].emulated) continue;
+    head.add(judge_row_scale(actual, i, roundings[i], magnitudes.row(i), tolerance, scales[i], output,
+                             comparison));
+  }
+  head.judge(comparison);
+}
+
 void HeadScale::add(const RowScaleStat& row) {
   if (row.weight == 0) return;
   ++rows_;

@@ -97,6 +97,12 @@ RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRou
                              std::span<const double> magnitudes, const Tolerance& tolerance,
                              const RowScale& scale, const FloatFormat& output, Comparison& comparison);
 
+// judge_row_scale for every row of a head (`roundings[i]` row i's; with emulated_only, the rows
+// whose rounding is emulated alone), then the head-scale tests on them.
+void judge_head_scales(const Matrix& actual, std::span<const RowRounding> roundings, const Matrix& magnitudes,
+                       const Tolerance& tolerance, std::span<const RowScale> scales,
+                       const FloatFormat& output, bool emulated_only, Comparison& comparison);
+
 // The head-scale tests (statistical tier): one head's rows pooled, which sees what no row alone
 // does. A head whose output is scaled by 0.5%, or whose rows are each mis-normalised by a few
 // tenths of a percent at random (a row sum kept in bf16), stays inside every row's allowance,
