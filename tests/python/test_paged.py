@@ -309,6 +309,14 @@ def test_the_invariance_case_compares_the_lse_a_kernel_returns():
     assert out_only.status == "pass" and "lse not returned (NaN throughout): not judged" in out_only.report.record["notes"]
 
 
+def test_an_lse_returned_nan_throughout_is_judged_not_taken_for_absent():
+    def kernel(*args, **kwargs):
+        out, lse = sweep_kernel(with_lse=True)(*args, **kwargs)
+        return out, torch.full_like(lse, float("nan"))
+    (result,) = sharpcheck.sweep(kernel, "paged_attention", format="bf16", match="invariance").results
+    assert result.status == "fail", result.message
+
+
 def test_an_lse_returned_by_some_calls_only_is_an_error_naming_the_call():
     calls = []
     def kernel(*args, **kwargs):
@@ -316,7 +324,7 @@ def test_an_lse_returned_by_some_calls_only_is_an_error_naming_the_call():
         return sweep_kernel(with_lse=len(calls) == 1)(*args, **kwargs)
     (result,) = sharpcheck.sweep(kernel, "paged_attention", format="bf16", match="invariance").results
     assert result.status == "error", result.message
-    assert "the batch of 17 again: the kernel returned (out) where the first call returned (out, lse)" in result.message
+    assert "the batch of 17 again: the kernel returned no lse" in result.message, result.message
 
 
 def test_a_wrong_lse_fails_the_paged_sweep():
