@@ -115,6 +115,11 @@ struct ExternalTensor {
   // plugin by leaving its buffer as the gate filled it (NaN throughout). It is judged when given;
   // when not, the record's notes say it was not judged.
   bool optional = false;
+  [[nodiscard]] std::size_t elements() const {
+    std::size_t count = 1;
+    for (const std::size_t extent : shape) count *= extent;
+    return count;
+  }
 };
 // One call of a batch-invariance case's reruns: its tensors, options and output shapes.
 struct ExternalCall {

@@ -127,8 +127,7 @@ void judge_external_outputs(const Operation& operation, const ExternalCase& c, c
   auto next = values.begin();
   std::vector<std::string> left_out;
   for (const ExternalTensor& t : c.outputs) {
-    std::size_t count = 1;
-    for (const std::size_t extent : t.shape) count *= extent;
+    const std::size_t count = t.elements();
     if (static_cast<std::size_t>(values.end() - next) < count)
       throw std::logic_error("fewer output values than " + c.id + " says");
     std::vector<double> output(next, next + static_cast<std::ptrdiff_t>(count));

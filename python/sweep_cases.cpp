@@ -77,9 +77,7 @@ std::vector<double> outputs_of(const py::handle& given, const std::vector<gate::
   std::vector<double> values;
   for (const gate::ExternalTensor& t : wanted) {
     if (!outputs.contains(t.name) && t.optional) {
-      std::size_t count = 1;
-      for (const std::size_t extent : t.shape) count *= extent;
-      values.insert(values.end(), count, std::numeric_limits<double>::quiet_NaN());
+      values.insert(values.end(), t.elements(), std::numeric_limits<double>::quiet_NaN());
       continue;
     }
     if (!outputs.contains(t.name))

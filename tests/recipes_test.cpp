@@ -97,6 +97,13 @@ metrics::Comparison judge_lse_of(const Head& h, const Outputs& o, const FloatFor
   return *metrics::judge_attention_tensors(spec, problem, q, k, v, out, o.lse, 1).lse;
 }
 
+// The honest kernel's output on `h`, every element scaled by `factor`, judged under flash_bf16.
+metrics::Comparison judge_scaled(const Head& h, double factor, const FloatFormat& output) {
+  Outputs o = run(h, {}, output);
+  for (double& x : o.out.values) x = round_to_format(x * factor, output);
+  return judge(h, o, output, "flash_bf16").comparison;
+}
+
 class FlashBf16 : public ::testing::TestWithParam<const FloatFormat*> {};
 
 TEST_P(FlashBf16, PassesItsRecipeAndFailsTheFp32One) {
@@ -127,10 +134,7 @@ TEST_P(FlashBf16, ADenominatorSummedInBf16FailsWithoutAnLse) {
 // the rows' pooled one; the finding names the rows together.
 TEST_P(FlashBf16, AHeadScaledByHalfAPercentFailsByItsRowsTogether) {
   const FloatFormat& output = *GetParam();
-  const Head h = make_head(5);
-  Outputs o = run(h, {}, output);
-  for (double& x : o.out.values) x = round_to_format(x * 1.005, output);
-  const auto scaled = judge(h, o, output, "flash_bf16").comparison;
+  const metrics::Comparison scaled = judge_scaled(make_head(5), 1.005, output);
   EXPECT_FALSE(scaled.passed());
   const std::string text = scaled.failure_summary();
   EXPECT_NE(text.find(std::to_string(queries) + " rows together"), std::string::npos) << text;
@@ -146,12 +150,7 @@ TEST_P(FlashBf16, AnLseOffBy1e3Fails) {
 }
 
 TEST_P(FlashBf16, AnOutputScaledByOnePercentFails) {
-  const FloatFormat& output = *GetParam();
-  const Head h = make_head(6);
-  Outputs o = run(h, {}, output);
-  for (double& x : o.out.values) x = round_to_format(x * 1.01, output);
-  const auto scaled = judge(h, o, output, "flash_bf16").comparison;
-  EXPECT_FALSE(scaled.passed());
+  EXPECT_FALSE(judge_scaled(make_head(6), 1.01, *GetParam()).passed());
 }
 
 // Keys and values repeated (two distinct tokens, 192 copies each, as padding or duplicated tokens
