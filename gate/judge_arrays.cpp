@@ -446,6 +446,10 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   if (!options.tolerance_entry.empty()) {
     entries.push_back(options.tolerance_entry == "attention_flash" ? "attention_fp32"
                                                                    : options.tolerance_entry);
+    const std::string why = metrics::intermediate_format_mismatch(
+        entries[0], metrics::tolerance_for(entries[0]).probability_format, *input.format, *output.format,
+        false);
+    if (!why.empty()) refuse(InputProblem::out_of_range, why);
   } else {
     for (const auto* recipe :
          metrics::default_forward_recipes(*input.format, *output.format, arrays.lse != nullptr,

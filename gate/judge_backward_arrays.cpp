@@ -355,7 +355,11 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   std::vector<std::string> entries;
   if (!options.tolerance_entry.empty()) {
     entries.push_back(options.tolerance_entry);
-    (void)backward_entry(options.tolerance_entry);  // an unknown name is refused before any work
+    // An unknown name, or one for another design's formats, is refused before any work.
+    const std::string why = metrics::intermediate_format_mismatch(
+        options.tolerance_entry, backward_entry(options.tolerance_entry).intermediate_format, *input.format,
+        *output.format, true);
+    if (!why.empty()) refuse(InputProblem::out_of_range, why);
   } else {
     for (const auto* recipe : metrics::default_recipes(*input.format, *output.format, true))
       entries.emplace_back(recipe->name);

@@ -48,6 +48,17 @@ struct Magnitudes {
   // 2.0001 u_S) and the second-order part; empty when the recipe keeps the scores in fp32. And the
   // largest |z| of a non-negligible pair.
   Matrix dq_scores, dk_scores, dv_scores, dq_scores_second, dk_scores_second, dv_scores_second;
+  // The same roundings projected on each gradient's signs, for the gradient-scale test
+  // (backward_score_terms.cpp derives each part); not known (`scale_scores_known` false) with a
+  // soft-cap, whose dz/dr moves with the scores: the test then charges the scores' worst case in full.
+  struct ScaleScoreTerms {
+    double first = 0;   // the first order's Hoeffding sum of squares, over (2.0001 u_S)^2
+    double second = 0;  // the second order's bound, charged in full
+    double growth = 0;  // the growth of dS's rounding coefficient: sum of squares, over u_i^2
+  };
+  ScaleScoreTerms dq_scale_scores, dk_scale_scores, dv_scale_scores;
+  bool scale_scores_known = true;
+  double scale_growth = 1;  // the other roundings' coefficients grow by at most this factor
   double largest_z = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "metrics/backward_pair_block.hpp"
@@ -20,6 +21,108 @@ namespace sharpcheck::metrics::backward_blocks {
 //
 // Per block: each row's b, c and largest |z|, each pair's coefficients, one product per sum, then
 // the row terms through e_i and D_i.
+
+// The scores' roundings in the gradient-scale test's statistic T = sum_x s_x (y_x - e_x) (s_x the
+// sign of e_x), per row i; e_ij the rounding of z_ij, |e_ij| <= eps_ij = 2.0001 u_S |z_ij|.
+//
+// Exactly, P^_ij = P_ij exp(e_ij) / W_i, W_i = sum_k P_ik exp(e_ik) (+ the sink's unmoved share).
+// With exp(e) = 1 + e + rho, 0 <= rho <= rho_ij = expm1(eps_ij) - eps_ij, E_i = sum_k P_ik eps_ik,
+// R_i = sum_k P_ik rho_ik and e_i = sum_k P_ik e_ik: P^_ij / P_ij = 1 + (e_ij - e_i) + r_ij, where
+// r_ij W_i = rho_ij - rho_i - (e_i + rho_i)(e_ij - e_i), so |r_ij| <= (max(rho_ij, R_i) + (E_i +
+// R_i)(eps_ij + E_i)) / (1 - E_i) = r^_ij (W_i >= 1 + e_i >= 1 - E_i; E_i < 1/2 is required).
+//
+// First order, in z units: dS_ij = P_ij (dP_ij - D_i + g_i) (g: the LSE's gradient) moves by
+// dS_ij (e_ij - e_i) - P_ij dD_i, dD_i = sum_k e_ik s0_ik, s0_ik = P_ik (dP_ik - D_i). dQ and dK
+// are sum_ij dz/dr dS_ij times k_jc (resp. q_ic), so with on_ij the pair's projection on the
+// gradient's signs (block_scale_terms), A_i = sum_j dz/dr on_ij dS_ij and B_i = sum_j dz/dr on_ij
+// P_ij, e_ik's coefficient in T is dz/dr on_ik dS_ik - P_ik A_i - s0_ik B_i (exact, not a bound);
+// dV = sum_i P_ij dO_ic: P_ik (on_ik - C_i), C_i = sum_j P_ij on_ij. Hoeffding's sum is
+// sum_ik coefficient^2 z_ik^2; 1e-9 of the terms' absolute sums covers the double arithmetic.
+//
+// Beyond first order, charged in full: dS^ - dS - (first order) = dS r - P dD2 - P (e - e_i + r)
+// dD, with |dD2_i| <= sum_k P_ik r^_ik |dP_ik| = d2_i and |dD_i| <= sum_k eps_ik |s0_ik| + d2_i,
+// each pair's bound times |dz/dr on_ij| summed (dV: P_ij r^_ij |on_ij|).
+//
+// The other roundings' coefficients (P's, dP's, dS's rounding and the fp32 errors, bounded by
+// P_ij, mag_ij and |dS_ij|) are those of the perturbed P^, A^, dS^: P^ <= f P and A^ <= f A with
+// f = exp(eps_max) / (1 - E), so every P- and mag-based coefficient grows by at most f^2
+// (`scale_growth`), and dS's by the first and second order's bound on |dS^ - dS| (`growth`).
+namespace {
+
+struct RowScoreBounds {
+  double e = 0, r = 0, d1 = 0, d2 = 0, largest = 0;  // E_i, R_i, sum eps |s0|, d2_i, max eps
+  std::vector<double> eps, bound;                    // eps_ij, r^_ij per visible key
+};
+
+RowScoreBounds row_score_bounds(const PairBlock& block, std::size_t r, double u_s) {
+  const RowGeometry& g = block.geometry[r];
+  RowScoreBounds b;
+  for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
+    const std::size_t e = block.at(r, block.visible[r][a]);
+    const double eps = 2.0001 * u_s * std::fabs(g.z[a]), w = block.weight[e];
+    b.eps.push_back(eps);
+    b.e += w * eps;
+    b.r += w * (std::expm1(eps) - eps);
+    b.d1 += eps * std::fabs(w * (block.dp_signed[e] - block.exact_d[r]));
+    b.largest = std::max(b.largest, w > 0 ? eps : 0.0);
+  }
+  for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
+    const std::size_t e = block.at(r, block.visible[r][a]);
+    const double rho = std::expm1(b.eps[a]) - b.eps[a];
+    b.bound.push_back((std::max(rho, b.r) + (b.e + b.r) * (b.eps[a] + b.e)) / (1 - b.e) * (1 + 1e-9));
+    b.d2 += block.weight[e] * b.bound[a] * std::fabs(block.dp_signed[e]);
+  }
+  return b;
+}
+
+// One projection (dQ's or dK's): A_i, B_i and the absolute sum that bounds their rounding.
+struct Projection {
+  double a = 0, b = 0, slack = 0;
+};
+
+void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
+                          const RowScoreBounds& bounds, Magnitudes& m) {
+  const RowGeometry& g = block.geometry[r];
+  const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
+  Projection q, k;
+  double c_v = 0, slack_v = 0;
+  for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
+    const std::size_t e = block.at(r, block.visible[r][a]);
+    const double w = block.weight[e], ds = w * (block.dp_signed[e] - block.exact_d[r] + lse_gradient);
+    for (auto [projection, on] : {std::pair{&q, block.on_dq[e]}, std::pair{&k, block.on_dk[e]}}) {
+      projection->a += g.slope[a] * on * ds;
+      projection->b += g.slope[a] * on * w;
+      projection->slack += std::fabs(g.slope[a] * on) * (std::fabs(ds) + w);
+    }
+    c_v += w * block.on_dv[e];
+    slack_v += std::fabs(w * block.on_dv[e]);
+  }
+  const double moved_d = bounds.d1 + bounds.d2;
+  for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
+    const std::size_t e = block.at(r, block.visible[r][a]);
+    const double w = block.weight[e], s0 = w * (block.dp_signed[e] - block.exact_d[r]);
+    const double ds = s0 + w * lse_gradient, z2 = g.z[a] * g.z[a], slope = g.slope[a];
+    const double eps = bounds.eps[a], bound = bounds.bound[a];
+    const double first = std::fabs(ds) * (eps + bounds.e) + w * bounds.d1;
+    const double second = std::fabs(ds) * bound + w * bounds.d2 + w * (eps + bounds.e + bound) * moved_d;
+    const auto add = [&](Magnitudes::ScaleScoreTerms& terms, double on, const Projection& x) {
+      const double coefficient = std::fabs(slope * on * ds - w * x.a - s0 * x.b) +
+                                 1e-9 * (std::fabs(slope * on * ds) + (w + std::fabs(s0)) * x.slack);
+      terms.first += coefficient * coefficient * z2;
+      terms.second += std::fabs(slope * on) * second;
+      terms.growth += (slope * on * (first + second)) * (slope * on * (first + second));
+    };
+    add(m.dq_scale_scores, block.on_dq[e], q);
+    add(m.dk_scale_scores, block.on_dk[e], k);
+    const double on_v = block.on_dv[e];
+    const double coefficient_v = w * std::fabs(on_v - c_v) + 1e-9 * w * (std::fabs(on_v) + slack_v);
+    m.dv_scale_scores.first += coefficient_v * coefficient_v * z2;
+    m.dv_scale_scores.second += std::fabs(on_v) * w * bound;
+  }
+}
+
+}  // namespace
+
 void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
                      Magnitudes& m) {
   const std::size_t size = block.rows * block.width, d = p.queries.cols;
@@ -75,6 +178,17 @@ void add_score_terms(const kernels::BackwardProblem& p, const Images& images, do
         block.key_first);
     add(pairs(block.dv_second, true), rows_of(images.dout_abs, block.first, block.rows), m.dv_scores_second,
         block.key_first);
+  }
+  const bool capped = p.head(block.head).softcap != 0;
+  for (std::size_t r = 0; r < block.rows && m.scale_scores_known; ++r) {
+    const RowScoreBounds bounds = row_score_bounds(block, r, u_s);
+    if (capped || !(bounds.e < 0.5)) {
+      m.scale_scores_known = false;
+      break;
+    }
+    const double f = std::exp(bounds.largest) / (1 - bounds.e);
+    m.scale_growth = std::max(m.scale_growth, f * f);
+    add_row_scale_scores(p, block, r, bounds, m);
   }
   for (std::size_t r = 0; r < block.rows; ++r) {  // the terms through e_i and D_i, with the row's M_ic
     const std::size_t i = block.first + r;

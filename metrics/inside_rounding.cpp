@@ -389,7 +389,7 @@ struct Fp32Charge {
 };
 
 Fp32Charge fp32_charge(const Matrix& magnitudes, const Tolerance& entry, const FloatFormat& output,
-                       const RowScale& scale) {
+                       const RowScale& scale, const ScaleNoise& noise) {
   Tolerance fp32_only = entry;
   fp32_only.probabilities_in_output = fp32_only.scores_in_output = 0;
   Tolerance with_scores = fp32_only;
@@ -402,11 +402,12 @@ Fp32Charge fp32_charge(const Matrix& magnitudes, const Tolerance& entry, const F
     charge.squares += m * m;
     total += m;
     charge.in_full += floor;
-    if (entry.scores_in_output > 0)  // exp(a + b) - exp(a) >= exp(b) - 1: at least the scores' share
+    if (entry.scores_in_output > 0 && noise.scores < 0)  // exp(a + b) - exp(a) >= exp(b) - 1
       charge.in_full += allowed_error(with_scores, m, 0.0, scale, output, Tier::statistical, 0.0) -
                         allowed_error(fp32_only, m, 0.0, scale, output, Tier::statistical, 0.0);
   }
-  charge.in_full += (2 * scale.largest_score + 4) * u * total;
+  charge.in_full += (2 * scale.largest_score + 4) * u * total * noise.growth;
+  if (entry.scores_in_output > 0 && noise.scores >= 0) charge.in_full += noise.scores_second;
   return charge;
 }
 
@@ -436,13 +437,16 @@ void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& e
   const double units =
       entry.constant + entry.per_item * charged_length(static_cast<double>(scale.n), Tier::statistical);
   const double relative = std::expm1(units * entry.accumulation->unit_roundoff());
-  const Fp32Charge fp32 = fp32_charge(magnitudes, entry, output, scale);
-  const double variance = roundings + u_i * u_i * noise.inside + u_o * u_o * noise.from_d;
+  const Fp32Charge fp32 = fp32_charge(magnitudes, entry, output, scale, noise);
+  const double score_spread = entry.scores_in_output > 0 && noise.scores >= 0 ? noise.scores : 0.0;
+  const double variance =
+      roundings + u_i * u_i * noise.growth * noise.growth * noise.inside + u_o * u_o * noise.from_d;
   const double fp32_spread =
-      relative * (std::sqrt(noise.pairs) + std::sqrt(noise.rows) + std::sqrt(fp32.squares));
-  const double allowed =
-      (statistical_lambda * (std::sqrt(variance) + fp32_spread) + fp32.in_full + noise.absolute) *
-      (1 + 0x1p-20) / weight;
+      relative * noise.growth * (std::sqrt(noise.pairs) + std::sqrt(noise.rows) + std::sqrt(fp32.squares)) +
+      u_i * std::sqrt(noise.inside_growth);
+  const double allowed = (statistical_lambda * (std::sqrt(variance) + fp32_spread + score_spread) +
+                          fp32.in_full + noise.absolute) *
+                         (1 + 0x1p-20) / weight;
   record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
 }
 

@@ -144,6 +144,14 @@ struct ScaleNoise {
   double absolute = 0;  // the subnormal roundings' worst case over all elements (charged in full)
   double pairs = 0;     // the fp32 errors' sums of squares, per pair and per query row
   double rows = 0;      // (Magnitudes::dq_scale_pairs, dq_scale_rows, ...), over (units u)^2
+  // A recipe's score roundings (Magnitudes::ScaleScoreTerms): the first order's Hoeffding spread
+  // (absolute: 2.0001 u_S times its root), the second order (in full), the growth they cause in the
+  // other roundings' coefficients (a factor on the intermediate and fp32 spreads, and dS's rounding's
+  // own, absolute, over u_i); a negative `scores`: not known, their worst case is charged in full.
+  double scores = -1;
+  double scores_second = 0;
+  double growth = 1;
+  double inside_growth = 0;
 };
 
 // One gradient as the scale test reads it: its name in findings, the reference, the kernel's, each

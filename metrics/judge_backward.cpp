@@ -85,6 +85,7 @@ struct ScaleSettings {
   double units;
   const FloatFormat& output;
   const RowScale& scale;
+  double score_unit;  // u_S of a recipe that rounds the scores, else 0
 };
 
 // The gradient-scale test (inside_rounding.hpp) of dQ, dK and dV.
@@ -100,13 +101,25 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
     return ScaleNoise{
         .inside = inside, .from_d = from_d, .absolute = floor_total(floor), .pairs = pairs, .rows = rows};
   };
+  // The scores' roundings (a recipe that rounds them): 2.0001 u_S times the projections' root.
+  const auto with_scores = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& terms) {
+    if (x.score_unit <= 0 || !m.scale_scores_known) return n;
+    n.scores = 2.0001 * x.score_unit * std::sqrt(terms.first) * (1 + 1e-9);
+    n.scores_second = terms.second * (1 + 1e-9);
+    n.growth = m.scale_growth * (1 + 1e-9);
+    n.inside_growth = terms.growth * (1 + 1e-9);
+    return n;
+  };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
-       noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows)},
+       with_scores(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
+                   m.dq_scale_scores)},
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows)},
+       with_scores(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
+                   m.dk_scale_scores)},
       {"dV", e.d_values, actual.d_values, m.dv,
-       noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows)}};
+       with_scores(noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows),
+                   m.dv_scale_scores)}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
   for (std::size_t g = 0; g < 3; ++g)
     judge_gradient_scale(gradients[g], x.entry, x.units, x.output, x.scale, *comparisons[g]);
@@ -185,7 +198,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   RowScale scale;
   scale.n = length;
   scale.largest_score = score;
-  judge_gradient_scales(actual, m, floor_scale, {entry, units, output, scale}, judgement);
+  judge_gradient_scales(actual, m, floor_scale, {entry, units, output, scale, u_s}, judgement);
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)
       throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +

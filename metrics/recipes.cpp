@@ -216,6 +216,20 @@ std::vector<const AttentionRecipe*> default_forward_recipes(const FloatFormat& i
   return chosen;
 }
 
+std::string intermediate_format_mismatch(std::string_view name, const FloatFormat* intermediates,
+                                         const FloatFormat& inputs, const FloatFormat& output,
+                                         bool backward) {
+  if (intermediates == nullptr || intermediates == &inputs || intermediates == &output ||
+      inputs.unit_roundoff() <= fp32.unit_roundoff())
+    return {};
+  std::string fitting;
+  for (const AttentionRecipe* recipe : default_recipes(inputs, output, backward))
+    fitting += (fitting.empty() ? "" : ", ") + std::string(recipe->name);
+  return std::string(name) + " rounds inside to " + std::string(intermediates->name) +
+         ", but the inputs are " + std::string(inputs.name) + " and the output " + std::string(output.name) +
+         ": it describes another design (the recipes for these formats: " + fitting + ")";
+}
+
 std::string recipe_names(bool backward, bool only_named) {
   std::string names;
   for (const AttentionRecipe& recipe : recipes) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -76,6 +77,17 @@ struct AttentionRecipe {
 [[nodiscard]] std::vector<const AttentionRecipe*> default_forward_recipes(const FloatFormat& inputs,
                                                                           const FloatFormat& output,
                                                                           bool has_lse, bool proven_only);
+
+// Why a named recipe or tolerance entry, rounding inside to `intermediates` (nullptr: the output's
+// format or none), does not describe a kernel of these formats (empty: it may). A design rounds P
+// to its own input or output format (FlashAttention's bf16 P for bf16 tensors), or a kernel on
+// fp32 tensors rounds to a narrower format inside (bf16 or FP8 tensor cores); a bf16 kernel
+// judged under fp16's or FP8's recipe is judged by another design's allowance, tighter (a false
+// fail naming the wrong cause) or looser (FP8's lets a bf16 kernel's bugs pass).
+[[nodiscard]] std::string intermediate_format_mismatch(std::string_view name,
+                                                       const FloatFormat* intermediates,
+                                                       const FloatFormat& inputs, const FloatFormat& output,
+                                                       bool backward);
 
 // The names, comma-separated, for messages (only those a default judgement does not try, with
 // `only_named`).

@@ -209,5 +209,33 @@ TEST(RecipeDesigns, AGradientScaledByOnePercentFitsNoDefaultRecipe) {
   }
 }
 
+// PyTorch's math path rounds the scores, so its recipe charges their roundings; charged in full in
+// the gradient-scale test, their worst case let dQ or dK scaled by 0.5 pass backward_math_bf16 at
+// 257 keys (issue 30's trial). By Hoeffding, with the second order projected on the gradient's
+// signs, a 10% scale of any gradient fails while the honest kernel still fits.
+TEST(RecipeDesigns, AGradientScaledByTenPercentFitsNotTheMathPathsRecipe) {
+  using Gradients = kernels::KernelGradients;
+  for (const char* name : {"math_backward_bf16", "math_backward_fp16"}) {
+    const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
+    const inputs::BackwardInputs in = normal_head(257, 64, *kernel.format);
+    const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
+    const Gradients honest = kernel.run(problem);
+    const reference::AttentionGradients expected = reference::attention_backward(
+        {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, *kernel.format);
+    const metrics::AttentionRecipe& recipe = *metrics::find_recipe(kernel.recipe);
+    const auto judged = [&](const Gradients& got) {
+      return metrics::judge_attention_backward(metrics::backward_tolerance(recipe), *kernel.format, problem,
+                                               got, &expected);
+    };
+    EXPECT_TRUE(judged(honest).passed()) << name;
+    for (Matrix Gradients::*gradient : {&Gradients::d_queries, &Gradients::d_keys, &Gradients::d_values}) {
+      Gradients scaled = honest;
+      for (double& x : (scaled.*gradient).values) x = round_to_format(x * 0.9, *kernel.format);
+      const metrics::BackwardJudgement judgement = judged(scaled);
+      EXPECT_FALSE(judgement.passed()) << name << ": a gradient scaled by 0.9 fits " << recipe.name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck

@@ -77,3 +77,24 @@ def test_a_failing_report_under_the_default_names_no_model_when_none_fits():
     with pytest.raises(AssertionError, match=r"fits no recipe the formats allow \(tried attention_fp32, "
                                              r"flash_bf16, math_bf16; name one of"):
         judge(scores_in_fp8, None, inputs)
+
+
+@pytest.mark.parametrize("recipe", ["flash_fp16", "math_fp16", "attention_fp8"])
+def test_a_recipe_for_another_designs_formats_is_refused_naming_those_that_fit(recipe):
+    """From issue 30's trial: flash_fp16 or FP8's entry named on bf16 tensors judged a bf16 kernel by
+    another design's allowance (FP8's so loose that bf16 bugs fit it), with no word. Refused now, before
+    any work, naming the recipes for bf16; a kernel on fp32 tensors may still round P to bf16 inside."""
+    inputs = problem(1.0)
+    with pytest.raises(ValueError, match=rf"{recipe} rounds inside to (fp16|fp8_e4m3), but the inputs are bf16 "
+                                         r"and the output bf16.*attention_fp32, flash_bf16, math_bf16"):
+        judge(p_rounded, recipe, inputs)
+    q, k, v = (x.float() for x in inputs)
+    p = torch.softmax(q @ k.transpose(-1, -2) / 8, -1)
+    assert sharpcheck.assert_attention_close(p.bfloat16().float() @ v, q, k, v, tolerance="flash_bf16").passed
+
+
+def test_a_backward_recipe_for_another_format_is_refused():
+    q, k, v, do = (torch.randn(1, 1, 16, 8).bfloat16() for _ in range(4))
+    dq, dk, dv, _ = sharpcheck.attention_backward(q, k, v, do)
+    with pytest.raises(ValueError, match="backward_flash_fp16 rounds inside to fp16, but the inputs are bf16"):
+        sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, do, tolerance="backward_flash_fp16")
