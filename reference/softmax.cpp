@@ -152,6 +152,17 @@ bool decide_elements(const PreparedRow& row, const FloatFormat& target, mpfr_pre
   return all_decided;
 }
 
+// With two or more unmasked logits every log-softmax value is below 0 (S > exp(z_j) strictly), but
+// the sum's lower end may have lost the other terms (1 + e^-200 rounds down to 1 at any precision
+// below 290 bits), so the enclosure reaches 0 and its zero's sign would not be claimed: the exact
+// value underflowing to -0 came out +0. Every value of [lo, 0) rounds as lo does when lo rounds to
+// -0, so the enclosure is then narrowed to lo; otherwise it is left for Ziv's loop to refine.
+void below_zero(mpfr_ptr lo, mpfr_ptr hi, const FloatFormat& target) {
+  if (mpfr_sgn(hi) < 0 || mpfr_sgn(lo) >= 0) return;
+  const double rounded = round_to_format(lo, target);
+  if (rounded == 0 && std::signbit(rounded)) mpfr_set(hi, lo, MPFR_RNDN);
+}
+
 // log S in [log_lo, log_hi] from the sum's enclosure.
 void enclose_log_sum(const ExponentialEnclosure& enclosure, mpfr_prec_t precision, MpfrNumber& log_lo,
                      MpfrNumber& log_hi) {
@@ -226,6 +237,7 @@ std::vector<double> log_softmax(std::span<const double> logits, const FloatForma
                                         [&](std::size_t a, mpfr_ptr lo, mpfr_ptr hi) {
                                           mpfr_sub(lo, enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
                                           mpfr_sub(hi, enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
+                                          below_zero(lo, hi, target);
                                         });
                });
   count_call(options, false);

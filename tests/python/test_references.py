@@ -1,6 +1,7 @@
 """The Python references: bit for bit the C++ reference (through the `sharpcheck softmax` program,
 a separate path), and correctly rounded against mpmath, an independent computation."""
 
+import math
 import os
 import subprocess
 
@@ -68,6 +69,23 @@ def test_softmax_and_log_softmax_are_correctly_rounded_against_mpmath(fmt, preci
         expected_log = [rounded(mpmath.mpf(float(x)) - log_total, precision, min_exponent) for x in logits]
     ours_log = np.asarray(sharpcheck.log_softmax(logits, format=fmt), dtype=np.float64)
     assert ours_log.tolist() == expected_log
+
+
+@pytest.mark.parametrize("fmt,precision,min_exponent", [("fp64", 53, -1022), ("fp32", 24, -126), ("bf16", 8, -126)])
+def test_a_log_softmax_that_underflows_is_a_negative_zero(fmt, precision, min_exponent):
+    """From issue 32's audit: log-softmax of a dominant logit is -log(1 + t) < 0 with t tiny, so it
+    rounds to -0; the sum's enclosure lost t and the zero came out +0. Compared by sign and bits
+    against mpmath (whose zeros carry no sign: the sign is the exact value's)."""
+    rows = [[0.0, -200.0, -300.0], [0.0, -1e6], [3.0, -1e30, -5e3], [0.5, -900.0, 0.5 - 2e3]]
+    for row in rows:
+        ours = np.asarray(sharpcheck.log_softmax(np.array(row), format=fmt), dtype=np.float64)
+        _, log_total = mp_softmax(row, 1.0)
+        with mpmath.workdps(120):
+            exact = [mpmath.mpf(x) - log_total for x in row]
+        # Every value is below 0 (two or more logits: S > exp(z_j)), also where 120 digits
+        # cannot see it (1 + e^-1e6), so each zero is -0.
+        expected = [math.copysign(rounded(x, precision, min_exponent), -1.0) for x in exact]
+        assert [float(x).hex() for x in ours] == [x.hex() for x in expected], (fmt, row)
 
 
 def test_logsumexp_reduces_the_axis_and_matches_mpmath():
