@@ -34,6 +34,14 @@ std::size_t utf8_length(std::string_view text, std::size_t i) {
   return length;
 }
 
+// U+FFFE and U+FFFF (EF BF BE, EF BF BF) are valid UTF-8 but not XML 1.0 characters: a JUnit
+// file holding one is refused by every XML parser, so a kernel name or console text carrying one
+// lost the whole report's CI view.
+bool is_xml_noncharacter(std::string_view text, std::size_t i) {
+  return i + 2 < text.size() && text[i] == '\xEF' && text[i + 1] == '\xBF' &&
+         (text[i + 2] == '\xBE' || text[i + 2] == '\xBF');
+}
+
 }  // namespace
 
 std::string to_valid_utf8(std::string_view text) {
@@ -54,7 +62,14 @@ std::string to_valid_utf8(std::string_view text) {
 
 std::string xml_escape(std::string_view text) {
   std::string escaped;
-  for (const char c : to_valid_utf8(text)) {
+  const std::string valid = to_valid_utf8(text);
+  for (std::size_t i = 0; i < valid.size(); ++i) {
+    const char c = valid[i];
+    if (is_xml_noncharacter(valid, i)) {
+      escaped += replacement;
+      i += 2;
+      continue;
+    }
     switch (c) {
       case '&':
         escaped += "&amp;";

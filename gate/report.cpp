@@ -86,9 +86,15 @@ void check_case_record(const nlohmann::json& c, const std::string& where) {
   const nlohmann::json& ratio = c.contains("max_bound_ratio") ? c["max_bound_ratio"] : nlohmann::json();
   const bool ratio_valid =
       ratio.is_number() || (ratio.is_string() && (ratio == "inf" || ratio == "-inf" || ratio == "nan"));
-  if (!ratio_valid)
-    malformed(where,
-              "a case's \"max_bound_ratio\" is " + ratio.dump() + ", not a number, \"inf\" or \"nan\"");
+  if (!ratio_valid || (ratio.is_number() && !(ratio.get<double>() >= 0)))
+    malformed(where, "a case's \"max_bound_ratio\" is " + ratio.dump() +
+                         ", not a number >= 0, \"inf\" or \"nan\"");
+  // Fields merge copies into its report as they are: typed where present (n = -1 and tiers = 3
+  // were copied, and a reader of the merged report met them).
+  if (c.contains("n") && !c["n"].is_number_unsigned())
+    malformed(where, "a case's \"n\" is " + c["n"].dump() + ", not a count");
+  if (c.contains("tiers") && !c["tiers"].is_object())
+    malformed(where, "a case's \"tiers\" is " + c["tiers"].dump() + ", not an object");
   need("failures", &nlohmann::json::is_array);
   need("seconds", &nlohmann::json::is_number);
   need("seed", &nlohmann::json::is_number_unsigned);

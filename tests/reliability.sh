@@ -249,6 +249,22 @@ open('deep.json', 'w').write(text.replace('\"seed\":', '\"extra\": ' + '[' * 100
     sed '0,/"max_bound_ratio": [0-9.e-]*/s//"max_bound_ratio": "abc"/' one.json > ratio.json
     run merge ratio.json --json merged.json
     expect_code 2; expect_text '"max_bound_ratio" is "abc"'
+    sed '0,/"max_bound_ratio": [0-9.e-]*/s//"max_bound_ratio": -1/' one.json > negative.json
+    run merge negative.json --json merged.json
+    expect_code 2; expect_text '"max_bound_ratio" is -1, not a number >= 0'
+    /usr/bin/python3 -c "
+import json
+report = json.load(open('one.json'))
+report['cases'][0]['n'] = -1
+json.dump(report, open('count.json', 'w'))
+report['cases'][0]['n'] = 16
+report['cases'][0]['tiers'] = 3
+json.dump(report, open('tiers.json', 'w'))
+" || fail "could not write the mistyped reports"
+    run merge count.json --json merged.json
+    expect_code 2; expect_text '"n" is -1, not a count'
+    run merge tiers.json --json merged.json
+    expect_code 2; expect_text '"tiers" is 3, not an object'
     sed 's/"seed": 20241008/"seed": -1/' one.json > seed.json
     run merge seed.json --json merged.json
     expect_code 2; expect_text "has the seed -1"

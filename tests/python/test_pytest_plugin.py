@@ -50,6 +50,32 @@ def test_the_plugin_writes_every_check_as_the_gates_report_and_junit(tmp_path):
     assert worst_first.split()[0] == "fail" and "test_user.py::test_fails" in worst_first, result.stdout
 
 
+NONCHARACTER_TESTS = '''
+import torch, sharpcheck
+
+def test_named():
+    x = torch.randn(2, 16)
+    sharpcheck.assert_softmax_close(torch.softmax(x, -1) * 1.01, x, name="kernel \\ufffe \\uffff \\x01 end")
+'''
+
+
+def test_a_name_holding_xml_noncharacters_still_gives_a_junit_file_parsers_read(tmp_path):
+    """From issue 33's round: U+FFFE in a check's name (valid UTF-8, not an XML 1.0 character) made
+    the JUnit file unreadable to every XML parser; such characters are replaced as the C0 controls are."""
+    (tmp_path / "test_user.py").write_text(NONCHARACTER_TESTS)
+    junit = tmp_path / "junit.xml"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                             "sharpcheck.pytest_plugin", f"--sharpcheck-junit={junit}", str(tmp_path)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    text = junit.read_text(encoding="utf-8")
+    assert "\ufffe" not in text and "\uffff" not in text and "\x01" not in text
+    suites = ElementTree.parse(junit).getroot()
+    names = [case.get("name") + case.get("classname") for case in suites.iter("testcase")]
+    assert any("kernel \ufffd \ufffd \ufffd end" in name for name in names), names
+
+
 def test_without_the_plugin_no_report_is_written(tmp_path):
     result = run_pytest(tmp_path)
     assert result.returncode == 1
