@@ -314,9 +314,30 @@ def operation_spec(op: str) -> Optional[Dict[str, Any]]:
     return _operation_specs().get(op)
 
 
-def _option_text(key: str, value: Any) -> str:
+def _check_option_kind(key: str, value: Any, kind: Optional[str]) -> None:
+    """A value of the Python type the schema's kind takes (the C++ schema parses text, so theta="1",
+    proven_only="true" or key_lengths=[8.0] were accepted as 1, true and 8 where the assert_* functions
+    refuse them): flags bool, reals int or float, integers int, counts whole ints, text str (a window
+    as a pair of counts)."""
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+    ok = {"flag": lambda: isinstance(value, bool),
+          "real": lambda: whole(value) or isinstance(value, float),
+          "integer": lambda: whole(value),
+          "counts": lambda: whole(value) or (isinstance(value, (list, tuple))
+                                             and all(x is None or whole(x) for x in value)),
+          "text": lambda: isinstance(value, str) or (isinstance(value, (list, tuple))
+                                                      and all(x is None or whole(x) for x in value))}
+    expected = {"flag": "True or False", "real": "a number", "integer": "an integer",
+                "counts": "a list of whole counts (ints)", "text": "a string"}
+    if kind in ok and not ok[kind]():
+        raise ValueError(f"{key}: expected {expected[kind]}, got {value!r} ({type(value).__name__})")
+
+
+def _option_text(key: str, value: Any, kind: Optional[str] = None) -> str:
     """An option's value as the schema's text: flags true/false, reals exactly (hex), lists of
-    counts comma-separated (None in a window: -1, unbounded); NumPy scalars as their Python value."""
+    counts comma-separated (None in a window: -1, unbounded); NumPy scalars as their Python value.
+    `kind` (the schema's: flag, real, integer, counts, text) refuses a value of another type."""
     if hasattr(value, "dtype") and getattr(value, "shape", None) == ():
         value = value.item()
     shape = getattr(value, "shape", None)
@@ -324,6 +345,10 @@ def _option_text(key: str, value: Any) -> str:
         value = value.tolist()  # a 1-D integer array as a list of counts (cu_seqlens as flash-attn takes it)
     if hasattr(value, "shape") or hasattr(value, "__dlpack__"):
         raise ValueError(f"{key} is an array but not a tensor of this operation; sharpcheck.ops() lists its tensors")
+    if isinstance(value, (list, tuple)):
+        value = [item.item() if hasattr(item, "dtype") and getattr(item, "shape", None) == () else item
+                 for item in value]
+    _check_option_kind(key, value, kind)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -350,6 +375,7 @@ def judge(op: str, *, msg: Optional[str] = None, **tensors_and_options: Any) -> 
         raise ValueError(f"no operation named {op!r}; sharpcheck.ops() lists them: "
                          + ", ".join(o["name"] for o in ops()))
     tensor_names = [t["name"] for t in spec["tensors"]]
+    option_kinds = {o["name"]: o["kind"] for o in spec.get("options", [])}
     notes: List[str] = []
     tensors: Dict[str, Any] = {}
     options: Dict[str, Any] = {}
@@ -359,7 +385,7 @@ def judge(op: str, *, msg: Optional[str] = None, **tensors_and_options: Any) -> 
         if key in tensor_names:
             tensors[key] = host(value, key, notes)
         else:
-            options[key] = _option_text(key, value)
+            options[key] = _option_text(key, value, option_kinds.get(key))
     judged = [t["name"] for t in spec["tensors"] if t["role"] == "judged" and t["name"] in tensors]
     if "format" not in options and judged:
         options["format"] = check_format(format_of(tensors_and_options[judged[0]], judged[0]))

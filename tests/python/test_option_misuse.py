@@ -40,6 +40,30 @@ def test_a_misused_softmax_option_is_refused_by_name(options, names):
         sharpcheck.assert_softmax_close(torch.softmax(x, -1), x, **options)
 
 
+@pytest.mark.parametrize("options, names", [
+    ({"theta": "1"}, "theta"),
+    ({"proven_only": "true"}, "proven_only"),
+    ({"causal": 1}, "causal"),
+    ({"key_lengths": [8.0]}, "key_lengths"),
+    ({"threads": 2.0}, "threads"),
+    ({"scale": True}, "scale"),
+    ({"tolerance": 3}, "tolerance"),
+])
+def test_judge_refuses_a_value_of_another_type_than_its_options_kind(options, names):
+    """From issue 33's round: judge() passed every option to the schema as text, so theta="1",
+    proven_only="true" and key_lengths=[8.0] were read as 1, true and 8 where assert_attention_close
+    refuses them. Each is now a ValueError naming the option and the type its kind takes."""
+    with pytest.raises(ValueError, match=rf"{names}: expected"):
+        sharpcheck.judge("attention", q=Q, k=Q, v=Q, out=OUT, **{"causal": True, **options})
+
+
+def test_judge_takes_the_right_forms_of_each_kind():
+    report = sharpcheck.judge("attention", q=Q, k=Q, v=Q, out=OUT, causal=np.bool_(True), theta=np.float64(1.0),
+                              scale=torch.tensor(0.25), key_lengths=np.array([8]), threads=1, tolerance="attention_fp32")
+    assert report.passed
+    assert sharpcheck.judge("attention", q=Q, k=Q, v=Q, out=OUT, causal=True, key_lengths=8).passed
+
+
 def test_the_right_forms_still_work():
     assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=True, window=(None, 0)).passed
     assert sharpcheck.assert_attention_close(OUT, Q, Q, Q, causal=np.bool_(True), window=(-1, 0)).passed
