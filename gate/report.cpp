@@ -87,8 +87,8 @@ void check_case_record(const nlohmann::json& c, const std::string& where) {
   const bool ratio_valid =
       ratio.is_number() || (ratio.is_string() && (ratio == "inf" || ratio == "-inf" || ratio == "nan"));
   if (!ratio_valid || (ratio.is_number() && !(ratio.get<double>() >= 0)))
-    malformed(where, "a case's \"max_bound_ratio\" is " + ratio.dump() +
-                         ", not a number >= 0, \"inf\" or \"nan\"");
+    malformed(where,
+              "a case's \"max_bound_ratio\" is " + ratio.dump() + ", not a number >= 0, \"inf\" or \"nan\"");
   // Fields merge copies into its report as they are: typed where present (n = -1 and tiers = 3
   // were copied, and a reader of the merged report met them).
   if (c.contains("n") && !c["n"].is_number_unsigned())
@@ -360,7 +360,7 @@ void write_case_xml(std::ostringstream& xml, const nlohmann::json& c, const std:
       << xml_escape(c["id"].get<std::string>()) << "\" time=\"" << c["seconds"].get<double>() << "\">\n";
   if (c["status"] == "inconclusive") {
     xml << "      <skipped message=\"inconclusive: under 1% of the expected values can discriminate (0, 1 or "
-           "at the format's floor, or with no finite allowance)\"/>\n";
+           "at the format's floor, or with an allowance reaching |expected|)\"/>\n";
   } else if (is_failure_status(c["status"].get<std::string>())) {
     std::string message;
     for (const auto& failure : c["failures"]) message += failure.get<std::string>() + "\n";

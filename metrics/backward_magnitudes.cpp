@@ -201,12 +201,14 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, Pai
 void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairBlock& block) {
   const std::size_t size = block.rows * block.width;
   for (auto* v : {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
-                  &block.weight_slope})
+                  &block.weight_slope, &block.floor_weight})
     zero(*v, size);
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
     const double signed_lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[i];
+    double row_dp = 0;  // sum_k |dP_ik|: what P's subnormal roundings move D_i by, per unit f
+    for (const std::size_t j : block.visible[r]) row_dp += block.dp_mag[block.at(r, j)];
     for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
       const std::size_t e = block.at(r, block.visible[r][a]);
       const double w = block.weight[e], slope = block.geometry[r].slope[a];
@@ -217,6 +219,11 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
       block.from_d[e] = w * block.b[r] * slope;
       block.pair[e] = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
       block.slope[e] = slope;
+      // The subnormal floors (Magnitudes::dq_floor): dS's rounding errs by f; with P rounded
+      // before dS (the math path: k >= 3), P's error f moves dS_ij by f |dP_ij - D_i + g_i| and,
+      // through D_i = sum_k P^_ik dP_ik, by P_ij f sum_k |dP_ik|: charged as (k f) (that / k).
+      const double p_floor = block.dp_mag[e] + block.a[r] + lse_gradient + w * row_dp;
+      block.floor_weight[e] = slope * (1 + (roundings >= 3 ? p_floor / roundings : 0.0));
       block.seen[e] = 1;
       block.weight_sq[e] = w * w;
       block.weight_slope[e] = w * slope;
@@ -281,11 +288,11 @@ void block_products(const kernels::BackwardProblem& p, const Images& images, Pai
   add(pairs(block.mag, false), keys(images.k_abs), m.dq, block.first);
   add(pairs(block.pair, false), keys(images.k_sq), m.dq_spread, block.first);
   add(pairs(block.from_d, false), keys(images.k_abs), m.dq_from_d, block.first);
-  add(pairs(block.slope, false), keys(images.k_abs), m.dq_floor, block.first);
+  add(pairs(block.floor_weight, false), keys(images.k_abs), m.dq_floor, block.first);
   add(pairs(block.mag, true), queries(images.q_abs), m.dk, block.key_first);
   add(pairs(block.pair, true), queries(images.q_sq), m.dk_spread, block.key_first);
   add(pairs(block.from_d, true), queries(images.q_abs), m.dk_from_d, block.key_first);
-  add(pairs(block.slope, true), queries(images.q_abs), m.dk_floor, block.key_first);
+  add(pairs(block.floor_weight, true), queries(images.q_abs), m.dk_floor, block.key_first);
   add(pairs(block.seen, true), queries(images.dout_abs), m.dv_floor, block.key_first);
   add(pairs(block.weight, true), queries(images.dout_abs), m.dv, block.key_first);
   add(pairs(block.weight_sq, true), queries(images.dout_sq), m.dv_spread, block.key_first);
@@ -319,6 +326,38 @@ void block_row_terms(const kernels::BackwardProblem& p, const tensor::HeadScores
   }
 }
 
+// The D-direction test's sums (Magnitudes::d_direction), after the products: w_i is the block's
+// signed_dq row, on_ij = w_i . k_j one product; per row, the gradient-scale test's sums for the
+// one row with on_ij in place of the pair's projection on the signs, and D's own error, which moves
+// T_i = w_i . (y_i - e_i) by B_i |w_i|^2 per unit.
+void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, Magnitudes& m) {
+  const std::size_t d = p.queries.cols;
+  zero(block.on_w, block.rows * block.width);
+  if (block.width > 0) {
+    reference::plain_product(block_of(block.signed_dq, block.rows, d),
+                             rows_of(p.keys, block.key_first, block.width, true), block.on_w.data(),
+                             block.width);
+  }
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    Magnitudes::ProjectedSums& sums = m.d_direction[i];
+    double row = 0, length_sq = 0;
+    for (const std::size_t j : block.visible[r]) {
+      const std::size_t e = block.at(r, j);
+      const double on = block.on_w[e], mag = block.mag[e];
+      sums.inside += block.pair[e] * on * on;
+      sums.pairs += mag * mag * on * on;
+      row += mag * std::fabs(on);
+    }
+    for (std::size_t t = 0; t < d; ++t) {
+      m.dq_direction(i, t) = block.signed_dq[r * d + t];
+      length_sq += block.signed_dq[r * d + t] * block.signed_dq[r * d + t];
+    }
+    sums.rows = row * row;
+    sums.from_d = block.b[r] * block.b[r] * length_sq * length_sq;
+  }
+}
+
 // The magnitudes' matrices, zero, sized for the problem (the scores' only when a recipe rounds them).
 Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
@@ -328,6 +367,8 @@ Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
   for (Matrix* matrix : {&m.dv, &m.dv_spread, &m.dv_floor}) *matrix = Matrix(n, dv);
   for (Matrix* matrix : {&m.d_sinks, &m.d_sinks_from_d}) *matrix = Matrix(p.group, 1);
   for (Matrix* matrix : {&m.d_rows, &m.d_rows_from_o}) *matrix = Matrix(mq, 1);
+  m.dq_direction = Matrix(mq, d);
+  m.d_direction.assign(mq, {});
   if (u_s > 0) {
     for (Matrix* matrix : {&m.dq_scores, &m.dq_scores_second}) *matrix = Matrix(mq, d);
     for (Matrix* matrix : {&m.dk_scores, &m.dk_scores_second}) *matrix = Matrix(n, d);
@@ -373,6 +414,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block_scale_terms(p, images, block, m);
       block_products(p, images, block, m);
       block_row_terms(p, head, images, u_i, block, m);
+      block_direction_terms(p, block, m);
       if (u_s > 0) add_score_terms(p, images, u_s, block, m);
     }
   }

@@ -5,6 +5,8 @@
 // 1e-12 for the sizes judged, covered by the 1e-9 they are inflated by).
 #pragma once
 
+#include <vector>
+
 #include "core/matrix.hpp"
 #include "kernels/attention_backward.hpp"
 #include "reference/attention_backward.hpp"
@@ -32,7 +34,9 @@ struct Magnitudes {
   // Below its format's normal range a rounding errs absolutely, by up to half the subnormal step f
   // (fp16's 2^-25; P and dS near 0 are common): P's moves dV_jc by at most f sum_i |dO_ic|, dS's
   // moves dQ_ic by f sum_j dz/dr |k_jc| and dK_jc by f sum_i dz/dr |q_ic| (dP's, in the math
-  // path, by P_ij f <= f as well). These sums, charged as k f times them.
+  // path, by P_ij f <= f as well; P's, rounded before dS there, by f (|dP_ij| + A_i + |g_i| +
+  // P_ij sum_k |dP_ik|) dz/dr: block_pair_terms adds that share, over k). These sums, charged as k f times
+  // them.
   Matrix dq_floor, dk_floor, dv_floor;
   // The gradient-scale test's sums of squares (judge_gradient_scale): the intermediate roundings
   // projected on each gradient's signs, and D's errors (one per query row) likewise.
@@ -59,6 +63,16 @@ struct Magnitudes {
   ScaleScoreTerms dq_scale_scores, dk_scale_scores, dv_scale_scores;
   bool scale_scores_known = true;
   double scale_growth = 1;  // the other roundings' coefficients grow by at most this factor
+  // The D-direction test (judge_backward.cpp): an error delta_i of D_i moves dQ_i by exactly
+  // -delta_i w_i, w_i = sum_j P_ij dz/dr k_j (row i of `dq_direction`); each row's error is
+  // projected on w_i, and the noise sums are the gradient-scale test's for that one row with the
+  // pair projections on_ij = w_i . k_j in place of the signs'.
+  struct ProjectedSums {
+    double inside = 0, from_d = 0, pairs = 0, rows = 0;
+    ScaleScoreTerms scores;
+  };
+  Matrix dq_direction;
+  std::vector<ProjectedSums> d_direction;  // per query row
   double largest_z = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };

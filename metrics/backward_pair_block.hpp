@@ -50,8 +50,8 @@ struct PairBlock {
   std::size_t head = 0, first = 0, rows = 0, key_first = 0, width = 0;
   std::vector<std::vector<std::size_t>> visible;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
-  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, signed_dq;
-  std::vector<double> on_dq, on_dk, on_dv;
+  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_dq;
+  std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
   std::vector<RowGeometry> geometry;
   std::vector<double> a, b, exact_d;

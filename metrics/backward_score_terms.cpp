@@ -84,12 +84,13 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
                           const RowScoreBounds& bounds, Magnitudes& m) {
   const RowGeometry& g = block.geometry[r];
   const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
-  Projection q, k;
+  Projection q, k, direction;
   double c_v = 0, slack_v = 0;
   for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
     const std::size_t e = block.at(r, block.visible[r][a]);
     const double w = block.weight[e], ds = w * (block.dp_signed[e] - block.exact_d[r] + lse_gradient);
-    for (auto [projection, on] : {std::pair{&q, block.on_dq[e]}, std::pair{&k, block.on_dk[e]}}) {
+    for (auto [projection, on] : {std::pair{&q, block.on_dq[e]}, std::pair{&k, block.on_dk[e]},
+                                  std::pair{&direction, block.on_w[e]}}) {
       projection->a += g.slope[a] * on * ds;
       projection->b += g.slope[a] * on * w;
       projection->slack += std::fabs(g.slope[a] * on) * (std::fabs(ds) + w);
@@ -114,6 +115,7 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
     };
     add(m.dq_scale_scores, block.on_dq[e], q);
     add(m.dk_scale_scores, block.on_dk[e], k);
+    add(m.d_direction[block.first + r].scores, block.on_w[e], direction);
     const double on_v = block.on_dv[e];
     const double coefficient_v = w * std::fabs(on_v - c_v) + 1e-9 * w * (std::fabs(on_v) + slack_v);
     m.dv_scale_scores.first += coefficient_v * coefficient_v * z2;

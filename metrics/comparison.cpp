@@ -310,8 +310,13 @@ void record_element(const JudgedElement& judged, const FloatFormat& output, doub
   }
   if (element.actual == 0 && element.expected != 0) ++result.false_zeros;
   // An element whose allowance is infinite or NaN cannot tell any value from another (scores whose
-  // rounding error alone is beyond e^700, say): it does not count as informative.
-  if (is_informative(element.expected, output) && std::isfinite(element.allowed)) ++result.informative;
+  // rounding error alone is beyond e^700, say), nor one whose allowance reaches |expected| (the
+  // math path's bf16 scores at |z| ~ 500: 0 and the value's negation both fit, and a dQ missing its
+  // softmax scale, 7x off, passed at ratio 0.07): it does not count as informative.
+  const double smallest_allowance = std::min(element.allowed, judged.statistical_allowed);
+  if (is_informative(element.expected, output) && std::isfinite(element.allowed) &&
+      smallest_allowance < std::fabs(element.expected))
+    ++result.informative;
   if (!(element.bound_ratio <= 1)) {
     ++result.element_violation_count;
     add_violation(result, element.describe());
@@ -364,6 +369,25 @@ void record_scale_spread(Comparison& comparison, std::size_t rows, double rms, d
        << "the recipe's roundings allow " << allowed_rms * 100 << "%; spread ratio " << ratio
        << "): rows mis-normalised at random (a denominator summed in low precision?)";
   add_statistical_violation(comparison, text.str());
+}
+
+void record_d_direction(Comparison& comparison, const DirectionFinding& finding) {
+  comparison.max_row_scale_ratio =
+      std::max({comparison.max_row_scale_ratio, finding.worst_ratio, finding.spread_ratio});
+  const char* cause = ": D = rowsum(dO * O) is wrong (computed from part of dO, a stale or mis-scaled O?)";
+  if (finding.failing > 0) {
+    std::ostringstream text;
+    text << "dQ moves along D's direction sum_j P_ij dz/dr k_j beyond its roundings in " << finding.failing
+         << " of " << finding.rows << " rows (worst: row " << finding.worst_row << ", ratio "
+         << finding.worst_ratio << ")" << cause;
+    add_statistical_violation(comparison, text.str());
+  }
+  if (finding.spread_ratio > 1) {
+    std::ostringstream text;
+    text << "dQ's " << finding.rows << " rows together move along D's direction wider than their roundings "
+         << "allow (spread ratio " << finding.spread_ratio << ")" << cause;
+    add_statistical_violation(comparison, text.str());
+  }
 }
 
 void record_row_scale(Comparison& comparison, std::size_t row_number, double deviation, double allowed) {

@@ -124,6 +124,14 @@ void record_scale(Comparison& comparison, const std::string& what, double deviat
 // scale errors' root mean square and `allowed_rms` what the recipe's roundings allow it.
 void record_scale_spread(Comparison& comparison, std::size_t rows, double rms, double allowed_rms,
                          double ratio);
+// The D-direction test (metrics/judge_backward.cpp): dQ's rows moved along D's direction beyond
+// their roundings, `failing` of `rows` rows alone (the worst, `worst_row`, at `worst_ratio`) and
+// all `rows` together at `spread_ratio` (0: not pooled); either ratio above 1 is a finding.
+struct DirectionFinding {
+  std::size_t rows = 0, failing = 0, worst_row = 0;
+  double worst_ratio = 0, spread_ratio = 0;
+};
+void record_d_direction(Comparison& comparison, const DirectionFinding& finding);
 
 [[nodiscard]] Comparison compare(const ComparisonInput& input, const Tolerance& tolerance,
                                  const FloatFormat& output);

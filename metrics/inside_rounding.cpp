@@ -331,8 +331,6 @@ void HeadScale::add(const RowScaleStat& row) {
   allowed_sq_ += row.noise_sq / (row.weight * row.weight);
 }
 
-namespace {
-
 // The spread test's threshold a for m rows: m/2 (a - 1 - ln a) = lambda^2 / 2, a > 1 (bisection;
 // the left side grows with a).
 double spread_threshold(std::size_t m) {
@@ -345,8 +343,6 @@ double spread_threshold(std::size_t m) {
   }
   return high;
 }
-
-}  // namespace
 
 // The pooled scale: every row's deviation is its noise N_r (independent across rows, each
 // sub-Gaussian with proxy noise_sq_r, as the row test assumes) plus at most in_full_r, so
@@ -380,16 +376,16 @@ void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& 
 
 namespace {
 
-// What judge_gradient_scale charges the fp32 arithmetic and a recipe's score roundings (see
+// What a projected test charges the fp32 arithmetic and a recipe's score roundings (see
 // ScaleNoise in inside_rounding.hpp): the elements' sum of squares for the Hoeffding part, and
-// what is charged in full.
+// what is charged in full; each element's share weighted by |w_x|.
 struct Fp32Charge {
-  double squares = 0;  // sum over elements of M_x^2 (each element's own accumulation)
+  double squares = 0;  // sum over elements of (w_x M_x)^2 (each element's own accumulation)
   double in_full = 0;  // the shared roundings, the score roundings, the absolute floors
 };
 
-Fp32Charge fp32_charge(const Matrix& magnitudes, const Tolerance& entry, const FloatFormat& output,
-                       const RowScale& scale, const ScaleNoise& noise) {
+Fp32Charge fp32_charge(const ProjectedInput& in, const Tolerance& entry, const FloatFormat& output,
+                       const RowScale& scale) {
   Tolerance fp32_only = entry;
   fp32_only.probabilities_in_output = fp32_only.scores_in_output = 0;
   Tolerance with_scores = fp32_only;
@@ -398,56 +394,73 @@ Fp32Charge fp32_charge(const Matrix& magnitudes, const Tolerance& entry, const F
   const double floor = absolute_floor(fp32_only, scale, output);
   Fp32Charge charge;
   double total = 0;
-  for (const double m : magnitudes.values) {
-    charge.squares += m * m;
-    total += m;
-    charge.in_full += floor;
-    if (entry.scores_in_output > 0 && noise.scores < 0)  // exp(a + b) - exp(a) >= exp(b) - 1
-      charge.in_full += allowed_error(with_scores, m, 0.0, scale, output, Tier::statistical, 0.0) -
-                        allowed_error(fp32_only, m, 0.0, scale, output, Tier::statistical, 0.0);
+  for (std::size_t x = 0; x < in.magnitudes.size(); ++x) {
+    const double m = in.magnitudes[x], w = in.weights.empty() ? 1.0 : std::fabs(in.weights[x]);
+    charge.squares += w * w * m * m;
+    total += w * m;
+    charge.in_full += w * floor;
+    if (entry.scores_in_output > 0 && in.noise.scores < 0)  // exp(a + b) - exp(a) >= exp(b) - 1
+      charge.in_full += w * (allowed_error(with_scores, m, 0.0, scale, output, Tier::statistical, 0.0) -
+                             allowed_error(fp32_only, m, 0.0, scale, output, Tier::statistical, 0.0));
   }
-  charge.in_full += (2 * scale.largest_score + 4) * u * total * noise.growth;
-  if (entry.scores_in_output > 0 && noise.scores >= 0) charge.in_full += noise.scores_second;
+  charge.in_full += (2 * scale.largest_score + 4) * u * total * in.noise.growth;
+  if (entry.scores_in_output > 0 && in.noise.scores >= 0) charge.in_full += in.noise.scores_second;
   return charge;
 }
 
 }  // namespace
 
-void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
-                          const FloatFormat& output, const RowScale& scale, Comparison& comparison) {
-  const auto& [name, expected, actual, magnitudes, noise] = gradient;
+ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, double u_o,
+                             const FloatFormat& output, const RowScale& scale) {
+  const ScaleNoise& noise = in.noise;
   const double u_i =
       entry.probabilities_in_output > 0
           ? (entry.probability_format != nullptr ? *entry.probability_format : output).unit_roundoff()
           : 0.0;
   const double u_out = output.unit_roundoff();
-  double weight = 0, deviation = 0, roundings = 0;
-  for (std::size_t x = 0; x < expected.values.size(); ++x) {
-    const double e = expected.values[x], y = actual.values[x];
+  ProjectedStat stat;
+  double roundings = 0;
+  for (std::size_t x = 0; x < in.expected.size(); ++x) {
+    const double e = in.expected[x], y = in.actual[x];
     // A non-finite output is judged by the element check (a correct overflow passes there, a wrong
-    // one fails): it is left out here, and the rest of the scale test still runs.
+    // one fails): it is left out here, and the rest of the test still runs.
     if (!std::isfinite(y)) continue;
-    weight += std::fabs(e);
-    deviation += e > 0 ? y - e : (e < 0 ? e - y : 0.0);
-    roundings += u_out * u_out * (y * y + e * e);
+    const double w = in.weights.empty() ? (e > 0 ? 1.0 : (e < 0 ? -1.0 : 0.0)) : in.weights[x];
+    stat.weight += std::fabs(in.weights.empty() ? e : w * e);
+    stat.deviation += w * (y - e);
+    // The output roundings: each |w| u_out |y| and |w| u_out |e| (signs: |w| = 1 for every x).
+    const double scale_of_x = in.weights.empty() ? 1.0 : w;
+    roundings += u_out * u_out * scale_of_x * scale_of_x * (y * y + e * e);
   }
-  if (weight == 0) return;
   // The entry's fp32 units for this problem (gradient_entry's constant, and per_item times the
   // statistical length) as a relative bound of each source's error.
   const double units =
       entry.constant + entry.per_item * charged_length(static_cast<double>(scale.n), Tier::statistical);
   const double relative = std::expm1(units * entry.accumulation->unit_roundoff());
-  const Fp32Charge fp32 = fp32_charge(magnitudes, entry, output, scale, noise);
+  const Fp32Charge fp32 = fp32_charge(in, entry, output, scale);
   const double score_spread = entry.scores_in_output > 0 && noise.scores >= 0 ? noise.scores : 0.0;
   const double variance =
       roundings + u_i * u_i * noise.growth * noise.growth * noise.inside + u_o * u_o * noise.from_d;
   const double fp32_spread =
       relative * noise.growth * (std::sqrt(noise.pairs) + std::sqrt(noise.rows) + std::sqrt(fp32.squares)) +
       u_i * std::sqrt(noise.inside_growth);
-  const double allowed = (statistical_lambda * (std::sqrt(variance) + fp32_spread + score_spread) +
-                          fp32.in_full + noise.absolute) *
-                         (1 + 0x1p-20) / weight;
-  record_scale(comparison, std::string(name) + " as a whole", std::fabs(deviation) / weight, allowed);
+  stat.noise = (std::sqrt(variance) + fp32_spread + score_spread) * (1 + 0x1p-20);
+  stat.in_full = (fp32.in_full + noise.absolute) * (1 + 0x1p-20);
+  return stat;
+}
+
+void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
+                          const FloatFormat& output, const RowScale& scale, Comparison& comparison) {
+  const ProjectedInput in{.expected = gradient.expected.values,
+                          .actual = gradient.actual.values,
+                          .magnitudes = gradient.magnitudes.values,
+                          .weights = {},
+                          .noise = gradient.noise};
+  const ProjectedStat stat = project_errors(in, entry, u_o, output, scale);
+  if (stat.weight == 0) return;
+  record_scale(comparison, std::string(gradient.name) + " as a whole",
+               std::fabs(stat.deviation) / stat.weight,
+               (statistical_lambda * stat.noise + stat.in_full) / stat.weight);
 }
 
 }  // namespace sharpcheck::metrics

@@ -167,4 +167,26 @@ struct GradientScaleInput {
 void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
                           const FloatFormat& output, const RowScale& scale, Comparison& comparison);
 
+// The statistic both the gradient-scale test and the D-direction test read: the errors projected
+// on weights w_x, T = sum_x w_x (y_x - e_x) (the gradient-scale test: w = the signs of e), and
+// the noise an honest kernel's roundings give it (ScaleNoise's sums, taken for the same w, plus
+// the elements' own output roundings |w_x| u_out |y_x|, |w_x| u_out |e_x| and fp32 errors).
+struct ProjectedInput {
+  std::span<const double> expected, actual, magnitudes;
+  std::span<const double> weights;  // empty: the signs of `expected`
+  ScaleNoise noise;
+};
+struct ProjectedStat {
+  double deviation = 0;  // T
+  double weight = 0;     // sum_x |w_x e_x|, what a relative scale is relative to
+  double noise = 0;      // the sub-Gaussian proxy's root: |T - in_full part| <= lambda noise at the tier
+  double in_full = 0;    // charged in full
+};
+[[nodiscard]] ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, double u_o,
+                                           const FloatFormat& output, const RowScale& scale);
+
+// The spread test's threshold a for m independent rows (HeadScale): m/2 (a - 1 - ln a) =
+// lambda^2 / 2, so sum_r Y_r^2 / noise_sq_r >= m a has probability below exp(-lambda^2 / 2).
+[[nodiscard]] double spread_threshold(std::size_t m);
+
 }  // namespace sharpcheck::metrics

@@ -88,6 +88,64 @@ struct ScaleSettings {
   double score_unit;  // u_S of a recipe that rounds the scores, else 0
 };
 
+// The scores' roundings (a recipe that rounds them) in a projected test's noise: 2.0001 u_S times
+// the projections' root, the second order, and the growth of the other roundings' coefficients.
+ScaleNoise with_score_terms(ScaleNoise n, const Magnitudes& m, double score_unit,
+                            const Magnitudes::ScaleScoreTerms& terms) {
+  if (score_unit <= 0 || !m.scale_scores_known) return n;
+  n.scores = 2.0001 * score_unit * std::sqrt(terms.first) * (1 + 1e-9);
+  n.scores_second = terms.second * (1 + 1e-9);
+  n.growth = m.scale_growth * (1 + 1e-9);
+  n.inside_growth = terms.growth * (1 + 1e-9);
+  return n;
+}
+
+// The D-direction test (statistical tier). An error delta_i of D_i moves dQ_i by exactly -delta_i
+// w_i (Magnitudes::dq_direction), which an element's allowance may hide: under PyTorch's math path
+// a D computed from half of dO fits every element at a few hundred keys (metrics/recipes.cpp). Row
+// i's T_i = w_i . (y_i - e_i) is honest noise (project_errors: |T_i| <= lambda noise_i + in_full_i
+// but with probability 2 exp(-lambda^2 / 2)), D's own honest error u_o B_i among it; and the rows
+// together by HeadScale's spread test: sum_i max(|T_i| - in_full_i, 0)^2 / noise_i^2 against
+// spread_threshold, which sees a D off a little in every row.
+void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
+                       const ScaleSettings& x, BackwardJudgement& judgement) {
+  const Matrix& expected = judgement.expected.d_queries;
+  DirectionFinding finding;
+  double spread = 0;
+  std::size_t noisy = 0;
+  for (std::size_t i = 0; i < expected.rows; ++i) {
+    const std::span<const double> w = m.dq_direction.row(i);
+    const Magnitudes::ProjectedSums& sums = m.d_direction[i];
+    ScaleNoise noise{.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows};
+    for (std::size_t t = 0; t < w.size(); ++t)
+      noise.absolute += std::fabs(w[t]) * m.dq_floor(i, t) * floor_scale;
+    const ProjectedInput in{.expected = expected.row(i),
+                            .actual = actual.d_queries.row(i),
+                            .magnitudes = m.dq.row(i),
+                            .weights = w,
+                            .noise = with_score_terms(noise, m, x.score_unit, sums.scores)};
+    const ProjectedStat stat = project_errors(in, x.entry, x.units, x.output, x.scale);
+    if (!(stat.noise > 0) && !(stat.in_full > 0)) continue;  // no key seen, or no direction
+    ++finding.rows;
+    double ratio = std::fabs(stat.deviation) / (statistical_lambda * stat.noise + stat.in_full);
+    if (std::isnan(ratio)) ratio = INFINITY;
+    if (ratio > 1) ++finding.failing;
+    if (!(ratio <= finding.worst_ratio)) {
+      finding.worst_ratio = ratio;
+      finding.worst_row = i;
+    }
+    if (!(stat.noise > 0)) continue;
+    ++noisy;
+    const double beyond = std::max(std::fabs(stat.deviation) - stat.in_full, 0.0);
+    spread += beyond * beyond / (stat.noise * stat.noise);
+  }
+  if (noisy >= 2) {
+    finding.spread_ratio = spread / (static_cast<double>(noisy) * spread_threshold(noisy) * (1 + 0x1p-20));
+    if (std::isnan(finding.spread_ratio)) finding.spread_ratio = INFINITY;
+  }
+  if (finding.rows > 0) record_d_direction(judgement.d_queries, finding);
+}
+
 // The gradient-scale test (inside_rounding.hpp) of dQ, dK and dV.
 void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
                            const ScaleSettings& x, BackwardJudgement& judgement) {
@@ -101,14 +159,8 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
     return ScaleNoise{
         .inside = inside, .from_d = from_d, .absolute = floor_total(floor), .pairs = pairs, .rows = rows};
   };
-  // The scores' roundings (a recipe that rounds them): 2.0001 u_S times the projections' root.
   const auto with_scores = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& terms) {
-    if (x.score_unit <= 0 || !m.scale_scores_known) return n;
-    n.scores = 2.0001 * x.score_unit * std::sqrt(terms.first) * (1 + 1e-9);
-    n.scores_second = terms.second * (1 + 1e-9);
-    n.growth = m.scale_growth * (1 + 1e-9);
-    n.inside_growth = terms.growth * (1 + 1e-9);
-    return n;
+    return with_score_terms(n, m, x.score_unit, terms);
   };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
@@ -199,6 +251,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   scale.n = length;
   scale.largest_score = score;
   judge_gradient_scales(actual, m, floor_scale, {entry, units, output, scale, u_s}, judgement);
+  judge_d_direction(actual, m, floor_scale, {entry, units, output, scale, u_s}, judgement);
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)
       throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +

@@ -7,6 +7,7 @@
 // discriminate, benchdnn's MISTRUSTED).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -234,6 +235,30 @@ TEST(RecipeDesigns, AGradientScaledByTenPercentFitsNotTheMathPathsRecipe) {
       const metrics::BackwardJudgement judgement = judged(scaled);
       EXPECT_FALSE(judgement.passed()) << name << ": a gradient scaled by 0.9 fits " << recipe.name;
     }
+  }
+}
+
+// The math path's recipe charges three roundings per pair, enough that a D computed from half of
+// dO fitted every element at 257 keys (metrics/recipes.cpp). The D-direction test projects each
+// row of dQ on the direction a D error moves it (sum_j P_ij dz/dr k_j): the stale-D twin fails
+// backward_math_bf16 by that test, and the honest kernel of either design still fits it.
+TEST(RecipeDesigns, AStaleDFitsNotTheMathPathsRecipeByItsDirection) {
+  const metrics::AttentionRecipe& math = *metrics::find_recipe("backward_math_bf16");
+  for (const char* name : {"flash2_backward_bf16", "math_backward_bf16", "flash2_backward_bf16_stale_d"}) {
+    const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
+    const inputs::BackwardInputs in = normal_head(257, 64, *kernel.format);
+    const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
+    const reference::AttentionGradients expected = reference::attention_backward(
+        {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, *kernel.format);
+    const metrics::BackwardJudgement judgement = metrics::judge_attention_backward(
+        metrics::backward_tolerance(math), *kernel.format, problem, kernel.run(problem), &expected);
+    EXPECT_EQ(judgement.passed(), !kernel.deliberately_broken) << name;
+    if (!kernel.deliberately_broken) continue;
+    const auto& findings = judgement.d_queries.statistical_violations;
+    EXPECT_TRUE(
+        std::any_of(findings.begin(), findings.end(),
+                    [](const std::string& f) { return f.find("along D's direction") != std::string::npos; }))
+        << name << ": " << judgement.describe_worst();
   }
 }
 

@@ -180,7 +180,7 @@ def _judged(judge: Callable[[Dict[str, Any]], Any], options: Dict[str, Any], wha
     if report.inconclusive:  # not a failure, but never a silent pass
         warnings.warn(f"sharpcheck: {what} inconclusive: only {record.get('informative_elements', '?')} of "
                       f"{report.elements} expected values can discriminate (0, 1, at the format's floor, "
-                      "or with no finite allowance)", stacklevel=3)
+                      "or with an allowance reaching |expected|)", stacklevel=3)
     if not report.passed:
         text = report.message(what, tolerance)
         error = AssertionError(f"{msg}\n\n{text}" if msg else text)
