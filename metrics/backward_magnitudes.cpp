@@ -200,6 +200,7 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, Pai
 // dz/dr, whether it is seen, P_ij^2 and P_ij dz/dr.
 void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairBlock& block) {
   const std::size_t size = block.rows * block.width;
+  block.roundings = roundings;
   for (auto* v : {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
                   &block.weight_slope, &block.floor_weight})
     zero(*v, size);
@@ -264,6 +265,14 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
       d_on_dk += block.weight_slope[e] * on_dk;
     }
     m.dk_scale_from_d += block.b[r] * block.b[r] * d_on_dk * d_on_dk;
+    if (block.roundings == 3) {  // the math path: exact coefficients (exact_inside)
+      for (auto [sums, on] :
+           {std::pair{&m.dq_scale_exact, &block.on_dq}, std::pair{&m.dk_scale_exact, &block.on_dk}}) {
+        const ExactInside x = exact_inside(p, block, r, *on);
+        sums->squares += x.squares;
+        sums->cross += x.cross;
+      }
+    }
     m.dq_scale_rows += row_dq * row_dq;
     m.dk_scale_rows += row_dk * row_dk;
     m.dv_scale_rows += row_dv * row_dv;
@@ -355,6 +364,7 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
     }
     sums.rows = row * row;
     sums.from_d = block.b[r] * block.b[r] * length_sq * length_sq;
+    if (block.roundings == 3) sums.exact = exact_inside(p, block, r, block.on_w);
   }
 }
 

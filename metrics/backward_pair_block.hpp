@@ -48,6 +48,7 @@ struct Images {
 // and the keys they see, [key_first, key_first + width), with its rows x width pair matrices.
 struct PairBlock {
   std::size_t head = 0, first = 0, rows = 0, key_first = 0, width = 0;
+  double roundings = 0;  // the recipe's intermediate roundings per pair (3: the math path's P, dP, dS)
   std::vector<std::vector<std::size_t>> visible;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
   std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_dq;
@@ -65,6 +66,14 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
   reference::plain_product(rows_of(left, block.first, block.rows),
                            rows_of(right, block.key_first, block.width, true), out.data(), block.width);
 }
+
+// The math path's intermediate roundings (P, dP and dS; roundings == 3) projected on `on` (one of
+// the block's pair projections) with their exact first-order coefficients, for row r: Hoeffding's
+// sum of squares (over u_i^2) and the pairs' sum of mag_ij |on_ij|, which bounds what their products
+// move the projection by (backward_score_terms.cpp derives both).
+using ExactInside = Magnitudes::ExactSums;
+[[nodiscard]] ExactInside exact_inside(const kernels::BackwardProblem& p, const PairBlock& block,
+                                       std::size_t r, const std::vector<double>& on);
 
 // The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
 // products (metrics/backward_score_terms.cpp).

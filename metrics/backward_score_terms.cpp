@@ -125,6 +125,41 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
 
 }  // namespace
 
+// The math path rounds P to P^ = P (1 + a), dP to dP (1 + b) and dS to dS (1 + c), |a|, |b|, |c| <= u_i,
+// and autograd's softmax backward forms D_i = sum_j P^_ij dP^_ij from the rounded values. To first
+// order a_ij moves dS_ij by a_ij dS_ij and D_i by a_ij P_ij dP_ij (so every dS_ik by -P_ik a_ij
+// P_ij dP_ij); b_ij moves dS_ij by b_ij P_ij dP_ij and D_i alike; c_ij moves dS_ij by c_ij dS_ij
+// (dS with the LSE's gradient g: P's rounding scales it whole). Projected, T = sum_ik dz/dr on_ik dS_ik
+// and B_i = sum_k dz/dr on_ik P_ik, the coefficients are exact: a: dz/dr on_ij dS_ij - P_ij dP_ij
+// B_i; b: P_ij dP_ij (dz/dr on_ij - B_i); c: dz/dr on_ij dS_ij. Beyond first order, with
+// |dD1_i| <= 2 u A_i, |dD2_i| <= u^2 A_i, the products move dS^_ij before its rounding by at most
+// u^2 P_ij (|dP_ij| + 3 A_i) <= 3 u^2 mag_ij / (dz/dr), and c times the first order (3 u mag) adds
+// 3 u^2 mag: 6 u^2 (1 + u) mag_ij |on_ij| in all, charged in full from `cross`.
+ExactInside exact_inside(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
+                         const std::vector<double>& on) {
+  const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
+  double b = 0, b_abs = 0;
+  for (const std::size_t j : block.visible[r]) {
+    const std::size_t e = block.at(r, j);
+    b += block.slope[e] * on[e] * block.weight[e];
+    b_abs += std::fabs(block.slope[e] * on[e] * block.weight[e]);
+  }
+  ExactInside x;
+  for (const std::size_t j : block.visible[r]) {
+    const std::size_t e = block.at(r, j);
+    const double w = block.weight[e], slope = block.slope[e], dp = block.dp_signed[e];
+    const double ds = w * (dp - block.exact_d[r] + lse_gradient) * slope;
+    const double slack =
+        1e-9 * (std::fabs(on[e] * ds) + std::fabs(w * dp) * (b_abs + std::fabs(slope * on[e])));
+    const double from_p = std::fabs(on[e] * ds - w * dp * b) + slack;
+    const double from_dp = std::fabs(w * dp * (slope * on[e] - b)) + slack;
+    const double from_ds = std::fabs(on[e] * ds) + slack;
+    x.squares += from_p * from_p + from_dp * from_dp + from_ds * from_ds;
+    x.cross += block.mag[e] * std::fabs(on[e]);
+  }
+  return x;
+}
+
 void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
                      Magnitudes& m) {
   const std::size_t size = block.rows * block.width, d = p.queries.cols;

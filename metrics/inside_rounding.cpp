@@ -439,13 +439,20 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
   const double relative = std::expm1(units * entry.accumulation->unit_roundoff());
   const Fp32Charge fp32 = fp32_charge(in, entry, output, scale);
   const double score_spread = entry.scores_in_output > 0 && noise.scores >= 0 ? noise.scores : 0.0;
-  const double variance =
-      roundings + u_i * u_i * noise.growth * noise.growth * noise.inside + u_o * u_o * noise.from_d;
+  // The intermediate roundings: by their exact coefficients where known (the math path), those
+  // grown by at most (growth - 1) times the bounds' sum under the scores' roundings, and their
+  // products in full; else by the bounds, grown by `growth`.
+  const bool exact = noise.inside_exact >= 0;
+  const double inside_variance = exact ? 0.0 : u_i * u_i * noise.growth * noise.growth * noise.inside;
+  const double inside_spread =
+      exact ? u_i * (std::sqrt(noise.inside_exact) + (noise.growth - 1) * std::sqrt(noise.inside)) : 0.0;
+  const double cross = exact ? 6 * (1 + u_i) * u_i * u_i * noise.growth * noise.inside_cross : 0.0;
+  const double variance = roundings + inside_variance + u_o * u_o * noise.from_d;
   const double fp32_spread =
       relative * noise.growth * (std::sqrt(noise.pairs) + std::sqrt(noise.rows) + std::sqrt(fp32.squares)) +
       u_i * std::sqrt(noise.inside_growth);
-  stat.noise = (std::sqrt(variance) + fp32_spread + score_spread) * (1 + 0x1p-20);
-  stat.in_full = (fp32.in_full + noise.absolute) * (1 + 0x1p-20);
+  stat.noise = (std::sqrt(variance) + fp32_spread + score_spread + inside_spread) * (1 + 0x1p-20);
+  stat.in_full = (fp32.in_full + noise.absolute + cross) * (1 + 0x1p-20);
   return stat;
 }
 

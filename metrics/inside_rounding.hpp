@@ -152,6 +152,11 @@ struct ScaleNoise {
   double scores_second = 0;
   double growth = 1;
   double inside_growth = 0;
+  // The math path's roundings with exact coefficients (Magnitudes::ExactSums): their sum of
+  // squares over u_i^2 (negative: not known; `inside`'s bounds are charged) and their products'
+  // bound sum mag |on|, charged in full at 6 (1 + u_i) u_i^2.
+  double inside_exact = -1;
+  double inside_cross = 0;
 };
 
 // One gradient as the scale test reads it: its name in findings, the reference, the kernel's, each

@@ -117,6 +117,10 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
     const std::span<const double> w = m.dq_direction.row(i);
     const Magnitudes::ProjectedSums& sums = m.d_direction[i];
     ScaleNoise noise{.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows};
+    if (x.entry.probabilities_in_output == 3) {
+      noise.inside_exact = sums.exact.squares;
+      noise.inside_cross = sums.exact.cross;
+    }
     for (std::size_t t = 0; t < w.size(); ++t)
       noise.absolute += std::fabs(w[t]) * m.dq_floor(i, t) * floor_scale;
     const ProjectedInput in{.expected = expected.row(i),
@@ -162,13 +166,23 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   const auto with_scores = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& terms) {
     return with_score_terms(n, m, x.score_unit, terms);
   };
+  const auto exact = [&](ScaleNoise n, const Magnitudes::ExactSums& sums) {
+    if (x.entry.probabilities_in_output != 3) return n;  // the math path's three roundings alone
+    n.inside_exact = sums.squares;
+    n.inside_cross = sums.cross;
+    return n;
+  };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
-       with_scores(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
-                   m.dq_scale_scores)},
+       exact(with_scores(
+                 noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
+                 m.dq_scale_scores),
+             m.dq_scale_exact)},
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       with_scores(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
-                   m.dk_scale_scores)},
+       exact(with_scores(
+                 noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
+                 m.dk_scale_scores),
+             m.dk_scale_exact)},
       {"dV", e.d_values, actual.d_values, m.dv,
        with_scores(noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows),
                    m.dv_scale_scores)}};
