@@ -389,11 +389,14 @@ std::vector<std::size_t> without_unit_axes(const std::vector<std::size_t>& shape
 }
 
 // Whether an array of shape `got` holds the elements of shape `want` in the same C order with the
-// same axes: equal once axes of extent 1 are dropped, or with want's last two axes merged.
-bool same_order_shape(const std::vector<std::size_t>& got, const std::vector<std::size_t>& want) {
+// same axes: equal once axes of extent 1 are dropped, or, where want's last two axes are the heads
+// and the value dimension (bshd, packed), with those merged. In bhsd they are the positions and the
+// dimension: merged, an output flattened to [S * D] passed for B = H = 1.
+bool same_order_shape(const std::vector<std::size_t>& got, const std::vector<std::size_t>& want,
+                      bool heads_then_dim) {
   const std::vector<std::size_t> g = without_unit_axes(got), w = without_unit_axes(want);
   if (g == w) return true;
-  if (want.size() < 2) return false;
+  if (want.size() < 2 || !heads_then_dim) return false;
   std::vector<std::size_t> merged(want.begin(), want.end() - 1);
   merged.back() *= want.back();
   return g == without_unit_axes(merged);
@@ -414,7 +417,8 @@ tensor::AttentionProblem checked_problem(const JudgeOptions& options, const Atte
   // dimension merged into one axis (vLLM's [tokens, heads * dim]), which read in the same order.
   std::vector<std::size_t> want = arrays.q->shape();
   if (!want.empty() && !arrays.v->shape().empty()) want.back() = arrays.v->shape().back();
-  if (!same_order_shape(arrays.out->shape(), want)) {
+  if (!same_order_shape(arrays.out->shape(), want,
+                        want.size() >= 3 && problem.layout != tensor::Layout::bhsd)) {
     refuse(InputProblem::shape_mismatch, arrays.out->name() + " has shape " +
                                              shape_text(arrays.out->shape()) + "; expected " +
                                              shape_text(want) + " (q's shape with v's last dimension)");

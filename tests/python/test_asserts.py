@@ -328,6 +328,22 @@ def test_an_attention_output_of_the_right_count_in_another_shape_is_refused():
         sharpcheck.assert_attention_close(out.reshape(-1), q, k, v)
 
 
+def test_a_flattened_output_of_one_head_is_refused_and_bshd_heads_may_merge():
+    """From issue 33's round: with B = H = 1 (bhsd) an output flattened to [S * D] passed, because the
+    last two axes were merged as vLLM merges [heads, dim]; in bhsd they are the positions and the
+    dimension. bshd's heads and dimension may still merge ([B, S, H * D])."""
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 1, 8, 16, generator=g) for _ in range(3))
+    out = sharpcheck.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"has shape \[128\]; expected \[1, 1, 8, 16\]"):
+        sharpcheck.assert_attention_close(out.reshape(-1), q, k, v)
+    with pytest.raises(ValueError, match=r"has shape \[1, 128\]"):
+        sharpcheck.assert_attention_close(out.reshape(1, 128), q, k, v)
+    qs, ks, vs = (x.reshape(1, 8, 2, 8) for x in (q, k, v))  # bshd, two heads
+    outs = sharpcheck.attention(qs, ks, vs, layout="bshd")
+    assert sharpcheck.assert_attention_close(outs.reshape(1, 8, 16), qs, ks, vs, layout="bshd").passed
+
+
 def test_outputs_in_the_same_order_with_merged_or_unit_axes_are_read():
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(12, 2, 16, generator=g) for _ in range(3))  # packed [T, H, D]
