@@ -45,16 +45,22 @@ void write_in_place(const std::string& path, std::string_view text, bool fifo) {
 }
 
 // The file a path stands for: a symbolic link's final target (so the link survives and its target
-// is updated), else the path itself.
+// is written, created if it does not exist yet, as a shell's > would), else the path itself. The
+// links are followed one by one: weakly_canonical leaves a dangling link's name as it is, and the
+// report then replaced the link itself.
 std::string resolved_target(const std::string& path) {
   std::error_code error;
   // /dev/stdout, /dev/fd/N and /proc/*/fd/N name an open descriptor (a terminal, a pipe, a file
   // redirected with >>): written in place through the name itself, never replaced.
   if (path.starts_with("/dev/") || path.starts_with("/proc/")) return path;
-  if (!std::filesystem::is_symlink(path, error)) return path;
-  const std::filesystem::path target = std::filesystem::weakly_canonical(path, error);
-  if (error) fail(path, "cannot resolve the symbolic link", error.value());
-  return target.string();
+  std::filesystem::path target = path;
+  for (int hops = 0; std::filesystem::is_symlink(target, error); ++hops) {
+    if (hops == 40) fail(path, "too many levels of symbolic links", ELOOP);
+    const std::filesystem::path next = std::filesystem::read_symlink(target, error);
+    if (error) fail(path, "cannot resolve the symbolic link", error.value());
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  return target.lexically_normal().string();
 }
 
 }  // namespace

@@ -400,6 +400,16 @@ PY
     expect_code 0
     [ -L link.json ] || fail "the symbolic link was replaced by a regular file"
     grep -q adaptive_temperature_active_interval target.json || fail "the link's target was not updated"
+    # A dangling link (its target not written yet) keeps the link and creates the target.
+    mkdir -p reports
+    ln -s reports/new.json dangling.json
+    run bounds --json dangling.json
+    expect_code 0
+    [ -L dangling.json ] || fail "the dangling symbolic link was replaced by a regular file"
+    grep -q adaptive_temperature_active_interval reports/new.json || fail "the dangling link's target was not created"
+    ln -s loop_b.json loop_a.json; ln -s loop_a.json loop_b.json
+    run bounds --json loop_a.json
+    expect_code 2; expect_text "too many levels of symbolic links"
     run bounds --json /dev/null
     expect_code 0
     [ -c /dev/null ] || fail "/dev/null is no longer a character device"
