@@ -301,7 +301,11 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
   if (reports.empty()) throw InputError(InputProblem::empty_input, "merge: no reports given");
   MergedReport merged;
   std::vector<nlohmann::json> cases;
-  std::map<std::size_t, std::string> id_at;  // each sweep position's case, from the report that gave it
+  struct Given {
+    std::string id, status;
+    std::size_t report;
+  };
+  std::map<std::size_t, Given> id_at;  // each sweep position's case, from the report that gave it
   std::set<std::size_t> shards;
   std::size_t shard_count = 0;
   for (std::size_t r = 0; r < reports.size(); ++r) {
@@ -327,15 +331,22 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
         // The same case twice (a shard given twice) is dropped; another case at the same position
         // means the reports come from different sweeps (other kernels or sizes): refused, since
         // keeping either would silently drop the other's verdicts.
-        if (given->second != id)
+        if (given->second.id != id)
           malformed(where, "holds '" + id + "' at sweep position " + std::to_string(position) +
                                " where another "
                                "report holds '" +
-                               given->second + "': not shards of one sweep (other kernels or sizes)");
+                               given->second.id + "': not shards of one sweep (other kernels or sizes)");
+        // The same case with another verdict (a shard rerun after a fix, a flaky plugin): keeping
+        // either by the order given would decide the merged verdict by the command line.
+        const std::string status = c["status"].get<std::string>();
+        if (given->second.status != status)
+          malformed(where, "holds '" + id + "' as " + status + " where report " +
+                               std::to_string(given->second.report + 1) + " holds it as " +
+                               given->second.status + ": merge the reports of one run");
         ++merged.duplicates_dropped;
         continue;
       }
-      id_at.emplace(position, id);
+      id_at.emplace(position, Given{.id = id, .status = c["status"].get<std::string>(), .report = r});
       cases.push_back(c);
     }
   }

@@ -265,6 +265,13 @@ json.dump(report, open('tiers.json', 'w'))
     expect_code 2; expect_text '"n" is -1, not a count'
     run merge tiers.json --json merged.json
     expect_code 2; expect_text '"tiers" is 3, not an object'
+    # The same case with another verdict in a second report is refused in either order (the first
+    # given used to be kept, the other dropped as a duplicate).
+    sed '0,/"status": "pass"/s//"status": "fail"/' one.json > conflicting.json
+    for pair in "one.json conflicting.json" "conflicting.json one.json"; do
+      run merge $pair --json merged.json
+      expect_code 2; expect_text "merge the reports of one run"
+    done
     sed 's/"seed": 20241008/"seed": -1/' one.json > seed.json
     run merge seed.json --json merged.json
     expect_code 2; expect_text "has the seed -1"
