@@ -297,6 +297,16 @@ nlohmann::json report_json(const ReportHeader& header, const std::vector<nlohman
           {"cases", cases}};
 }
 
+namespace {
+
+std::string conflict_text(const std::string& id, const std::string& status, std::size_t report,
+                          const std::string& earlier) {
+  return "holds '" + id + "' as " + status + " where report " + std::to_string(report + 1) + " holds it as " +
+         earlier + ": merge the reports of one run";
+}
+
+}  // namespace
+
 MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
   if (reports.empty()) throw InputError(InputProblem::empty_input, "merge: no reports given");
   MergedReport merged;
@@ -340,9 +350,7 @@ MergedReport merge_reports(const std::vector<nlohmann::json>& reports) {
         // either by the order given would decide the merged verdict by the command line.
         const std::string status = c["status"].get<std::string>();
         if (given->second.status != status)
-          malformed(where, "holds '" + id + "' as " + status + " where report " +
-                               std::to_string(given->second.report + 1) + " holds it as " +
-                               given->second.status + ": merge the reports of one run");
+          malformed(where, conflict_text(id, status, given->second.report, given->second.status));
         ++merged.duplicates_dropped;
         continue;
       }
