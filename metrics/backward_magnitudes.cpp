@@ -166,8 +166,15 @@ void block_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores&
 }
 
 // dP_ij, sum_c |dO_ic v_jc| and O = P V by products, then each row's A_i, exact D_i and
-// B_i = sum_c |dO_ic O_ic| (O in double: its error, below 1e-12 A_i, is added).
-void block_row_sums(const kernels::BackwardProblem& p, const Images& images, PairBlock& block,
+// B_i = sum_c |dO_ic O_ic| (O in double: its error, below 1e-12 A_i, is added). And what the
+// statistical tests charge D's error by (`b_sq`, a variance over u_o^2): with a recipe that rounds
+// P (u_i > 0), the kernel's D_i = sum_c dO_ic O^_ic errs through O's rounding (delta_c O_c) and the
+// forward's rounding of P (sum_j d_j P_ij v_jc), independent roundings of variance proxy
+// u_o^2 (sum_c (dO_ic O_ic)^2 + sum_j (P_ij dP_ij)^2), plus the forward's fp32 arithmetic, at most
+// (n + dv + 8) 2^-24 A_i (A_i = sum_c |dO_ic| sum_j P_ij |v_jc|), added to the root as if it were
+// u_i units (u_o >= u_i). For the fp32 recipe the worst case B_i^2 stays: there O's fp32 errors
+// are not roundings alone.
+void block_row_sums(const kernels::BackwardProblem& p, const Images& images, double u_i, PairBlock& block,
                     Magnitudes& m) {
   const std::size_t dv = p.values.cols, size = block.rows * block.width;
   zero(block.dp_mag, size);
@@ -181,7 +188,9 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, Pai
   }
   block.a.assign(block.rows, 0);
   block.b.assign(block.rows, 0);
+  block.b_sq.assign(block.rows, 0);
   block.exact_d.assign(block.rows, 0);
+  const double forward_fp32 = static_cast<double>(p.keys.rows + dv + 8) * 0x1p-24;
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     for (const std::size_t j : block.visible[r]) {
@@ -190,6 +199,16 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, Pai
     }
     for (std::size_t c = 0; c < dv; ++c) block.b[r] += std::fabs(p.d_out(i, c) * block.out[r * dv + c]);
     block.b[r] += 1e-12 * block.a[r];
+    if (u_i > 0) {
+      double squares = 0;
+      for (std::size_t c = 0; c < dv; ++c) squares += std::pow(p.d_out(i, c) * block.out[r * dv + c], 2);
+      for (const std::size_t j : block.visible[r])
+        squares += std::pow(block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)], 2);
+      const double root = std::sqrt(squares) + (forward_fp32 / u_i + 1e-12) * block.a[r];
+      block.b_sq[r] = root * root * (1 + 1e-9);
+    } else {
+      block.b_sq[r] = block.b[r] * block.b[r];
+    }
     m.d_rows(i, 0) = block.a[r];
     m.d_rows_from_o(i, 0) = block.b[r];
   }
@@ -264,7 +283,7 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
       row_dv += w * std::fabs(on_dv);
       d_on_dk += block.weight_slope[e] * on_dk;
     }
-    m.dk_scale_from_d += block.b[r] * block.b[r] * d_on_dk * d_on_dk;
+    m.dk_scale_from_d += block.b_sq[r] * d_on_dk * d_on_dk;
     if (block.roundings == 3) {  // the math path: exact coefficients (exact_inside)
       for (auto [sums, on] :
            {std::pair{&m.dq_scale_exact, &block.on_dq}, std::pair{&m.dk_scale_exact, &block.on_dk}}) {
@@ -324,7 +343,7 @@ void block_row_terms(const kernels::BackwardProblem& p, const tensor::HeadScores
       m.dq_from_d(i, t) = block.b[r] * std::fabs(signed_dq) + (u_i + 0x1p-10) * m.dq_from_d(i, t);
       on_dq += images.dq_sign(i, t) * signed_dq;
     }
-    m.dq_scale_from_d += block.b[r] * block.b[r] * on_dq * on_dq;
+    m.dq_scale_from_d += block.b_sq[r] * on_dq * on_dq;
     if (head.sink) {
       const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
       const double sink_weight =
@@ -363,7 +382,7 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
       length_sq += block.signed_dq[r * d + t] * block.signed_dq[r * d + t];
     }
     sums.rows = row * row;
-    sums.from_d = block.b[r] * block.b[r] * length_sq * length_sq;
+    sums.from_d = block.b_sq[r] * length_sq * length_sq;
     if (block.roundings == 3) sums.exact = exact_inside(p, block, r, block.on_w);
   }
 }
@@ -419,7 +438,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block.first = h * positions + position;
       block.rows = std::min(block_rows, positions - position);
       block_geometry(p, head, images, block, m);
-      block_row_sums(p, images, block, m);
+      block_row_sums(p, images, u_i, block, m);
       block_pair_terms(p, roundings, block);
       block_scale_terms(p, images, block, m);
       block_products(p, images, block, m);

@@ -55,7 +55,7 @@ struct PairBlock {
   std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
   std::vector<RowGeometry> geometry;
-  std::vector<double> a, b, exact_d;
+  std::vector<double> a, b, b_sq, exact_d;
   [[nodiscard]] std::size_t at(std::size_t r, std::size_t j) const { return r * width + (j - key_first); }
 };
 

@@ -246,6 +246,11 @@ RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRou
   const InsideUnits u = inside_units(tolerance, output);
   Tolerance rest = tolerance;
   rest.probabilities_in_output = rest.scores_in_output = 0;
+  // An emulated row's scores are the kernel's own to within their ambiguity (score_emulation.hpp's
+  // contract covers every fp32 order of q . k), which `s_spread` and `s_second` charge: the fp32
+  // dot products' errors are not charged again. (They were, in full in every column: a row sum kept
+  // in bf16 with no LSE passed the default as math_bf16.)
+  if (rounding.emulated) rest.dot_product = 0;
   // The scores' fp32 errors may also be charged by Hoeffding over the keys, where their bounds are
   // known (first order; the second order expm1(e) - e <= e_max^2 (1 + e_max) / 2 in full, on
   // sum_c (M_c + |o_c|)); the smaller of the two charges is the row's.

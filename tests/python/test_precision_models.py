@@ -98,3 +98,31 @@ def test_a_backward_recipe_for_another_format_is_refused():
     dq, dk, dv, _ = sharpcheck.attention_backward(q, k, v, do)
     with pytest.raises(ValueError, match="backward_flash_fp16 rounds inside to fp16, but the inputs are bf16"):
         sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, do, tolerance="backward_flash_fp16")
+
+
+def denominator_in_bf16(q, k, v, block=64):
+    """FlashAttention's loop with the row sum l kept in bf16 between key blocks (the bug class: a
+    softmax denominator accumulated in low precision), P in bf16 before P V, output bf16, no LSE."""
+    s = q.float() @ k.float().transpose(-1, -2) / 8
+    m = torch.full(s.shape[:-1], -float("inf"))
+    l = torch.zeros(s.shape[:-1])
+    acc = torch.zeros(*s.shape[:-1], v.shape[-1])
+    for j0 in range(0, s.shape[-1], block):
+        sj = s[..., j0:j0 + block]
+        new_m = torch.maximum(m, sj.amax(-1))
+        p = torch.exp(sj - new_m[..., None])
+        alpha = torch.exp(m - new_m)
+        l = (l * alpha + p.sum(-1)).bfloat16().float()
+        acc = acc * alpha[..., None] + p.bfloat16().float() @ v[..., j0:j0 + block, :].float()
+        m = new_m
+    return (acc / l[..., None]).bfloat16()
+
+
+def test_a_denominator_kept_in_bf16_fits_no_default_recipe():
+    """Under the default it fitted math_bf16 (ratio 0.50): that recipe's emulated rows charged the fp32
+    dot products' errors on top of the scores' emulation, which already covers them."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 256, 64, generator=generator).bfloat16() for _ in range(3))
+    with pytest.raises(AssertionError, match="fits no recipe the formats allow"):
+        judge(denominator_in_bf16, None, (q, k, v))
+    assert judge(p_rounded, None, (q, k, v)).passed
