@@ -251,6 +251,31 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
   }
 }
 
+// A query row's shared fp32 errors (the LSE's, delta_L relative in every P_ij, and D's, at most
+// relative A_i in the model of ScaleNoise) projected on `on` exactly: delta_L scales the row's dS
+// (and D, where it is formed from P: the math path), moving T by delta_L (A_on - B_on D_i), and D's
+// error moves it by delta_D B_on, A_on = sum_j on_ij dS_ij dz/dr and B_on = sum_j dz/dr on_ij P_ij:
+// at most relative (|A_on| + 2 |B_on| (A_i + |g_i|)), in place of relative sum_j mag_ij |on_ij| where
+// that is smaller; 1e-9 of the terms' absolute sums covers the double arithmetic. (For the
+// D-direction test B_on is |w_i|^2: charged as the worst case, a D off by 1 to 10% passed there.)
+double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
+                  const std::vector<double>& on) {
+  const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
+  double a_on = 0, b_on = 0, absolute = 0, bound = 0;
+  for (const std::size_t j : block.visible[r]) {
+    const std::size_t e = block.at(r, j);
+    const double w = block.weight[e], slope = block.slope[e];
+    const double ds = w * (block.dp_signed[e] - block.exact_d[r] + lse_gradient) * slope;
+    a_on += on[e] * ds;
+    b_on += slope * on[e] * w;
+    absolute += std::fabs(on[e]) * (std::fabs(ds) + slope * w);
+    bound += block.mag[e] * std::fabs(on[e]);
+  }
+  const double exact = std::fabs(a_on) + 2 * std::fabs(b_on) * (block.a[r] + std::fabs(lse_gradient)) +
+                       1e-9 * absolute * (1 + block.a[r] + std::fabs(lse_gradient));
+  return std::min(exact, bound);
+}
+
 // The gradient-scale sums (judge_gradient_scale): each pair's roundings through dS_ij (`pair`) and
 // of P_ij, and the fp32 arithmetic's errors (relative to mag and to P_ij), projected on the
 // expected gradients' signs (on_ij, by products); each row's shares squared and summed; and D's
@@ -267,7 +292,7 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
     pair_product(p.d_out, images.dv_sign, block, block.on_dv);
   }
   for (std::size_t r = 0; r < block.rows; ++r) {
-    double row_dq = 0, row_dk = 0, row_dv = 0, d_on_dk = 0;
+    double row_dv = 0, d_on_dk = 0;
     for (const std::size_t j : block.visible[r]) {
       const std::size_t e = block.at(r, j);
       const double on_dq = block.on_dq[e], on_dk = block.on_dk[e], on_dv = block.on_dv[e];
@@ -278,8 +303,6 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
       m.dq_scale_pairs += mag * mag * on_dq * on_dq;
       m.dk_scale_pairs += mag * mag * on_dk * on_dk;
       m.dv_scale_pairs += w * w * on_dv * on_dv;
-      row_dq += mag * std::fabs(on_dq);
-      row_dk += mag * std::fabs(on_dk);
       row_dv += w * std::fabs(on_dv);
       d_on_dk += block.weight_slope[e] * on_dk;
     }
@@ -292,6 +315,12 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
         sums->cross += x.cross;
       }
     }
+    const double row_dq = row_shared(p, block, r, block.on_dq);
+    const double row_dk = row_shared(p, block, r, block.on_dk);
+    double row_dv_exact = 0;  // dV: the LSE's error scales the row's P alone
+    for (const std::size_t j : block.visible[r])
+      row_dv_exact += block.weight[block.at(r, j)] * block.on_dv[block.at(r, j)];
+    row_dv = std::min(row_dv, std::fabs(row_dv_exact) * (1 + 1e-9) + 1e-12 * row_dv);
     m.dq_scale_rows += row_dq * row_dq;
     m.dk_scale_rows += row_dk * row_dk;
     m.dv_scale_rows += row_dv * row_dv;
@@ -369,14 +398,14 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     Magnitudes::ProjectedSums& sums = m.d_direction[i];
-    double row = 0, length_sq = 0;
+    double length_sq = 0;
     for (const std::size_t j : block.visible[r]) {
       const std::size_t e = block.at(r, j);
       const double on = block.on_w[e], mag = block.mag[e];
       sums.inside += block.pair[e] * on * on;
       sums.pairs += mag * mag * on * on;
-      row += mag * std::fabs(on);
     }
+    const double row = row_shared(p, block, r, block.on_w);
     for (std::size_t t = 0; t < d; ++t) {
       m.dq_direction(i, t) = block.signed_dq[r * d + t];
       length_sq += block.signed_dq[r * d + t] * block.signed_dq[r * d + t];
