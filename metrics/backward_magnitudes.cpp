@@ -221,7 +221,7 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
   const std::size_t size = block.rows * block.width;
   block.roundings = roundings;
   for (auto* v : {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
-                  &block.weight_slope, &block.floor_weight})
+                  &block.weight_slope, &block.floor_weight, &block.abs_ds})
     zero(*v, size);
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
@@ -236,6 +236,7 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
       const double ds =
           w * std::fabs(block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) * slope + 1e-9 * mag;
       block.mag[e] = mag;
+      block.abs_ds[e] = ds;
       block.from_d[e] = w * block.b[r] * slope;
       block.pair[e] = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
       block.slope[e] = slope;
@@ -343,10 +344,12 @@ void block_products(const kernels::BackwardProblem& p, const Images& images, Pai
     reference::plain_product(a, b, c.values.data() + first_row * c.cols, c.cols, true);
   };
   add(pairs(block.mag, false), keys(images.k_abs), m.dq, block.first);
+  add(pairs(block.abs_ds, false), keys(images.k_abs), m.dq_accumulated, block.first);
   add(pairs(block.pair, false), keys(images.k_sq), m.dq_spread, block.first);
   add(pairs(block.from_d, false), keys(images.k_abs), m.dq_from_d, block.first);
   add(pairs(block.floor_weight, false), keys(images.k_abs), m.dq_floor, block.first);
   add(pairs(block.mag, true), queries(images.q_abs), m.dk, block.key_first);
+  add(pairs(block.abs_ds, true), queries(images.q_abs), m.dk_accumulated, block.key_first);
   add(pairs(block.pair, true), queries(images.q_sq), m.dk_spread, block.key_first);
   add(pairs(block.from_d, true), queries(images.q_abs), m.dk_from_d, block.key_first);
   add(pairs(block.floor_weight, true), queries(images.q_abs), m.dk_floor, block.key_first);
@@ -420,8 +423,10 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
 Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
   Magnitudes m;
-  for (Matrix* matrix : {&m.dq, &m.dq_from_d, &m.dq_spread, &m.dq_floor}) *matrix = Matrix(mq, d);
-  for (Matrix* matrix : {&m.dk, &m.dk_from_d, &m.dk_spread, &m.dk_floor}) *matrix = Matrix(n, d);
+  for (Matrix* matrix : {&m.dq, &m.dq_from_d, &m.dq_spread, &m.dq_floor, &m.dq_accumulated})
+    *matrix = Matrix(mq, d);
+  for (Matrix* matrix : {&m.dk, &m.dk_from_d, &m.dk_spread, &m.dk_floor, &m.dk_accumulated})
+    *matrix = Matrix(n, d);
   for (Matrix* matrix : {&m.dv, &m.dv_spread, &m.dv_floor}) *matrix = Matrix(n, dv);
   for (Matrix* matrix : {&m.d_sinks, &m.d_sinks_from_d}) *matrix = Matrix(p.group, 1);
   for (Matrix* matrix : {&m.d_rows, &m.d_rows_from_o}) *matrix = Matrix(mq, 1);
@@ -437,9 +442,10 @@ Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
 
 // Inflates the sums by their double rounding (1e-9 covers it) and takes the spreads' square roots.
 void finish(Magnitudes& m) {
-  for (Matrix* matrix : {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o,
-                         &m.d_sinks, &m.dq_floor, &m.dk_floor, &m.dv_floor, &m.d_sinks_from_d,
-                         &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
+  for (Matrix* matrix :
+       {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks, &m.dq_floor,
+        &m.dk_floor, &m.dv_floor, &m.d_sinks_from_d, &m.dq_accumulated, &m.dk_accumulated,
+        &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
   for (Matrix* matrix :

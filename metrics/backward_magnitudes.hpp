@@ -15,6 +15,9 @@ namespace sharpcheck::metrics {
 
 struct Magnitudes {
   Matrix dq, dk, dv;
+  // What each element's own fp32 accumulation sums: sum_j |dS_ij| dz/dr |k_jc| (dK: over queries
+  // with |q_ic|), the exact |dS| (the kernel's is within the entry's allowance of it); dV's is dv.
+  Matrix dq_accumulated, dk_accumulated;
   Matrix d_sinks;  // group x 1
   // What an error of D_i by u_out sum_c |dO_ic O_ic| (O rounded to the format) moves each
   // gradient by, over u_out: dV does not depend on D.

@@ -51,7 +51,8 @@ struct PairBlock {
   double roundings = 0;  // the recipe's intermediate roundings per pair (3: the math path's P, dP, dS)
   std::vector<std::vector<std::size_t>> visible;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
-  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_dq;
+  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, abs_ds,
+      signed_dq;
   std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
   std::vector<RowGeometry> geometry;

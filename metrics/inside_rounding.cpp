@@ -453,8 +453,24 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
       exact ? u_i * (std::sqrt(noise.inside_exact) + (noise.growth - 1) * std::sqrt(noise.inside)) : 0.0;
   const double cross = exact ? 6 * (1 + u_i) * u_i * u_i * noise.growth * noise.inside_cross : 0.0;
   const double variance = roundings + inside_variance + u_o * u_o * noise.from_d;
+  // Each element's own accumulation errs by at most the per-item units' share of what it sums (the
+  // kernel's terms within `relative` of the exact ones); the other fp32 sources are the pairs' and
+  // the rows' (`pairs`, `rows`).
+  double element_spread = relative * std::sqrt(fp32.squares);
+  if (!in.accumulated.empty()) {
+    const double accumulation =
+        std::expm1(entry.per_item * charged_length(static_cast<double>(scale.n), Tier::statistical) *
+                   entry.accumulation->unit_roundoff());
+    double squares = 0;
+    for (std::size_t x = 0; x < in.accumulated.size(); ++x) {
+      const double w = in.weights.empty() ? 1.0 : in.weights[x];
+      const double summed = in.accumulated[x] + relative * in.magnitudes[x];
+      squares += w * w * summed * summed;
+    }
+    element_spread = std::min(element_spread, accumulation * std::sqrt(squares));
+  }
   const double fp32_spread =
-      relative * noise.growth * (std::sqrt(noise.pairs) + std::sqrt(noise.rows) + std::sqrt(fp32.squares)) +
+      noise.growth * (relative * (std::sqrt(noise.pairs) + std::sqrt(noise.rows)) + element_spread) +
       u_i * std::sqrt(noise.inside_growth);
   stat.noise = (std::sqrt(variance) + fp32_spread + score_spread + inside_spread) * (1 + 0x1p-20);
   stat.in_full = (fp32.in_full + noise.absolute + cross) * (1 + 0x1p-20);
@@ -467,7 +483,10 @@ void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& e
                           .actual = gradient.actual.values,
                           .magnitudes = gradient.magnitudes.values,
                           .weights = {},
-                          .noise = gradient.noise};
+                          .noise = gradient.noise,
+                          .accumulated = gradient.accumulated != nullptr
+                                             ? std::span<const double>(gradient.accumulated->values)
+                                             : std::span<const double>()};
   const ProjectedStat stat = project_errors(in, entry, u_o, output, scale);
   if (stat.weight == 0) return;
   record_scale(comparison, std::string(gradient.name) + " as a whole",

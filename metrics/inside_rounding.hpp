@@ -167,6 +167,7 @@ struct GradientScaleInput {
   const Matrix& actual;
   const Matrix& magnitudes;
   ScaleNoise noise;
+  const Matrix* accumulated = nullptr;  // ProjectedInput::accumulated (nullptr: none)
 };
 
 void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
@@ -180,6 +181,9 @@ struct ProjectedInput {
   std::span<const double> expected, actual, magnitudes;
   std::span<const double> weights;  // empty: the signs of `expected`
   ScaleNoise noise;
+  // What each element's own fp32 accumulation sums (Magnitudes::dq_accumulated), charged at the
+  // entry's per-item units alone; empty: the magnitudes, at all the entry's units.
+  std::span<const double> accumulated = {};
 };
 struct ProjectedStat {
   double deviation = 0;  // T

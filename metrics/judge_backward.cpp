@@ -127,7 +127,8 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
                             .actual = actual.d_queries.row(i),
                             .magnitudes = m.dq.row(i),
                             .weights = w,
-                            .noise = with_score_terms(noise, m, x.score_unit, sums.scores)};
+                            .noise = with_score_terms(noise, m, x.score_unit, sums.scores),
+                            .accumulated = m.dq_accumulated.row(i)};
     const ProjectedStat stat = project_errors(in, x.entry, x.units, x.output, x.scale);
     if (!(stat.noise > 0) && !(stat.in_full > 0)) continue;  // no key seen, or no direction
     ++finding.rows;
@@ -177,15 +178,18 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
        exact(with_scores(
                  noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
                  m.dq_scale_scores),
-             m.dq_scale_exact)},
+             m.dq_scale_exact),
+       &m.dq_accumulated},
       {"dK", e.d_keys, actual.d_keys, m.dk,
        exact(with_scores(
                  noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
                  m.dk_scale_scores),
-             m.dk_scale_exact)},
+             m.dk_scale_exact),
+       &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
        with_scores(noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows),
-                   m.dv_scale_scores)}};
+                   m.dv_scale_scores),
+       &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
   for (std::size_t g = 0; g < 3; ++g)
     judge_gradient_scale(gradients[g], x.entry, x.units, x.output, x.scale, *comparisons[g]);
