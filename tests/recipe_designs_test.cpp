@@ -187,56 +187,65 @@ inputs::BackwardInputs normal_head(std::size_t rows, std::size_t dim, const Floa
   return {normal(rows), normal(rows), normal(rows), normal(rows), {}, {}};
 }
 
+// A kernel's gradients on one normal head of `rows` positions (d = 64), and the exact ones.
+struct JudgedHead {
+  JudgedHead(const kernels::AttentionBackwardKernel& kernel, std::size_t rows)
+      : format(*kernel.format),
+        in(normal_head(rows, 64, format)),
+        problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores},
+        got(kernel.run(problem)),
+        expected(reference::attention_backward(
+            {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, format)) {}
+  [[nodiscard]] metrics::BackwardJudgement judged(const metrics::AttentionRecipe& recipe,
+                                                  const kernels::KernelGradients& gradients) const {
+    return metrics::judge_attention_backward(metrics::backward_tolerance(recipe), format, problem, gradients,
+                                             &expected);
+  }
+  // `got` with one gradient scaled by `factor` (rounded back to the format).
+  [[nodiscard]] kernels::KernelGradients scaled(Matrix kernels::KernelGradients::*gradient,
+                                                double factor) const {
+    kernels::KernelGradients out = got;
+    for (double& x : (out.*gradient).values) x = round_to_format(x * factor, format);
+    return out;
+  }
+  const FloatFormat& format;
+  const inputs::BackwardInputs in;
+  const kernels::BackwardProblem problem;
+  const kernels::KernelGradients got;
+  const reference::AttentionGradients expected;
+};
+
+constexpr Matrix kernels::KernelGradients::*every_gradient[] = {&kernels::KernelGradients::d_queries,
+                                                                &kernels::KernelGradients::d_keys,
+                                                                &kernels::KernelGradients::d_values};
+
 TEST(RecipeDesigns, AGradientScaledByOnePercentFitsNoDefaultRecipe) {
-  using Gradients = kernels::KernelGradients;
   for (const char* name : {"flash2_backward_bf16", "flash2_backward_fp16"}) {
     const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
-    const inputs::BackwardInputs in = normal_head(192, 64, *kernel.format);
-    const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
-    const Gradients honest = kernel.run(problem);
-    const reference::AttentionGradients expected = reference::attention_backward(
-        {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, *kernel.format);
-    const auto judged = [&](const metrics::AttentionRecipe& recipe, const Gradients& got) {
-      return metrics::judge_attention_backward(metrics::backward_tolerance(recipe), *kernel.format, problem,
-                                               got, &expected);
-    };
-    EXPECT_TRUE(judged(*metrics::find_recipe(kernel.recipe), honest).passed()) << name;
-    for (Matrix Gradients::*gradient : {&Gradients::d_queries, &Gradients::d_keys, &Gradients::d_values}) {
-      Gradients scaled = honest;
-      for (double& x : (scaled.*gradient).values) x = round_to_format(x * 1.01, *kernel.format);
-      for (const auto* recipe : metrics::default_recipes(*kernel.format, *kernel.format, true)) {
-        const metrics::BackwardJudgement judgement = judged(*recipe, scaled);
-        EXPECT_FALSE(judgement.passed()) << name << ": a gradient scaled by 1.01 fits " << recipe->name;
-      }
+    const JudgedHead head(kernel, 192);
+    EXPECT_TRUE(head.judged(*metrics::find_recipe(kernel.recipe), head.got).passed()) << name;
+    for (const auto gradient : every_gradient) {
+      const kernels::KernelGradients scaled = head.scaled(gradient, 1.01);
+      for (const auto* recipe : metrics::default_recipes(*kernel.format, *kernel.format, true))
+        EXPECT_FALSE(head.judged(*recipe, scaled).passed())
+            << name << ": a gradient scaled by 1.01 fits " << recipe->name;
     }
   }
 }
 
 // PyTorch's math path rounds the scores, so its recipe charges their roundings; charged in full in
 // the gradient-scale test, their worst case let dQ or dK scaled by 0.5 pass backward_math_bf16 at
-// 257 keys (issue 30's trial). By Hoeffding, with the second order projected on the gradient's
-// signs, a 10% scale of any gradient fails while the honest kernel still fits.
+// 257 keys (issue 30's trial). By Hoeffding on exact coefficients, a 10% scale of any gradient
+// fails while the honest kernel still fits.
 TEST(RecipeDesigns, AGradientScaledByTenPercentFitsNotTheMathPathsRecipe) {
-  using Gradients = kernels::KernelGradients;
   for (const char* name : {"math_backward_bf16", "math_backward_fp16"}) {
     const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
-    const inputs::BackwardInputs in = normal_head(257, 64, *kernel.format);
-    const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
-    const Gradients honest = kernel.run(problem);
-    const reference::AttentionGradients expected = reference::attention_backward(
-        {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, *kernel.format);
     const metrics::AttentionRecipe& recipe = *metrics::find_recipe(kernel.recipe);
-    const auto judged = [&](const Gradients& got) {
-      return metrics::judge_attention_backward(metrics::backward_tolerance(recipe), *kernel.format, problem,
-                                               got, &expected);
-    };
-    EXPECT_TRUE(judged(honest).passed()) << name;
-    for (Matrix Gradients::*gradient : {&Gradients::d_queries, &Gradients::d_keys, &Gradients::d_values}) {
-      Gradients scaled = honest;
-      for (double& x : (scaled.*gradient).values) x = round_to_format(x * 0.9, *kernel.format);
-      const metrics::BackwardJudgement judgement = judged(scaled);
-      EXPECT_FALSE(judgement.passed()) << name << ": a gradient scaled by 0.9 fits " << recipe.name;
-    }
+    const JudgedHead head(kernel, 257);
+    EXPECT_TRUE(head.judged(recipe, head.got).passed()) << name;
+    for (const auto gradient : every_gradient)
+      EXPECT_FALSE(head.judged(recipe, head.scaled(gradient, 0.9)).passed())
+          << name << ": a gradient scaled by 0.9 fits " << recipe.name;
   }
 }
 
@@ -248,12 +257,8 @@ TEST(RecipeDesigns, AStaleDFitsNotTheMathPathsRecipeByItsDirection) {
   const metrics::AttentionRecipe& math = *metrics::find_recipe("backward_math_bf16");
   for (const char* name : {"flash2_backward_bf16", "math_backward_bf16", "flash2_backward_bf16_stale_d"}) {
     const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
-    const inputs::BackwardInputs in = normal_head(257, 64, *kernel.format);
-    const kernels::BackwardProblem problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores};
-    const reference::AttentionGradients expected = reference::attention_backward(
-        {in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores}, *kernel.format);
-    const metrics::BackwardJudgement judgement = metrics::judge_attention_backward(
-        metrics::backward_tolerance(math), *kernel.format, problem, kernel.run(problem), &expected);
+    const JudgedHead head(kernel, 257);
+    const metrics::BackwardJudgement judgement = head.judged(math, head.got);
     EXPECT_EQ(judgement.passed(), !kernel.deliberately_broken) << name;
     if (!kernel.deliberately_broken) continue;
     const auto& findings = judgement.d_queries.statistical_violations;
