@@ -401,6 +401,7 @@ Fp32Charge fp32_charge(const ProjectedInput& in, const Tolerance& entry, const F
   double total = 0;
   for (std::size_t x = 0; x < in.magnitudes.size(); ++x) {
     const double m = in.magnitudes[x], w = in.weights.empty() ? 1.0 : std::fabs(in.weights[x]);
+    if (w == 0) continue;  // nothing projected (and 0 times an infinite magnitude is NaN)
     charge.squares += w * w * m * m;
     total += w * m;
     charge.in_full += w * floor;
@@ -465,7 +466,7 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
     for (std::size_t x = 0; x < in.accumulated.size(); ++x) {
       const double w = in.weights.empty() ? 1.0 : in.weights[x];
       const double summed = in.accumulated[x] + relative * in.magnitudes[x];
-      squares += w * w * summed * summed;
+      if (w != 0) squares += w * w * summed * summed;
     }
     element_spread = std::min(element_spread, accumulation * std::sqrt(squares));
   }
@@ -488,7 +489,8 @@ void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& e
                                              ? std::span<const double>(gradient.accumulated->values)
                                              : std::span<const double>()};
   const ProjectedStat stat = project_errors(in, entry, u_o, output, scale);
-  if (stat.weight == 0) return;
+  // An allowance past double's range cannot judge the gradient's scale (the elements' verdicts stand).
+  if (stat.weight == 0 || !std::isfinite(statistical_lambda * stat.noise + stat.in_full)) return;
   record_scale(comparison, std::string(gradient.name) + " as a whole",
                std::fabs(stat.deviation) / stat.weight,
                (statistical_lambda * stat.noise + stat.in_full) / stat.weight);

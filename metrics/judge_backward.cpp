@@ -131,8 +131,12 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
                             .accumulated = m.dq_accumulated.row(i)};
     const ProjectedStat stat = project_errors(in, x.entry, x.units, x.output, x.scale);
     if (!(stat.noise > 0) && !(stat.in_full > 0)) continue;  // no key seen, or no direction
+    // An allowance past double's range (values near 1e300, whose products overflow) cannot judge
+    // the row: its elements' own verdicts stand, as the row-scale test's do (record_scale).
+    const double allowed = statistical_lambda * stat.noise + stat.in_full;
+    if (!std::isfinite(allowed)) continue;
     ++finding.rows;
-    double ratio = std::fabs(stat.deviation) / (statistical_lambda * stat.noise + stat.in_full);
+    double ratio = std::fabs(stat.deviation) / allowed;
     if (std::isnan(ratio)) ratio = INFINITY;
     if (ratio > 1) ++finding.failing;
     if (!(ratio <= finding.worst_ratio)) {
