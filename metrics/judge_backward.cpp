@@ -104,7 +104,8 @@ ScaleNoise with_score_terms(ScaleNoise n, const Magnitudes& m, double score_unit
 // w_i (Magnitudes::dq_direction), which an element's allowance may hide: under PyTorch's math path
 // a D computed from half of dO fits every element at a few hundred keys (metrics/recipes.cpp). Row
 // i's T_i = w_i . (y_i - e_i) is honest noise (project_errors: |T_i| <= lambda noise_i + in_full_i
-// but with probability 2 exp(-lambda^2 / 2)), D's own honest error u_o B_i among it; and the rows
+// but with probability 2 exp(-lambda^2 / 2)), D's own honest error among it (backward_magnitudes.cpp's
+// b_sq: O's and the forward P's roundings by Hoeffding); and the rows
 // together by HeadScale's spread test: sum_i max(|T_i| - in_full_i, 0)^2 / noise_i^2 against
 // spread_threshold, which sees a D off a little in every row.
 void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
