@@ -74,4 +74,26 @@ inline void require_finite(const Array& array) {
   }
 }
 
+inline std::vector<std::size_t> without_unit_axes(const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> kept;
+  for (const std::size_t extent : shape) {
+    if (extent != 1) kept.push_back(extent);
+  }
+  return kept;
+}
+
+// Whether an array of shape `got` holds the elements of shape `want` in the same C order with the
+// same axes: equal once axes of extent 1 are dropped, or, where want's last two axes are the heads
+// and the value dimension (bshd, packed), with those merged. In bhsd they are the positions and the
+// dimension: merged, an output flattened to [S * D] passed for B = H = 1.
+inline bool same_order_shape(const std::vector<std::size_t>& got, const std::vector<std::size_t>& want,
+                             bool heads_then_dim) {
+  const std::vector<std::size_t> g = without_unit_axes(got), w = without_unit_axes(want);
+  if (g == w) return true;
+  if (want.size() < 2 || !heads_then_dim) return false;
+  std::vector<std::size_t> merged(want.begin(), want.end() - 1);
+  merged.back() *= want.back();
+  return g == without_unit_axes(merged);
+}
+
 }  // namespace sharpcheck::gate
