@@ -36,10 +36,12 @@ def pytest_configure(config: Any) -> None:
     _asserts.recording = True
     if _is_worker(config):
         return
-    # SIGTERM (a CI timeout, a job cancelled) stops the run as Ctrl-C does, so the checks made so far
-    # reach the report (marked "complete": false) instead of the process dying with none written.
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    # SIGTERM (a CI timeout, a job cancelled) and SIGHUP (a closed terminal or SSH session) stop the
+    # run as Ctrl-C does, so the checks made so far reach the report (marked "complete": false)
+    # instead of the process dying with none written. A handler the user installed is kept.
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(number) is signal.SIG_DFL:
+            signal.signal(number, _interrupt_on_sigterm)
     # An unwritable report path is a usage error before the run, not a traceback after all the work.
     for option in ("--sharpcheck-report", "--sharpcheck-junit"):
         path = config.getoption(option)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
 
+import pytest
+
 TESTS = '''
 import torch, sharpcheck
 
@@ -122,9 +124,11 @@ def test_slow():
 '''
 
 
-def test_sigterm_keeps_the_checks_made_so_far_in_a_report_marked_incomplete(tmp_path):
-    """A CI job cancelled mid-run (SIGTERM): the report and the JUnit file hold the checks already
-    made, and the report says "complete": false (before, the process died and wrote neither)."""
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_keeps_the_checks_made_so_far_in_a_report_marked_incomplete(tmp_path, signal_name):
+    """A CI job cancelled mid-run (SIGTERM) or a closed terminal (SIGHUP): the report and the JUnit
+    file hold the checks already made, and the report says "complete": false (before, the process
+    died and wrote neither; SIGHUP did until issue 33's third round)."""
     import signal
     import time
     (tmp_path / "test_slow_user.py").write_text(SLOW_TESTS)
@@ -138,7 +142,7 @@ def test_sigterm_keeps_the_checks_made_so_far_in_a_report_marked_incomplete(tmp_
         assert time.monotonic() < deadline and process.poll() is None, "the first test never finished"
         time.sleep(0.1)
     time.sleep(0.5)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(getattr(signal, signal_name))
     process.communicate(timeout=60)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report.get("complete") is False
