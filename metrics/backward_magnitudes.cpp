@@ -221,7 +221,7 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
   const std::size_t size = block.rows * block.width;
   block.roundings = roundings;
   for (auto* v : {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
-                  &block.weight_slope, &block.floor_weight, &block.abs_ds})
+                  &block.weight_slope, &block.floor_weight, &block.abs_ds, &block.signed_ds})
     zero(*v, size);
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
@@ -233,8 +233,8 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
       const std::size_t e = block.at(r, block.visible[r][a]);
       const double w = block.weight[e], slope = block.geometry[r].slope[a];
       const double mag = w * (block.dp_mag[e] + block.a[r] + lse_gradient) * slope;
-      const double ds =
-          w * std::fabs(block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) * slope + 1e-9 * mag;
+      block.signed_ds[e] = w * (block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) * slope;
+      const double ds = std::fabs(block.signed_ds[e]) + 1e-9 * mag;
       block.mag[e] = mag;
       block.abs_ds[e] = ds;
       block.from_d[e] = w * block.b[r] * slope;
@@ -265,8 +265,7 @@ double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std
   double a_on = 0, b_on = 0, absolute = 0, bound = 0;
   for (const std::size_t j : block.visible[r]) {
     const std::size_t e = block.at(r, j);
-    const double w = block.weight[e], slope = block.slope[e];
-    const double ds = w * (block.dp_signed[e] - block.exact_d[r] + lse_gradient) * slope;
+    const double w = block.weight[e], slope = block.slope[e], ds = block.signed_ds[e];
     a_on += on[e] * ds;
     b_on += slope * on[e] * w;
     absolute += std::fabs(on[e]) * (std::fabs(ds) + slope * w);
@@ -311,7 +310,7 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
     if (block.roundings == 3) {  // the math path: exact coefficients (exact_inside)
       for (auto [sums, on] :
            {std::pair{&m.dq_scale_exact, &block.on_dq}, std::pair{&m.dk_scale_exact, &block.on_dk}}) {
-        const ExactInside x = exact_inside(p, block, r, *on);
+        const ExactInside x = exact_inside(block, r, *on);
         sums->squares += x.squares;
         sums->cross += x.cross;
       }
@@ -415,7 +414,7 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
     }
     sums.rows = row * row;
     sums.from_d = block.b_sq[r] * length_sq * length_sq;
-    if (block.roundings == 3) sums.exact = exact_inside(p, block, r, block.on_w);
+    if (block.roundings == 3) sums.exact = exact_inside(block, r, block.on_w);
   }
 }
 

@@ -66,14 +66,14 @@ struct Magnitudes {
   ScaleScoreTerms dq_scale_scores, dk_scale_scores, dv_scale_scores;
   bool scale_scores_known = true;
   double scale_growth = 1;  // the other roundings' coefficients grow by at most this factor
-  // The D-direction test (judge_backward.cpp): an error delta_i of D_i moves dQ_i by exactly
-  // -delta_i w_i, w_i = sum_j P_ij dz/dr k_j (row i of `dq_direction`); each row's error is
-  // projected on w_i, and the noise sums are the gradient-scale test's for that one row with the
-  // pair projections on_ij = w_i . k_j in place of the signs'.
   struct ExactSums {  // the math path's roundings with exact coefficients (backward_blocks::exact_inside)
     double squares = 0, cross = 0;
   };
   ExactSums dq_scale_exact, dk_scale_exact;  // summed over the rows: the gradient-scale test's
+  // The D-direction test (judge_backward.cpp): an error delta_i of D_i moves dQ_i by exactly
+  // -delta_i w_i, w_i = sum_j P_ij dz/dr k_j (row i of `dq_direction`); each row's error is
+  // projected on w_i, and the noise sums are the gradient-scale test's for that one row with the
+  // pair projections on_ij = w_i . k_j in place of the signs'.
   struct ProjectedSums {
     double inside = 0, from_d = 0, pairs = 0, rows = 0;
     ScaleScoreTerms scores;

@@ -51,8 +51,9 @@ struct PairBlock {
   double roundings = 0;  // the recipe's intermediate roundings per pair (3: the math path's P, dP, dS)
   std::vector<std::vector<std::size_t>> visible;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
-  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, abs_ds,
-      signed_dq;
+  // signed_ds: the exact dS_ij dz/dr (the LSE's gradient included); abs_ds: its size plus 1e-9 mag.
+  std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_ds,
+      abs_ds, signed_dq;
   std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
   std::vector<RowGeometry> geometry;
@@ -73,8 +74,7 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
 // sum of squares (over u_i^2) and the pairs' sum of mag_ij |on_ij|, which bounds what their products
 // move the projection by (backward_score_terms.cpp derives both).
 using ExactInside = Magnitudes::ExactSums;
-[[nodiscard]] ExactInside exact_inside(const kernels::BackwardProblem& p, const PairBlock& block,
-                                       std::size_t r, const std::vector<double>& on);
+[[nodiscard]] ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on);
 
 // The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
 // products (metrics/backward_score_terms.cpp).

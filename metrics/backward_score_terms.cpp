@@ -135,9 +135,7 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
 // |dD1_i| <= 2 u A_i, |dD2_i| <= u^2 A_i, the products move dS^_ij before its rounding by at most
 // u^2 P_ij (|dP_ij| + 3 A_i) <= 3 u^2 mag_ij / (dz/dr), and c times the first order (3 u mag) adds
 // 3 u^2 mag: 6 u^2 (1 + u) mag_ij |on_ij| in all, charged in full from `cross`.
-ExactInside exact_inside(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
-                         const std::vector<double>& on) {
-  const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
+ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on) {
   double b = 0, b_abs = 0;
   for (const std::size_t j : block.visible[r]) {
     const std::size_t e = block.at(r, j);
@@ -147,8 +145,8 @@ ExactInside exact_inside(const kernels::BackwardProblem& p, const PairBlock& blo
   ExactInside x;
   for (const std::size_t j : block.visible[r]) {
     const std::size_t e = block.at(r, j);
-    const double w = block.weight[e], slope = block.slope[e], dp = block.dp_signed[e];
-    const double ds = w * (dp - block.exact_d[r] + lse_gradient) * slope;
+    const double w = block.weight[e], slope = block.slope[e], dp = block.dp_signed[e],
+                 ds = block.signed_ds[e];
     const double slack =
         1e-9 * (std::fabs(on[e] * ds) + std::fabs(w * dp) * (b_abs + std::fabs(slope * on[e])));
     const double from_p = std::fabs(on[e] * ds - w * dp * b) + slack;

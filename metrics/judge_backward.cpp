@@ -100,6 +100,15 @@ ScaleNoise with_score_terms(ScaleNoise n, const Magnitudes& m, double score_unit
   return n;
 }
 
+// The math path's three roundings by their exact coefficients (backward_score_terms.cpp), where the
+// recipe rounds P, dP and dS; other recipes keep the bounds' sums.
+ScaleNoise with_exact_terms(ScaleNoise n, const Tolerance& entry, const Magnitudes::ExactSums& sums) {
+  if (entry.probabilities_in_output != 3) return n;
+  n.inside_exact = sums.squares;
+  n.inside_cross = sums.cross;
+  return n;
+}
+
 // The D-direction test (statistical tier). An error delta_i of D_i moves dQ_i by exactly -delta_i
 // w_i (Magnitudes::dq_direction), which an element's allowance may hide: under PyTorch's math path
 // a D computed from half of dO fits every element at a few hundred keys (metrics/recipes.cpp). Row
@@ -117,11 +126,9 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
   for (std::size_t i = 0; i < expected.rows; ++i) {
     const std::span<const double> w = m.dq_direction.row(i);
     const Magnitudes::ProjectedSums& sums = m.d_direction[i];
-    ScaleNoise noise{.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows};
-    if (x.entry.probabilities_in_output == 3) {
-      noise.inside_exact = sums.exact.squares;
-      noise.inside_cross = sums.exact.cross;
-    }
+    ScaleNoise noise = with_exact_terms(
+        {.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows}, x.entry,
+        sums.exact);
     for (std::size_t t = 0; t < w.size(); ++t)
       noise.absolute += std::fabs(w[t]) * m.dq_floor(i, t) * floor_scale;
     const ProjectedInput in{.expected = expected.row(i),
@@ -169,31 +176,24 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
     return ScaleNoise{
         .inside = inside, .from_d = from_d, .absolute = floor_total(floor), .pairs = pairs, .rows = rows};
   };
-  const auto with_scores = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& terms) {
-    return with_score_terms(n, m, x.score_unit, terms);
-  };
-  const auto exact = [&](ScaleNoise n, const Magnitudes::ExactSums& sums) {
-    if (x.entry.probabilities_in_output != 3) return n;  // the math path's three roundings alone
-    n.inside_exact = sums.squares;
-    n.inside_cross = sums.cross;
-    return n;
+  // Each gradient's bounds' sums with the scores' roundings and the math path's exact coefficients.
+  const auto charged = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& scores,
+                           const Magnitudes::ExactSums* exact) {
+    n = with_score_terms(n, m, x.score_unit, scores);
+    return exact != nullptr ? with_exact_terms(n, x.entry, *exact) : n;
   };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
-       exact(with_scores(
-                 noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
-                 m.dq_scale_scores),
-             m.dq_scale_exact),
+       charged(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
+               m.dq_scale_scores, &m.dq_scale_exact),
        &m.dq_accumulated},
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       exact(with_scores(
-                 noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
-                 m.dk_scale_scores),
-             m.dk_scale_exact),
+       charged(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
+               m.dk_scale_scores, &m.dk_scale_exact),
        &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
-       with_scores(noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows),
-                   m.dv_scale_scores),
+       charged(noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows),
+               m.dv_scale_scores, nullptr),
        &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
   for (std::size_t g = 0; g < 3; ++g)
