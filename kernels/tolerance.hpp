@@ -128,6 +128,9 @@ struct BackwardTolerance {
   double intermediates = 0;
   double score_roundings = 0;
   const FloatFormat* intermediate_format = nullptr;
+  // The math path's recipes: the statistical tier judged around the gradients of the emulated
+  // scores where a head allows (metrics/judge_backward.cpp), not charging their roundings as noise.
+  bool scores_emulated = false;
 };
 
 }  // namespace sharpcheck::kernels

@@ -456,9 +456,9 @@ void finish(Magnitudes& m) {
 }  // namespace
 
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                         double u_s, double u_i, double roundings) {
+                         double u_s, double u_i, double roundings, const EmulatedScoreSlack* emulated) {
   const reference::SingleThreadedBlas single_threaded;  // the groups run in parallel already
-  Magnitudes m = allocated(p, u_s);
+  Magnitudes m = allocated(p, emulated != nullptr ? 1.0 : u_s);
   const Images images = images_of(p, e);
   const std::size_t positions = p.positions();
   // Blocks of about 2^18 pairs: the products' shapes, and memory near the inputs' size.
@@ -467,6 +467,9 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
   PairBlock block;
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
+    const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(p.queries.cols));
+    int exponent = 0;
+    block.ds_roundings = roundings == 3 && std::frexp(scale, &exponent) != 0.5 ? 2 : 1;
     for (std::size_t position = 0; position < positions; position += block_rows) {
       block.head = h;
       block.first = h * positions + position;
@@ -479,6 +482,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block_row_terms(p, head, images, u_i, block, m);
       block_direction_terms(p, block, m);
       if (u_s > 0) add_score_terms(p, images, u_s, block, m);
+      if (emulated != nullptr) add_slack_terms(p, images, *emulated, block, m);
     }
   }
   finish(m);

@@ -59,11 +59,12 @@ struct Magnitudes {
   // (backward_score_terms.cpp derives each part); not known (`scale_scores_known` false) with a
   // soft-cap, whose dz/dr moves with the scores: the test then charges the scores' worst case in full.
   struct ScaleScoreTerms {
-    double first = 0;   // the first order's Hoeffding sum of squares, over (2.0001 u_S)^2
+    double first = 0;   // the first order's Hoeffding sum of squares (coefficient times eps_ij)^2
     double second = 0;  // the second order's bound, charged in full
     double growth = 0;  // the growth of dS's rounding coefficient: sum of squares, over u_i^2
   };
   ScaleScoreTerms dq_scale_scores, dk_scale_scores, dv_scale_scores;
+  bool scale_scores_charged = false;  // the sums above were formed (a recipe rounds the scores)
   bool scale_scores_known = true;
   double scale_growth = 1;  // the other roundings' coefficients grow by at most this factor
   struct ExactSums {  // the math path's roundings with exact coefficients (backward_blocks::exact_inside)
@@ -85,10 +86,21 @@ struct Magnitudes {
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
 };
 
+// The math path's scores as a judgement emulates them (judge_backward.cpp, metrics/score_emulation.hpp):
+// the problem's logits are then the emulated scores, and per head of the group (positions x keys,
+// row-major) the slack: how far an honest kernel's score may lie from them (ScoreEmulator's
+// ambiguity, 0 for most). The projected tests charge the slack as they charge the scores'
+// roundings (eps_ij = slack_ij in place of 2.0001 u_S |z_ij|); the element-wise sums of the
+// scores' roundings are not formed.
+struct EmulatedScoreSlack {
+  std::vector<std::vector<double>> per_head;
+};
+
 // u_s, u_i: the unit roundoffs of a recipe's score and intermediate roundings (0: none);
-// roundings: how many intermediates it rounds (k).
+// roundings: how many intermediates it rounds (k); emulated: the scores' slack when the
+// problem's logits are a math path's emulated scores (u_s is then 0).
 [[nodiscard]] Magnitudes magnitudes_of(const kernels::BackwardProblem& p,
                                        const reference::AttentionGradients& e, double u_s, double u_i,
-                                       double roundings);
+                                       double roundings, const EmulatedScoreSlack* emulated = nullptr);
 
 }  // namespace sharpcheck::metrics

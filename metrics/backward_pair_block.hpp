@@ -49,6 +49,9 @@ struct Images {
 struct PairBlock {
   std::size_t head = 0, first = 0, rows = 0, key_first = 0, width = 0;
   double roundings = 0;  // the recipe's intermediate roundings per pair (3: the math path's P, dP, dS)
+  // dS's roundings in the math path: 2 when autograd multiplies it by a scale that is not a power
+  // of two (`(q @ k^T) * scale` backward: dS * scale, rounded again), else 1.
+  double ds_roundings = 1;
   std::vector<std::vector<std::size_t>> visible;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
   // signed_ds: the exact dS_ij dz/dr (the LSE's gradient included); abs_ds: its size plus 1e-9 mag.
@@ -80,5 +83,10 @@ using ExactInside = Magnitudes::ExactSums;
 // products (metrics/backward_score_terms.cpp).
 void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
                      Magnitudes& m);
+
+// The same terms for emulated scores (Magnitudes: EmulatedScoreSlack), for one block: each pair's
+// eps is its slack, and the element sums are absolute (not over a unit).
+void add_slack_terms(const kernels::BackwardProblem& p, const Images& images, const EmulatedScoreSlack& slack,
+                     PairBlock& block, Magnitudes& m);
 
 }  // namespace sharpcheck::metrics::backward_blocks

@@ -54,17 +54,17 @@ struct RowScoreBounds {
   std::vector<double> eps, bound;                    // eps_ij, r^_ij per visible key
 };
 
-RowScoreBounds row_score_bounds(const PairBlock& block, std::size_t r, double u_s) {
-  const RowGeometry& g = block.geometry[r];
+// eps: the row's per visible key (2.0001 u_S |z_ij|, or an emulated score's slack).
+RowScoreBounds row_score_bounds(const PairBlock& block, std::size_t r, std::vector<double> eps) {
   RowScoreBounds b;
+  b.eps = std::move(eps);
   for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
     const std::size_t e = block.at(r, block.visible[r][a]);
-    const double eps = 2.0001 * u_s * std::fabs(g.z[a]), w = block.weight[e];
-    b.eps.push_back(eps);
-    b.e += w * eps;
-    b.r += w * (std::expm1(eps) - eps);
-    b.d1 += eps * std::fabs(w * (block.dp_signed[e] - block.exact_d[r]));
-    b.largest = std::max(b.largest, w > 0 ? eps : 0.0);
+    const double eps_a = b.eps[a], w = block.weight[e];
+    b.e += w * eps_a;
+    b.r += w * (std::expm1(eps_a) - eps_a);
+    b.d1 += eps_a * std::fabs(w * (block.dp_signed[e] - block.exact_d[r]));
+    b.largest = std::max(b.largest, w > 0 ? eps_a : 0.0);
   }
   for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
     const std::size_t e = block.at(r, block.visible[r][a]);
@@ -102,14 +102,14 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
   for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
     const std::size_t e = block.at(r, block.visible[r][a]);
     const double w = block.weight[e], s0 = w * (block.dp_signed[e] - block.exact_d[r]);
-    const double ds = s0 + w * lse_gradient, z2 = g.z[a] * g.z[a], slope = g.slope[a];
-    const double eps = bounds.eps[a], bound = bounds.bound[a];
+    const double ds = s0 + w * lse_gradient, slope = g.slope[a];
+    const double eps = bounds.eps[a], bound = bounds.bound[a], eps2 = eps * eps;
     const double first = std::fabs(ds) * (eps + bounds.e) + w * bounds.d1;
     const double second = std::fabs(ds) * bound + w * bounds.d2 + w * (eps + bounds.e + bound) * moved_d;
     const auto add = [&](Magnitudes::ScaleScoreTerms& terms, double on, const Projection& x) {
       const double coefficient = std::fabs(slope * on * ds - w * x.a - s0 * x.b) +
                                  1e-9 * (std::fabs(slope * on * ds) + (w + std::fabs(s0)) * x.slack);
-      terms.first += coefficient * coefficient * z2;
+      terms.first += coefficient * coefficient * eps2;
       terms.second += std::fabs(slope * on) * second;
       terms.growth += (slope * on * (first + second)) * (slope * on * (first + second));
     };
@@ -118,8 +118,27 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
     add(m.d_direction[block.first + r].scores, block.on_w[e], direction);
     const double on_v = block.on_dv[e];
     const double coefficient_v = w * std::fabs(on_v - c_v) + 1e-9 * w * (std::fabs(on_v) + slack_v);
-    m.dv_scale_scores.first += coefficient_v * coefficient_v * z2;
+    m.dv_scale_scores.first += coefficient_v * coefficient_v * eps2;
     m.dv_scale_scores.second += std::fabs(on_v) * w * bound;
+  }
+}
+
+// The projected tests' terms of every row of the block, eps_of(r) giving row r's eps per visible
+// key; with a soft-cap, or a row whose P-weighted eps reaches 1/2, they are not known.
+template <typename EpsOfRow>
+void add_projected_terms(const kernels::BackwardProblem& p, const PairBlock& block, Magnitudes& m,
+                         const EpsOfRow& eps_of) {
+  m.scale_scores_charged = true;
+  const bool capped = p.head(block.head).softcap != 0;
+  for (std::size_t r = 0; r < block.rows && m.scale_scores_known; ++r) {
+    const RowScoreBounds bounds = row_score_bounds(block, r, eps_of(r));
+    if (capped || !(bounds.e < 0.5)) {
+      m.scale_scores_known = false;
+      break;
+    }
+    const double f = std::exp(bounds.largest) / (1 - bounds.e);
+    m.scale_growth = std::max(m.scale_growth, f * f);
+    add_row_scale_scores(p, block, r, bounds, m);
   }
 }
 
@@ -134,7 +153,9 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
 // B_i; b: P_ij dP_ij (dz/dr on_ij - B_i); c: dz/dr on_ij dS_ij. Beyond first order, with
 // |dD1_i| <= 2 u A_i, |dD2_i| <= u^2 A_i, the products move dS^_ij before its rounding by at most
 // u^2 P_ij (|dP_ij| + 3 A_i) <= 3 u^2 mag_ij / (dz/dr), and c times the first order (3 u mag) adds
-// 3 u^2 mag: 6 u^2 (1 + u) mag_ij |on_ij| in all, charged in full from `cross`.
+// 3 u^2 mag: 6 u^2 (1 + u) mag_ij |on_ij| in all, charged in full from `cross`. Where autograd
+// rounds dS again after multiplying it by the scale (PairBlock::ds_roundings 2), that rounding's
+// coefficient is c's, and its products with the first order add 3 u^2 mag more: cross times 1.5.
 ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on) {
   double b = 0, b_abs = 0;
   for (const std::size_t j : block.visible[r]) {
@@ -152,32 +173,41 @@ ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vecto
     const double from_p = std::fabs(on[e] * ds - w * dp * b) + slack;
     const double from_dp = std::fabs(w * dp * (slope * on[e] - b)) + slack;
     const double from_ds = std::fabs(on[e] * ds) + slack;
-    x.squares += from_p * from_p + from_dp * from_dp + from_ds * from_ds;
-    x.cross += block.mag[e] * std::fabs(on[e]);
+    x.squares += from_p * from_p + from_dp * from_dp + block.ds_roundings * from_ds * from_ds;
+    x.cross += (block.ds_roundings == 1 ? 1.0 : 1.5) * block.mag[e] * std::fabs(on[e]);
   }
   return x;
 }
 
-void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
-                     Magnitudes& m) {
+namespace {
+
+// The scores' perturbations e_ij, |e_ij| <= unit zeta_ij: their roundings (unit 2.0001 u_S, zeta
+// |z_ij|; the element sums are then over the unit, and the largest |z| is kept), or an emulated
+// score's slack (unit 1, zeta the slack). zeta_of(r): row r's zeta per visible key.
+template <typename ZetaOfRow>
+void add_perturbation_terms(const kernels::BackwardProblem& p, const Images& images, double unit,
+                            const ZetaOfRow& zeta_of, PairBlock& block, Magnitudes& m) {
   const std::size_t size = block.rows * block.width, d = p.queries.cols;
+  const bool rounding = unit != 1.0;
   for (auto* v : {&block.dq_scores, &block.dk_scores, &block.dk_second, &block.dv_scores, &block.dv_second})
     zero(*v, size);
   std::vector<double> row_b(block.rows), row_c(block.rows), row_sigma(block.rows);
+  std::vector<std::vector<double>> zeta(block.rows);
   for (std::size_t r = 0; r < block.rows; ++r) {
     const RowGeometry& g = block.geometry[r];
+    zeta[r] = zeta_of(r);
     const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[block.first + r]);
     double b = 0, c = 0, largest = 0;
     for (std::size_t a = 0; a < block.visible[r].size(); ++a) {
       const std::size_t e = block.at(r, block.visible[r][a]);
       if (block.weight[e] == 0) continue;  // a huge additive mask: nothing moves, and |z| would overflow
-      const double zp = g.z[a] * block.weight[e];
+      const double zp = zeta[r][a] * block.weight[e];
       b += zp * zp;
       c += zp * zp * (block.dp_mag[e] + block.a[r]) * (block.dp_mag[e] + block.a[r]);
-      if (g.z[a] - g.lse > -negligible_gap) largest = std::max(largest, std::fabs(g.z[a]));
+      if (g.z[a] - g.lse > -negligible_gap) largest = std::max(largest, zeta[r][a]);
     }
-    m.largest_z = std::max(m.largest_z, largest);
-    const double eps = 2.0001 * u_s * largest;
+    if (rounding) m.largest_z = std::max(m.largest_z, largest);
+    const double eps = unit * largest;
     const double sigma = 3 * std::exp(2 * eps) * (std::expm1(eps) - eps + eps * eps);
     row_b[r] = b;
     row_c[r] = c;
@@ -187,7 +217,7 @@ void add_score_terms(const kernels::BackwardProblem& p, const Images& images, do
       const double w = block.weight[e];
       if (w == 0) continue;
       const double mag = w * (block.dp_mag[e] + block.a[r] + lse_gradient) * g.slope[a];
-      const double via_d = w * g.slope[a], z2 = g.z[a] * g.z[a];
+      const double via_d = w * g.slope[a], z2 = zeta[r][a] * zeta[r][a];
       block.dq_scores[e] = 3 * z2 * mag * mag;
       block.dk_scores[e] = 3 * (z2 * mag * mag + mag * mag * b + via_d * via_d * c);
       block.dk_second[e] = 3 * sigma * mag;
@@ -214,17 +244,11 @@ void add_score_terms(const kernels::BackwardProblem& p, const Images& images, do
     add(pairs(block.dv_second, true), rows_of(images.dout_abs, block.first, block.rows), m.dv_scores_second,
         block.key_first);
   }
-  const bool capped = p.head(block.head).softcap != 0;
-  for (std::size_t r = 0; r < block.rows && m.scale_scores_known; ++r) {
-    const RowScoreBounds bounds = row_score_bounds(block, r, u_s);
-    if (capped || !(bounds.e < 0.5)) {
-      m.scale_scores_known = false;
-      break;
-    }
-    const double f = std::exp(bounds.largest) / (1 - bounds.e);
-    m.scale_growth = std::max(m.scale_growth, f * f);
-    add_row_scale_scores(p, block, r, bounds, m);
-  }
+  add_projected_terms(p, block, m, [&](std::size_t r) {
+    std::vector<double> eps;
+    for (const double z : zeta[r]) eps.push_back(unit * z);
+    return eps;
+  });
   for (std::size_t r = 0; r < block.rows; ++r) {  // the terms through e_i and D_i, with the row's M_ic
     const std::size_t i = block.first + r;
     for (std::size_t t = 0; t < d; ++t) {
@@ -233,6 +257,35 @@ void add_score_terms(const kernels::BackwardProblem& p, const Images& images, do
       m.dq_scores_second(i, t) = 3 * row_sigma[r] * m.dq(i, t);
     }
   }
+}
+
+}  // namespace
+
+void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
+                     Magnitudes& m) {
+  add_perturbation_terms(
+      p, images, 2.0001 * u_s,
+      [&](std::size_t r) {
+        std::vector<double> zeta;
+        for (const double z : block.geometry[r].z) zeta.push_back(std::fabs(z));
+        return zeta;
+      },
+      block, m);
+}
+
+void add_slack_terms(const kernels::BackwardProblem& p, const Images& images, const EmulatedScoreSlack& slack,
+                     PairBlock& block, Magnitudes& m) {
+  const std::vector<double>& head = slack.per_head[block.head];
+  const std::size_t positions = p.positions(), keys = p.keys.rows;
+  add_perturbation_terms(
+      p, images, 1.0,
+      [&](std::size_t r) {
+        const std::size_t position = (block.first + r) % positions;
+        std::vector<double> zeta;
+        for (const std::size_t j : block.visible[r]) zeta.push_back(head[position * keys + j]);
+        return zeta;
+      },
+      block, m);
 }
 
 }  // namespace sharpcheck::metrics::backward_blocks

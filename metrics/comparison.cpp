@@ -21,6 +21,18 @@ void add_statistical_violation(Comparison& comparison, std::string text) {
   if (comparison.statistical_violations.size() < max_described_violations)
     comparison.statistical_violations.push_back(std::move(text));
 }
+
+// A finding about a whole row, head or gradient (a scale, D's direction): it names a cause, so it
+// is described ahead of the elements' findings, and kept when they have filled the list.
+void add_whole_finding(Comparison& comparison, std::string text) {
+  ++comparison.statistical_violation_count;
+  auto& described = comparison.statistical_violations;
+  if (comparison.whole_findings >= max_described_violations) return;  // the list holds only such findings
+  described.insert(described.begin() + static_cast<std::ptrdiff_t>(comparison.whole_findings),
+                   std::move(text));
+  ++comparison.whole_findings;
+  if (described.size() > max_described_violations) described.pop_back();
+}
 }  // namespace
 
 std::string ElementReport::describe() const {
@@ -355,7 +367,7 @@ void record_scale(Comparison& comparison, const std::string& what, double deviat
        << "% for the recipe's roundings; scale ratio " << ratio
        << "): mis-normalised or mis-scaled (a denominator summed in low precision, a missed rescale, a "
           "scale applied twice?)";
-  add_statistical_violation(comparison, text.str());
+  add_whole_finding(comparison, text.str());
 }
 
 void record_scale_spread(Comparison& comparison, std::size_t rows, double rms, double allowed_rms,
@@ -368,7 +380,7 @@ void record_scale_spread(Comparison& comparison, std::size_t rows, double rms, d
        << "% (root mean square; "
        << "the recipe's roundings allow " << allowed_rms * 100 << "%; spread ratio " << ratio
        << "): rows mis-normalised at random (a denominator summed in low precision?)";
-  add_statistical_violation(comparison, text.str());
+  add_whole_finding(comparison, text.str());
 }
 
 void record_d_direction(Comparison& comparison, const DirectionFinding& finding) {
@@ -380,13 +392,13 @@ void record_d_direction(Comparison& comparison, const DirectionFinding& finding)
     text << "dQ moves along D's direction sum_j P_ij dz/dr k_j beyond its roundings in " << finding.failing
          << " of " << finding.rows << " rows (worst: row " << finding.worst_row << ", ratio "
          << finding.worst_ratio << ")" << cause;
-    add_statistical_violation(comparison, text.str());
+    add_whole_finding(comparison, text.str());
   }
   if (finding.spread_ratio > 1) {
     std::ostringstream text;
     text << "dQ's " << finding.rows << " rows together move along D's direction wider than their roundings "
          << "allow (spread ratio " << finding.spread_ratio << ")" << cause;
-    add_statistical_violation(comparison, text.str());
+    add_whole_finding(comparison, text.str());
   }
 }
 

@@ -49,6 +49,7 @@ struct Comparison {
   // against its bias allowance (derivation in comparison.cpp).
   std::size_t statistical_violation_count = 0;
   std::vector<std::string> statistical_violations;  // the first few, described (element or row)
+  std::size_t whole_findings = 0;  // how many of them, first, are about a whole row, head or gradient
   double max_statistical_ratio = 0;
   ElementReport worst_statistical;  // the element with the largest statistical bound ratio
   double max_bias_ratio = 0;        // the worst row's |signed error sum| over its allowance

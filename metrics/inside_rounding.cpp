@@ -474,7 +474,8 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
       noise.growth * (relative * (std::sqrt(noise.pairs) + std::sqrt(noise.rows)) + element_spread) +
       u_i * std::sqrt(noise.inside_growth);
   stat.noise = (std::sqrt(variance) + fp32_spread + score_spread + inside_spread) * (1 + 0x1p-20);
-  stat.in_full = (fp32.in_full + noise.absolute + cross) * (1 + 0x1p-20);
+  stat.in_full =
+      (fp32.in_full + noise.absolute + cross + noise.relative_in_full * stat.weight) * (1 + 0x1p-20);
   return stat;
 }
 

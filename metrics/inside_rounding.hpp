@@ -145,7 +145,7 @@ struct ScaleNoise {
   double pairs = 0;     // the fp32 errors' sums of squares, per pair and per query row
   double rows = 0;      // (Magnitudes::dq_scale_pairs, dq_scale_rows, ...), over (units u)^2
   // A recipe's score roundings (Magnitudes::ScaleScoreTerms): the first order's Hoeffding spread
-  // (absolute: 2.0001 u_S times its root), the second order (in full), the growth they cause in the
+  // (absolute: its sum of squares' root), the second order (in full), the growth they cause in the
   // other roundings' coefficients (a factor on the intermediate and fp32 spreads, and dS's rounding's
   // own, absolute, over u_i); a negative `scores`: not known, their worst case is charged in full.
   double scores = -1;
@@ -157,6 +157,9 @@ struct ScaleNoise {
   // bound sum mag |on|, charged in full at 6 (1 + u_i) u_i^2.
   double inside_exact = -1;
   double inside_cross = 0;
+  // A systematic relative error of every element, charged in full times the statistic's weight
+  // (sum |w_x e_x|): a kernel's scale factor that may differ from the judged one by this much.
+  double relative_in_full = 0;
 };
 
 // One gradient as the scale test reads it: its name in findings, the reference, the kernel's, each

@@ -9,6 +9,8 @@
 #include "core/errors.hpp"
 #include "metrics/backward_magnitudes.hpp"
 #include "metrics/inside_rounding.hpp"
+#include "metrics/score_emulation.hpp"
+#include "reference/attention_backward_double.hpp"
 #include "reference/softmax_backward.hpp"
 
 namespace sharpcheck::metrics {
@@ -28,6 +30,18 @@ struct GradientBound {
   const Matrix* scores_second = nullptr;
   const Matrix* floor = nullptr;  // the subnormal roundings' sums (Magnitudes::dq_floor), times floor_scale
   double floor_scale = 0;
+  // Around a math path's emulated scores (judge_projected_emulated): the statistical tier judged
+  // around this gradient of the emulated logits, with its magnitudes, spreads and slack sums, its
+  // certified radius added to every allowance.
+  struct Centred {
+    const Matrix& centre;
+    const Matrix& magnitudes;
+    const Matrix& spread;
+    const Matrix& slack;
+    const Matrix& slack_second;
+    const Matrix& radius;
+  };
+  const Centred* centred = nullptr;
 };
 
 Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const GradientBound& bound,
@@ -39,7 +53,8 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   Matrix additional(expected.rows, expected.cols);
   for (std::size_t e = 0; e < additional.values.size(); ++e)
     additional.values[e] = (from_d_scale * from_d.values[e] +
-                            (bound.floor != nullptr ? bound.floor_scale * bound.floor->values[e] : 0.0)) *
+                            (bound.floor != nullptr ? bound.floor_scale * bound.floor->values[e] : 0.0) +
+                            (bound.centred != nullptr ? bound.centred->radius.values[e] : 0.0)) *
                            (1 + 0x1p-20);
   // Every row's sums have at most `length` terms: the per_item term's n, which the statistical tier
   // charges as min(n, 8 sqrt(n)) (tolerance_table.cpp).
@@ -61,6 +76,14 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
     inside.s_second = *bound.scores_second;
     input.inside = &inside;
   }
+  if (const auto* c = bound.centred; c != nullptr) {
+    inside = {.p = c->spread,
+              .s = c->slack,
+              .s_second = c->slack_second,
+              .centre = c->centre,
+              .centre_magnitude = c->magnitudes};
+    input.inside = &inside;
+  }
   return compare(input, tolerance, output);
 }
 
@@ -80,20 +103,29 @@ Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magn
   return entry;
 }
 
+// What the projected tests (gradient scale, D direction) compare with: the reference, or the
+// gradients of a math path's emulated scores with their certified radii (charged in full) and how
+// far the kernel's scale factor may be from the centre's (relative, in full).
+struct Centre {
+  const reference::AttentionGradients& gradients;
+  const reference::AttentionGradients* radii = nullptr;
+  double relative_in_full = 0;
+};
+
 struct ScaleSettings {
   const Tolerance& entry;
   double units;
   const FloatFormat& output;
   const RowScale& scale;
-  double score_unit;  // u_S of a recipe that rounds the scores, else 0
+  Centre centre;
 };
 
-// The scores' roundings (a recipe that rounds them) in a projected test's noise: 2.0001 u_S times
-// the projections' root, the second order, and the growth of the other roundings' coefficients.
-ScaleNoise with_score_terms(ScaleNoise n, const Magnitudes& m, double score_unit,
-                            const Magnitudes::ScaleScoreTerms& terms) {
-  if (score_unit <= 0 || !m.scale_scores_known) return n;
-  n.scores = 2.0001 * score_unit * std::sqrt(terms.first) * (1 + 1e-9);
+// The scores' roundings (a recipe that rounds them), or their slack when emulated, in a projected
+// test's noise: the projections' Hoeffding root, the second order, and the growth of the other
+// roundings' coefficients.
+ScaleNoise with_score_terms(ScaleNoise n, const Magnitudes& m, const Magnitudes::ScaleScoreTerms& terms) {
+  if (!m.scale_scores_charged || !m.scale_scores_known) return n;
+  n.scores = std::sqrt(terms.first) * (1 + 1e-9);
   n.scores_second = terms.second * (1 + 1e-9);
   n.growth = m.scale_growth * (1 + 1e-9);
   n.inside_growth = terms.growth * (1 + 1e-9);
@@ -119,7 +151,8 @@ ScaleNoise with_exact_terms(ScaleNoise n, const Tolerance& entry, const Magnitud
 // spread_threshold, which sees a D off a little in every row.
 void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
                        const ScaleSettings& x, BackwardJudgement& judgement) {
-  const Matrix& expected = judgement.expected.d_queries;
+  const Matrix& expected = x.centre.gradients.d_queries;
+  const Matrix* radii = x.centre.radii != nullptr ? &x.centre.radii->d_queries : nullptr;
   DirectionFinding finding;
   double spread = 0;
   std::size_t noisy = 0;
@@ -130,12 +163,13 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
         {.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows}, x.entry,
         sums.exact);
     for (std::size_t t = 0; t < w.size(); ++t)
-      noise.absolute += std::fabs(w[t]) * m.dq_floor(i, t) * floor_scale;
+      noise.absolute += std::fabs(w[t]) * (m.dq_floor(i, t) * floor_scale + (radii ? (*radii)(i, t) : 0.0));
+    noise.relative_in_full = x.centre.relative_in_full;
     const ProjectedInput in{.expected = expected.row(i),
                             .actual = actual.d_queries.row(i),
                             .magnitudes = m.dq.row(i),
                             .weights = w,
-                            .noise = with_score_terms(noise, m, x.score_unit, sums.scores),
+                            .noise = with_score_terms(noise, m, sums.scores),
                             .accumulated = m.dq_accumulated.row(i)};
     const ProjectedStat stat = project_errors(in, x.entry, x.units, x.output, x.scale);
     if (!(stat.noise > 0) && !(stat.in_full > 0)) continue;  // no key seen, or no direction
@@ -166,38 +200,213 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
 // The gradient-scale test (inside_rounding.hpp) of dQ, dK and dV.
 void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
                            const ScaleSettings& x, BackwardJudgement& judgement) {
-  const auto floor_total = [&](const Matrix& floor) {
-    double total = 0;
-    for (const double value : floor.values) total += value;
-    return floor_scale * total;
+  const auto total = [](const Matrix& matrix) {
+    double sum = 0;
+    for (const double value : matrix.values) sum += value;
+    return sum;
   };
-  const auto& e = judgement.expected;
-  const auto noise = [&](double inside, double from_d, const Matrix& floor, double pairs, double rows) {
-    return ScaleNoise{
-        .inside = inside, .from_d = from_d, .absolute = floor_total(floor), .pairs = pairs, .rows = rows};
+  const auto& e = x.centre.gradients;
+  const auto* radii = x.centre.radii;
+  const auto noise = [&](double inside, double from_d, const Matrix& floor, const Matrix* radius,
+                         double pairs, double rows) {
+    return ScaleNoise{.inside = inside,
+                      .from_d = from_d,
+                      .absolute = floor_scale * total(floor) + (radius != nullptr ? total(*radius) : 0.0),
+                      .pairs = pairs,
+                      .rows = rows,
+                      .relative_in_full = x.centre.relative_in_full};
   };
   // Each gradient's bounds' sums with the scores' roundings and the math path's exact coefficients.
   const auto charged = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& scores,
                            const Magnitudes::ExactSums* exact) {
-    n = with_score_terms(n, m, x.score_unit, scores);
+    n = with_score_terms(n, m, scores);
     return exact != nullptr ? with_exact_terms(n, x.entry, *exact) : n;
   };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
-       charged(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, m.dq_scale_pairs, m.dq_scale_rows),
+       charged(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, radii ? &radii->d_queries : nullptr,
+                     m.dq_scale_pairs, m.dq_scale_rows),
                m.dq_scale_scores, &m.dq_scale_exact),
        &m.dq_accumulated},
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       charged(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, m.dk_scale_pairs, m.dk_scale_rows),
+       charged(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, radii ? &radii->d_keys : nullptr,
+                     m.dk_scale_pairs, m.dk_scale_rows),
                m.dk_scale_scores, &m.dk_scale_exact),
        &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
-       charged(noise(m.dv_scale_inside, 0.0, m.dv_floor, m.dv_scale_pairs, m.dv_scale_rows),
+       charged(noise(m.dv_scale_inside, 0.0, m.dv_floor, radii ? &radii->d_values : nullptr, m.dv_scale_pairs,
+                     m.dv_scale_rows),
                m.dv_scale_scores, nullptr),
        &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
   for (std::size_t g = 0; g < 3; ++g)
     judge_gradient_scale(gradients[g], x.entry, x.units, x.output, x.scale, *comparisons[g]);
+}
+
+// The element-wise verdicts of dQ, dK and dV against the reference (`x.centre.gradients`), their
+// statistical tier around a math path's emulated gradients when `centred` is given (dQ, dK, dV).
+void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
+                    const ScaleSettings& x, const GradientBound::Centred* centred,
+                    BackwardJudgement& judgement) {
+  const auto& e = x.centre.gradients;
+  const auto compared = [&](const Matrix& expected, const Matrix& got, const GradientBound& bound) {
+    return compare_gradient(expected, got, bound, x.units, x.entry, x.output, x.scale.n,
+                            x.scale.largest_score);
+  };
+  const auto at = [&](std::size_t g) { return centred != nullptr ? &centred[g] : nullptr; };
+  judgement.d_queries = compared(
+      e.d_queries, actual.d_queries,
+      {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second, &m.dq_floor, floor_scale, at(0)});
+  judgement.d_keys = compared(
+      e.d_keys, actual.d_keys,
+      {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second, &m.dk_floor, floor_scale, at(1)});
+  const Matrix no_d(e.d_values.rows, e.d_values.cols);
+  judgement.d_values = compared(
+      e.d_values, actual.d_values,
+      {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second, &m.dv_floor, floor_scale, at(2)});
+}
+
+// PyTorch's math path differentiates through the very scores it rounded (`(q @ k^T) * scale` or
+// `/ sqrt(d)`, metrics/score_emulation.hpp): dS of the softmax of those scores, times the factor
+// it holds the scale as. So the projected tests can be centred on the gradients of the emulated
+// scores instead of charging the scores' roundings as noise (about 2 u_S |z| each, as much as a D
+// off by 10% moves dQ along D's direction): the problem's logits replaced by them through its
+// additive bias and its scale by the factor, the gradients taken from the reference's certified
+// double stage (midpoints, their radii charged in full). Each score's slack is what an honest
+// kernel's may differ by: the emulator's ambiguity (the fp32 summation order), plus the bias's own
+// rounding in double, |z~ - f q.k - bias| <= 2^-52 (|z~| + |f q.k|) + f (d + 1) 2^-53 sum |q k|.
+// A kernel holding the factor in fp32 may divide by 1/scale instead: 2^-23 relative, in full.
+struct EmulatedCentre {
+  std::vector<std::vector<double>> biases;  // per head, positions x keys
+  std::vector<tensor::HeadScores> heads;
+  EmulatedScoreSlack slack;
+  std::optional<reference::BackwardEnclosures> enclosures;
+  double relative_in_full = 0;
+};
+
+// Whether every head scores as the plain math path does (no sink, soft-cap, ALiBi, LSE gradient),
+// and the problem is small enough to hold its scores twice.
+bool emulable(const kernels::BackwardProblem& p) {
+  if (!p.d_lse.empty() || !p.group_sinks.empty() || p.group == 0) return false;
+  if (p.queries.rows * p.keys.rows > (std::size_t{1} << 25)) return false;
+  for (std::size_t h = 0; h < p.group; ++h) {
+    const tensor::HeadScores head = p.head(h);
+    if (!scores_emulable(head) || head.sink) return false;
+  }
+  return true;
+}
+
+// Head h's biases and slack for one way of holding the factor; false when the variant is not
+// distinct (the same factor as fp32's) or a score cannot be emulated.
+bool emulate_head(const kernels::BackwardProblem& p, std::size_t h, const FloatFormat& format,
+                  FactorRounding rounding, EmulatedCentre& c) {
+  const std::size_t positions = p.positions(), keys = p.keys.rows, d = p.queries.cols;
+  const tensor::HeadScores head = p.head(h);
+  Matrix queries(positions, d);
+  std::copy_n(p.queries.values.begin() + static_cast<std::ptrdiff_t>(h * positions * d), positions * d,
+              queries.values.begin());
+  const ScoreEmulator emulator(ScoreChain::product_then_scale, queries, p.keys, head, format, rounding);
+  if (!emulator.distinct()) return false;
+  const double factor =
+      rounding == FactorRounding::fp32 ? static_cast<float>(emulator.factor()) : emulator.factor();
+  std::vector<double>& bias = c.biases[h];
+  std::vector<double>& slack = c.slack.per_head[h];
+  bias.assign(positions * keys, -INFINITY);
+  slack.assign(positions * keys, 0.0);
+  std::vector<std::size_t> visible;
+  EmulatedRow row;
+  for (std::size_t i = 0; i < positions; ++i) {
+    head.visible_keys(i, visible);
+    if (!emulator.row(i, visible, row)) return false;
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      double dot = 0, magnitude = 0;
+      for (std::size_t t = 0; t < d; ++t) {
+        dot += queries(i, t) * p.keys(visible[a], t);
+        magnitude += std::fabs(queries(i, t) * p.keys(visible[a], t));
+      }
+      const double scaled = factor * dot;
+      const std::size_t at = i * keys + visible[a];
+      bias[at] = row.z[a] - scaled;
+      slack[at] = row.ambiguity[a] + (0x1p-52 * (std::fabs(row.z[a]) + std::fabs(scaled)) +
+                                      factor * static_cast<double>(d + 1) * 0x1p-53 * magnitude) *
+                                         (1 + 1e-9);
+    }
+  }
+  tensor::HeadScores emulated = head;
+  emulated.scale = factor;
+  emulated.bias = bias;
+  emulated.row_stride = keys;
+  c.heads.push_back(emulated);
+  if (rounding == FactorRounding::fp32) c.relative_in_full = 0x1p-23;
+  return true;
+}
+
+// The problem whose logits are the emulated scores (its heads and biases held by `c`).
+tensor::AttentionBackwardProblem emulated_problem(const kernels::BackwardProblem& p,
+                                                  const EmulatedCentre& c) {
+  return {p.queries, p.keys, p.values, p.d_out, p.d_lse, c.heads[0], p.group, {}, c.heads};
+}
+
+// How far a judgement is from passing its statistical tier: the largest of the gradients' element
+// and projected tests' ratios.
+double statistical_closeness(const BackwardJudgement& j) {
+  double closeness = 0;
+  for (const Comparison* c : {&j.d_queries, &j.d_keys, &j.d_values})
+    closeness = std::max({closeness, c->max_statistical_ratio, c->max_row_scale_ratio});
+  return closeness;
+}
+
+// The statistical tier (the elements' and the projected tests) around the emulated scores of every
+// way of holding the factor, on copies of `base` (its proven tier stands): the variant closest to
+// passing, or nothing when the problem cannot be emulated.
+// The judgement around the exact gradients: their magnitudes, the subnormal floors' scale, settings.
+struct AroundReference {
+  const Magnitudes& m;
+  double floor_scale;
+  const ScaleSettings& x;
+};
+
+std::optional<BackwardJudgement> judge_projected_emulated(const kernels::BackwardTolerance& tolerance,
+                                                          const kernels::BackwardProblem& p,
+                                                          const kernels::KernelGradients& actual,
+                                                          const AroundReference& exact,
+                                                          const BackwardJudgement& base) {
+  const ScaleSettings& x = exact.x;
+  const double floor_scale = exact.floor_scale;
+  if (!tolerance.scores_emulated || tolerance.intermediate_format == nullptr || !emulable(p))
+    return std::nullopt;
+  const double u_i = tolerance.intermediates > 0 ? tolerance.intermediate_format->unit_roundoff() : 0.0;
+  std::optional<BackwardJudgement> best;
+  for (const FactorRounding rounding : factor_roundings()) {
+    EmulatedCentre c;
+    c.biases.resize(p.group);
+    c.slack.per_head.resize(p.group);
+    bool made = true;
+    for (std::size_t h = 0; h < p.group && made; ++h)
+      made = emulate_head(p, h, *tolerance.intermediate_format, rounding, c);
+    if (!made) continue;
+    const tensor::AttentionBackwardProblem problem = emulated_problem(p, c);
+    c.enclosures = reference::enclose_backward_in_double(problem, c.heads);
+    if (!c.enclosures) continue;
+    const Magnitudes m =
+        magnitudes_of(problem, c.enclosures->values, 0.0, u_i, tolerance.intermediates, &c.slack);
+    BackwardJudgement judged = base;
+    const auto& centre = c.enclosures->values;
+    const auto& radii = c.enclosures->radii;
+    const GradientBound::Centred centred[] = {
+        {centre.d_queries, m.dq, m.dq_spread, m.dq_scores, m.dq_scores_second, radii.d_queries},
+        {centre.d_keys, m.dk, m.dk_spread, m.dk_scores, m.dk_scores_second, radii.d_keys},
+        {centre.d_values, m.dv, m.dv_spread, m.dv_scores, m.dv_scores_second, radii.d_values}};
+    judge_elements(actual, exact.m, floor_scale, x, centred, judged);
+    const ScaleSettings around{x.entry, x.units, x.output, x.scale,
+                               Centre{centre, &radii, c.relative_in_full}};
+    judge_gradient_scales(actual, m, floor_scale, around, judged);
+    judge_d_direction(actual, m, floor_scale, around, judged);
+    judged.score_chain =
+        std::string(describe(ScoreChain::product_then_scale)) + ", " + std::string(describe(rounding));
+    if (!best || statistical_closeness(judged) < statistical_closeness(*best)) best = std::move(judged);
+  }
+  return best;
 }
 
 }  // namespace
@@ -257,24 +466,17 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
                             : output.unit_roundoff();
   const double units = tolerance.output_units * o_unit;
   const auto& e = judgement.expected;
-  judgement.d_queries = compare_gradient(
-      e.d_queries, actual.d_queries,
-      {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second, &m.dq_floor, floor_scale}, units,
-      entry, output, length, score);
-  judgement.d_keys = compare_gradient(
-      e.d_keys, actual.d_keys,
-      {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second, &m.dk_floor, floor_scale}, units,
-      entry, output, length, score);
-  const Matrix no_d(e.d_values.rows, e.d_values.cols);
-  judgement.d_values = compare_gradient(
-      e.d_values, actual.d_values,
-      {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second, &m.dv_floor, floor_scale}, units, entry,
-      output, length, score);
   RowScale scale;
   scale.n = length;
   scale.largest_score = score;
-  judge_gradient_scales(actual, m, floor_scale, {entry, units, output, scale, u_s}, judgement);
-  judge_d_direction(actual, m, floor_scale, {entry, units, output, scale, u_s}, judgement);
+  const ScaleSettings settings{entry, units, output, scale, Centre{judgement.expected}};
+  judge_elements(actual, m, floor_scale, settings, nullptr, judgement);
+  if (auto emulated = judge_projected_emulated(tolerance, p, actual, {m, floor_scale, settings}, judgement)) {
+    judgement = std::move(*emulated);
+  } else {
+    judge_gradient_scales(actual, m, floor_scale, settings, judgement);
+    judge_d_direction(actual, m, floor_scale, settings, judgement);
+  }
   if (!actual.d_rows.empty()) {  // the kernel exposes D: judged in fp32 (or the wider output format)
     if (actual.d_rows.size() != p.queries.rows)
       throw InputError(InputProblem::shape_mismatch, "D has " + std::to_string(actual.d_rows.size()) +

@@ -17,6 +17,9 @@ struct BackwardJudgement {
   Comparison d_queries, d_keys, d_values;
   std::optional<Comparison> d_sink;
   std::optional<Comparison> d_rows;  // D_i = rowsum(dO * O), when the kernel exposes it
+  // How a math-path recipe's projected tests took the scores, when they emulated them
+  // ("scores = F(F(q k^T) * scale), the scale in fp32"); empty otherwise.
+  std::string score_chain;
 
   [[nodiscard]] bool passed() const;
   // The gradient with the largest bound ratio and its worst element, e.g.

@@ -150,6 +150,7 @@ kernels::BackwardTolerance derive_backward(const AttentionRecipe& recipe) {
   entry.intermediates = recipe.gradient_roundings;
   entry.score_roundings = recipe.score_roundings;
   entry.intermediate_format = recipe.intermediates;
+  entry.scores_emulated = recipe.score_roundings > 0 && recipe.intermediates != nullptr;
   entry.basis =
       "analysis: attention_backward_flash's entry plus the recipe's roundings (metrics/recipes.cpp)";
   entry.reason = recipe.summary;

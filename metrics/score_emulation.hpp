@@ -70,6 +70,9 @@ class ScoreEmulator {
                 const FloatFormat& format, FactorRounding rounding = FactorRounding::fp32);
   // False when `rounding` gives the same factors as fp32 (a power-of-two scale): nothing new to try.
   [[nodiscard]] bool distinct() const { return distinct_; }
+  // The factor the kernel multiplies the product by (product_then_scale, scaled_accumulator), as it
+  // holds it: the scale, F(scale) or 1 / F(1 / scale) (in fp32 as well, within 2^-24 relative).
+  [[nodiscard]] double factor() const { return scale_; }
   // Row `query`'s scores for the keys in `visible`; false if one is not finite (a score beyond F's
   // range), when the row cannot be emulated.
   bool row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const;

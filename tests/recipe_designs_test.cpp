@@ -269,5 +269,31 @@ TEST(RecipeDesigns, AStaleDFitsNotTheMathPathsRecipeByItsDirection) {
   }
 }
 
+// The math path's backward recipe judges its statistical tier around the gradients of the emulated
+// scores (metrics/judge_backward.cpp): the honest math_bf16 kernel fits it, and the same kernel
+// with dQ or dK scaled by 1% does not. The mutation check: the same recipe with the emulation
+// switched off (the scores' roundings charged as noise, as before) lets both through.
+TEST(RecipeDesigns, TheMathRecipesBackwardSeesWhatItsNoiseHid) {
+  const kernels::AttentionBackwardKernel& kernel =
+      *kernels::find_attention_backward_kernel("math_backward_bf16");
+  const kernels::BackwardTolerance& emulated =
+      metrics::backward_tolerance(*metrics::find_recipe(kernel.recipe));
+  ASSERT_TRUE(emulated.scores_emulated);
+  kernels::BackwardTolerance noise = emulated;
+  noise.scores_emulated = false;
+  const JudgedHead head(kernel, 257);
+  const auto judged = [&](const kernels::BackwardTolerance& t, const kernels::KernelGradients& g) {
+    return metrics::judge_attention_backward(t, head.format, head.problem, g, &head.expected);
+  };
+  const metrics::BackwardJudgement honest = judged(emulated, head.got);
+  EXPECT_TRUE(honest.passed()) << honest.describe_worst();
+  EXPECT_FALSE(honest.score_chain.empty());
+  for (const auto gradient : {&kernels::KernelGradients::d_queries, &kernels::KernelGradients::d_keys}) {
+    const kernels::KernelGradients scaled = head.scaled(gradient, 0.99);
+    EXPECT_FALSE(judged(emulated, scaled).passed());
+    EXPECT_TRUE(judged(noise, scaled).passed()) << "the mutation check shows nothing";
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck
