@@ -447,8 +447,8 @@ void finish(Magnitudes& m) {
         &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
-  for (Matrix* matrix :
-       {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores}) {
+  for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores,
+                         &m.dq_spread_exact, &m.dk_spread_exact}) {
     for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
   }
 }
@@ -459,6 +459,10 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
                          double u_s, double u_i, double roundings, const EmulatedScoreSlack* emulated) {
   const reference::SingleThreadedBlas single_threaded;  // the groups run in parallel already
   Magnitudes m = allocated(p, emulated != nullptr ? 1.0 : u_s);
+  if (roundings == 3) {
+    m.dq_spread_exact = Matrix(p.queries.rows, p.queries.cols);
+    m.dk_spread_exact = Matrix(p.keys.rows, p.queries.cols);
+  }
   const Images images = images_of(p, e);
   const std::size_t positions = p.positions();
   // Blocks of about 2^18 pairs: the products' shapes, and memory near the inputs' size.
@@ -477,8 +481,10 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block_geometry(p, head, images, block, m);
       block_row_sums(p, images, u_i, block, m);
       block_pair_terms(p, roundings, block);
+      block_exact_terms(block);
       block_scale_terms(p, images, block, m);
       block_products(p, images, block, m);
+      block_exact_products(p, images, block, m);
       block_row_terms(p, head, images, u_i, block, m);
       block_direction_terms(p, block, m);
       if (u_s > 0) add_score_terms(p, images, u_s, block, m);
@@ -486,6 +492,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     }
   }
   finish(m);
+  if (roundings == 3) use_exact_spreads(m);
   return m;
 }
 

@@ -33,7 +33,11 @@ struct Magnitudes {
   // The math path's roundings of P and dP move dS by up to its bound mag_ij (not |dS_ij|): each of
   // the other k - 1 adds mag_ij^2 k_jc^2. dK likewise over queries with q_ic. dV = P^T dO depends
   // on P's one rounding only: P_ij^2 dO_ic^2.
+  // The math path (k = 3) replaces dQ's and dK's by the roundings' exact first-order coefficients
+  // (block_exact_terms in backward_magnitudes.cpp), plus (growth - 1) times the bounds' spread
+  // for the coefficients' change under the scores' perturbation.
   Matrix dq_spread, dk_spread, dv_spread;
+  Matrix dq_spread_exact, dk_spread_exact;  // the exact coefficients' sums (empty unless k = 3)
   // Below its format's normal range a rounding errs absolutely, by up to half the subnormal step f
   // (fp16's 2^-25; P and dS near 0 are common): P's moves dV_jc by at most f sum_i |dO_ic|, dS's
   // moves dQ_ic by f sum_j dz/dr |k_jc| and dK_jc by f sum_i dz/dr |q_ic| (dP's, in the math

@@ -59,6 +59,9 @@ struct PairBlock {
       abs_ds, signed_dq;
   std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
+  // The math path's exact per-element coefficients (roundings == 3; block_exact_terms): dQ's
+  // sums of squares as sum_j (A k^2 - 2 w B k + w^2 C) with B's absolute part, and dK's per pair.
+  std::vector<double> exact_a, exact_b, exact_b_abs, exact_c, exact_g;
   std::vector<RowGeometry> geometry;
   std::vector<double> a, b, b_sq, exact_d;
   [[nodiscard]] std::size_t at(std::size_t r, std::size_t j) const { return r * width + (j - key_first); }
@@ -78,6 +81,15 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
 // move the projection by (backward_score_terms.cpp derives both).
 using ExactInside = Magnitudes::ExactSums;
 [[nodiscard]] ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on);
+
+// The math path's per-element exact coefficients (roundings == 3), for one block: the pair terms
+// after block_pair_terms, and their products into Magnitudes::dq_spread_exact and dk_spread_exact
+// after block_products (metrics/backward_score_terms.cpp derives them).
+void block_exact_terms(PairBlock& block);
+void block_exact_products(const kernels::BackwardProblem& p, const Images& images, const PairBlock& block,
+                          Magnitudes& m);
+// After the sums' roots: dQ's and dK's spreads from the exact coefficients (Magnitudes::dq_spread).
+void use_exact_spreads(Magnitudes& m);
 
 // The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
 // products (metrics/backward_score_terms.cpp).

@@ -288,4 +288,86 @@ void add_slack_terms(const kernels::BackwardProblem& p, const Images& images, co
       block, m);
 }
 
+// The math path's roundings of P (a), dP (b) and dS (c, ds_roundings times) per element with their
+// exact first-order coefficients (exact_inside derives them for the projected tests). With
+// Y_ij = P_ij dP_ij, s_ij = dz/dr, Ds_ij = dS_ij s_ij and w_i = sum_k P_ik s_ik k_k (D's
+// direction): a_ij moves dQ_ic by Ds_ij k_jc - Y_ij w_ic, b_ij by Y_ij s_ij k_jc - Y_ij w_ic, c_ij
+// by Ds_ij k_jc, so dQ_ic's sum of squares is sum_j A_ij k_jc^2 - 2 w_ic B_ij k_jc + w_ic^2 C_ij with
+// A = (1 + c) Ds^2 + (Y s)^2, B = (Ds + Y s) Y, C = 2 Y^2. dK_kc = sum_i Ds_ik q_ic: a_ij moves it by
+// ([j = k] Ds_ij - P_ik s_ik Y_ij) q_ic, b_ij by ([j = k] Y_ij s_ij - P_ik s_ik Y_ij) q_ic, so its
+// sum is sum_i G_ik q_ic^2, G = (1 + c) Ds^2 + (Y s)^2 - 2 (Ds + Y s) P s Y + 2 (P s)^2 sum_j Y_ij^2.
+// Both are sums of squares (non-negative); 1e-9 of their terms' absolute sums covers the double
+// arithmetic.
+void block_exact_terms(PairBlock& block) {
+  const std::size_t size = block.rows * block.width;
+  for (auto* v : {&block.exact_a, &block.exact_b, &block.exact_b_abs, &block.exact_c, &block.exact_g})
+    zero(*v, size);
+  if (block.roundings != 3) return;
+  const double c = block.ds_roundings;
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    double y_squares = 0;
+    for (const std::size_t j : block.visible[r]) {
+      const std::size_t e = block.at(r, j);
+      y_squares += block.weight[e] * block.dp_signed[e] * block.weight[e] * block.dp_signed[e];
+    }
+    for (const std::size_t j : block.visible[r]) {
+      const std::size_t e = block.at(r, j);
+      const double s = block.slope[e], y = block.weight[e] * block.dp_signed[e], ds = block.signed_ds[e];
+      const double ys = y * s, ps = block.weight[e] * s;
+      block.exact_a[e] = (1 + c) * ds * ds + ys * ys;
+      block.exact_b[e] = (ds + ys) * y;
+      block.exact_b_abs[e] = (std::fabs(ds) + std::fabs(ys)) * std::fabs(y);
+      block.exact_c[e] = 2 * y * y;
+      const double g = (1 + c) * ds * ds + ys * ys - 2 * (ds + ys) * ps * y + 2 * ps * ps * y_squares;
+      const double g_abs =
+          (1 + c) * ds * ds + ys * ys + 2 * std::fabs((ds + ys) * ps * y) + 2 * ps * ps * y_squares;
+      block.exact_g[e] = std::max(g, 0.0) + 1e-9 * g_abs;
+    }
+  }
+}
+
+// dQ's and dK's exact sums (block_exact_terms) into Magnitudes::dq_spread_exact and
+// dk_spread_exact, once the block's w_i (signed_dq) is known.
+void block_exact_products(const kernels::BackwardProblem& p, const Images& images, const PairBlock& block,
+                          Magnitudes& m) {
+  if (block.roundings != 3 || block.width == 0) return;
+  const std::size_t rows = block.rows, width = block.width, d = p.queries.cols;
+  std::vector<double> a(rows * d), b(rows * d), b_abs(rows * d);
+  const auto product = [&](const std::vector<double>& pairs, const Matrix& keys, std::vector<double>& out) {
+    reference::plain_product(block_of(pairs, rows, width), rows_of(keys, block.key_first, width), out.data(),
+                             d);
+  };
+  product(block.exact_a, images.k_sq, a);
+  product(block.exact_b, p.keys, b);
+  product(block.exact_b_abs, images.k_abs, b_abs);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double c = 0;
+    for (const std::size_t j : block.visible[r]) c += block.exact_c[block.at(r, j)];
+    for (std::size_t t = 0; t < d; ++t) {
+      const std::size_t x = r * d + t;
+      const double w = block.signed_dq[x];
+      const double sum = a[x] - 2 * w * b[x] + w * w * c;
+      m.dq_spread_exact(block.first + r, t) =
+          std::max(sum, 0.0) + 1e-9 * (a[x] + 2 * std::fabs(w) * b_abs[x] + w * w * c);
+    }
+  }
+  reference::plain_product(block_of(block.exact_g, rows, width, true),
+                           rows_of(images.q_sq, block.first, rows),
+                           m.dk_spread_exact.values.data() + block.key_first * d, d, true);
+}
+
+// The math path's dQ and dK spreads: the exact coefficients' root plus (growth - 1) times the
+// bounds' root, growth the factor the scores' perturbation (their roundings, or an emulated
+// score's slack) grows the coefficients by (Magnitudes::scale_growth); the bounds alone where that
+// is not known (a soft-cap).
+void use_exact_spreads(Magnitudes& m) {
+  const double growth = !m.scale_scores_charged ? 1.0 : (m.scale_scores_known ? m.scale_growth : INFINITY);
+  if (!std::isfinite(growth)) return;
+  for (auto [spread, exact] :
+       {std::pair{&m.dq_spread, &m.dq_spread_exact}, std::pair{&m.dk_spread, &m.dk_spread_exact}}) {
+    for (std::size_t x = 0; x < spread->values.size(); ++x)
+      spread->values[x] = (exact->values[x] + (growth - 1) * spread->values[x]) * (1 + 1e-9);
+  }
+}
+
 }  // namespace sharpcheck::metrics::backward_blocks

@@ -244,8 +244,12 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
   // at most the scores' two roundings.
   const double p_growth = centred ? 1.0 : growth;
   double charge = 0;
+  // The roundings' products, in full: 4 u_P^2 M for P's rounding (and its row sum's); the math
+  // path's backward rounds P, dP and dS (dS twice after an inexact scale): 9 u^2 (1 + u) <= 10 u^2.
+  const double second_order = tolerance.probabilities_in_output >= 3 ? 10.0 : 4.0;
   if (p_charged)
-    charge += statistical_lambda * u_p * inside.p(r, j) * p_growth * p_growth + 4 * u_p * u_p * magnitude;
+    charge += statistical_lambda * u_p * inside.p(r, j) * p_growth * p_growth +
+              second_order * u_p * u_p * magnitude;
   if (centred)  // the emulation's ambiguity: spreads already in the scores' units and over W
     charge += statistical_lambda * inside.s(r, j) + inside.s_second(r, j);
   else if (s_charged)

@@ -434,9 +434,9 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
     const double w = in.weights.empty() ? (e > 0 ? 1.0 : (e < 0 ? -1.0 : 0.0)) : in.weights[x];
     stat.weight += std::fabs(in.weights.empty() ? e : w * e);
     stat.deviation += w * (y - e);
-    // The output roundings: each |w| u_out |y| and |w| u_out |e| (signs: |w| = 1 for every x).
+    // The output roundings (each |w| u_out |y| and |w| u_out |e|; |w| = 1 for signs), and extra ones.
     const double scale_of_x = in.weights.empty() ? 1.0 : w;
-    roundings += u_out * u_out * scale_of_x * scale_of_x * (y * y + e * e);
+    roundings += (u_out * u_out + noise.element_roundings) * scale_of_x * scale_of_x * (y * y + e * e);
   }
   // The entry's fp32 units for this problem (gradient_entry's constant, and per_item times the
   // statistical length) as a relative bound of each source's error.

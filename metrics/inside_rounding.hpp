@@ -160,6 +160,8 @@ struct ScaleNoise {
   // A systematic relative error of every element, charged in full times the statistic's weight
   // (sum |w_x e_x|): a kernel's scale factor that may differ from the judged one by this much.
   double relative_in_full = 0;
+  // Each element's extra roundings' u^2, summed (a gradient autograd rounds again): Hoeffding's.
+  double element_roundings = 0;
 };
 
 // One gradient as the scale test reads it: its name in findings, the reference, the kernel's, each

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/errors.hpp"
+#include "metrics/backward_emulation.hpp"
 #include "metrics/backward_magnitudes.hpp"
 #include "metrics/inside_rounding.hpp"
 #include "metrics/score_emulation.hpp"
@@ -110,6 +111,7 @@ struct Centre {
   const reference::AttentionGradients& gradients;
   const reference::AttentionGradients* radii = nullptr;
   double relative_in_full = 0;
+  double extra_dq = 0, extra_dk = 0;  // ScaleNoise::element_roundings of dQ and dK
 };
 
 struct ScaleSettings {
@@ -165,6 +167,7 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
     for (std::size_t t = 0; t < w.size(); ++t)
       noise.absolute += std::fabs(w[t]) * (m.dq_floor(i, t) * floor_scale + (radii ? (*radii)(i, t) : 0.0));
     noise.relative_in_full = x.centre.relative_in_full;
+    noise.element_roundings = x.centre.extra_dq;
     const ProjectedInput in{.expected = expected.row(i),
                             .actual = actual.d_queries.row(i),
                             .magnitudes = m.dq.row(i),
@@ -208,13 +211,14 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   const auto& e = x.centre.gradients;
   const auto* radii = x.centre.radii;
   const auto noise = [&](double inside, double from_d, const Matrix& floor, const Matrix* radius,
-                         double pairs, double rows) {
+                         double pairs, double rows, double extra) {
     return ScaleNoise{.inside = inside,
                       .from_d = from_d,
                       .absolute = floor_scale * total(floor) + (radius != nullptr ? total(*radius) : 0.0),
                       .pairs = pairs,
                       .rows = rows,
-                      .relative_in_full = x.centre.relative_in_full};
+                      .relative_in_full = x.centre.relative_in_full,
+                      .element_roundings = extra};
   };
   // Each gradient's bounds' sums with the scores' roundings and the math path's exact coefficients.
   const auto charged = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& scores,
@@ -225,17 +229,17 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
        charged(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, radii ? &radii->d_queries : nullptr,
-                     m.dq_scale_pairs, m.dq_scale_rows),
+                     m.dq_scale_pairs, m.dq_scale_rows, x.centre.extra_dq),
                m.dq_scale_scores, &m.dq_scale_exact),
        &m.dq_accumulated},
       {"dK", e.d_keys, actual.d_keys, m.dk,
        charged(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, radii ? &radii->d_keys : nullptr,
-                     m.dk_scale_pairs, m.dk_scale_rows),
+                     m.dk_scale_pairs, m.dk_scale_rows, x.centre.extra_dk),
                m.dk_scale_scores, &m.dk_scale_exact),
        &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
        charged(noise(m.dv_scale_inside, 0.0, m.dv_floor, radii ? &radii->d_values : nullptr, m.dv_scale_pairs,
-                     m.dv_scale_rows),
+                     m.dv_scale_rows, 0.0),
                m.dv_scale_scores, nullptr),
        &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
@@ -266,87 +270,6 @@ void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m,
       {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second, &m.dv_floor, floor_scale, at(2)});
 }
 
-// PyTorch's math path differentiates through the very scores it rounded (`(q @ k^T) * scale` or
-// `/ sqrt(d)`, metrics/score_emulation.hpp): dS of the softmax of those scores, times the factor
-// it holds the scale as. So the projected tests can be centred on the gradients of the emulated
-// scores instead of charging the scores' roundings as noise (about 2 u_S |z| each, as much as a D
-// off by 10% moves dQ along D's direction): the problem's logits replaced by them through its
-// additive bias and its scale by the factor, the gradients taken from the reference's certified
-// double stage (midpoints, their radii charged in full). Each score's slack is what an honest
-// kernel's may differ by: the emulator's ambiguity (the fp32 summation order), plus the bias's own
-// rounding in double, |z~ - f q.k - bias| <= 2^-52 (|z~| + |f q.k|) + f (d + 1) 2^-53 sum |q k|.
-// A kernel holding the factor in fp32 may divide by 1/scale instead: 2^-23 relative, in full.
-struct EmulatedCentre {
-  std::vector<std::vector<double>> biases;  // per head, positions x keys
-  std::vector<tensor::HeadScores> heads;
-  EmulatedScoreSlack slack;
-  std::optional<reference::BackwardEnclosures> enclosures;
-  double relative_in_full = 0;
-};
-
-// Whether every head scores as the plain math path does (no sink, soft-cap, ALiBi, LSE gradient),
-// and the problem is small enough to hold its scores twice.
-bool emulable(const kernels::BackwardProblem& p) {
-  if (!p.d_lse.empty() || !p.group_sinks.empty() || p.group == 0) return false;
-  if (p.queries.rows * p.keys.rows > (std::size_t{1} << 25)) return false;
-  for (std::size_t h = 0; h < p.group; ++h) {
-    const tensor::HeadScores head = p.head(h);
-    if (!scores_emulable(head) || head.sink) return false;
-  }
-  return true;
-}
-
-// Head h's biases and slack for one way of holding the factor; false when the variant is not
-// distinct (the same factor as fp32's) or a score cannot be emulated.
-bool emulate_head(const kernels::BackwardProblem& p, std::size_t h, const FloatFormat& format,
-                  FactorRounding rounding, EmulatedCentre& c) {
-  const std::size_t positions = p.positions(), keys = p.keys.rows, d = p.queries.cols;
-  const tensor::HeadScores head = p.head(h);
-  Matrix queries(positions, d);
-  std::copy_n(p.queries.values.begin() + static_cast<std::ptrdiff_t>(h * positions * d), positions * d,
-              queries.values.begin());
-  const ScoreEmulator emulator(ScoreChain::product_then_scale, queries, p.keys, head, format, rounding);
-  if (!emulator.distinct()) return false;
-  const double factor =
-      rounding == FactorRounding::fp32 ? static_cast<float>(emulator.factor()) : emulator.factor();
-  std::vector<double>& bias = c.biases[h];
-  std::vector<double>& slack = c.slack.per_head[h];
-  bias.assign(positions * keys, -INFINITY);
-  slack.assign(positions * keys, 0.0);
-  std::vector<std::size_t> visible;
-  EmulatedRow row;
-  for (std::size_t i = 0; i < positions; ++i) {
-    head.visible_keys(i, visible);
-    if (!emulator.row(i, visible, row)) return false;
-    for (std::size_t a = 0; a < visible.size(); ++a) {
-      double dot = 0, magnitude = 0;
-      for (std::size_t t = 0; t < d; ++t) {
-        dot += queries(i, t) * p.keys(visible[a], t);
-        magnitude += std::fabs(queries(i, t) * p.keys(visible[a], t));
-      }
-      const double scaled = factor * dot;
-      const std::size_t at = i * keys + visible[a];
-      bias[at] = row.z[a] - scaled;
-      slack[at] = row.ambiguity[a] + (0x1p-52 * (std::fabs(row.z[a]) + std::fabs(scaled)) +
-                                      factor * static_cast<double>(d + 1) * 0x1p-53 * magnitude) *
-                                         (1 + 1e-9);
-    }
-  }
-  tensor::HeadScores emulated = head;
-  emulated.scale = factor;
-  emulated.bias = bias;
-  emulated.row_stride = keys;
-  c.heads.push_back(emulated);
-  if (rounding == FactorRounding::fp32) c.relative_in_full = 0x1p-23;
-  return true;
-}
-
-// The problem whose logits are the emulated scores (its heads and biases held by `c`).
-tensor::AttentionBackwardProblem emulated_problem(const kernels::BackwardProblem& p,
-                                                  const EmulatedCentre& c) {
-  return {p.queries, p.keys, p.values, p.d_out, p.d_lse, c.heads[0], p.group, {}, c.heads};
-}
-
 // How far a judgement is from passing its statistical tier: the largest of the gradients' element
 // and projected tests' ratios.
 double statistical_closeness(const BackwardJudgement& j) {
@@ -366,45 +289,71 @@ struct AroundReference {
   const ScaleSettings& x;
 };
 
+// One emulated variant's judgement: `base` (its proven tier) with the statistical tier around the
+// gradients of the emulated scores; nothing when the double stage stands aside.
+std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance& tolerance,
+                                               const kernels::BackwardProblem& p,
+                                               const kernels::KernelGradients& actual,
+                                               const AroundReference& exact, const EmulatedBackward& e,
+                                               const BackwardJudgement& base) {
+  const tensor::AttentionBackwardProblem problem = e.problem(p);
+  std::optional<reference::BackwardEnclosures> enclosures =
+      reference::enclose_backward_in_double(problem, e.heads);
+  if (!enclosures) return std::nullopt;
+  const auto& centre = enclosures->values;
+  add_deviation_radii(p, e, centre, enclosures->radii);
+  const auto& radii = enclosures->radii;
+  const double u_i = tolerance.intermediate_format->unit_roundoff();
+  const Magnitudes m = magnitudes_of(problem, centre, 0.0, u_i, tolerance.intermediates, &e.slack);
+  // The element tier charges the extra roundings in full (one each), with the radii.
+  const auto with_extra = [&](const Matrix& radius, const Matrix& gradient, double extra) {
+    Matrix sum = radius;
+    for (std::size_t x = 0; x < sum.values.size(); ++x)
+      sum.values[x] += extra * u_i * std::fabs(gradient.values[x]) * (1 + 0x1p-20);
+    return sum;
+  };
+  const Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, e.extra_dq);
+  const Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, e.extra_dk);
+  const GradientBound::Centred centred[] = {
+      {centre.d_queries, m.dq, m.dq_spread, m.dq_scores, m.dq_scores_second, dq_radius},
+      {centre.d_keys, m.dk, m.dk_spread, m.dk_scores, m.dk_scores_second, dk_radius},
+      {centre.d_values, m.dv, m.dv_spread, m.dv_scores, m.dv_scores_second, radii.d_values}};
+  BackwardJudgement judged = base;
+  const ScaleSettings& x = exact.x;
+  judge_elements(actual, exact.m, exact.floor_scale, x, centred, judged);
+  const ScaleSettings around{x.entry, x.units, x.output, x.scale,
+                             Centre{.gradients = centre,
+                                    .radii = &radii,
+                                    .relative_in_full = e.relative_in_full,
+                                    .extra_dq = e.extra_dq * u_i * u_i,
+                                    .extra_dk = e.extra_dk * u_i * u_i}};
+  judge_gradient_scales(actual, m, exact.floor_scale, around, judged);
+  judge_d_direction(actual, m, exact.floor_scale, around, judged);
+  judged.score_chain = e.description;
+  return judged;
+}
+
+// The statistical tier around the emulated scores of every chain and way of holding the factor
+// (score_chains() x factor_roundings(), the most common first), on copies of `base` (its proven
+// tier stands): the first variant that passes, else the closest to passing; nothing when the
+// problem cannot be emulated. A kernel forms its scores one way, and an honest one fits its way.
 std::optional<BackwardJudgement> judge_projected_emulated(const kernels::BackwardTolerance& tolerance,
                                                           const kernels::BackwardProblem& p,
                                                           const kernels::KernelGradients& actual,
                                                           const AroundReference& exact,
                                                           const BackwardJudgement& base) {
-  const ScaleSettings& x = exact.x;
-  const double floor_scale = exact.floor_scale;
-  if (!tolerance.scores_emulated || tolerance.intermediate_format == nullptr || !emulable(p))
+  if (!tolerance.scores_emulated || tolerance.intermediate_format == nullptr || !backward_emulable(p))
     return std::nullopt;
-  const double u_i = tolerance.intermediates > 0 ? tolerance.intermediate_format->unit_roundoff() : 0.0;
   std::optional<BackwardJudgement> best;
-  for (const FactorRounding rounding : factor_roundings()) {
-    EmulatedCentre c;
-    c.biases.resize(p.group);
-    c.slack.per_head.resize(p.group);
-    bool made = true;
-    for (std::size_t h = 0; h < p.group && made; ++h)
-      made = emulate_head(p, h, *tolerance.intermediate_format, rounding, c);
-    if (!made) continue;
-    const tensor::AttentionBackwardProblem problem = emulated_problem(p, c);
-    c.enclosures = reference::enclose_backward_in_double(problem, c.heads);
-    if (!c.enclosures) continue;
-    const Magnitudes m =
-        magnitudes_of(problem, c.enclosures->values, 0.0, u_i, tolerance.intermediates, &c.slack);
-    BackwardJudgement judged = base;
-    const auto& centre = c.enclosures->values;
-    const auto& radii = c.enclosures->radii;
-    const GradientBound::Centred centred[] = {
-        {centre.d_queries, m.dq, m.dq_spread, m.dq_scores, m.dq_scores_second, radii.d_queries},
-        {centre.d_keys, m.dk, m.dk_spread, m.dk_scores, m.dk_scores_second, radii.d_keys},
-        {centre.d_values, m.dv, m.dv_spread, m.dv_scores, m.dv_scores_second, radii.d_values}};
-    judge_elements(actual, exact.m, floor_scale, x, centred, judged);
-    const ScaleSettings around{x.entry, x.units, x.output, x.scale,
-                               Centre{centre, &radii, c.relative_in_full}};
-    judge_gradient_scales(actual, m, floor_scale, around, judged);
-    judge_d_direction(actual, m, floor_scale, around, judged);
-    judged.score_chain =
-        std::string(describe(ScoreChain::product_then_scale)) + ", " + std::string(describe(rounding));
-    if (!best || statistical_closeness(judged) < statistical_closeness(*best)) best = std::move(judged);
+  for (const ScoreChain chain : score_chains()) {
+    for (const FactorRounding rounding : factor_roundings()) {
+      EmulatedBackward e;
+      if (!emulate_backward(p, chain, rounding, *tolerance.intermediate_format, e)) continue;
+      std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
+      if (!judged) continue;
+      if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);
+      if (statistical_closeness(*best) <= 1) return best;
+    }
   }
   return best;
 }

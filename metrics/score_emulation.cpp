@@ -92,10 +92,12 @@ ScoreEmulator::ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matr
       (chain == ScoreChain::both_prescaled ? root == std::sqrt(scale) : factor == scale))
     distinct_ = false;
   scale_ = factor;
-  q_ = prepare(queries, chain == ScoreChain::both_prescaled    ? root
-                        : chain == ScoreChain::query_prescaled ? factor
-                                                               : 1.0);
-  k_ = prepare(keys, chain == ScoreChain::both_prescaled ? root : 1.0);
+  query_factor_ = chain == ScoreChain::both_prescaled    ? root
+                  : chain == ScoreChain::query_prescaled ? factor
+                                                         : 1.0;
+  key_factor_ = chain == ScoreChain::both_prescaled ? root : 1.0;
+  q_ = prepare(queries, query_factor_);
+  k_ = prepare(keys, key_factor_);
 }
 
 // The operand the kernel multiplies: x rounded to F (the tensors it is handed), then, if a factor

@@ -73,6 +73,15 @@ class ScoreEmulator {
   // The factor the kernel multiplies the product by (product_then_scale, scaled_accumulator), as it
   // holds it: the scale, F(scale) or 1 / F(1 / scale) (in fp32 as well, within 2^-24 relative).
   [[nodiscard]] double factor() const { return scale_; }
+  // The operands as the kernel multiplies them (q and k rounded to F, then prescaled where the
+  // chain prescales them), how far an honest kernel's may be from them, and the factor each was
+  // prescaled by (1: none).
+  [[nodiscard]] const Matrix& query_operand() const { return q_.centre; }
+  [[nodiscard]] const Matrix& query_deviation() const { return q_.deviation; }
+  [[nodiscard]] const Matrix& key_operand() const { return k_.centre; }
+  [[nodiscard]] const Matrix& key_deviation() const { return k_.deviation; }
+  [[nodiscard]] double query_factor() const { return query_factor_; }
+  [[nodiscard]] double key_factor() const { return key_factor_; }
   // Row `query`'s scores for the keys in `visible`; false if one is not finite (a score beyond F's
   // range), when the row cannot be emulated.
   bool row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const;
@@ -92,6 +101,7 @@ class ScoreEmulator {
   const tensor::HeadScores& scores_;
   const FloatFormat& format_;
   double scale_ = 1;  // the factor applied after the product (product_then_scale, scaled_accumulator)
+  double query_factor_ = 1, key_factor_ = 1;
   bool distinct_ = true;
   Operand q_, k_;
 };

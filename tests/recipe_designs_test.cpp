@@ -87,7 +87,38 @@ TEST(RecipeDesigns, ForwardKernelsFitTheirRecipeAndTheDefaultAndNoTwinFitsAny) {
   }
 }
 
+// How far a backward judgement is from passing: its largest ratio of any tier or test.
+double closeness(const metrics::BackwardJudgement& j) {
+  double worst = 0;
+  for (const metrics::Comparison* c : {&j.d_queries, &j.d_keys, &j.d_values})
+    worst = std::max({worst, c->max_bound_ratio, c->max_statistical_ratio, c->max_row_scale_ratio});
+  return worst;
+}
+
+// The honest built-in kernel of a recipe's design in `format` (math_backward_bf16 for
+// backward_math_bf16, ...), or null.
+const kernels::AttentionBackwardKernel* honest_kernel_of(const metrics::AttentionRecipe& recipe,
+                                                         const FloatFormat& format) {
+  for (const auto& kernel : kernels::attention_backward_kernels())
+    if (kernel.recipe == recipe.name && !kernel.deliberately_broken && kernel.format == &format)
+      return &kernel;
+  return nullptr;
+}
+
+// Every honest backward kernel fits its recipe on every problem of the sweep, and no twin fits a
+// default recipe where its own recipe catches it, unless that recipe's own design errs about as
+// much. The default accepts every design the dtypes allow: PyTorch's math path rounds P, dP and
+// dS where a FlashAttention kernel rounds P and dS, so on some problems a FlashAttention kernel
+// with a precision defect (dQ accumulated in bf16) errs no more than an honest math-path kernel,
+// and no judgement of the outputs alone can tell them apart. The test measures it: a twin may fit
+// the math path's recipe only on a problem where the honest math-path kernel, judged by the twin's
+// own recipe, errs at least half as much as the twin (one sample of an honest kernel's largest
+// deviation over a few thousand elements is about 4 sigma where the statistical tier allows
+// lambda sigma, lambda about 6.5: a twin within twice it is within the design's noise). Everywhere
+// else the twin fails every default recipe; the bug classes' twins (a stale D, a wrong scale)
+// fail them everywhere their own recipe does.
 TEST(RecipeDesigns, BackwardKernelsFitTheirRecipeAndNoTwinFitsADefaultRecipe) {
+  std::size_t excused = 0, judged_twins = 0;
   for (const auto& kernel : kernels::attention_backward_kernels()) {
     if (kernel.recipe.empty()) continue;
     const metrics::AttentionRecipe& own = *metrics::find_recipe(kernel.recipe);
@@ -99,26 +130,36 @@ TEST(RecipeDesigns, BackwardKernelsFitTheirRecipeAndNoTwinFitsADefaultRecipe) {
       const reference::AttentionBackwardInputs exact{in.queries, in.keys,  in.values,
                                                      in.d_out,   in.d_lse, in.scores};
       const reference::AttentionGradients expected = reference::attention_backward(exact, *kernel.format);
-      const auto judged = [&](const metrics::AttentionRecipe& recipe) {
+      const auto judged = [&](const metrics::AttentionRecipe& recipe,
+                              const kernels::KernelGradients& gradients) {
         return metrics::judge_attention_backward(metrics::backward_tolerance(recipe), *kernel.format, problem,
-                                                 got, &expected)
-            .passed();
+                                                 gradients, &expected);
       };
-      const bool own_fits = judged(own);
+      const metrics::BackwardJudgement by_own = judged(own, got);
       const std::string case_name(inputs::backward_kind_name(kind));
       if (!kernel.deliberately_broken) {
-        EXPECT_TRUE(own_fits) << kernel.name << " on " << case_name;
+        EXPECT_TRUE(by_own.passed()) << kernel.name << " on " << case_name;
         continue;
       }
-      if (own_fits) continue;
+      if (by_own.passed()) continue;
       ++caught;
-      for (const auto* recipe : metrics::default_recipes(*kernel.format, *kernel.format, true))
-        EXPECT_FALSE(judged(*recipe)) << kernel.name << " on " << case_name << " fits " << recipe->name;
+      ++judged_twins;
+      for (const auto* recipe : metrics::default_recipes(*kernel.format, *kernel.format, true)) {
+        if (!judged(*recipe, got).passed()) continue;
+        const kernels::AttentionBackwardKernel* design = honest_kernel_of(*recipe, *kernel.format);
+        const double design_off = design != nullptr ? closeness(judged(own, design->run(problem))) : 0.0;
+        EXPECT_GE(2 * design_off, closeness(by_own))
+            << kernel.name << " on " << case_name << " fits " << recipe->name << ", whose design errs less ("
+            << design_off << " against " << closeness(by_own) << " under " << own.name << ")";
+        ++excused;
+      }
     }
     if (kernel.deliberately_broken) {
       EXPECT_GT(caught, 0U) << kernel.name << ": no problem of the sweep catches it";
     }
   }
+  std::printf("%zu of %zu twin problems fit a default recipe whose design errs about as much\n", excused,
+              judged_twins);
 }
 
 // The mutation check of the test above: a kernel that returns the exact answer scaled by 1 + 2^-6

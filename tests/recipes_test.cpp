@@ -181,7 +181,8 @@ TEST(Recipes, DefaultsFollowTheFormatsAndSkipTheNamedOnlyOnes) {
   EXPECT_EQ(metrics::default_recipes(fp32, fp32, false).size(), 1u);
   std::vector<std::string> backward;
   for (const auto* r : metrics::default_recipes(fp16, fp16, true)) backward.emplace_back(r->name);
-  EXPECT_EQ(backward, (std::vector<std::string>{"attention_backward_flash", "backward_flash_fp16"}));
+  EXPECT_EQ(backward, (std::vector<std::string>{"attention_backward_flash", "backward_flash_fp16",
+                                                "backward_math_fp16"}));
 }
 
 TEST(Recipes, OldNamesStillResolveAndChargeTheOutputsFormat) {

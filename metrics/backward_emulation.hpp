@@ -1,0 +1,66 @@
+// PyTorch's math path, emulated for the attention backward (internal to metrics/judge_backward.cpp).
+// Autograd differentiates through the very scores the math path rounded (score_emulation.hpp's
+// chains): dS is that of the softmax of those scores, and the gradients flow through the operands
+// as the kernel multiplied them. So a math-path recipe's statistical tier can be centred on the
+// gradients of the emulated scores instead of charging the scores' roundings as noise (about
+// 2 u_S |z| each, as much as a D 10% off moves dQ along D's direction).
+//
+// How: a problem whose gradients are the kernel's up to its own roundings. Its operands are the
+// kernel's (Q~, K~) and its scale s' such that s' sum_j dS_ij K~_j is what autograd forms for dQ
+// (before its last roundings) and s' sum_i dS_ij Q~_i for dK:
+//   (q @ k^T) * f, (q @ k^T) / F(1/f), baddbmm(alpha f):  Q~ = q, K~ = k, s' = f
+//   (q * f) @ k^T:                                      Q~ = F(q f), K~ = f k, s' = 1
+//   (q * r) @ (k * r)^T (SDPA's math):                   Q~ = F(q r), K~ = F(k r), s' = r
+// (f, r the factor as the kernel holds it, in fp32: k's products with it are exact in double), and
+// an additive bias that makes its logits the emulated scores: bias = z~ - s' Q~.K~ in double, off
+// by at most 2^-52 (|z~| + |s' Q~.K~|) + s' (d + 1) 2^-53 sum |Q~ K~|, which joins each score's
+// slack (the emulator's ambiguity, the fp32 summation order's reach).
+//
+// What the centre leaves to charge: the recipe's roundings of P, dP and dS (dS twice where autograd
+// multiplies it by an inexact f), the gradients' extra roundings where autograd rounds dQ or dK
+// before multiplying by an inexact factor (`extra_dq`, `extra_dk`: one relative u each), a kernel
+// whose operand elements may differ from Q~, K~ (their deviations: each moves dK_jc by
+// s' dS_ij delta_ic, dQ_ic by s' dS_ij delta_jc, added to the radii in full), and a factor held as
+// a quotient or in fp32 (2^-23 relative, in full).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/matrix.hpp"
+#include "kernels/attention_backward.hpp"
+#include "metrics/backward_magnitudes.hpp"
+#include "metrics/score_emulation.hpp"
+#include "reference/attention_backward.hpp"
+
+namespace sharpcheck::metrics {
+
+struct EmulatedBackward {
+  Matrix queries, keys;                     // Q~ (stacked as the problem's) and K~
+  Matrix query_deviation, key_deviation;    // how far an honest kernel's operands may be from them
+  std::vector<std::vector<double>> biases;  // per head, positions x keys
+  std::vector<tensor::HeadScores> heads;    // with those biases and the scale s'
+  EmulatedScoreSlack slack;
+  double extra_dq = 0, extra_dk = 0;  // extra relative roundings of each element
+  double relative_in_full = 0;
+  std::string description;  // "scores = F(F(q k^T) * scale), the scale in fp32"
+
+  // The problem whose logits are the emulated scores (valid while this object lives, unmoved).
+  [[nodiscard]] tensor::AttentionBackwardProblem problem(const kernels::BackwardProblem& p) const;
+};
+
+// Whether every head scores as the plain math path does (no sink, soft-cap, ALiBi or LSE gradient;
+// score_emulation.hpp's scores_emulable) and the problem is small enough to hold its scores twice.
+[[nodiscard]] bool backward_emulable(const kernels::BackwardProblem& p);
+
+// The emulation of one chain and way of holding the factor into `out` (default-constructed); false
+// when the variant is not distinct from the fp32 one or a score cannot be emulated.
+bool emulate_backward(const kernels::BackwardProblem& p, ScoreChain chain, FactorRounding rounding,
+                      const FloatFormat& format, EmulatedBackward& out);
+
+// What the operands' deviations move the gradients by, in full, added to `radii` (the double
+// stage's) given the centre's gradients (its D).
+void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackward& e,
+                         const reference::AttentionGradients& centre, reference::AttentionGradients& radii);
+
+}  // namespace sharpcheck::metrics
