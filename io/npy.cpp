@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include "core/errors.hpp"
@@ -66,34 +67,60 @@ const char* type_code(NpyType type) {
   return "";
 }
 
-// The value of `key` in the header's Python dict literal, as raw text up to the next top-level
-// comma or closing brace.
-std::string dict_value(const std::string& header, const std::string& key, const std::string& source) {
-  const std::string quoted_single = "'" + key + "'";
-  const std::string quoted_double = "\"" + key + "\"";
-  std::size_t position = header.find(quoted_single);
-  std::size_t length = quoted_single.size();
-  if (position == std::string::npos) {
-    position = header.find(quoted_double);
-    length = quoted_double.size();
+// The header's Python dict literal, parsed as numpy's reader takes it: quoted keys, each value as
+// raw text up to the next top-level comma or closing brace (quotes and brackets nest). numpy
+// requires exactly the keys descr, fortran_order and shape; a repeated key (which numpy's
+// literal_eval would resolve to its last value) or any other key is refused, so that no file reads
+// one way here and another in numpy.
+std::map<std::string, std::string> header_entries(const std::string& header, const std::string& source) {
+  std::size_t at = header.find_first_not_of(" \t");
+  if (at == std::string::npos || header[at] != '{') fail(source, "the header is not a dict literal");
+  const auto skip = [&] { at = header.find_first_not_of(" \t\n", at); };
+  std::map<std::string, std::string> entries;
+  for (++at, skip(); at != std::string::npos && header[at] != '}'; skip()) {
+    const char quote = header[at];
+    const std::size_t close = quote == '\'' || quote == '"' ? header.find(quote, at + 1) : std::string::npos;
+    if (close == std::string::npos) fail(source, "a header key is not a quoted string");
+    std::string key = header.substr(at + 1, close - at - 1);
+    at = close + 1;
+    skip();
+    if (at == std::string::npos || header[at] != ':') fail(source, "header entry '" + key + "' has no value");
+    const std::size_t start = ++at;
+    int depth = 0;
+    char in_string = 0;
+    for (; at < header.size(); ++at) {
+      const char c = header[at];
+      if (in_string != 0) {
+        if (c == in_string) in_string = 0;
+        continue;
+      }
+      if (c == '\'' || c == '"') in_string = c;
+      if (c == '(' || c == '[') ++depth;
+      if (c == ')' || c == ']') --depth;
+      if (depth < 0) fail(source, "unbalanced brackets in the header");
+      if (depth == 0 && (c == ',' || c == '}')) break;
+    }
+    if (at >= header.size()) fail(source, "the header's dict is not closed");
+    std::string value = header.substr(start, at - start);
+    value.erase(0, value.find_first_not_of(" \t"));
+    value.erase(value.find_last_not_of(" \t") + 1);
+    if (!entries.emplace(key, value).second) fail(source, "the header repeats its '" + key + "' entry");
+    if (header[at] == ',') ++at;
   }
-  if (position == std::string::npos) fail(source, "header has no '" + key + "' entry");
-  position = header.find(':', position + length);
-  if (position == std::string::npos) fail(source, "header entry '" + key + "' has no value");
-  ++position;
-  int depth = 0;
-  std::size_t end = position;
-  for (; end < header.size(); ++end) {
-    const char c = header[end];
-    if (c == '(' || c == '[') ++depth;
-    if (c == ')' || c == ']') --depth;
-    if (depth == 0 && (c == ',' || c == '}')) break;
-    if (depth < 0) fail(source, "unbalanced brackets in the header");
+  if (at == std::string::npos) fail(source, "the header's dict is not closed");
+  for (const auto& [key, value] : entries) {
+    if (key != "descr" && key != "fortran_order" && key != "shape")
+      fail(source, "the header has an entry '" + key + "' numpy does not accept");
   }
-  std::string value = header.substr(position, end - position);
-  value.erase(0, value.find_first_not_of(" \t"));
-  value.erase(value.find_last_not_of(" \t") + 1);
-  return value;
+  return entries;
+}
+
+// The value of `key` among the header's entries.
+const std::string& dict_value(const std::map<std::string, std::string>& entries, const std::string& key,
+                              const std::string& source) {
+  const auto found = entries.find(key);
+  if (found == entries.end()) fail(source, "header has no '" + key + "' entry");
+  return found->second;
 }
 
 std::vector<std::size_t> parse_shape(const std::string& text, const std::string& source) {
@@ -152,7 +179,8 @@ NpyLayout parse_npy_header(std::string_view bytes, const std::string& source,
     fail(source, "unsupported .npy version " + std::to_string(major));
   }
   if (header_start + header_length > bytes.size()) fail(source, "truncated header");
-  const std::string header(bytes.substr(header_start, header_length));
+  const std::map<std::string, std::string> header =
+      header_entries(std::string(bytes.substr(header_start, header_length)), source);
   const std::string descr = dict_value(header, "descr", source);
   const std::string fortran = dict_value(header, "fortran_order", source);
   NpyLayout layout;

@@ -148,7 +148,15 @@ std::string_view packed_bytes(std::string_view archive, const NpzMember& member,
   const std::string where = source + ":" + member.name;
   const std::uint64_t header = member.local_header_offset;
   if (in.u32(header) != local_signature) malformed(where, "bad local header");
-  const std::uint64_t data = header + 30 + in.u16(header + 26) + in.u16(header + 28);
+  // The local header must name the member as the central directory does (as Python's zipfile
+  // requires): two names for one member are two readings of the archive.
+  const std::uint16_t name_length = in.u16(header + 26);
+  if (header + 30 + name_length > archive.size()) malformed(where, "the local header runs past the end");
+  const std::string_view local_name = archive.substr(header + 30, name_length);
+  if (local_name != member.name)
+    malformed(where, "its local header names it '" + std::string(local_name) +
+                         "': which name is meant is ambiguous");
+  const std::uint64_t data = header + 30 + name_length + in.u16(header + 28);
   if (data > archive.size() || archive.size() - data < member.compressed_size)
     malformed(where, "the member's data runs past the end");
   return archive.substr(data, member.compressed_size);

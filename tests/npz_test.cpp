@@ -85,8 +85,53 @@ TEST_P(NumpyBundle, AFlippedByteInAMemberFailsItsCrc) {
   EXPECT_EQ(sharpcheck::io::read_npy(path + ":probs").values.size(), 3U);  // the other member is intact
 }
 
+// A member whose local header names it otherwise than the central directory does: Python's zipfile
+// refuses it, and so does this reader (one of the two names would be a guess).
+TEST_P(NumpyBundle, ALocalHeaderNamingTheMemberOtherwiseIsRefused) {
+  std::string bytes = read_bytes(data + "/" + GetParam());
+  const auto member =
+      sharpcheck::io::find_npz_member(sharpcheck::io::list_npz_members(bytes, "b"), "logits", "b");
+  ASSERT_EQ(bytes[member.local_header_offset + 30], 'l');
+  bytes[member.local_header_offset + 30] = 'p';  // "pogits.npy"
+  const auto path = write_temporary("renamed.npz", bytes);
+  EXPECT_THAT(error_of(path + ":logits"), HasSubstr("its local header names it 'pogits.npy'"));
+  EXPECT_EQ(sharpcheck::io::read_npy(path + ":probs").values.size(), 3U);
+}
+
 INSTANTIATE_TEST_SUITE_P(SavezAndSavezCompressed, NumpyBundle,
                          testing::Values("bundle_stored.npz", "bundle_deflated.npz"));
+
+// An .npy file of two float64 values with the given header dict (padded as numpy pads it).
+std::string npy_with_header(std::string header) {
+  header += std::string(63 - (10 + header.size()) % 64, ' ') + "\n";
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  bytes += header;
+  const double values[] = {0.5, -2.0};
+  bytes.append(reinterpret_cast<const char*>(values), sizeof values);
+  return bytes;
+}
+
+// numpy reads a header dict with exactly descr, fortran_order and shape (a repeated key would be its
+// last value there): this reader reads the same dict, and refuses a repeated or unknown key rather
+// than read another shape than numpy would.
+TEST(NpyHeader, IsReadAsNumpyReadsItAndARepeatedOrUnknownKeyIsRefused) {
+  const std::string plain = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }";
+  EXPECT_EQ(sharpcheck::io::read_npy(write_temporary("plain.npy", npy_with_header(plain))).values,
+            (std::vector<double>{0.5, -2.0}));
+  const std::string reordered = "{\"shape\": (1, 2), \"fortran_order\": False, \"descr\": \"<f8\"}";
+  EXPECT_EQ(sharpcheck::io::read_npy(write_temporary("reordered.npy", npy_with_header(reordered))).shape,
+            (std::vector<std::size_t>{1, 2}));
+  const std::string repeated = "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), 'shape': (2,), }";
+  EXPECT_THAT(error_of(write_temporary("repeated.npy", npy_with_header(repeated))),
+              HasSubstr("repeats its 'shape' entry"));
+  const std::string extra = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), 'offset': 8, }";
+  EXPECT_THAT(error_of(write_temporary("extra.npy", npy_with_header(extra))),
+              HasSubstr("an entry 'offset' numpy does not accept"));
+  const std::string unclosed = "{'descr': '<f8', 'fortran_order': False, 'shape': (2,)";
+  EXPECT_THAT(error_of(write_temporary("unclosed.npy", npy_with_header(unclosed))), HasSubstr("not closed"));
+}
 
 TEST(NpzPath, SplitsAtTheLastNpzColon) {
   const auto path = sharpcheck::io::split_array_path("dir.npz:x/run.npz:q");
