@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -78,9 +79,13 @@ void write_file_atomically(const std::string& given, std::string_view text) {
     }
   }
   // mkstemp's template: a unique name in the target's own directory, so the rename stays on one
-  // file system and concurrent runs never share a temporary.
-  std::vector<char> name(path.begin(), path.end());
+  // file system and concurrent runs never share a temporary. The target's own name is cut where the
+  // temporary's would pass the file system's limit on a name (a report named with 250 characters).
   const std::string suffix = ".XXXXXX.partial";
+  const std::size_t slash = path.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
+  const std::size_t longest = static_cast<std::size_t>(NAME_MAX) - suffix.size();
+  const std::string stem = path.substr(0, base + std::min(path.size() - base, longest));
+  std::vector<char> name(stem.begin(), stem.end());
   name.insert(name.end(), suffix.begin(), suffix.end());
   name.push_back('\0');
   const int descriptor = ::mkstemps(name.data(), static_cast<int>(std::strlen(".partial")));

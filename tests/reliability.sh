@@ -414,6 +414,12 @@ PY
     expect_code 0
     [ -L dangling.json ] || fail "the dangling symbolic link was replaced by a regular file"
     grep -q adaptive_temperature_active_interval reports/new.json || fail "the dangling link's target was not created"
+    # A report named with 250 characters (the file system allows 255): the temporary beside it
+    # must fit too.
+    long_name=$(printf 'r%.0s' $(seq 250)).json
+    run bounds --json "$long_name"
+    expect_code 0
+    grep -q adaptive_temperature_active_interval "$long_name" || fail "the report with a 250-character name was not written"
     ln -s loop_b.json loop_a.json; ln -s loop_a.json loop_b.json
     run bounds --json loop_a.json
     expect_code 2; expect_text "too many levels of symbolic links"
