@@ -41,8 +41,8 @@ void kill_own_children();  // below, with the sweep
   // Orphans of what the work starts come here, not to the gate: the work's own strays are killed
   // below before the child exits, and while it runs nothing of another call's reaches the gate.
   prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  for (const int signal_number : stop_signals()) signal(signal_number, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
   dup2(console_fd, STDOUT_FILENO);
   dup2(console_fd, STDERR_FILENO);
   close(console_fd);

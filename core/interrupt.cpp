@@ -19,11 +19,15 @@ extern "C" void on_interrupt(int signal_number) {
 // Within an InterruptScope: recorded only (the host decides what a second one means).
 extern "C" void on_scoped_interrupt(int signal_number) { received.store(signal_number); }
 
+constexpr int stopping[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU};
+
 struct sigaction saved_action {};
 std::atomic<bool> process_catches{false};
 thread_local bool in_scope = false;
 
 }  // namespace
+
+std::span<const int> stop_signals() { return stopping; }
 
 bool interrupts_apply_here() { return process_catches.load() || in_scope; }
 
@@ -33,8 +37,8 @@ void catch_interrupts() {
   action.sa_handler = on_interrupt;
   sigemptyset(&action.sa_mask);
   action.sa_flags = 0;  // no SA_RESTART: a blocking poll or wait returns EINTR and looks again
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal_number : stopping) sigaction(signal_number, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);
 }
 
 int interrupt_signal() { return received.load(); }

@@ -1,13 +1,23 @@
 // SIGINT and SIGTERM as a request to stop: long runs (the gate, a plugin's child) poll
 // `interrupt_signal()` between units of work, stop taking new ones, write what they have and exit
-// 128 + the signal (130, 143), instead of dying with nothing written.
+// 128 + the signal (130, 143), instead of dying with nothing written. So is every other signal whose
+// default is to end the process quietly (a closed terminal's SIGHUP, SIGUSR1/2, a timer's
+// SIGALRM, a CPU limit's SIGXCPU), which would otherwise leave a plugin's process running and the
+// report unfinished.
 #pragma once
 
 #include <signal.h>
 
+#include <span>
+
 namespace sharpcheck {
 
-// Installs the handlers (idempotent). A second signal of the same kind ends the process at once.
+// The signals treated as a request to stop (SIGINT and SIGTERM first).
+[[nodiscard]] std::span<const int> stop_signals();
+
+// Installs the handlers for stop_signals() (idempotent), and ignores SIGPIPE (a report or console
+// whose reader went away is an I/O error, not the end). A second signal of the same kind ends the
+// process at once.
 void catch_interrupts();
 // 0 while no signal arrived; otherwise the signal's number.
 [[nodiscard]] int interrupt_signal();

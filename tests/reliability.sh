@@ -161,6 +161,29 @@ case $attack in
     expect_report term.json 1
     [ "$(grep -c '"id":' term.json)" = 1 ] || fail "the report does not hold exactly the one finished case"
     grep -q '"complete": false' term.json || fail "an interrupted report does not say it is incomplete"
+    # Every other signal whose default ends the process quietly is a request to stop too: a closed
+    # terminal's SIGHUP and SIGUSR1 (both left the plugin's child running and the report unfinished).
+    for signal_name in HUP USR1; do
+      "$sharpcheck" gate --plugin "$(plugin sigterm_spin)" --sizes 16,64 --plugin-timeout 100 \
+        --json "$signal_name.json" >"$signal_name.out" 2>&1 &
+      gate_pid=$!
+      for _ in $(seq 100); do pgrep -x sc_sigterm_spin >/dev/null && break; sleep 0.1; done
+      pgrep -x sc_sigterm_spin >/dev/null || fail "the spinning plugin never started:\n$(cat "$signal_name.out")"
+      kill -"$signal_name" $gate_pid; wait $gate_pid; code=$?
+      out=$(cat "$signal_name.out")
+      expect_code $((128 + $(kill -l "$signal_name"))); expect_text "interrupted by signal"
+      expect_no_process sc_sigterm_spin
+      expect_report "$signal_name.json" 1
+      grep -q '"complete": false' "$signal_name.json" || fail "the report after SIG$signal_name is not marked incomplete"
+    done
+    # A console whose reader went away (sharpcheck gate | head) is no reason to stop: the report is
+    # written whole.
+    set -o pipefail
+    "$sharpcheck" gate --kernel safe3 --sizes 16,64 --json piped.json 2>&1 | head -c 1 >/dev/null
+    set +o pipefail
+    "$sharpcheck" gate --kernel safe3 --sizes 16,64 --json unpiped.json >/dev/null 2>&1
+    ! grep -q '"complete": false' piped.json && [ "$(grep -c '"id":' piped.json)" = "$(grep -c '"id":' unpiped.json)" ] ||
+      fail "a closed console pipe stopped the run:\n$(head -c 300 piped.json)"
     # SIGINT during a built-in sweep: exit 130 and the report holds what finished.
     "$sharpcheck" gate --threads 1 --json int.json --junit int.xml >int.out 2>&1 &
     gate_pid=$!
