@@ -325,6 +325,11 @@ RecipeJudgement judge_under(const JudgeOptions& options, metrics::JudgeSpec spec
   return r;
 }
 
+// "; name one of a, b to judge by it" for the recipes tried only when named, or nothing.
+std::string named_only_clause(const std::string& named_only) {
+  return named_only.empty() ? "" : "; name one of " + named_only + " to judge by it";
+}
+
 std::string ratio_text(double ratio) {
   char text[32];
   std::snprintf(text, sizeof text, "%.3g", ratio);
@@ -470,10 +475,10 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
     }
     outcome.recipe_note = named ? "fails the named recipe " + outcome.recipe + " (" + closest->summary +
                                       ") at ratio " + ratio_text(closest->closeness) + "; " + others
-                                : "fits no recipe the formats allow (tried " + tried + "; name one of " +
-                                      metrics::recipe_names(false, true) +
-                                      " to judge by it); closest: " + outcome.recipe + " (" +
-                                      closest->summary + ") at ratio " + ratio_text(closest->closeness);
+                                : "fits no recipe the formats allow (tried " + tried +
+                                      named_only_clause(metrics::recipe_names(false, true)) +
+                                      "); closest: " + outcome.recipe + " (" + closest->summary +
+                                      ") at ratio " + ratio_text(closest->closeness);
     outcome.failures.push_back(outcome.recipe_note);
   }
   return outcome;

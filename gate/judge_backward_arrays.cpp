@@ -406,10 +406,12 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
   if (closest->passed()) {
     closest->recipe_note = (named ? "pass under " : "pass as ") + closest->recipe + ": " + summary;
   } else {
+    const std::string named_only = metrics::recipe_names(true, true);  // empty: every one is tried
     closest->recipe_note =
         (named ? "fails the named recipe " + closest->recipe
-               : "fits no recipe the formats allow (tried " + tried + "; name one of " +
-                     metrics::recipe_names(true, true) + " to judge by it); closest: " + closest->recipe) +
+               : "fits no recipe the formats allow (tried " + tried +
+                     (named_only.empty() ? "" : "; name one of " + named_only + " to judge by it") +
+                     "); closest: " + closest->recipe) +
         " (" + summary + ") at ratio " + ratio;
     closest->failures.push_back(closest->recipe_note);
   }

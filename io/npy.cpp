@@ -80,7 +80,9 @@ std::map<std::string, std::string> header_entries(const std::string& header, con
   for (++at, skip(); at != std::string::npos && header[at] != '}'; skip()) {
     const char quote = header[at];
     const std::size_t close = quote == '\'' || quote == '"' ? header.find(quote, at + 1) : std::string::npos;
-    if (close == std::string::npos) fail(source, "a header key is not a quoted string");
+    if (close == std::string::npos)
+      fail(source, quote == '\'' || quote == '"' ? "the header's dict is not closed (it ends inside a key)"
+                                                 : "a header key is not a quoted string");
     std::string key = header.substr(at + 1, close - at - 1);
     at = close + 1;
     skip();

@@ -260,6 +260,24 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
          charge * (1 + 0x1p-20);
 }
 
+// A kernel that flushes results below the normal range to zero (a GPU's -ftz, oneDNN's and MKL's
+// denormals modes, in fp32 arithmetic) returns 0 where the exact result is subnormal in fp32's
+// range (fp32, bf16): that zero is allowed (`output`), and the element then informs nothing
+// (is_informative); fp16's and the FP8 formats' own subnormals are not flushed by those modes. Its
+// fp32 sums may drop each of their n terms that falls below 2^-126 as well: n 2^-126 more, absolute
+// (`terms`), for any output of at most fp32's precision.
+struct FlushAllowance {
+  double output = 0, terms = 0;
+};
+FlushAllowance flush_allowance(double expected, const FloatFormat& output, std::size_t n) {
+  FlushAllowance flush;
+  if (output.precision() > 24) return flush;
+  flush.terms = static_cast<double>(n + 1) * 0x1p-126;
+  if (output.min_normal_exponent <= -126 && std::fabs(expected) < std::ldexp(1.0, output.min_normal_exponent))
+    flush.output = std::fabs(expected) * (1 + 0x1p-20);
+  return flush;
+}
+
 JudgedElement judge_element(const ComparisonInput& input, const Tolerance& tolerance,
                             const FloatFormat& output, std::size_t r, std::size_t j) {
   const double e = (*input.expected)(r, j);
@@ -274,8 +292,11 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
   // nothing to be told apart: it counts as infinite, so the element is not informative (and the
   // case inconclusive when nothing else is) rather than failing an exact output moved by an ulp.
   const auto cannot_judge_if_nan = [](double value) { return std::isnan(value) ? INFINITY : value; };
+  const FlushAllowance flush = flush_allowance(e, output, scale.n);
+  const double extra = additional + flush.terms;
   const double allowed = cannot_judge_if_nan(
-      allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + additional);
+      std::max(allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + extra,
+               flush.output));
   judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};
   if (is_representable(a, output)) judged.report.ulps = ulp_distance(a, e, output);
   // At n <= lambda^2 the tiers charge the same length: one evaluation serves both.
@@ -284,18 +305,18 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
               tolerance.logarithm == 0
           ? allowed
           : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical, rounded) +
-                additional;
+                extra;
   const bool centred = input.inside != nullptr && input.inside->centre.cols > 0;
   if (centred) {
     // Emulated scores: the statistical tier is judged around o~ alone (an allowance around the
     // exact o would charge the very roundings the emulation knows).
-    judged.statistical_allowed = inside_charge(input, tolerance, output, r, j) + additional;
+    judged.statistical_allowed = inside_charge(input, tolerance, output, r, j) + extra;
   } else if (input.inside != nullptr &&
              (tolerance.probabilities_in_output > 0 || tolerance.scores_in_output > 0)) {
     judged.statistical_allowed =
-        std::min(judged.statistical_allowed, inside_charge(input, tolerance, output, r, j) + additional);
+        std::min(judged.statistical_allowed, inside_charge(input, tolerance, output, r, j) + extra);
   }
-  judged.statistical_allowed = cannot_judge_if_nan(judged.statistical_allowed);
+  judged.statistical_allowed = cannot_judge_if_nan(std::max(judged.statistical_allowed, flush.output));
   const bool matches = a == e || (std::isnan(a) && std::isnan(e));
   judged.statistical_ratio = centred && !matches
                                  ? bound_ratio(input.inside->centre(r, j), a, judged.statistical_allowed)

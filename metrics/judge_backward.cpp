@@ -335,7 +335,7 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
 
 // The statistical tier around the emulated scores of every chain and way of holding the factor
 // (score_chains() x factor_roundings(), the most common first), on copies of `base` (its proven
-// tier stands): the first variant that passes, else the closest to passing; nothing when the
+// tier stands): the first variant that fits clearly, else the closest to passing; nothing when the
 // problem cannot be emulated. A kernel forms its scores one way, and an honest one fits its way.
 std::optional<BackwardJudgement> judge_projected_emulated(const kernels::BackwardTolerance& tolerance,
                                                           const kernels::BackwardProblem& p,
@@ -352,7 +352,9 @@ std::optional<BackwardJudgement> judge_projected_emulated(const kernels::Backwar
       std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
       if (!judged) continue;
       if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);
-      if (statistical_closeness(*best) <= 1) return best;
+      // A clear fit ends the search; a near one may be another chain's centre passing by a hair,
+      // so the rest are tried and the closest kept (the reported ratio is then the kernel's own).
+      if (statistical_closeness(*best) <= 0.5) return best;
     }
   }
   return best;

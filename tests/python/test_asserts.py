@@ -68,6 +68,28 @@ def test_softmax_passes_torchs_own_softmax_and_fails_a_bf16_accumulating_one():
     assert_documented_message(error)
 
 
+def test_a_subnormal_result_flushed_to_zero_passes_where_fp32_arithmetic_flushes_it():
+    """A kernel in a flush-to-zero mode (a GPU's -ftz, oneDNN's denormals) returns 0 for a result
+    below the normal range: allowed in fp32 (and bf16), whose range that mode works in; a normal
+    value set to 0, or an fp16 subnormal flushed, still fails."""
+    logits = torch.tensor([[0.0, -95.0, -1.0, -2.0]])
+    honest = torch.softmax(logits, -1)
+    assert 0 < honest[0, 1] < 2.0**-126  # subnormal in fp32
+    flushed = honest.clone()
+    flushed[0, 1] = 0.0
+    sharpcheck.assert_softmax_close(flushed, logits)
+    normal_zeroed = torch.softmax(torch.tensor([[0.0, -60.0, -1.0, -2.0]]), -1)
+    normal_zeroed[0, 1] = 0.0  # 6e-27, a normal fp32 number
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_softmax_close(normal_zeroed, torch.tensor([[0.0, -60.0, -1.0, -2.0]]))
+    half_logits = torch.tensor([[0.0, -12.0, -1.0, -2.0]])
+    half = torch.softmax(half_logits, -1).half()
+    assert 0 < half[0, 1] < 2.0**-14  # subnormal in fp16
+    half[0, 1] = 0.0
+    with pytest.raises(AssertionError):
+        sharpcheck.assert_softmax_close(half, half_logits.half())
+
+
 def test_log_softmax_passes_torch_and_fails_a_two_ulp_edit():
     # Its own draw: whether 2 bf16 ulps exceed the allowance 2 u |log p| + ... depends on where
     # |log p| falls in its binade (for some draws of element [2, 7] it is 0.8 of it), so the test must
