@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <optional>
 #include <span>
 
 namespace sharpcheck::metrics {
@@ -100,9 +101,11 @@ tensor::AttentionBackwardProblem EmulatedBackward::problem(const kernels::Backwa
 bool backward_emulable(const kernels::BackwardProblem& p) {
   if (!p.d_lse.empty() || !p.group_sinks.empty() || p.group == 0) return false;
   if (p.queries.rows * p.keys.rows > (std::size_t{1} << 25)) return false;
+  const std::optional<double> scale = p.head(0).scale;
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
-    if (!scores_emulable(head) || head.sink) return false;
+    // One scale for the group: the emulated problem's operands and scale are the first head's.
+    if (!scores_emulable(head) || head.sink || head.scale != scale) return false;
   }
   return true;
 }

@@ -50,7 +50,8 @@ struct EmulatedBackward {
 };
 
 // Whether every head scores as the plain math path does (no sink, soft-cap, ALiBi or LSE gradient;
-// score_emulation.hpp's scores_emulable) and the problem is small enough to hold its scores twice.
+// score_emulation.hpp's scores_emulable), with one scale, and the problem is small enough to hold
+// its scores twice.
 [[nodiscard]] bool backward_emulable(const kernels::BackwardProblem& p);
 
 // The emulation of one chain and way of holding the factor into `out` (default-constructed); false
