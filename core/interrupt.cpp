@@ -12,8 +12,14 @@ namespace {
 std::atomic<int> received{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler stores into it");
 
+// The first stop signal is kept (its number is the exit code). A second SIGINT, SIGTERM or SIGHUP
+// ends the process at once (someone insists); the timers' and the CPU limit's signals repeat by
+// themselves (SIGXCPU every CPU second past the soft limit), so a repeat of those is ignored.
 extern "C" void on_interrupt(int signal_number) {
-  if (received.exchange(signal_number) != 0) _exit(128 + signal_number);
+  int none = 0;
+  if (received.compare_exchange_strong(none, signal_number)) return;
+  if (signal_number == SIGINT || signal_number == SIGTERM || signal_number == SIGHUP)
+    _exit(128 + signal_number);
 }
 
 // Within an InterruptScope: recorded only (the host decides what a second one means).

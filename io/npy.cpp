@@ -110,6 +110,8 @@ std::map<std::string, std::string> header_entries(const std::string& header, con
     if (header[at] == ',') ++at;
   }
   if (at == std::string::npos) fail(source, "the header's dict is not closed");
+  if (header.find_first_not_of(" \t\n", at + 1) != std::string::npos)
+    fail(source, "the header has text after its dict");
   for (const auto& [key, value] : entries) {
     if (key != "descr" && key != "fortran_order" && key != "shape")
       fail(source, "the header has an entry '" + key + "' numpy does not accept");

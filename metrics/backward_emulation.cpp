@@ -29,20 +29,20 @@ double dot(std::span<const double> a, std::span<const double> b, double& magnitu
 
 // The problem's operands, scale and extra roundings for `chain` (the file's header gives the table),
 // from the first head's emulator (the keys are the group's, alike for every head).
-double set_operands(ScoreChain chain, const ScoreEmulator& emulator, const Matrix& keys,
-                    EmulatedBackward& out) {
+double set_operands(ScoreChain chain, const ScoreEmulator& emulator, EmulatedBackward& out) {
   const double factor = in_fp32(emulator.factor()), root = in_fp32(emulator.key_factor());
   out.keys = emulator.key_operand();
   out.key_deviation = emulator.key_deviation();
   switch (chain) {
     case ScoreChain::product_then_scale:
-      return factor;  // dS * f rounded again: PairBlock::ds_roundings, from the scale
+      out.slack.ds_roundings = power_of_two(factor) ? 1 : 2;  // dS * f rounded again
+      return factor;
     case ScoreChain::scaled_accumulator:
       out.extra_dq = out.extra_dk = power_of_two(factor) ? 0 : 1;
       return factor;
     case ScoreChain::query_prescaled: {
       const double prescale = in_fp32(emulator.query_factor());
-      for (std::size_t e = 0; e < keys.values.size(); ++e) out.keys.values[e] = prescale * keys.values[e];
+      for (double& key : out.keys.values) key *= prescale;  // F(k) f: the kernel's k is F's
       out.extra_dq = power_of_two(prescale) ? 0 : 1;
       return 1.0;
     }
@@ -83,6 +83,7 @@ bool emulate_rows(const kernels::BackwardProblem& p, std::size_t h, const ScoreE
   tensor::HeadScores emulated = head;
   emulated.scale = scale;
   emulated.bias = bias;
+  emulated.keep = {};  // its stride is the head's; the bias is -inf wherever the head sees no key
   emulated.row_stride = keys;
   out.heads.push_back(emulated);
   return true;
@@ -125,7 +126,7 @@ bool emulate_backward(const kernels::BackwardProblem& p, ScoreChain chain, Facto
     const tensor::HeadScores head = p.head(h);
     const ScoreEmulator emulator(chain, queries, p.keys, head, format, rounding);
     if (!emulator.distinct()) return false;
-    if (h == 0) scale = set_operands(chain, emulator, p.keys, out);
+    if (h == 0) scale = set_operands(chain, emulator, out);
     if (!emulate_rows(p, h, emulator, scale, out)) return false;
   }
   out.relative_in_full = rounding == FactorRounding::format_product ? 0.0 : 0x1p-23;

@@ -36,6 +36,9 @@
 namespace sharpcheck::metrics {
 
 struct EmulatedBackward {
+  EmulatedBackward() = default;
+  EmulatedBackward(const EmulatedBackward&) = delete;  // `heads` hold spans into `biases`
+  EmulatedBackward& operator=(const EmulatedBackward&) = delete;
   Matrix queries, keys;                     // Q~ (stacked as the problem's) and K~
   Matrix query_deviation, key_deviation;    // how far an honest kernel's operands may be from them
   std::vector<std::vector<double>> biases;  // per head, positions x keys

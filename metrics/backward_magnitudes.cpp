@@ -473,7 +473,10 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     const tensor::HeadScores head = p.head(h);
     const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(p.queries.cols));
     int exponent = 0;
-    block.ds_roundings = roundings == 3 && std::frexp(scale, &exponent) != 0.5 ? 2 : 1;
+    block.ds_roundings = roundings != 3                        ? 1
+                         : emulated != nullptr                 ? emulated->ds_roundings
+                         : std::frexp(scale, &exponent) != 0.5 ? 2
+                                                               : 1;
     for (std::size_t position = 0; position < positions; position += block_rows) {
       block.head = h;
       block.first = h * positions + position;

@@ -98,6 +98,9 @@ struct Magnitudes {
 // scores' roundings are not formed.
 struct EmulatedScoreSlack {
   std::vector<std::vector<double>> per_head;
+  // dS's roundings (PairBlock::ds_roundings): 2 where autograd multiplies dS by an inexact scale
+  // (the product then the scale), else 1; the scale alone cannot tell (a prescaled chain's s').
+  double ds_roundings = 1;
 };
 
 // u_s, u_i: the unit roundoffs of a recipe's score and intermediate roundings (0: none);

@@ -90,6 +90,8 @@ struct InsideSpreads {
   Matrix p, s, s_second;
   Matrix centre, centre_magnitude;  // no columns: not emulated
   bool weights_emulated = false;
+  // Optional: how far the centre may be from the kernel's own, absolute (the statistical tier's).
+  Matrix centre_slack{};
 };
 
 // The inputs of a comparison, row by row. `magnitudes` and `z_magnitudes` give, per element,

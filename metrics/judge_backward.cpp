@@ -32,8 +32,9 @@ struct GradientBound {
   const Matrix* floor = nullptr;  // the subnormal roundings' sums (Magnitudes::dq_floor), times floor_scale
   double floor_scale = 0;
   // Around a math path's emulated scores (judge_projected_emulated): the statistical tier judged
-  // around this gradient of the emulated logits, with its magnitudes, spreads and slack sums, its
-  // certified radius added to every allowance.
+  // around this gradient of the emulated logits, with its magnitudes, spreads and slack sums, and
+  // how far the centre may be from the kernel's (its certified radius and more) added to that tier's
+  // allowances.
   struct Centred {
     const Matrix& centre;
     const Matrix& magnitudes;
@@ -54,8 +55,7 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   Matrix additional(expected.rows, expected.cols);
   for (std::size_t e = 0; e < additional.values.size(); ++e)
     additional.values[e] = (from_d_scale * from_d.values[e] +
-                            (bound.floor != nullptr ? bound.floor_scale * bound.floor->values[e] : 0.0) +
-                            (bound.centred != nullptr ? bound.centred->radius.values[e] : 0.0)) *
+                            (bound.floor != nullptr ? bound.floor_scale * bound.floor->values[e] : 0.0)) *
                            (1 + 0x1p-20);
   // Every row's sums have at most `length` terms: the per_item term's n, which the statistical tier
   // charges as min(n, 8 sqrt(n)) (tolerance_table.cpp).
@@ -78,11 +78,12 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
     input.inside = &inside;
   }
   if (const auto* c = bound.centred; c != nullptr) {
-    inside = {.p = c->spread,
-              .s = c->slack,
-              .s_second = c->slack_second,
-              .centre = c->centre,
-              .centre_magnitude = c->magnitudes};
+    inside.p = c->spread;
+    inside.s = c->slack;
+    inside.s_second = c->slack_second;
+    inside.centre = c->centre;
+    inside.centre_magnitude = c->magnitudes;
+    inside.centre_slack = c->radius;  // the statistical tier's alone: the proven tier stands
     input.inside = &inside;
   }
   return compare(input, tolerance, output);
@@ -305,11 +306,13 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   const auto& radii = enclosures->radii;
   const double u_i = tolerance.intermediate_format->unit_roundoff();
   const Magnitudes m = magnitudes_of(problem, centre, 0.0, u_i, tolerance.intermediates, &e.slack);
-  // The element tier charges the extra roundings in full (one each), with the radii.
+  // The element tier charges the extra roundings in full (one each, of the kernel's value, within
+  // 2 u_i of the centre's) and the factor's relative error, with the radii.
   const auto with_extra = [&](const Matrix& radius, const Matrix& gradient, double extra) {
     Matrix sum = radius;
+    const double relative = extra * u_i * (1 + 2 * u_i) + e.relative_in_full;
     for (std::size_t x = 0; x < sum.values.size(); ++x)
-      sum.values[x] += extra * u_i * std::fabs(gradient.values[x]) * (1 + 0x1p-20);
+      sum.values[x] += relative * std::fabs(gradient.values[x]) * (1 + 0x1p-20);
     return sum;
   };
   const Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, e.extra_dq);

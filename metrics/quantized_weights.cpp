@@ -338,7 +338,8 @@ std::optional<Comparison> judge_emulated_weights(const kernels::Tolerance& entry
                         .s_second = Matrix(rows, columns),
                         .centre = Matrix(rows, columns),
                         .centre_magnitude = Matrix(rows, columns),
-                        .weights_emulated = true};
+                        .weights_emulated = true,
+                        .centre_slack = {}};
   std::vector<RowRounding> roundings(rows);
   std::vector<std::size_t> visible;
   EmulatedWeights weights;
