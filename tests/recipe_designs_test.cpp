@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "core/random.hpp"
 #include "gate/attention_scenarios.hpp"
@@ -333,6 +335,40 @@ TEST(RecipeDesigns, TheMathRecipesBackwardSeesWhatItsNoiseHid) {
     const kernels::KernelGradients scaled = head.scaled(gradient, 0.99);
     EXPECT_FALSE(judged(emulated, scaled).passed());
     EXPECT_TRUE(judged(noise, scaled).passed()) << "the mutation check shows nothing";
+  }
+}
+
+// A mask stored with a row stride wider than the keys (a padded key range, as the gate slices a
+// batch with key lengths) is the same mask: the math path's honest kernel fits its recipe either
+// way. The emulated problem once read the head's mask with its own stride and centred the
+// gradients on the wrong keys (ratios 40 to 104).
+TEST(RecipeDesigns, TheMathRecipesBackwardReadsAMaskWithItsOwnStride) {
+  DeterministicRandom random(7);
+  const std::size_t m = 64, n = 48, d = 64, stride = 80;
+  const auto draw = [&](std::size_t rows, double sigma) {
+    Matrix x(rows, d);
+    for (double& value : x.values) value = round_to_format(random.normal(0, sigma), bf16);
+    return x;
+  };
+  const Matrix q = draw(m, 1.5), k = draw(n, 1.5), v = draw(n, 1), d_out = draw(m, 1);
+  std::vector<std::uint8_t> compact(m * n), padded(m * stride, 0);
+  for (std::size_t i = 0; i < m; ++i) {
+    for (std::size_t j = 0; j < n; ++j)
+      compact[i * n + j] = padded[i * stride + j] = random.uniform() < 0.6 || j == 0;
+  }
+  tensor::HeadScores narrow, wide;
+  narrow.keep = compact;
+  narrow.row_stride = n;
+  wide.keep = padded;
+  wide.row_stride = stride;
+  const kernels::BackwardProblem by_narrow(q, k, v, d_out, {}, narrow), by_wide(q, k, v, d_out, {}, wide);
+  const kernels::KernelGradients got = kernels::attention_backward_math_lowp(by_narrow, bf16);
+  const kernels::BackwardTolerance& math =
+      metrics::backward_tolerance(*metrics::find_recipe("backward_math_bf16"));
+  for (const kernels::BackwardProblem* problem : {&by_narrow, &by_wide}) {
+    const metrics::BackwardJudgement judged = metrics::judge_attention_backward(math, bf16, *problem, got);
+    EXPECT_TRUE(judged.passed()) << judged.describe_worst();
+    EXPECT_FALSE(judged.score_chain.empty());
   }
 }
 
