@@ -262,7 +262,7 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
 }
 
 // A kernel that flushes results below the normal range to zero (a GPU's -ftz, oneDNN's and MKL's
-// denormals modes, in fp32 arithmetic) returns 0 where its own result, within `reach` (the proven
+// denormals modes, in fp32 arithmetic) returns 0 where its own result, within `reach` (a tier's
 // allowance) of the exact one, is subnormal in fp32's range (fp32, bf16 outputs): that zero is
 // allowed (`output`), and the element then informs nothing (is_informative); fp16's and the FP8
 // formats' own subnormals are not flushed by those modes. Its fp32 sums may drop each of their n
@@ -321,7 +321,9 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
     judged.statistical_allowed =
         std::min(judged.statistical_allowed, inside_charge(input, tolerance, output, r, j) + extra);
   }
-  judged.statistical_allowed = cannot_judge_if_nan(std::max(judged.statistical_allowed, flush.output));
+  // Each tier flushes what its own reach makes subnormal.
+  judged.statistical_allowed = cannot_judge_if_nan(
+      std::max(judged.statistical_allowed, flushed_output(e, judged.statistical_allowed, output)));
   const bool matches = a == e || (std::isnan(a) && std::isnan(e));
   judged.statistical_ratio = centred && !matches
                                  ? bound_ratio(input.inside->centre(r, j), a, judged.statistical_allowed)
