@@ -472,11 +472,9 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
     const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(p.queries.cols));
-    int exponent = 0;
-    block.ds_roundings = roundings != 3                        ? 1
-                         : emulated != nullptr                 ? emulated->ds_roundings
-                         : std::frexp(scale, &exponent) != 0.5 ? 2
-                                                               : 1;
+    int exponent = 0;  // dS * scale rounded again unless the scale is a power of two
+    const double inexact = std::frexp(scale, &exponent) != 0.5 ? 2 : 1;
+    block.ds_roundings = roundings != 3 ? 1 : (emulated != nullptr ? emulated->ds_roundings : inexact);
     for (std::size_t position = 0; position < positions; position += block_rows) {
       block.head = h;
       block.first = h * positions + position;
