@@ -264,17 +264,12 @@ double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, c
 // A kernel that flushes results below the normal range to zero (a GPU's -ftz, oneDNN's and MKL's
 // denormals modes, in fp32 arithmetic) returns 0 where its own result, within `reach` (a tier's
 // allowance) of the exact one, is subnormal in fp32's range (fp32, bf16 outputs): that zero is
-// allowed (`output`), and the element then informs nothing (is_informative); fp16's and the FP8
+// allowed (flushed_output), and the element then informs nothing (is_informative); fp16's and the FP8
 // formats' own subnormals are not flushed by those modes. Its fp32 sums may drop each of their n
-// terms that falls below 2^-126 as well: (n + 1) 2^-126 more, absolute (`terms`), for any output of
+// terms that falls below 2^-126 as well: (n + 1) 2^-126 more, absolute (flushed_terms), for any output of
 // at most fp32's precision.
-struct FlushAllowance {
-  double output = 0, terms = 0;
-};
-FlushAllowance flush_terms(const FloatFormat& output, std::size_t n) {
-  FlushAllowance flush;
-  if (output.precision() <= 24) flush.terms = static_cast<double>(n + 1) * 0x1p-126;
-  return flush;
+double flushed_terms(const FloatFormat& output, std::size_t n) {
+  return output.precision() <= 24 ? static_cast<double>(n + 1) * 0x1p-126 : 0.0;
 }
 double flushed_output(double expected, double reach, const FloatFormat& output) {
   const bool flushable = output.precision() <= 24 && output.min_normal_exponent <= -126 && expected != 0 &&
@@ -296,12 +291,10 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
   // nothing to be told apart: it counts as infinite, so the element is not informative (and the
   // case inconclusive when nothing else is) rather than failing an exact output moved by an ulp.
   const auto cannot_judge_if_nan = [](double value) { return std::isnan(value) ? INFINITY : value; };
-  FlushAllowance flush = flush_terms(output, scale.n);
-  const double extra = additional + flush.terms;
+  const double extra = additional + flushed_terms(output, scale.n);
   const double reach =
       allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + extra;
-  flush.output = flushed_output(e, reach, output);
-  const double allowed = cannot_judge_if_nan(std::max(reach, flush.output));
+  const double allowed = cannot_judge_if_nan(std::max(reach, flushed_output(e, reach, output)));
   judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};
   if (is_representable(a, output)) judged.report.ulps = ulp_distance(a, e, output);
   // At n <= lambda^2 the tiers charge the same length: one evaluation serves both.

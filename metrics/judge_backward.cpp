@@ -280,9 +280,6 @@ double statistical_closeness(const BackwardJudgement& j) {
   return closeness;
 }
 
-// The statistical tier (the elements' and the projected tests) around the emulated scores of every
-// way of holding the factor, on copies of `base` (its proven tier stands): the variant closest to
-// passing, or nothing when the problem cannot be emulated.
 // The judgement around the exact gradients: their magnitudes, the subnormal floors' scale, settings.
 struct AroundReference {
   const Magnitudes& m;
