@@ -66,10 +66,10 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
     g.z.push_back(static_cast<double>((s + bias) / theta));
     g.slope.push_back(static_cast<double>(std::fabs(slope / theta)));
     top = std::max(top, g.z.back());
-    m.logit_rounding =
-        std::max(m.logit_rounding,
-                 static_cast<double>(static_cast<long double>(d) * absolute * std::fabs(scale / theta)) +
-                     4 * std::fabs(g.z.back()) + 2 * std::fabs(bias / head.theta));
+    const double dot_part = static_cast<double>(d * absolute * std::fabs(scale / theta));
+    const double rest = 4 * std::fabs(g.z.back()) + 2 * std::fabs(bias / head.theta);
+    m.logit_rounding = std::max(m.logit_rounding, dot_part + rest);
+    m.logit_dot = std::max(m.logit_dot, dot_part), m.logit_rest = std::max(m.logit_rest, rest);
   }
   double sum = head.sink ? std::exp(*head.sink / head.theta - top) : 0.0;
   for (const double z : g.z) sum += std::exp(z - top);

@@ -88,6 +88,10 @@ struct Magnitudes {
   std::vector<ProjectedSums> d_direction;  // per query row
   double largest_z = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
+  // logit_rounding's two parts, each its own maximum over the pairs: the fp32 dot product's worst
+  // case d sum_t |q_t k_t| |scale / theta| and the rest (4 |z| + 2 |b / theta|). The projected
+  // tests charge the dot product by its d roundings' Hoeffding root (judge_backward.cpp).
+  double logit_dot = 0, logit_rest = 0;
 };
 
 // The math path's scores as a judgement emulates them (judge_backward.cpp, metrics/score_emulation.hpp):

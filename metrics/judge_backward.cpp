@@ -89,15 +89,36 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   return compare(input, tolerance, output);
 }
 
-// The element-wise entry every gradient is judged by: the backward tolerance's units for this
-// problem, and a recipe's roundings of P, dP and dS (each at most its format's u times the
-// gradient's magnitude) and of the scores (metrics/recipes.cpp).
+// How an entry charges the fp32 dot products (the logit's d_q products, dP's and D's d_v): by
+// their worst case (the element tier), or by their roundings' Hoeffding root (the projected
+// tests). A dot product of d terms rounds at most 2d times (d products, d - 1 additions), each by
+// at most u sum_t |a_t b_t| (every partial sum is at most that), so as independent sources its
+// error's sub-Gaussian proxy is sqrt(2d) u sum |a b|, where the worst case is d u sum |a b|. The
+// projected tests add the pairs' and rows' errors by Hoeffding already (ScaleNoise's `pairs`,
+// `rows`); charging each dot product as one source bounded by its worst case made the fp32 terms
+// twice the bf16 roundings' at d = 256, and a 5% dQ scale passed. Where the math path's scores
+// are emulated, the logit's dot product is the emulator's (its ambiguity is the slack, charged
+// with the scores' terms): only the logit's other roundings remain.
+enum class DotCharge { worst_case, hoeffding, hoeffding_scores_emulated };
+
+double dot_units(double d, DotCharge charge) {
+  return charge == DotCharge::worst_case ? d : std::min(d, std::sqrt(2 * d));
+}
+
+// The entry every gradient is judged by: the backward tolerance's units for this problem, and a
+// recipe's roundings of P, dP and dS (each at most its format's u times the gradient's
+// magnitude) and of the scores (metrics/recipes.cpp).
 Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magnitudes& m,
-                         const kernels::BackwardProblem& p) {
+                         const kernels::BackwardProblem& p, DotCharge charge = DotCharge::worst_case) {
+  const double d_q = static_cast<double>(p.queries.cols), d_v = static_cast<double>(p.values.cols);
+  const double logit_dot = charge == DotCharge::hoeffding_scores_emulated || d_q == 0
+                               ? 0.0
+                               : m.logit_dot * dot_units(d_q, charge) / d_q;
+  const double logit = charge == DotCharge::worst_case ? m.logit_rounding : logit_dot + m.logit_rest;
   Tolerance entry;
   entry.accumulation = &fp32;
-  entry.constant = tolerance.logit * m.logit_rounding + tolerance.lse * (m.largest_lse + m.largest_gap) +
-                   tolerance.dims * static_cast<double>(p.queries.cols + p.values.cols) + tolerance.constant;
+  entry.constant = tolerance.logit * logit + tolerance.lse * (m.largest_lse + m.largest_gap) +
+                   tolerance.dims * (dot_units(d_q, charge) + dot_units(d_v, charge)) + tolerance.constant;
   entry.per_item = tolerance.length;
   entry.probabilities_in_output = tolerance.intermediates;
   entry.scores_in_output = tolerance.score_roundings;
@@ -116,7 +137,8 @@ struct Centre {
 };
 
 struct ScaleSettings {
-  const Tolerance& entry;
+  const Tolerance& entry;      // the element tier's
+  const Tolerance& projected;  // the projected tests' (DotCharge::hoeffding)
   double units;
   const FloatFormat& output;
   const RowScale& scale;
@@ -163,7 +185,7 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
     const std::span<const double> w = m.dq_direction.row(i);
     const Magnitudes::ProjectedSums& sums = m.d_direction[i];
     ScaleNoise noise = with_exact_terms(
-        {.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows}, x.entry,
+        {.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows}, x.projected,
         sums.exact);
     for (std::size_t t = 0; t < w.size(); ++t)
       noise.absolute += std::fabs(w[t]) * (m.dq_floor(i, t) * floor_scale + (radii ? (*radii)(i, t) : 0.0));
@@ -175,7 +197,7 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
                             .weights = w,
                             .noise = with_score_terms(noise, m, sums.scores),
                             .accumulated = m.dq_accumulated.row(i)};
-    const ProjectedStat stat = project_errors(in, x.entry, x.units, x.output, x.scale);
+    const ProjectedStat stat = project_errors(in, x.projected, x.units, x.output, x.scale);
     if (!(stat.noise > 0) && !(stat.in_full > 0)) continue;  // no key seen, or no direction
     // An allowance past double's range (values near 1e300, whose products overflow) cannot judge
     // the row: its elements' own verdicts stand, as the row-scale test's do (record_scale).
@@ -225,7 +247,7 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   const auto charged = [&](ScaleNoise n, const Magnitudes::ScaleScoreTerms& scores,
                            const Magnitudes::ExactSums* exact) {
     n = with_score_terms(n, m, scores);
-    return exact != nullptr ? with_exact_terms(n, x.entry, *exact) : n;
+    return exact != nullptr ? with_exact_terms(n, x.projected, *exact) : n;
   };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
@@ -245,7 +267,7 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
        &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
   for (std::size_t g = 0; g < 3; ++g)
-    judge_gradient_scale(gradients[g], x.entry, x.units, x.output, x.scale, *comparisons[g]);
+    judge_gradient_scale(gradients[g], x.projected, x.units, x.output, x.scale, *comparisons[g]);
 }
 
 // The element-wise verdicts of dQ, dK and dV against the reference (`x.centre.gradients`), their
@@ -321,12 +343,17 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   BackwardJudgement judged = base;
   const ScaleSettings& x = exact.x;
   judge_elements(actual, exact.m, exact.floor_scale, x, centred, judged);
-  const ScaleSettings around{x.entry, x.units, x.output, x.scale,
-                             Centre{.gradients = centre,
-                                    .radii = &radii,
-                                    .relative_in_full = e.relative_in_full,
-                                    .extra_dq = e.extra_dq * u_i * u_i,
-                                    .extra_dk = e.extra_dk * u_i * u_i}};
+  const Tolerance projected = gradient_entry(tolerance, exact.m, p, DotCharge::hoeffding_scores_emulated);
+  const ScaleSettings around{.entry = x.entry,
+                             .projected = projected,
+                             .units = x.units,
+                             .output = x.output,
+                             .scale = x.scale,
+                             .centre = Centre{.gradients = centre,
+                                              .radii = &radii,
+                                              .relative_in_full = e.relative_in_full,
+                                              .extra_dq = e.extra_dq * u_i * u_i,
+                                              .extra_dk = e.extra_dk * u_i * u_i}};
   judge_gradient_scales(actual, m, exact.floor_scale, around, judged);
   judge_d_direction(actual, m, exact.floor_scale, around, judged);
   judged.score_chain = e.description;
@@ -420,7 +447,13 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   RowScale scale;
   scale.n = length;
   scale.largest_score = score;
-  const ScaleSettings settings{entry, units, output, scale, Centre{judgement.expected}};
+  const Tolerance projected = gradient_entry(tolerance, m, p, DotCharge::hoeffding);
+  const ScaleSettings settings{.entry = entry,
+                               .projected = projected,
+                               .units = units,
+                               .output = output,
+                               .scale = scale,
+                               .centre = Centre{judgement.expected}};
   judge_elements(actual, m, floor_scale, settings, nullptr, judgement);
   if (auto emulated = judge_projected_emulated(tolerance, p, actual, {m, floor_scale, settings}, judgement)) {
     judgement = std::move(*emulated);

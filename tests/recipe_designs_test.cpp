@@ -220,21 +220,27 @@ TEST(RecipeDesigns, TheMathRecipeSeesARowScaledByOnePercentWhereNoiseDidNot) {
 // its own allowance, must fit no default recipe on a head of 192 queries and keys with N(0, 1)
 // entries (the trial's shape); the honest gradients fit. (Where a low-rank head's D, formed from O
 // in bf16, moves the gradients by more than 1%, the test cannot see 1%: that is honest noise.)
-inputs::BackwardInputs normal_head(std::size_t rows, std::size_t dim, const FloatFormat& format) {
+inputs::BackwardInputs normal_head(std::size_t rows, std::size_t dim, const FloatFormat& format,
+                                   bool causal = false) {
   DeterministicRandom random(192);
   const auto normal = [&](std::size_t r) {
     Matrix m(r, dim);
     for (double& x : m.values) x = round_to_format(random.normal(0, 1), format);
     return m;
   };
-  return {normal(rows), normal(rows), normal(rows), normal(rows), {}, {}};
+  tensor::HeadScores scores;
+  scores.causal = causal;
+  if (dim > 64) scores.scale = 0.125;  // logits of standard deviation sqrt(dim) / 8, 2 at d = 256
+  return {normal(rows), normal(rows), normal(rows), normal(rows), {}, scores};
 }
 
-// A kernel's gradients on one normal head of `rows` positions (d = 64), and the exact ones.
+// A kernel's gradients on one normal head of `rows` positions (d = 64 unless given), and the
+// exact ones.
 struct JudgedHead {
-  JudgedHead(const kernels::AttentionBackwardKernel& kernel, std::size_t rows)
+  JudgedHead(const kernels::AttentionBackwardKernel& kernel, std::size_t rows, std::size_t dim = 64,
+             bool causal = false)
       : format(*kernel.format),
-        in(normal_head(rows, 64, format)),
+        in(normal_head(rows, dim, format, causal)),
         problem{in.queries, in.keys, in.values, in.d_out, in.d_lse, in.scores},
         got(kernel.run(problem)),
         expected(reference::attention_backward(
@@ -289,6 +295,26 @@ TEST(RecipeDesigns, AGradientScaledByTenPercentFitsNotTheMathPathsRecipe) {
     for (const auto gradient : every_gradient)
       EXPECT_FALSE(head.judged(recipe, head.scaled(gradient, 0.9)).passed())
           << name << ": a gradient scaled by 0.9 fits " << recipe.name;
+  }
+}
+
+// The projected tests once charged each fp32 dot product (a score's d products, dP's) by its worst
+// case, d u sum |q k|: at d = 256 that was twice the bf16 roundings' charge, and dQ scaled by 0.95
+// passed backward_math_bf16 on a causal head of 200 (the trial's reproducer, ratio 0.86). Charged
+// by their roundings' Hoeffding root (sqrt(2d) in place of d; none for the math path's emulated
+// scores), a 5% scale of any gradient fits neither design's recipe at d = 256, and the honest
+// kernels still fit theirs.
+TEST(RecipeDesigns, AFivePercentScaleFitsNoBackwardRecipeAtAWideHead) {
+  for (const char* name : {"math_backward_bf16", "flash2_backward_bf16"}) {
+    const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
+    const metrics::AttentionRecipe& recipe = *metrics::find_recipe(kernel.recipe);
+    const JudgedHead head(kernel, 200, 256, true);
+    const metrics::BackwardJudgement honest = head.judged(recipe, head.got);
+    EXPECT_TRUE(honest.passed()) << name << ": " << honest.describe_worst();
+    for (const auto gradient : every_gradient) {
+      const metrics::BackwardJudgement scaled = head.judged(recipe, head.scaled(gradient, 0.95));
+      EXPECT_FALSE(scaled.passed()) << name << ": a gradient scaled by 0.95 fits " << recipe.name;
+    }
   }
 }
 
