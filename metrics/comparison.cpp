@@ -89,9 +89,20 @@ void Comparison::merge(const Comparison& other) {
   max_bias_ratio = std::max(max_bias_ratio, other.max_bias_ratio);
   max_row_scale_ratio = std::max(max_row_scale_ratio, other.max_row_scale_ratio);
   statistical_violation_count += other.statistical_violation_count;
-  for (const auto& text : other.statistical_violations) {
-    if (statistical_violations.size() < max_described_violations) statistical_violations.push_back(text);
-  }
+  // Whole-row, head and gradient findings stay ahead of the elements' (add_whole_finding): the
+  // other's come after this one's and before this one's element findings.
+  const auto whole_end = [](const Comparison& c) {
+    return c.statistical_violations.cbegin() +
+           static_cast<std::ptrdiff_t>(std::min(c.whole_findings, c.statistical_violations.size()));
+  };
+  std::vector<std::string> described(statistical_violations.cbegin(), whole_end(*this));
+  described.insert(described.end(), other.statistical_violations.cbegin(), whole_end(other));
+  const std::size_t whole = described.size();
+  described.insert(described.end(), whole_end(*this), statistical_violations.cend());
+  described.insert(described.end(), whole_end(other), other.statistical_violations.cend());
+  if (described.size() > max_described_violations) described.resize(max_described_violations);
+  statistical_violations = std::move(described);
+  whole_findings = std::min(whole, max_described_violations);
   informative += other.informative;
 }
 

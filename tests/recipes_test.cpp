@@ -193,5 +193,36 @@ TEST(Recipes, OldNamesStillResolveAndChargeTheOutputsFormat) {
   EXPECT_THROW((void)metrics::tolerance_for("no_such_recipe"), InputError);
 }
 
+// Comparison::merge (the gate folds a batch's heads, a backward's groups): a whole-gradient or
+// row-scale finding names the cause, so it stays ahead of the element findings of either side,
+// and the count of such findings follows it (it was dropped: the second head's scale finding came
+// after the first head's eight element findings, out of the described list).
+TEST(Comparison, MergeKeepsWholeFindingsAheadOfElementFindings) {
+  const auto with = [](std::size_t whole, std::size_t elements, const std::string& tag) {
+    metrics::Comparison c;
+    c.elements = 1;
+    for (std::size_t i = 0; i < whole; ++i)
+      c.statistical_violations.push_back(tag + " whole " + std::to_string(i));
+    for (std::size_t i = 0; i < elements; ++i)
+      c.statistical_violations.push_back(tag + " element " + std::to_string(i));
+    c.whole_findings = whole;
+    c.statistical_violation_count = whole + elements;
+    return c;
+  };
+  metrics::Comparison first = with(0, 8, "first");
+  first.merge(with(1, 3, "second"));
+  ASSERT_FALSE(first.statistical_violations.empty());
+  EXPECT_EQ(first.statistical_violations.front(), "second whole 0");
+  EXPECT_EQ(first.whole_findings, 1U);
+  EXPECT_EQ(first.statistical_violation_count, 12U);
+  EXPECT_LE(first.statistical_violations.size(), 8U);
+  metrics::Comparison both = with(1, 2, "a");
+  both.merge(with(2, 2, "b"));
+  const std::vector<std::string> expected = {"a whole 0",   "b whole 0",   "b whole 1",  "a element 0",
+                                             "a element 1", "b element 0", "b element 1"};
+  EXPECT_EQ(both.statistical_violations, expected);
+  EXPECT_EQ(both.whole_findings, 3U);
+}
+
 }  // namespace
 }  // namespace sharpcheck
