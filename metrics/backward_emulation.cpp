@@ -82,8 +82,9 @@ bool emulate_rows(const kernels::BackwardProblem& p, std::size_t h, const ScoreE
   }
   tensor::HeadScores emulated = head;
   emulated.scale = scale;
-  emulated.bias = bias;
-  emulated.keep = {};  // its stride is the head's; the bias is -inf wherever the head sees no key
+  emulated.bias = bias;      // the emulated scores hold the head's bias and ALiBi terms
+  emulated.alibi_slope = 0;  // (ScoreEmulator::add_bias): not added again
+  emulated.keep = {};        // its stride is the head's; the bias is -inf wherever the head sees no key
   emulated.row_stride = keys;
   out.heads.push_back(emulated);
   return true;

@@ -52,9 +52,9 @@ struct EmulatedBackward {
   [[nodiscard]] tensor::AttentionBackwardProblem problem(const kernels::BackwardProblem& p) const;
 };
 
-// Whether every head scores as the plain math path does (no sink, soft-cap, ALiBi or LSE gradient;
-// score_emulation.hpp's scores_emulable), with one scale, and the problem is small enough to hold
-// its scores twice.
+// Whether every head scores as the math path does (no sink, soft-cap, temperature or LSE gradient;
+// score_emulation.hpp's scores_emulable: a bias and ALiBi are emulated), with one scale, and the problem is
+// small enough to hold its scores twice.
 [[nodiscard]] bool backward_emulable(const kernels::BackwardProblem& p);
 
 // The emulation of one chain and way of holding the factor into `out` (default-constructed); false

@@ -57,9 +57,7 @@ std::string_view describe(ScoreChain chain) {
 }
 
 bool scores_emulable(const tensor::HeadScores& scores) {
-  if (scores.softcap != 0.0 || scores.alibi_slope != 0.0 || scores.theta != 1.0) return false;
-  return std::all_of(scores.bias.begin(), scores.bias.end(),
-                     [](double b) { return b == 0.0 || b <= hiding_bias; });
+  return scores.softcap == 0.0 && scores.theta == 1.0;
 }
 
 namespace {
@@ -152,6 +150,51 @@ void ScoreEmulator::finish(double accumulator, double lo, double hi, double& z, 
   ambiguity = std::max(centre - low, high - centre);
 }
 
+// The bias a - slope |distance| added to a score the kernel holds as F's z (within ambiguity).
+// The kernel holds the bias in F or in fp32 (the additive part as given, the ALiBi part formed in
+// fp32 from the slope held in fp32 or rounded to F first: kernels do not agree), adds it in fp32 and
+// rounds the sum to F (or rounds once: the same interval). The centre is the common case: the bias
+// formed in fp32 and rounded to F, added in fp32, the sum rounded to F. The interval of the sum
+// spans every held bias, each fp32 value widened by fp32_step of |a| + |slope distance|; a bias
+// given as F's values (a bf16 mask tensor) leaves no ambiguity but the sum's own rounding ties.
+// A bias at or below hiding_bias hides its key: added exactly, as before.
+void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, double& z, double& ambiguity) const {
+  if (terms.slope == 0.0 && terms.additive <= hiding_bias) {
+    z += terms.additive;
+    return;
+  }
+  const double a = terms.additive, distance = static_cast<double>(terms.distance);
+  const double exact = a - terms.slope * distance;
+  const auto in_fp32 = static_cast<double>(static_cast<float>(a) -
+                                           static_cast<float>(terms.slope) * static_cast<float>(distance));
+  const double centre_bias = round_to_format(in_fp32, format_);
+  double low_bias = std::min({centre_bias, round_to_format(exact, format_), in_fp32});
+  double high_bias = std::max({centre_bias, round_to_format(exact, format_), in_fp32});
+  if (terms.slope != 0.0) {  // any fp32 order, from the slope in fp32 or in F; then in F or not
+    const double held_slope = a - round_to_format(terms.slope, format_) * distance;
+    const double reach = (std::fabs(a) + std::fabs(terms.slope) * distance) * fp32_step;
+    const double lowest = std::min(exact, held_slope) - reach, highest = std::max(exact, held_slope) + reach;
+    low_bias = std::min({low_bias, lowest, round_to_format(lowest, format_)});
+    high_bias = std::max({high_bias, highest, round_to_format(highest, format_)});
+  }
+  const double centre =
+      round_to_format(static_cast<double>(static_cast<float>(z) + static_cast<float>(centre_bias)), format_);
+  // The kernel's sum lies between the fp32 sums of the ends (fp32 rounding is monotone; the ends'
+  // double sum moved outward a step where it was not exact), then F rounds it, once or after fp32.
+  const auto end_of = [&](double x, double y, double toward) {
+    const double sum = x + y;
+    const bool sum_exact = sum - x == y && sum - y == x;
+    const double held = sum_exact ? sum : std::nextafter(sum, toward);
+    const double rounded = round_to_format(held, format_);
+    const double via_fp32 = round_to_format(static_cast<double>(static_cast<float>(held)), format_);
+    return toward < 0 ? std::min(rounded, via_fp32) : std::max(rounded, via_fp32);
+  };
+  const double low = end_of(z - ambiguity, low_bias, -INFINITY);
+  const double high = end_of(z + ambiguity, high_bias, INFINITY);
+  z = centre;
+  ambiguity = std::max(centre - low, high - centre);
+}
+
 // The fp32 accumulator of q'.k' (q', k' the operands' centres, whose products are exact in fp32
 // for 16-bit formats) holds the exact dot product up to gamma = (d + 2) 2^-24 times sum |q' k'|
 // in any summation order (d - 1 additions; the 2 more cover an fp32 conversion of the result and
@@ -177,7 +220,7 @@ bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible,
         gamma * (magnitude + moved) * (1 + 0x1p-20) + moved + static_cast<double>(d) * 0x1p-149;
     double z = 0, ambiguity = 0;
     finish(static_cast<double>(static_cast<float>(dot)), dot - reach, dot + reach, z, ambiguity);
-    if (scores_.has_bias()) z += scores_.bias_of(query, j);  // 0, or a mask that hides the key
+    if (scores_.has_bias()) add_bias(scores_.bias_terms(query, j), z, ambiguity);
     if (!std::isfinite(z) || !std::isfinite(ambiguity)) return false;
     out.z.push_back(z);
     out.ambiguity.push_back(ambiguity);

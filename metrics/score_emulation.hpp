@@ -51,10 +51,11 @@ enum class FactorRounding { fp32, format_product, format_quotient };
 [[nodiscard]] std::string_view describe(ScoreChain chain);
 [[nodiscard]] std::string_view describe(FactorRounding rounding);
 
-// Whether a head's scores are the plain math path's, which the chains describe: no soft-cap, no
-// ALiBi, theta 1, and any additive bias 0 or a mask (-inf, or at most -1e4: a key it hides).
-// Heads with more (a soft-cap or ALiBi, each rounded in ways kernels do not agree on) keep the
-// scores' roundings charged as noise.
+// Whether a head's scores are the math path's, which the chains describe: no soft-cap and theta 1.
+// An additive bias or ALiBi is added to the emulated score as the kernel may add it
+// (ScoreEmulator::add_bias: the bias held in F or fp32, the slope in fp32 or F, the sum rounded to
+// F), the ways kernels differ charged as the score's ambiguity. A soft-cap's tanh is rounded in
+// ways kernels do not agree on: those heads keep the scores' roundings charged as noise.
 [[nodiscard]] bool scores_emulable(const tensor::HeadScores& scores);
 
 // One query row's emulated scores: per visible key (in the order given), then the sink if any.
@@ -96,6 +97,8 @@ class ScoreEmulator {
   [[nodiscard]] Operand prepare(const Matrix& x, double factor) const;
   // The score from the interval [lo, hi] the fp32 accumulator may hold and the centre it holds.
   void finish(double accumulator, double lo, double hi, double& z, double& ambiguity) const;
+  // The head's bias added to a score z (ambiguity: how far the kernel's may be from it).
+  void add_bias(const tensor::HeadScores::BiasTerms& terms, double& z, double& ambiguity) const;
 
   ScoreChain chain_;
   const tensor::HeadScores& scores_;

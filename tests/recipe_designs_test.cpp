@@ -31,15 +31,15 @@ namespace {
 // others by a 0.3% temperature: with eight rows, one of the twelve variants absorbs the twin's row
 // scales (ratio 0.91; the other variants 1.85 to 2.2). Naming flash_bf16 catches it (4.45 at worst
 // over the gate). Listed so that a new miss fails.
-// Two more, seen since the head-scale tests (metrics/inside_rounding.hpp's HeadScale) made
-// flash_bf16 catch a row sum kept in bf16 (no LSE) on two small problems where it passed before:
-// math_bf16 absorbs those rows' scale errors there: with ALiBi or an additive bias its scores are
-// not emulated (score_emulation.hpp), and their roundings are charged as noise. (Where they are
-// emulated, the fp32 dot products' errors are no longer charged on top, which made the default
-// catch the same kernel on [1, 4, 256, 64].) Naming flash_bf16 catches them.
+// One more, seen since the head-scale tests (metrics/inside_rounding.hpp's HeadScale) made
+// flash_bf16 catch a row sum kept in bf16 (no LSE) on small problems where it passed before:
+// math_bf16 absorbs those rows' scale errors on the 16 x 48 head of 32 dimensions, whose padding
+// mask hides a third of the keys (its scores are emulated; why math_bf16 still absorbs the twin
+// there is not established). Naming flash_bf16 catches it. (The ALiBi problem
+// was a second such miss while ALiBi's scores were not emulated: now its twin fits no recipe.)
 bool known_default_miss(std::string_view kernel, std::string_view scenario, std::string_view recipe) {
   if (kernel == "flash2_bf16_row_sum_bf16_no_lse" && recipe == "math_bf16")
-    return scenario == "alibi_causal_64x96_d128" || scenario == "additive_mask_16x48_d32";
+    return scenario == "additive_mask_16x48_d32";
   return kernel == "flash2_bf16_p_e4m3_no_lse" && scenario == "kv_cache_decode_1x1024_d128_gqa_8_2" &&
          recipe == "math_bf16";
 }
@@ -395,6 +395,46 @@ TEST(RecipeDesigns, TheMathRecipesBackwardReadsAMaskWithItsOwnStride) {
     const metrics::BackwardJudgement judged = metrics::judge_attention_backward(math, bf16, *problem, got);
     EXPECT_TRUE(judged.passed()) << judged.describe_worst();
     EXPECT_FALSE(judged.score_chain.empty());
+  }
+}
+
+// Heads with an additive bias in bf16, and with ALiBi on top (causal, bottom-right): the math
+// path's scores are emulated with the bias added as the kernel adds it (ScoreEmulator::add_bias),
+// and the emulated problem must not add ALiBi a second time. The honest math-path kernel fits
+// backward_math_bf16 around the emulated scores; dQ or dK scaled by 0.98 does not where the bias
+// is bf16's own values, nor by 0.95 with ALiBi (a bias a kernel may hold in fp32 or in bf16 leaves
+// each score half a step of ambiguity, charged as the rounding it may be).
+TEST(RecipeDesigns, TheMathRecipesBackwardEmulatesABiasAndALiBi) {
+  DeterministicRandom random(9);
+  const std::size_t m = 96, n = 128, d = 64;
+  const auto draw = [&](std::size_t rows, double sigma) {
+    Matrix x(rows, d);
+    for (double& value : x.values) value = round_to_format(random.normal(0, sigma), bf16);
+    return x;
+  };
+  const Matrix q = draw(m, 1), k = draw(n, 1), v = draw(n, 1), d_out = draw(m, 1);
+  std::vector<double> bias(m * n);
+  for (double& b : bias) b = round_to_format(random.normal(0, 1), bf16);
+  const kernels::BackwardTolerance& math =
+      metrics::backward_tolerance(*metrics::find_recipe("backward_math_bf16"));
+  for (const double slope : {0.0, 0.0625}) {
+    tensor::HeadScores scores;
+    scores.causal = true;
+    scores.alignment = tensor::DiagonalAlignment::bottom_right;
+    scores.alibi_slope = slope;
+    scores.bias = bias;
+    scores.row_stride = n;
+    const kernels::BackwardProblem problem(q, k, v, d_out, {}, scores);
+    const kernels::KernelGradients got = kernels::attention_backward_math_lowp(problem, bf16);
+    const metrics::BackwardJudgement honest = metrics::judge_attention_backward(math, bf16, problem, got);
+    EXPECT_TRUE(honest.passed()) << "slope " << slope << ": " << honest.describe_worst();
+    EXPECT_FALSE(honest.score_chain.empty()) << "slope " << slope << ": the scores were not emulated";
+    for (const auto gradient : {&kernels::KernelGradients::d_queries, &kernels::KernelGradients::d_keys}) {
+      kernels::KernelGradients scaled = got;
+      for (double& x : (scaled.*gradient).values) x = round_to_format(x * (slope == 0.0 ? 0.98 : 0.95), bf16);
+      EXPECT_FALSE(metrics::judge_attention_backward(math, bf16, problem, scaled).passed())
+          << "slope " << slope;
+    }
   }
 }
 

@@ -194,26 +194,96 @@ TEST(ScoreEmulation, AScaleRoundedToTheFormatIsEmulatedToo) {
   }
 }
 
-TEST(ScoreEmulation, OnlyThePlainMathPathIsEmulable) {
+TEST(ScoreEmulation, EveryHeadButASoftCappedOrTemperedOneIsEmulable) {
   tensor::HeadScores plain;
   EXPECT_TRUE(scores_emulable(plain));
   tensor::HeadScores capped = plain;
   capped.softcap = 30;
   EXPECT_FALSE(scores_emulable(capped));
-  tensor::HeadScores alibi = plain;
-  alibi.alibi_slope = 0.5;
-  EXPECT_FALSE(scores_emulable(alibi));
   tensor::HeadScores warm = plain;
   warm.theta = 2;
   EXPECT_FALSE(scores_emulable(warm));
-  const std::vector<double> mask = {0.0, -INFINITY, -1e9, 0.0};
-  tensor::HeadScores masked = plain;
-  masked.bias = mask;
-  EXPECT_TRUE(scores_emulable(masked));
-  const std::vector<double> bias = {0.0, -0.5};
+  tensor::HeadScores alibi = plain;
+  alibi.alibi_slope = 0.5;
+  EXPECT_TRUE(scores_emulable(alibi));
+  const std::vector<double> bias = {0.0, -0.5, -INFINITY, -1e9};
   tensor::HeadScores biased = plain;
   biased.bias = bias;
-  EXPECT_FALSE(scores_emulable(biased));
+  EXPECT_TRUE(scores_emulable(biased));
+}
+
+// A bias (an additive tensor, ALiBi) as kernels add it: the math path's `scores + bias` with the
+// bias tensor in F (built in fp32 from the slope and cast, or handed in F), added in fp32 and
+// rounded to F, or rounded once; ALiBi's slope held in fp32 or in F. Every such score lies within
+// the emulation's ambiguity; a bias given as F's values leaves it rare; a kernel that adds the
+// bias twice, or the slope with the wrong sign, falls outside.
+struct BiasedKernel {
+  bool slope_in_format;  // the slopes tensor in F (ALiBi)
+  bool round_once;       // F(z + b) in one rounding, not F(fp32(z + b))
+};
+
+float biased_score(float z, double additive, double slope, double distance, const FloatFormat& f,
+                   const BiasedKernel& kernel) {
+  const float held_slope =
+      kernel.slope_in_format ? to(f, static_cast<float>(slope)) : static_cast<float>(slope);
+  const float bias = to(f, static_cast<float>(additive) - held_slope * static_cast<float>(distance));
+  return kernel.round_once ? static_cast<float>(round_to_format(static_cast<double>(z) + bias, f))
+                           : to(f, z + bias);
+}
+
+TEST(ScoreEmulation, ABiasIsAddedAsEveryKernelAddsItAndAWrongOneFallsOutside) {
+  for (const FloatFormat* f : {&bf16, &fp16}) {
+    const std::size_t m = 16, n = 64, d = 64;
+    const Head h = random_head(m, n, d, *f, 1.0, 11);
+    DeterministicRandom random(12);
+    std::vector<double> additive(m * n);
+    for (double& b : additive) b = round_to_format(random.normal(0, 2), *f);  // a bias tensor in F
+    for (const double slope : {0.0, 0.0625, 0.50195}) {  // bf16 holds the last as 0.5
+      tensor::HeadScores scores;
+      scores.queries = m;
+      scores.keys = scores.row_stride = n;
+      scores.bias = additive;
+      scores.alibi_slope = slope;
+      const ScoreEmulator emulator(ScoreChain::product_then_scale, h.q, h.k, scores, *f);
+      const double scale = 1 / std::sqrt(static_cast<double>(d));
+      std::vector<std::size_t> visible(n);
+      std::iota(visible.begin(), visible.end(), 0);
+      EmulatedRow row;
+      tensor::HeadScores unbiased = scores;
+      unbiased.bias = {};
+      unbiased.alibi_slope = 0;
+      const ScoreEmulator plain(ScoreChain::product_then_scale, h.q, h.k, unbiased, *f);
+      std::size_t outside = 0, ambiguous = 0, ambiguous_unbiased = 0, wrong_inside = 0;
+      for (std::size_t i = 0; i < m; ++i) {
+        ASSERT_TRUE(plain.row(i, visible, row));
+        for (const double a : row.ambiguity) ambiguous_unbiased += a > 0 ? 1 : 0;
+        ASSERT_TRUE(emulator.row(i, visible, row));
+        for (std::size_t j = 0; j < n; ++j) {
+          const float z = kernel_score(ScoreChain::product_then_scale, *f, {&h.qf[i * d], d},
+                                       {&h.kf[j * d], d}, scale, Order(in_order), false);
+          const auto terms = scores.bias_terms(i, j);
+          const double distance = static_cast<double>(terms.distance);
+          ambiguous += row.ambiguity[j] > 0 ? 1 : 0;
+          for (const BiasedKernel kernel : {BiasedKernel{false, false}, BiasedKernel{true, false},
+                                            BiasedKernel{false, true}, BiasedKernel{true, true}}) {
+            const float got = biased_score(z, terms.additive, terms.slope, distance, *f, kernel);
+            outside += std::fabs(static_cast<double>(got) - row.z[j]) > row.ambiguity[j] ? 1 : 0;
+          }
+          const float twice = biased_score(biased_score(z, terms.additive, terms.slope, distance, *f, {}),
+                                           terms.additive, terms.slope, distance, *f, {});
+          const float flipped = biased_score(z, terms.additive, -terms.slope, distance, *f, {});
+          const float wrong = slope == 0.0 ? twice : flipped;
+          wrong_inside += std::fabs(static_cast<double>(wrong) - row.z[j]) <= row.ambiguity[j] ? 1 : 0;
+        }
+      }
+      EXPECT_EQ(outside, 0U) << f->name << " slope " << slope;
+      if (slope == 0.0) {  // a bias in F adds the sum's own rounding ties at most
+        EXPECT_LE(ambiguous, ambiguous_unbiased + m * n / 50)
+            << f->name << ": " << ambiguous_unbiased << " scores ambiguous without the bias";
+      }
+      EXPECT_LT(wrong_inside, m * n / 4) << f->name << " slope " << slope;
+    }
+  }
 }
 
 }  // namespace
