@@ -121,50 +121,53 @@ ScoreEmulator::Operand ScoreEmulator::prepare(const Matrix& x, double factor) co
   return operand;
 }
 
-void ScoreEmulator::finish(double accumulator, double lo, double hi, double& z, double& ambiguity) const {
+void ScoreEmulator::finish(double accumulator, double lo, double hi, Score& out) const {
   const auto fp32_scale = static_cast<float>(scale_);
-  double centre = 0, low = 0, high = 0;
+  double centre = 0;
   switch (chain_) {
     case ScoreChain::product_then_scale: {
       const double product = round_to_format(accumulator, format_);
       const double product_low = round_to_format(widen_down(lo), format_);
       const double product_high = round_to_format(widen_up(hi), format_);
       centre = round_to_format(static_cast<double>(static_cast<float>(product) * fp32_scale), format_);
-      low = round_to_format(widen_down(std::min(product_low * scale_, product_high * scale_)), format_);
-      high = round_to_format(widen_up(std::max(product_low * scale_, product_high * scale_)), format_);
+      out.before_low = widen_down(std::min(product_low * scale_, product_high * scale_));
+      out.before_high = widen_up(std::max(product_low * scale_, product_high * scale_));
       break;
     }
     case ScoreChain::both_prescaled:
     case ScoreChain::query_prescaled:
       centre = round_to_format(accumulator, format_);
-      low = round_to_format(widen_down(lo), format_);
-      high = round_to_format(widen_up(hi), format_);
+      out.before_low = widen_down(lo);
+      out.before_high = widen_up(hi);
       break;
     case ScoreChain::scaled_accumulator:
       centre = round_to_format(static_cast<double>(static_cast<float>(accumulator) * fp32_scale), format_);
-      low = round_to_format(widen_down(std::min(lo * scale_, hi * scale_)), format_);
-      high = round_to_format(widen_up(std::max(lo * scale_, hi * scale_)), format_);
+      out.before_low = widen_down(std::min(lo * scale_, hi * scale_));
+      out.before_high = widen_up(std::max(lo * scale_, hi * scale_));
       break;
   }
-  z = centre;
-  ambiguity = std::max(centre - low, high - centre);
+  out.z = centre;
+  out.ambiguity = std::max(centre - round_to_format(out.before_low, format_),
+                           round_to_format(out.before_high, format_) - centre);
 }
 
 // The bias a - slope |distance| added to a score the kernel holds as F's z (within ambiguity).
 // The kernel holds the bias in F or in fp32 (the additive part as given, the ALiBi part formed in
-// fp32 from the slope held in fp32 or rounded to F first: kernels do not agree), adds it in fp32 and
-// rounds the sum to F (or rounds once: the same interval). The centre is the common case: the bias
-// formed in fp32 and rounded to F, added in fp32, the sum rounded to F. The interval of the sum
-// spans every held bias, each fp32 value widened by fp32_step of |a| + |slope distance|; a bias
-// given as F's values (a bf16 mask tensor) leaves no ambiguity but the sum's own rounding ties.
-// A bias at or below hiding_bias hides its key: added exactly, as before.
-void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, double& z, double& ambiguity) const {
-  if (terms.slope == 0.0 && terms.additive <= hiding_bias) {
-    z += terms.additive;
-    return;
-  }
+// fp32 from the slope held in fp32 or rounded to F first: kernels do not agree), and adds it to the
+// rounded score in fp32, rounding the sum to F (or rounding once: the same interval), or before the
+// score's own last rounding (a fused epilogue: baddbmm with beta = 1, as BLOOM adds ALiBi). Where a
+// head has both an additive bias and ALiBi, the kernel may also round either term or a partial sum
+// to F on the way: two more roundings, u_F of the terms' magnitudes each. The centre is the common
+// case: the bias formed in fp32 and rounded to F, added in fp32, the sum rounded to F. A bias given
+// as F's values (a bf16 mask tensor) and added after the score's rounding leaves no ambiguity but
+// the sum's own rounding ties. A bias at or below hiding_bias hides its key: added exactly.
+void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, Score& score) const {
   const double a = terms.additive, distance = static_cast<double>(terms.distance);
   const double exact = a - terms.slope * distance;
+  if (a <= hiding_bias) {
+    score.z += exact;
+    return;
+  }
   const auto in_fp32 = static_cast<double>(static_cast<float>(a) -
                                            static_cast<float>(terms.slope) * static_cast<float>(distance));
   const double centre_bias = round_to_format(in_fp32, format_);
@@ -173,12 +176,17 @@ void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, double&
   if (terms.slope != 0.0) {  // any fp32 order, from the slope in fp32 or in F; then in F or not
     const double held_slope = a - round_to_format(terms.slope, format_) * distance;
     const double reach = (std::fabs(a) + std::fabs(terms.slope) * distance) * fp32_step;
-    const double lowest = std::min(exact, held_slope) - reach, highest = std::max(exact, held_slope) + reach;
+    double lowest = std::min(exact, held_slope) - reach, highest = std::max(exact, held_slope) + reach;
+    if (a != 0.0) {  // both terms: a term or a partial sum rounded to F on the way
+      const double steps = 2 * format_.unit_roundoff() *
+                           (std::fabs(score.z) + score.ambiguity + std::fabs(a) + std::fabs(exact));
+      lowest -= steps, highest += steps;
+    }
     low_bias = std::min({low_bias, lowest, round_to_format(lowest, format_)});
     high_bias = std::max({high_bias, highest, round_to_format(highest, format_)});
   }
-  const double centre =
-      round_to_format(static_cast<double>(static_cast<float>(z) + static_cast<float>(centre_bias)), format_);
+  const double centre = round_to_format(
+      static_cast<double>(static_cast<float>(score.z) + static_cast<float>(centre_bias)), format_);
   // The kernel's sum lies between the fp32 sums of the ends (fp32 rounding is monotone; the ends'
   // double sum moved outward a step where it was not exact), then F rounds it, once or after fp32.
   const auto end_of = [&](double x, double y, double toward) {
@@ -189,10 +197,12 @@ void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, double&
     const double via_fp32 = round_to_format(static_cast<double>(static_cast<float>(held)), format_);
     return toward < 0 ? std::min(rounded, via_fp32) : std::max(rounded, via_fp32);
   };
-  const double low = end_of(z - ambiguity, low_bias, -INFINITY);
-  const double high = end_of(z + ambiguity, high_bias, INFINITY);
-  z = centre;
-  ambiguity = std::max(centre - low, high - centre);
+  const double low = std::min(end_of(score.z - score.ambiguity, low_bias, -INFINITY),
+                              round_to_format(widen_down(score.before_low + low_bias), format_));
+  const double high = std::max(end_of(score.z + score.ambiguity, high_bias, INFINITY),
+                               round_to_format(widen_up(score.before_high + high_bias), format_));
+  score.z = centre;
+  score.ambiguity = std::max(centre - low, high - centre);
 }
 
 // The fp32 accumulator of q'.k' (q', k' the operands' centres, whose products are exact in fp32
@@ -218,9 +228,10 @@ bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible,
     }
     const double reach =
         gamma * (magnitude + moved) * (1 + 0x1p-20) + moved + static_cast<double>(d) * 0x1p-149;
-    double z = 0, ambiguity = 0;
-    finish(static_cast<double>(static_cast<float>(dot)), dot - reach, dot + reach, z, ambiguity);
-    if (scores_.has_bias()) add_bias(scores_.bias_terms(query, j), z, ambiguity);
+    Score score;
+    finish(static_cast<double>(static_cast<float>(dot)), dot - reach, dot + reach, score);
+    if (scores_.has_bias()) add_bias(scores_.bias_terms(query, j), score);
+    const double z = score.z, ambiguity = score.ambiguity;
     if (!std::isfinite(z) || !std::isfinite(ambiguity)) return false;
     out.z.push_back(z);
     out.ambiguity.push_back(ambiguity);

@@ -95,10 +95,16 @@ class ScoreEmulator {
     Matrix deviation;
   };
   [[nodiscard]] Operand prepare(const Matrix& x, double factor) const;
+  // One score: the centre, how far an honest kernel's may be from it, and the interval of reals
+  // the kernel may hold just before its last rounding to F.
+  struct Score {
+    double z = 0, ambiguity = 0;
+    double before_low = 0, before_high = 0;
+  };
   // The score from the interval [lo, hi] the fp32 accumulator may hold and the centre it holds.
-  void finish(double accumulator, double lo, double hi, double& z, double& ambiguity) const;
-  // The head's bias added to a score z (ambiguity: how far the kernel's may be from it).
-  void add_bias(const tensor::HeadScores::BiasTerms& terms, double& z, double& ambiguity) const;
+  void finish(double accumulator, double lo, double hi, Score& out) const;
+  // The head's bias added to a score as kernels add it.
+  void add_bias(const tensor::HeadScores::BiasTerms& terms, Score& score) const;
 
   ScoreChain chain_;
   const tensor::HeadScores& scores_;

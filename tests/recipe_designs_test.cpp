@@ -31,15 +31,16 @@ namespace {
 // others by a 0.3% temperature: with eight rows, one of the twelve variants absorbs the twin's row
 // scales (ratio 0.91; the other variants 1.85 to 2.2). Naming flash_bf16 catches it (4.45 at worst
 // over the gate). Listed so that a new miss fails.
-// One more, seen since the head-scale tests (metrics/inside_rounding.hpp's HeadScale) made
+// Two more, seen since the head-scale tests (metrics/inside_rounding.hpp's HeadScale) made
 // flash_bf16 catch a row sum kept in bf16 (no LSE) on small problems where it passed before:
-// math_bf16 absorbs those rows' scale errors on the 16 x 48 head of 32 dimensions, whose padding
-// mask hides a third of the keys (its scores are emulated; why math_bf16 still absorbs the twin
-// there is not established). Naming flash_bf16 catches it. (The ALiBi problem
-// was a second such miss while ALiBi's scores were not emulated: now its twin fits no recipe.)
+// math_bf16 absorbs those rows' scale errors on two of them. On the ALiBi problem the emulated
+// scores keep a step or two of ambiguity each (ALiBi's terms may be held in fp32 or bf16 and
+// rounded on the way: ScoreEmulator::add_bias), charged as roundings; on the 16 x 48 head of 32
+// dimensions, whose padding mask hides a third of the keys, the scores are emulated exactly, and
+// why math_bf16 still absorbs the twin there is not established. Naming flash_bf16 catches both.
 bool known_default_miss(std::string_view kernel, std::string_view scenario, std::string_view recipe) {
   if (kernel == "flash2_bf16_row_sum_bf16_no_lse" && recipe == "math_bf16")
-    return scenario == "additive_mask_16x48_d32";
+    return scenario == "alibi_causal_64x96_d128" || scenario == "additive_mask_16x48_d32";
   return kernel == "flash2_bf16_p_e4m3_no_lse" && scenario == "kv_cache_decode_1x1024_d128_gqa_8_2" &&
          recipe == "math_bf16";
 }
@@ -402,8 +403,8 @@ TEST(RecipeDesigns, TheMathRecipesBackwardReadsAMaskWithItsOwnStride) {
 // path's scores are emulated with the bias added as the kernel adds it (ScoreEmulator::add_bias),
 // and the emulated problem must not add ALiBi a second time. The honest math-path kernel fits
 // backward_math_bf16 around the emulated scores; dQ or dK scaled by 0.98 does not where the bias
-// is bf16's own values, nor by 0.95 with ALiBi (a bias a kernel may hold in fp32 or in bf16 leaves
-// each score half a step of ambiguity, charged as the rounding it may be).
+// is bf16's own values, nor by 0.9 with ALiBi on top (terms a kernel may hold in fp32 or in bf16,
+// and round on the way, leave each score a step or two of ambiguity, charged as roundings).
 TEST(RecipeDesigns, TheMathRecipesBackwardEmulatesABiasAndALiBi) {
   DeterministicRandom random(9);
   const std::size_t m = 96, n = 128, d = 64;
@@ -431,7 +432,7 @@ TEST(RecipeDesigns, TheMathRecipesBackwardEmulatesABiasAndALiBi) {
     EXPECT_FALSE(honest.score_chain.empty()) << "slope " << slope << ": the scores were not emulated";
     for (const auto gradient : {&kernels::KernelGradients::d_queries, &kernels::KernelGradients::d_keys}) {
       kernels::KernelGradients scaled = got;
-      for (double& x : (scaled.*gradient).values) x = round_to_format(x * (slope == 0.0 ? 0.98 : 0.95), bf16);
+      for (double& x : (scaled.*gradient).values) x = round_to_format(x * (slope == 0.0 ? 0.98 : 0.9), bf16);
       EXPECT_FALSE(metrics::judge_attention_backward(math, bf16, problem, scaled).passed())
           << "slope " << slope;
     }
