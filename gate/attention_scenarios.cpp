@@ -1,5 +1,6 @@
 #include "gate/attention_scenarios.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/random.hpp"
@@ -28,6 +29,12 @@ constexpr AttentionScenario scenarios[] = {
     {"packed_varlen_17_43_d64", bottom_right, true},
     {"additive_mask_16x48_d32", 0, false},
     {"late_dominant_key_64x512_d64", 0, true},
+    // Exact probes: V constant (every output exactly 3) and Q zero (every weight exactly 1/n, the
+    // log-sum-exp ln n), which show a row sum picked up from a neighbour or a denominator off by
+    // a rounding at once (an FP8 kernel gave 0.637 with V = ones). 3, not 1: an expected 1 is not
+    // informative (the judge's MISTRUSTED rule).
+    {"probe_constant_v_16x256_d64", 0, true},
+    {"probe_zero_q_16x256_d64", 0, true},
 };
 
 void fill(std::vector<double>& data, std::size_t count, DeterministicRandom& random,
@@ -86,6 +93,8 @@ tensor::AttentionProblem problem_of(std::string_view name) {
     causal_bottom_right();
   } else if (name == "late_dominant_key_64x512_d64") {
     p.shape = {1, 1, 1, 64, 512, 64, 64};
+  } else if (name == "probe_constant_v_16x256_d64" || name == "probe_zero_q_16x256_d64") {
+    p.shape = {1, 2, 2, 16, 256, 64, 64};
   } else {  // additive_mask_16x48_d32
     p.shape = {1, 2, 1, 16, 48, 32, 32};
   }
@@ -123,6 +132,8 @@ ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t se
     }
     p.bias = inputs.bias;
   }
+  if (scenario.name == "probe_constant_v_16x256_d64") std::fill(inputs.v.begin(), inputs.v.end(), 3.0);
+  if (scenario.name == "probe_zero_q_16x256_d64") std::fill(inputs.q.begin(), inputs.q.end(), 0.0);
   if (scenario.name == "late_dominant_key_64x512_d64") {
     // Query i's dominant key is 448 + i, in the last tile of 64: its score 0.75 |q_i|^2 / 8 (about
     // 6) is some 3.5 above every earlier tile's max (about 2.5): enough to dominate the row, too

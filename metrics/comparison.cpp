@@ -35,6 +35,22 @@ void add_whole_finding(Comparison& comparison, std::string text) {
 }
 }  // namespace
 
+double alike_roundings_noise(std::vector<ValueAndBound>& elements) {
+  std::sort(elements.begin(), elements.end(), [](const ValueAndBound& a, const ValueAndBound& b) {
+    return std::isnan(b.value) ? !std::isnan(a.value) : a.value < b.value;  // NaNs last: a strict order
+  });
+  double squares = 0;
+  for (std::size_t first = 0; first < elements.size();) {
+    double alike = elements[first].bound;
+    std::size_t last = first + 1;  // a NaN value stands alone
+    while (last < elements.size() && elements[last].value == elements[first].value)
+      alike += elements[last++].bound;
+    squares += alike * alike;
+    first = last;
+  }
+  return squares;
+}
+
 std::string ElementReport::describe() const {
   std::ostringstream text;
   text << "row " << row << " index " << index << ": expected " << hex_float(expected) << " got "
@@ -176,18 +192,11 @@ void judge_row_sum(const RowSums& sums, std::size_t columns, std::size_t row_num
 // makes the test void on grids as coarse as int8's, and costs nothing in fp32). A kernel that
 // scales every output by (1 + b) shows as b sum_j |e_j| here even where b is inside each
 // element's allowance.
-double rounding_noise(std::vector<double>& magnitudes, double per_element) {
-  std::sort(magnitudes.begin(), magnitudes.end());
-  double squares = 0;
-  for (std::size_t start = 0; start < magnitudes.size();) {
-    std::size_t end = start;
-    while (end < magnitudes.size() && (end == start || magnitudes[end] == magnitudes[start]))
-      ++end;  // NaN: alone
-    const double group = static_cast<double>(end - start) * per_element * magnitudes[start];
-    squares += group * group;
-    start = end;
-  }
-  return statistical_lambda * std::sqrt(squares);
+double rounding_noise(const std::vector<double>& magnitudes, double per_element) {
+  std::vector<ValueAndBound> elements;
+  elements.reserve(magnitudes.size());
+  for (const double m : magnitudes) elements.push_back({m, per_element * m});
+  return statistical_lambda * std::sqrt(alike_roundings_noise(elements));
 }
 
 void judge_bias(RowSums& sums, std::size_t columns, const Tolerance& tolerance, const RowScale& row,

@@ -74,6 +74,15 @@ struct Comparison {
   void merge(const Comparison& other);
 };
 
+// The output roundings' sub-Gaussian proxy squared, for a projected test: each element's rounding
+// bound (|w| u_out |y|) an independent source, except that elements with the same exact value are
+// rounded alike by an honest kernel (a constant V makes every output of a row one value, computed
+// one way) and count as one source of their summed bound. Sorts `elements` by value.
+struct ValueAndBound {
+  double value = 0, bound = 0;
+};
+[[nodiscard]] double alike_roundings_noise(std::vector<ValueAndBound>& elements);
+
 // What a recipe's roundings inside a kernel can do to each element, for the element's own data
 // (metrics/recipes.cpp): P's rounding moves it by at most lambda u_P p (statistical tier), the
 // scores' rounding by lambda 2.0001 u_S s plus s_second (first and second order; both over the

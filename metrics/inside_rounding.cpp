@@ -230,18 +230,18 @@ InsideUnits inside_units(const Tolerance& tolerance, const FloatFormat& output) 
 
 // The row-scale test (statistical tier). T = sum_c s_c (y_c - o_c) / sum_c |o_c|, s_c = sign(o_c),
 // is the row's output scale error seen through its own exact output o. An honest kernel's T is
-// its roundings' weighted sum: the output's own rounding (|delta_c| <= u_out |y_c|, one
-// independent rounding per element), P's and the scores' roundings projected as in RowRounding,
+// its roundings' weighted sum: the output's own rounding (|delta_c| <= u_out |y_c|, one per
+// distinct exact value: alike_roundings_noise), P's and the scores' roundings as in RowRounding,
 // bounded together by Hoeffding's inequality at lambda (false alarm below 2 exp(-lambda^2 / 2) per
 // row, as the bias test of comparison.cpp), plus the second-order parts and the recipe's other
 // terms charged in full (each element's statistical allowance without the inside roundings and
-// the output rounding, summed with the weights s_c) and the double o_c's own error. A kernel
-// whose denominator is off (summed in bf16, a skipped rescale) moves every element of the row by
-// the same factor: T shows it at about sqrt(d) times the sensitivity of any one element.
+// the output rounding, summed with the weights s_c) and the double o_c's own error. A denominator
+// off by a factor (summed in bf16, a skipped rescale) moves T by it, sqrt(d) times any element.
 RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRounding& rounding,
                              std::span<const double> magnitudes, const Tolerance& tolerance,
                              const RowScale& scale, const FloatFormat& output, Comparison& comparison) {
-  double weight = 0, deviation = 0, output_noise = 0, charged = 0, charged_by_keys = 0;
+  double weight = 0, deviation = 0, charged = 0, charged_by_keys = 0;
+  std::vector<ValueAndBound> outputs;  // exact values, output rounding bounds
   const double u_out = output.unit_roundoff();
   const InsideUnits u = inside_units(tolerance, output);
   Tolerance rest = tolerance;
@@ -268,7 +268,7 @@ RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRou
     if (o == 0) continue;
     weight += std::fabs(o);
     deviation += o > 0 ? y - o : o - y;
-    output_noise += u_out * u_out * y * y;
+    outputs.push_back({o, u_out * std::fabs(y)});
     const double own = (0x1p-40 + 4 * u.p * u.p) * magnitudes[c];
     charged +=
         allowed_error(rest, magnitudes[c], scale.largest_magnitude, scale, output, Tier::statistical, 0.0) +
@@ -289,7 +289,7 @@ RowScaleStat judge_row_scale(const Matrix& actual, std::size_t row, const RowRou
   const double s_noise =
       rounding.emulated ? rounding.scale_s_spread : 2.0001 * u.s * rounding.scale_s_spread * growth;
   const double s_second = rounding.emulated ? rounding.scale_s_second : growth * rounding.scale_s_second;
-  const double noise_sq = output_noise + p_noise * p_noise + s_noise * s_noise;
+  const double noise_sq = alike_roundings_noise(outputs) + p_noise * p_noise + s_noise * s_noise;
   RowScaleStat stat{.deviation = deviation,
                     .weight = weight,
                     .noise_sq = noise_sq * (1 + 0x1p-20),

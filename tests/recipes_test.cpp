@@ -224,5 +224,15 @@ TEST(Comparison, MergeKeepsWholeFindingsAheadOfElementFindings) {
   EXPECT_EQ(both.whole_findings, 3U);
 }
 
+// Output roundings of equal exact values are one source (a constant V makes a row one value,
+// rounded alike): three alike bounds of 1 and a distinct one give 3^2 + 1^2, not 4; a NaN stands
+// alone (it once could loop on NaN != NaN).
+TEST(Comparison, AlikeRoundingsAreOneSource) {
+  std::vector<metrics::ValueAndBound> elements = {{3, 1}, {1, 1}, {3, 1}, {3, 1}};
+  EXPECT_EQ(metrics::alike_roundings_noise(elements), 10.0);
+  std::vector<metrics::ValueAndBound> distinct = {{1, 1}, {2, 1}, {NAN, 1}, {NAN, 1}};
+  EXPECT_EQ(metrics::alike_roundings_noise(distinct), 4.0);
+}
+
 }  // namespace
 }  // namespace sharpcheck
