@@ -80,10 +80,15 @@ void write_file_atomically(const std::string& given, std::string_view text) {
   }
   // mkstemp's template: a unique name in the target's own directory, so the rename stays on one
   // file system and concurrent runs never share a temporary. The target's own name is cut where the
-  // temporary's would pass the file system's limit on a name (a report named with 250 characters).
+  // temporary's would pass the file system's limit on a name (a report named with 250 characters),
+  // the directory's own (pathconf: 143 on eCryptfs, 255 on most), NAME_MAX where it says none.
   const std::string suffix = ".XXXXXX.partial";
   const std::size_t slash = path.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
-  const std::size_t longest = static_cast<std::size_t>(NAME_MAX) - suffix.size();
+  const std::string directory = base == 0 ? "." : path.substr(0, base);
+  const long limit = ::pathconf(directory.c_str(), _PC_NAME_MAX);
+  const std::size_t name_max =
+      limit > 0 ? static_cast<std::size_t>(limit) : static_cast<std::size_t>(NAME_MAX);
+  const std::size_t longest = name_max > suffix.size() + 1 ? name_max - suffix.size() : 1;
   const std::string stem = path.substr(0, base + std::min(path.size() - base, longest));
   std::vector<char> name(stem.begin(), stem.end());
   name.insert(name.end(), suffix.begin(), suffix.end());
