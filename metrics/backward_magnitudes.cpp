@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "metrics/backward_pair_block.hpp"
+#include "metrics/comparison.hpp"
 #include "reference/enclosed_product.hpp"
 #include "tensor/head_view.hpp"
 
@@ -172,8 +173,8 @@ void block_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores&
 // forward's rounding of P (sum_j d_j P_ij v_jc), independent roundings of variance proxy
 // u_o^2 (sum_c (dO_ic O_ic)^2 + sum_j (P_ij dP_ij)^2), plus the forward's fp32 arithmetic, at most
 // (n + dv + 8) 2^-24 A_i (A_i = sum_c |dO_ic| sum_j P_ij |v_jc|), added to the root as if it were
-// u_i units (u_o >= u_i). For the fp32 recipe the worst case B_i^2 stays: there O's fp32 errors
-// are not roundings alone.
+// u_i units (u_o >= u_i). The fp32 recipe's is O's rounding alone (its fp32 errors: the rows'
+// charge; by the worst case B_i^2 a D 10% off passed at d = 256). Equal O_c round alike.
 void block_row_sums(const kernels::BackwardProblem& p, const Images& images, double u_i, PairBlock& block,
                     Magnitudes& m) {
   const std::size_t dv = p.values.cols, size = block.rows * block.width;
@@ -191,6 +192,8 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
   block.b_sq.assign(block.rows, 0);
   block.exact_d.assign(block.rows, 0);
   const double forward_fp32 = static_cast<double>(p.keys.rows + dv + 8) * 0x1p-24;
+  std::vector<ValueAndBound> outputs(dv);
+  const std::vector<std::size_t> none;
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     for (const std::size_t j : block.visible[r]) {
@@ -199,16 +202,13 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
     }
     for (std::size_t c = 0; c < dv; ++c) block.b[r] += std::fabs(p.d_out(i, c) * block.out[r * dv + c]);
     block.b[r] += 1e-12 * block.a[r];
-    if (u_i > 0) {
-      double squares = 0;
-      for (std::size_t c = 0; c < dv; ++c) squares += std::pow(p.d_out(i, c) * block.out[r * dv + c], 2);
-      for (const std::size_t j : block.visible[r])
-        squares += std::pow(block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)], 2);
-      const double root = std::sqrt(squares) + (forward_fp32 / u_i + 1e-12) * block.a[r];
-      block.b_sq[r] = root * root * (1 + 1e-9);
-    } else {
-      block.b_sq[r] = block.b[r] * block.b[r];
-    }
+    for (std::size_t c = 0; c < dv; ++c)
+      outputs[c] = {block.out[r * dv + c], std::fabs(p.d_out(i, c) * block.out[r * dv + c])};
+    double squares = alike_roundings_noise(outputs);
+    for (const std::size_t j : u_i > 0 ? block.visible[r] : none)  // the forward's rounded P
+      squares += std::pow(block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)], 2);
+    const double root = std::sqrt(squares) + ((u_i > 0 ? forward_fp32 / u_i : 0.0) + 1e-12) * block.a[r];
+    block.b_sq[r] = root * root * (1 + 1e-9);
     m.d_rows(i, 0) = block.a[r];
     m.d_rows_from_o(i, 0) = block.b[r];
   }

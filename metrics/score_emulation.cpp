@@ -15,8 +15,10 @@ constexpr ScoreChain chains[] = {ScoreChain::product_then_scale, ScoreChain::bot
 // the real product the interval is formed from.
 constexpr double fp32_step = 0x1p-22;
 
-// An additive bias at or below this hides its key (exp(-1e4) is 0 in every format); the chains
-// add it exactly and the key's weight is 0 either way.
+// An additive bias at or below this hides its key where the row has a key it does not hide: the
+// hidden key's weight is then 0 however the kernel rounds s + b (exp(-1e4) is 0 in every format),
+// and the chains add it exactly. Where every key of a row is so biased (a query row of BERT-style
+// padding), the row's maximum is itself near -1e4 and the bias is added as any other.
 constexpr double hiding_bias = -1e4;
 
 double widen_down(double x) { return x - std::fabs(x) * fp32_step; }
@@ -155,16 +157,19 @@ void ScoreEmulator::finish(double accumulator, double lo, double hi, Score& out)
 // The kernel holds the bias in F or in fp32 (the additive part as given, the ALiBi part formed in
 // fp32 from the slope held in fp32 or rounded to F first: kernels do not agree), and adds it to the
 // rounded score in fp32, rounding the sum to F (or rounding once: the same interval), or before the
-// score's own last rounding (a fused epilogue: baddbmm with beta = 1, as BLOOM adds ALiBi). Where a
-// head has both an additive bias and ALiBi, the kernel may also round either term or a partial sum
-// to F on the way: two more roundings, u_F of the terms' magnitudes each. The centre is the common
-// case: the bias formed in fp32 and rounded to F, added in fp32, the sum rounded to F. A bias given
-// as F's values (a bf16 mask tensor) and added after the score's rounding leaves no ambiguity but
-// the sum's own rounding ties. A bias at or below hiding_bias hides its key: added exactly.
-void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, Score& score) const {
+// score's own last rounding (a fused epilogue: torch.compile's pointwise fusion, baddbmm with beta
+// = 1). Where a head has both an additive bias and ALiBi, the kernel may also round either term, the
+// additive one when given off F's grid, or a partial sum to F on the way: three more roundings, u_F
+// of the terms' magnitudes each. The centre is the common case: the bias formed in fp32 and rounded
+// to F, added in fp32, the sum rounded to F. A bias given as F's values (a bf16 mask tensor) and
+// added after the score's rounding leaves no ambiguity but the sum's own rounding ties. Not covered
+// (kernels outside fail): ALiBi as slope * key position (BLOOM's and MPT's form, equal only up to a
+// per-row shift, rounded at the size of slope * j) and a distance held in F (a bf16 arange).
+// `hides`: the head's bias hides this key in a row that has an open key (hiding_bias).
+void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, bool hides, Score& score) const {
   const double a = terms.additive, distance = static_cast<double>(terms.distance);
   const double exact = a - terms.slope * distance;
-  if (a <= hiding_bias) {
+  if (hides) {
     score.z += exact;
     return;
   }
@@ -178,8 +183,8 @@ void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, Score& 
     const double reach = (std::fabs(a) + std::fabs(terms.slope) * distance) * fp32_step;
     double lowest = std::min(exact, held_slope) - reach, highest = std::max(exact, held_slope) + reach;
     if (a != 0.0) {  // both terms: a term or a partial sum rounded to F on the way
-      const double steps = 2 * format_.unit_roundoff() *
-                           (std::fabs(score.z) + score.ambiguity + std::fabs(a) + std::fabs(exact));
+      const double steps = format_.unit_roundoff() * (2 * (std::fabs(score.z) + score.ambiguity) +
+                                                      3 * std::fabs(a) + 2 * std::fabs(exact));
       lowest -= steps, highest += steps;
     }
     low_bias = std::min({low_bias, lowest, round_to_format(lowest, format_)});
@@ -217,6 +222,9 @@ bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible,
   const double gamma = static_cast<double>(d + 2) * 0x1p-24;
   const double* q = q_.centre.row(query).data();
   const double* dq = q_.deviation.row(query).data();
+  const bool open_key = std::any_of(visible.begin(), visible.end(), [&](std::size_t j) {
+    return !scores_.has_bias() || scores_.bias_terms(query, j).additive > hiding_bias;
+  });
   for (const std::size_t j : visible) {
     const double* k = k_.centre.row(j).data();
     const double* dk = k_.deviation.row(j).data();
@@ -230,7 +238,10 @@ bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible,
         gamma * (magnitude + moved) * (1 + 0x1p-20) + moved + static_cast<double>(d) * 0x1p-149;
     Score score;
     finish(static_cast<double>(static_cast<float>(dot)), dot - reach, dot + reach, score);
-    if (scores_.has_bias()) add_bias(scores_.bias_terms(query, j), score);
+    if (scores_.has_bias()) {
+      const tensor::HeadScores::BiasTerms terms = scores_.bias_terms(query, j);
+      add_bias(terms, open_key && terms.additive <= hiding_bias, score);
+    }
     const double z = score.z, ambiguity = score.ambiguity;
     if (!std::isfinite(z) || !std::isfinite(ambiguity)) return false;
     out.z.push_back(z);

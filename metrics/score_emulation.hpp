@@ -104,7 +104,7 @@ class ScoreEmulator {
   // The score from the interval [lo, hi] the fp32 accumulator may hold and the centre it holds.
   void finish(double accumulator, double lo, double hi, Score& out) const;
   // The head's bias added to a score as kernels add it.
-  void add_bias(const tensor::HeadScores::BiasTerms& terms, Score& score) const;
+  void add_bias(const tensor::HeadScores::BiasTerms& terms, bool hides, Score& score) const;
 
   ScoreChain chain_;
   const tensor::HeadScores& scores_;

@@ -240,13 +240,16 @@ TEST(ScoreEmulation, ABiasIsAddedAsEveryKernelAddsItAndAWrongOneFallsOutside) {
     const std::size_t m = 16, n = 64, d = 80;  // a scale 1/sqrt(80) that is not a power of two
     const Head h = random_head(m, n, d, *f, 1.0, 11);
     DeterministicRandom random(12);
-    std::vector<double> additive(m * n);
+    std::vector<double> additive(m * n), off_grid(m * n);
     for (double& b : additive) b = round_to_format(random.normal(0, 2), *f);  // a bias tensor in F
-    for (const double slope : {0.0, 0.0625, 0.50195}) {                       // bf16 holds the last as 0.5
+    for (double& b : off_grid) b = random.normal(0, 8);                       // one in fp64
+    for (const auto& [slope, bias] : {std::pair{0.0, &additive}, std::pair{0.0625, &additive},
+                                      std::pair{0.50195, &additive},  // bf16 holds this slope as 0.5
+                                      std::pair{0.0, &off_grid}, std::pair{0.0625, &off_grid}}) {
       tensor::HeadScores scores;
       scores.queries = m;
       scores.keys = scores.row_stride = n;
-      scores.bias = additive;
+      scores.bias = *bias;
       scores.alibi_slope = slope;
       const ScoreEmulator emulator(ScoreChain::product_then_scale, h.q, h.k, scores, *f);
       const double scale = 1 / std::sqrt(static_cast<double>(d));
@@ -279,10 +282,11 @@ TEST(ScoreEmulation, ABiasIsAddedAsEveryKernelAddsItAndAWrongOneFallsOutside) {
                 biased_score(kernel.fused ? unrounded : z, terms.additive, terms.slope, distance, *f, kernel);
             outside += std::fabs(static_cast<double>(got) - row.z[j]) > row.ambiguity[j] ? 1 : 0;
           }
-          {  // the mask added first, then ALiBi's tensor: F(F(z + a) + F(-slope distance))
+          {  // the terms added one at a time, each in F: F(F(z + F(a)) + F(-slope d)), and ALiBi first
             const float alibi = to(*f, -static_cast<float>(terms.slope) * static_cast<float>(distance));
-            const float got = to(*f, to(*f, z + static_cast<float>(terms.additive)) + alibi);
-            outside += std::fabs(static_cast<double>(got) - row.z[j]) > row.ambiguity[j] ? 1 : 0;
+            const float mask = to(*f, static_cast<float>(terms.additive));
+            for (const float got : {to(*f, to(*f, z + mask) + alibi), to(*f, to(*f, z + alibi) + mask)})
+              outside += std::fabs(static_cast<double>(got) - row.z[j]) > row.ambiguity[j] ? 1 : 0;
           }
           const float twice = biased_score(biased_score(z, terms.additive, terms.slope, distance, *f, {}),
                                            terms.additive, terms.slope, distance, *f, {});
@@ -292,13 +296,67 @@ TEST(ScoreEmulation, ABiasIsAddedAsEveryKernelAddsItAndAWrongOneFallsOutside) {
         }
       }
       EXPECT_EQ(outside, 0U) << f->name << " slope " << slope;
-      if (slope == 0.0) {  // with ALiBi too, every score keeps a step or two (the terms' roundings)
+      if (slope == 0.0 && bias == &additive) {  // else every score keeps a step or two (the terms')
         EXPECT_LT(ambiguous * 10, m * n * 4)
             << f->name << ": " << ambiguous_unbiased << " ambiguous without the bias";
       }
       EXPECT_LT(wrong_inside, m * n / 4) << f->name << " slope " << slope;
     }
   }
+}
+
+// A review's reproducer: an additive bias off bf16's grid with ALiBi, the kernel adding ALiBi's
+// tensor first and then the bias cast to bf16, F(F(s + F(alibi)) + F(a)), rounds three times on the
+// way; the emulation charged two (the kernel fell 0.156 from the centre, the ambiguity 0.141).
+TEST(ScoreEmulation, ThreeRoundingsOfABiasAndALiBiAreCovered) {
+  const std::size_t n = 272;
+  Matrix q(1, 1), k(n, 1);
+  q(0, 0) = 1;
+  k(271, 0) = -0.6875;
+  std::vector<double> bias(n, 0.0);
+  bias[271] = 14.8425233;
+  tensor::HeadScores scores;
+  scores.queries = 1;
+  scores.keys = scores.row_stride = n;
+  scores.bias = bias;
+  scores.alibi_slope = 0.0625;
+  scores.scale = 1.0;
+  const ScoreEmulator emulator(ScoreChain::product_then_scale, q, k, scores, bf16);
+  const std::vector<std::size_t> visible = {271};
+  EmulatedRow row;
+  ASSERT_TRUE(emulator.row(0, visible, row));
+  const float alibi = to(bf16, -0.0625F * 271.0F);
+  const float kernel = to(bf16, to(bf16, -0.6875F + alibi) + to(bf16, static_cast<float>(bias[271])));
+  EXPECT_LE(std::fabs(static_cast<double>(kernel) - row.z[0]), row.ambiguity[0])
+      << "centre " << row.z[0] << " ambiguity " << row.ambiguity[0] << " kernel " << kernel;
+}
+
+// A row whose every key carries a padding bias of -1e4 (a padded query row of BERT-style masks):
+// its maximum is near -1e4 itself, where bf16's step is 64, so the bias is added as any other
+// (it was added exactly with no ambiguity, and the kernel's scores fell outside); in a row with an
+// open key the same bias only hides its key.
+TEST(ScoreEmulation, ARowWhoseEveryKeyIsPaddedIsStillCovered) {
+  const Head h = random_head(2, 16, 64, bf16, 1.0, 5);
+  std::vector<double> bias(2 * 16, -1e4);
+  bias[16] = 0;  // row 1 keeps key 0 open
+  tensor::HeadScores scores;
+  scores.queries = 2;
+  scores.keys = scores.row_stride = 16;
+  scores.bias = bias;
+  const ScoreEmulator emulator(ScoreChain::product_then_scale, h.q, h.k, scores, bf16);
+  std::vector<std::size_t> visible(16);
+  std::iota(visible.begin(), visible.end(), 0);
+  EmulatedRow row;
+  ASSERT_TRUE(emulator.row(0, visible, row));
+  const double scale = 1 / std::sqrt(64.0);
+  for (std::size_t j = 0; j < 16; ++j) {
+    const float z = kernel_score(ScoreChain::product_then_scale, bf16, {&h.qf[0], 64}, {&h.kf[j * 64], 64},
+                                 scale, Order(in_order), false);
+    const float got = to(bf16, z + to(bf16, -1e4F));
+    EXPECT_LE(std::fabs(static_cast<double>(got) - row.z[j]), row.ambiguity[j]) << "key " << j;
+  }
+  ASSERT_TRUE(emulator.row(1, visible, row));
+  EXPECT_LT(row.ambiguity[1], 1.0) << "a hidden key beside an open one is added exactly";
 }
 
 }  // namespace
