@@ -193,7 +193,6 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
   block.exact_d.assign(block.rows, 0);
   const double forward_fp32 = static_cast<double>(p.keys.rows + dv + 8) * 0x1p-24;
   std::vector<ValueAndBound> outputs(dv);
-  const std::vector<std::size_t> none;
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     for (const std::size_t j : block.visible[r]) {
@@ -205,8 +204,9 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
     for (std::size_t c = 0; c < dv; ++c)
       outputs[c] = {block.out[r * dv + c], std::fabs(p.d_out(i, c) * block.out[r * dv + c])};
     double squares = alike_roundings_noise(outputs);
-    for (const std::size_t j : u_i > 0 ? block.visible[r] : none)  // the forward's rounded P
-      squares += std::pow(block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)], 2);
+    if (u_i > 0)  // the forward's rounded P
+      for (const std::size_t j : block.visible[r])
+        squares += std::pow(block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)], 2);
     const double root = std::sqrt(squares) + ((u_i > 0 ? forward_fp32 / u_i : 0.0) + 1e-12) * block.a[r];
     block.b_sq[r] = root * root * (1 + 1e-9);
     m.d_rows(i, 0) = block.a[r];

@@ -175,9 +175,9 @@ void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, bool hi
   }
   const auto in_fp32 = static_cast<double>(static_cast<float>(a) -
                                            static_cast<float>(terms.slope) * static_cast<float>(distance));
-  const double centre_bias = round_to_format(in_fp32, format_);
-  double low_bias = std::min({centre_bias, round_to_format(exact, format_), in_fp32});
-  double high_bias = std::max({centre_bias, round_to_format(exact, format_), in_fp32});
+  const double centre_bias = round_to_format(in_fp32, format_), exact_in_f = round_to_format(exact, format_);
+  double low_bias = std::min({centre_bias, exact_in_f, in_fp32});
+  double high_bias = std::max({centre_bias, exact_in_f, in_fp32});
   if (terms.slope != 0.0) {  // any fp32 order, from the slope in fp32 or in F; then in F or not
     const double held_slope = a - round_to_format(terms.slope, format_) * distance;
     const double reach = (std::fabs(a) + std::fabs(terms.slope) * distance) * fp32_step;
