@@ -107,7 +107,7 @@ bool backward_emulable(const kernels::BackwardProblem& p) {
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
     // One scale for the group: the emulated problem's operands and scale are the first head's.
-    if (!scores_emulable(head) || head.sink || head.scale != scale) return false;
+    if (!scores_emulable(head) || head.softcap != 0.0 || head.sink || head.scale != scale) return false;
   }
   return true;
 }

@@ -375,27 +375,25 @@ double statistical_closeness(const Comparison& comparison) {
   return std::max(comparison.max_statistical_ratio, comparison.max_row_scale_ratio);
 }
 
-// The math path's scores, emulated chain by chain and by how the scale is held: one comparison per
-// variant (score_chains() x factor_roundings(), in that order), or none when a row cannot be emulated
-// (a score beyond F's range). The variant that fits best is a head's verdict, and every variant is
-// kept so that a judgement of many heads picks one variant for all of them (judge_tensors.cpp): a
-// kernel forms its scores one way. The proven tier stays the worst case of any two roundings.
+// The math path's scores, emulated one variant at a time (`tried`: score_variants(head)): one
+// comparison per variant, or none when a row cannot be emulated (a score beyond F's range). The
+// variant that fits best is a head's verdict, and every variant is kept so that a judgement of many
+// heads picks one variant for all of them (judge_tensors.cpp): a kernel forms its scores one way.
+// The proven tier stays the worst case of any two roundings.
 std::vector<Comparison> emulated_variants(const JudgeSpec& spec, const Matrix& queries, const Matrix& keys,
                                           const Matrix& values, const tensor::HeadScores& head,
-                                          const ComparisonInput& input) {
+                                          const ComparisonInput& input, std::span<const ScoreVariant> tried) {
   std::vector<Comparison> variants;
-  for (const ScoreChain chain : score_chains()) {
-    const std::size_t fp32_variant = variants.size();
-    for (const FactorRounding rounding : factor_roundings()) {
-      const ScoreEmulator emulator(chain, queries, keys, head, *spec.tolerance->score_format, rounding);
-      if (!emulator.distinct()) {  // the same factors as the fp32 variant: the same comparison
-        variants.push_back(variants[fp32_variant]);
-        continue;
-      }
-      std::optional<Comparison> emulated = judge_emulated(emulator, spec, queries, values, head, input);
-      if (!emulated) return {};
-      variants.push_back(std::move(*emulated));
+  for (const ScoreVariant& variant : tried) {
+    const ScoreEmulator emulator(variant.chain, queries, keys, head, *spec.tolerance->score_format,
+                                 variant.rounding, variant.cap);
+    if (!emulator.distinct()) {  // the same factors as the fp32 variant just before: the same comparison
+      variants.push_back(Comparison(variants[variants.size() - static_cast<std::size_t>(variant.rounding)]));
+      continue;
     }
+    std::optional<Comparison> emulated = judge_emulated(emulator, spec, queries, values, head, input);
+    if (!emulated) return {};
+    variants.push_back(std::move(*emulated));
   }
   return variants;
 }
@@ -472,13 +470,14 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   evaluation.row_scales = input.scales;
   if (spec.tolerance->scores_emulated && spec.tolerance->score_format != nullptr && scores_emulable(head)) {
     input.inside = nullptr;
-    std::vector<Comparison> variants = emulated_variants(spec, queries, keys, values, head, input);
+    const std::vector<ScoreVariant> tried = score_variants(head);
+    std::vector<Comparison> variants = emulated_variants(spec, queries, keys, values, head, input, tried);
     if (!variants.empty()) {
       std::size_t best = 0;
       for (std::size_t v = 1; v < variants.size(); ++v) {
         if (statistical_closeness(variants[v]) < statistical_closeness(variants[best])) best = v;
       }
-      evaluation.score_chain = describe(score_chains()[best / factor_roundings().size()]);
+      evaluation.score_chain = describe(tried[best].chain);
       evaluation.comparison = variants[best];
       evaluation.emulated_variants = std::move(variants);
       return evaluation;

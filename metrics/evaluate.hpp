@@ -31,7 +31,7 @@ struct Evaluation {
   // A recipe with emulated scores: the chain whose centre the statistical tier was judged around
   // (metrics/score_emulation.hpp), empty where the head's scores could not be emulated.
   std::string_view score_chain;
-  // The same, the comparison under every variant (score_chains() x factor_roundings(), in order),
+  // The same, the comparison under every variant (score_emulation.hpp's score_variants, in order),
   // so that a judgement of many heads picks one for all (empty where not emulated).
   std::vector<Comparison> emulated_variants;
 };

@@ -24,12 +24,37 @@ constexpr double hiding_bias = -1e4;
 double widen_down(double x) { return x - std::fabs(x) * fp32_step; }
 double widen_up(double x) { return x + std::fabs(x) * fp32_step; }
 
+// tanh in fp32 within 16 of its ulps, relative (glibc's tanhf is within 2, SLEEF's within 1: room
+// for any libm), and fp32's smallest subnormal where tanh t ~ t is that small.
+constexpr double tanh_step = 0x1p-20;
+double tanh_down(double t) {
+  const double y = std::tanh(t);
+  return y - std::fabs(y) * tanh_step - 0x1p-149;
+}
+double tanh_up(double t) {
+  const double y = std::tanh(t);
+  return y + std::fabs(y) * tanh_step + 0x1p-149;
+}
+
 }  // namespace
 
 constexpr FactorRounding roundings[] = {FactorRounding::fp32, FactorRounding::format_product,
                                         FactorRounding::format_quotient};
 
 std::span<const ScoreChain> score_chains() { return chains; }
+
+std::vector<ScoreVariant> score_variants(const tensor::HeadScores& scores) {
+  static constexpr CapChain no_cap[] = {CapChain::none};
+  static constexpr CapChain caps[] = {CapChain::each_step_in_format, CapChain::fp32_on_rounded,
+                                      CapChain::fused};
+  const std::span<const CapChain> cap_chains =
+      scores.softcap != 0.0 ? std::span<const CapChain>(caps) : std::span<const CapChain>(no_cap);
+  std::vector<ScoreVariant> variants;
+  for (const ScoreChain chain : chains)
+    for (const CapChain cap : cap_chains)
+      for (const FactorRounding rounding : roundings) variants.push_back({chain, cap, rounding});
+  return variants;
+}
 std::span<const FactorRounding> factor_roundings() { return roundings; }
 
 std::string_view describe(FactorRounding rounding) {
@@ -58,9 +83,7 @@ std::string_view describe(ScoreChain chain) {
   return "";
 }
 
-bool scores_emulable(const tensor::HeadScores& scores) {
-  return scores.softcap == 0.0 && scores.theta == 1.0;
-}
+bool scores_emulable(const tensor::HeadScores& scores) { return scores.theta == 1.0; }
 
 namespace {
 
@@ -81,8 +104,8 @@ double held(double factor, FactorRounding rounding, const FloatFormat& format) {
 
 ScoreEmulator::ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matrix& keys,
                              const tensor::HeadScores& scores, const FloatFormat& format,
-                             FactorRounding rounding)
-    : chain_(chain), scores_(scores), format_(format) {
+                             FactorRounding rounding, CapChain cap)
+    : chain_(chain), cap_(scores.softcap != 0.0 ? cap : CapChain::none), scores_(scores), format_(format) {
   const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(queries.cols));
   const double root = held(std::sqrt(scale), rounding, format);
   const double factor = held(scale, rounding, format);
@@ -131,19 +154,22 @@ void ScoreEmulator::finish(double accumulator, double lo, double hi, Score& out)
       const double product = round_to_format(accumulator, format_);
       const double product_low = round_to_format(widen_down(lo), format_);
       const double product_high = round_to_format(widen_up(hi), format_);
-      centre = round_to_format(static_cast<double>(static_cast<float>(product) * fp32_scale), format_);
+      out.before = static_cast<double>(static_cast<float>(product) * fp32_scale);
+      centre = round_to_format(out.before, format_);
       out.before_low = widen_down(std::min(product_low * scale_, product_high * scale_));
       out.before_high = widen_up(std::max(product_low * scale_, product_high * scale_));
       break;
     }
     case ScoreChain::both_prescaled:
     case ScoreChain::query_prescaled:
+      out.before = accumulator;
       centre = round_to_format(accumulator, format_);
       out.before_low = widen_down(lo);
       out.before_high = widen_up(hi);
       break;
     case ScoreChain::scaled_accumulator:
-      centre = round_to_format(static_cast<double>(static_cast<float>(accumulator) * fp32_scale), format_);
+      out.before = static_cast<double>(static_cast<float>(accumulator) * fp32_scale);
+      centre = round_to_format(out.before, format_);
       out.before_low = widen_down(std::min(lo * scale_, hi * scale_));
       out.before_high = widen_up(std::max(lo * scale_, hi * scale_));
       break;
@@ -151,6 +177,49 @@ void ScoreEmulator::finish(double accumulator, double lo, double hi, Score& out)
   out.z = centre;
   out.ambiguity = std::max(centre - round_to_format(out.before_low, format_),
                            round_to_format(out.before_high, format_) - centre);
+}
+
+// The soft-cap c tanh(s / c) as cap_ says, on the interval of scores the kernel may hold (rounded
+// to F, or before that rounding for a fused epilogue): every step monotone in its argument, so the
+// interval's ends map to the ends of the next, each fp32 step widened by fp32_step (which also
+// covers a product with fp32(1 / c) for the quotient) and the tanh by tanh_step, c held in fp32 or
+// in F (the centre holds F(c), as torch 1.13 holds a Python scalar). The centre computes each step
+// in IEEE float as the kernel does (tanh from double's, rounded).
+void ScoreEmulator::apply_cap(Score& score) const {
+  const double c = scores_.softcap, held = round_to_format(c, format_);
+  const double c_low = std::min(c, held), c_high = std::max(c, held);
+  const auto quotient_low = [&](double x) { return widen_down(x / (x >= 0 ? c_high : c_low)); };
+  const auto quotient_high = [&](double x) { return widen_up(x / (x >= 0 ? c_low : c_high)); };
+  const auto product_low = [&](double y) { return widen_down(y * (y >= 0 ? c_low : c_high)); };
+  const auto product_high = [&](double y) { return widen_up(y * (y >= 0 ? c_high : c_low)); };
+  const auto h = static_cast<float>(held);
+  const auto fp32_tanh = [](float x) { return static_cast<float>(std::tanh(static_cast<double>(x))); };
+  double low = score.z - score.ambiguity, high = score.z + score.ambiguity;
+  switch (cap_) {
+    case CapChain::none:
+      return;
+    case CapChain::each_step_in_format: {
+      const float t = static_cast<float>(round_to_format(static_cast<float>(score.z) / h, format_));
+      const float u = static_cast<float>(round_to_format(fp32_tanh(t), format_));
+      score.before = static_cast<double>(u * h);
+      low = round_to_format(tanh_down(round_to_format(quotient_low(low), format_)), format_);
+      high = round_to_format(tanh_up(round_to_format(quotient_high(high), format_)), format_);
+      break;
+    }
+    case CapChain::fp32_on_rounded:
+      score.before = static_cast<double>(h * fp32_tanh(static_cast<float>(score.z) / h));
+      low = tanh_down(quotient_low(low)), high = tanh_up(quotient_high(high));
+      break;
+    case CapChain::fused:
+      score.before = static_cast<double>(h * fp32_tanh(static_cast<float>(score.before) / h));
+      low = tanh_down(quotient_low(score.before_low)), high = tanh_up(quotient_high(score.before_high));
+      break;
+  }
+  score.before_low = product_low(low);
+  score.before_high = product_high(high);
+  score.z = round_to_format(score.before, format_);
+  score.ambiguity = std::max(score.z - round_to_format(score.before_low, format_),
+                             round_to_format(score.before_high, format_) - score.z);
 }
 
 // The bias a - slope |distance| added to a score the kernel holds as F's z (within ambiguity).
@@ -238,6 +307,7 @@ bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible,
         gamma * (magnitude + moved) * (1 + 0x1p-20) + moved + static_cast<double>(d) * 0x1p-149;
     Score score;
     finish(static_cast<double>(static_cast<float>(dot)), dot - reach, dot + reach, score);
+    apply_cap(score);
     if (scores_.has_bias()) {
       const tensor::HeadScores::BiasTerms terms = scores_.bias_terms(query, j);
       add_bias(terms, open_key && terms.additive <= hiding_bias, score);

@@ -43,6 +43,27 @@ enum class ScoreChain {
 // F(scale), `s / math.sqrt(d)` divides by F(sqrt(d)), i.e. multiplies by 1 / F(1 / factor).
 enum class FactorRounding { fp32, format_product, format_quotient };
 
+// How a math-path kernel applies a soft-cap c tanh(s / c) to its score s (none where the head has
+// none), c held in fp32 or in F, divided by or multiplied by fp32(1 / c), tanh in fp32 within 16 of
+// its ulps:
+enum class CapChain {
+  none,
+  each_step_in_format,  // F(F(tanh(F(s / c))) * c): `/ c`, `torch.tanh`, `* c` on F tensors (Gemma 2's eager)
+  fp32_on_rounded,      // F(c tanh(s / c)) in fp32 on the rounded score: the cap upcast, or one fused op
+  fused,                // F(c tanh(x / c)), x the score before its last rounding: one fp32 epilogue
+};
+
+// One way a head's scores may be formed: what one variant of a judgement emulates.
+struct ScoreVariant {
+  ScoreChain chain = ScoreChain::product_then_scale;
+  CapChain cap = CapChain::none;
+  FactorRounding rounding = FactorRounding::fp32;
+};
+
+// Every variant for `scores` (chain x cap x factor rounding, the most common first, the order a
+// judgement tries them in): the three caps only where the head has a soft-cap.
+[[nodiscard]] std::vector<ScoreVariant> score_variants(const tensor::HeadScores& scores);
+
 // Every chain, the most common first (the order a judgement tries them in).
 [[nodiscard]] std::span<const ScoreChain> score_chains();
 // Every way of holding the factor, fp32 first.
@@ -51,11 +72,11 @@ enum class FactorRounding { fp32, format_product, format_quotient };
 [[nodiscard]] std::string_view describe(ScoreChain chain);
 [[nodiscard]] std::string_view describe(FactorRounding rounding);
 
-// Whether a head's scores are the math path's, which the chains describe: no soft-cap and theta 1.
-// An additive bias or ALiBi is added to the emulated score as the kernel may add it
-// (ScoreEmulator::add_bias: the bias held in F or fp32, the slope in fp32 or F, the sum rounded to
-// F), the ways kernels differ charged as the score's ambiguity. A soft-cap's tanh is rounded in
-// ways kernels do not agree on: those heads keep the scores' roundings charged as noise.
+// Whether a head's scores are the math path's, which the chains describe: theta 1. An additive bias
+// or ALiBi is added to the emulated score as the kernel may add it (ScoreEmulator::add_bias: the
+// bias held in F or fp32, the slope in fp32 or F, the sum rounded to F), the ways kernels differ
+// charged as the score's ambiguity; a soft-cap is applied before it, as CapChain says (kernels do
+// not agree on where its tanh rounds: each way is its own variant).
 [[nodiscard]] bool scores_emulable(const tensor::HeadScores& scores);
 
 // One query row's emulated scores: per visible key (in the order given), then the sink if any.
@@ -68,7 +89,8 @@ class ScoreEmulator {
  public:
   // queries and keys as the judge holds them (double); the head's scores; F.
   ScoreEmulator(ScoreChain chain, const Matrix& queries, const Matrix& keys, const tensor::HeadScores& scores,
-                const FloatFormat& format, FactorRounding rounding = FactorRounding::fp32);
+                const FloatFormat& format, FactorRounding rounding = FactorRounding::fp32,
+                CapChain cap = CapChain::none);
   // False when `rounding` gives the same factors as fp32 (a power-of-two scale): nothing new to try.
   [[nodiscard]] bool distinct() const { return distinct_; }
   // The factor the kernel multiplies the product by (product_then_scale, scaled_accumulator), as it
@@ -99,14 +121,17 @@ class ScoreEmulator {
   // the kernel may hold just before its last rounding to F.
   struct Score {
     double z = 0, ambiguity = 0;
-    double before_low = 0, before_high = 0;
+    double before = 0, before_low = 0, before_high = 0;  // `before`: the centre's value there
   };
   // The score from the interval [lo, hi] the fp32 accumulator may hold and the centre it holds.
   void finish(double accumulator, double lo, double hi, Score& out) const;
+  // The head's soft-cap applied to a score as cap_ says.
+  void apply_cap(Score& score) const;
   // The head's bias added to a score as kernels add it.
   void add_bias(const tensor::HeadScores::BiasTerms& terms, bool hides, Score& score) const;
 
   ScoreChain chain_;
+  CapChain cap_;
   const tensor::HeadScores& scores_;
   const FloatFormat& format_;
   double scale_ = 1;  // the factor applied after the product (product_then_scale, scaled_accumulator)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/random.hpp"
@@ -194,12 +195,14 @@ TEST(ScoreEmulation, AScaleRoundedToTheFormatIsEmulatedToo) {
   }
 }
 
-TEST(ScoreEmulation, EveryHeadButASoftCappedOrTemperedOneIsEmulable) {
+TEST(ScoreEmulation, EveryHeadButATemperedOneIsEmulable) {
   tensor::HeadScores plain;
   EXPECT_TRUE(scores_emulable(plain));
   tensor::HeadScores capped = plain;
   capped.softcap = 30;
-  EXPECT_FALSE(scores_emulable(capped));
+  EXPECT_TRUE(scores_emulable(capped));
+  EXPECT_EQ(score_variants(plain).size(), score_chains().size() * factor_roundings().size());
+  EXPECT_EQ(score_variants(capped).size(), 3 * score_chains().size() * factor_roundings().size());
   tensor::HeadScores warm = plain;
   warm.theta = 2;
   EXPECT_FALSE(scores_emulable(warm));
@@ -357,6 +360,90 @@ TEST(ScoreEmulation, ARowWhoseEveryKeyIsPaddedIsStillCovered) {
   }
   ASSERT_TRUE(emulator.row(1, visible, row));
   EXPECT_LT(row.ambiguity[1], 1.0) << "a hidden key beside an open one is added exactly";
+}
+
+}  // namespace
+}  // namespace sharpcheck::metrics
+
+namespace sharpcheck::metrics {
+namespace {
+
+// A soft-cap c tanh(s / c) as kernels apply it to a score (metrics/score_emulation.hpp's CapChain):
+// Gemma 2's eager attention on F tensors (`s / c`, `torch.tanh`, `* c`, each rounded to F), the cap
+// computed upcast in fp32 on the rounded score, or one fp32 epilogue on the unrounded product
+// (torch.compile); c held in fp32 or in F, divided by or multiplied by fp32(1 / c).
+struct CappingKernel {
+  CapChain cap;
+  bool cap_in_format;
+  bool multiply_by_reciprocal;
+};
+
+float capped_score(float s, double c, const FloatFormat& f, const CappingKernel& kernel) {
+  const float held = kernel.cap_in_format ? to(f, static_cast<float>(c)) : static_cast<float>(c);
+  const auto over_cap = [&](float x) { return kernel.multiply_by_reciprocal ? x * (1.0F / held) : x / held; };
+  if (kernel.cap == CapChain::each_step_in_format) return to(f, to(f, std::tanh(to(f, over_cap(s)))) * held);
+  return to(f, held * std::tanh(over_cap(s)));
+}
+
+// Every score of every such kernel (four summation orders) lies within the emulation's ambiguity
+// of its variant's centre, which stays under 40% of the scores for a cap on F's grid (fp16's finer
+// grid leaves about a quarter within a tie of one of its roundings); a kernel that caps the unscaled
+// product (c tanh(q.k / c) * scale), or with a cap of 5, no cap at all, falls outside. Caps of 50
+// (Gemma 2), 30 (Grok), 5 and 20.3 (off bf16's grid), scores of sd 3 so that a small cap bends them.
+TEST(ScoreEmulation, ASoftCapIsAppliedAsEveryKernelAppliesItAndAWrongOneFallsOutside) {
+  for (const FloatFormat* f : {&bf16, &fp16}) {
+    const std::size_t m = 12, n = 48, d = 80;
+    const Head h = random_head(m, n, d, *f, 1.8, 21);
+    const double scale = 1 / std::sqrt(static_cast<double>(d));
+    std::vector<std::size_t> visible(n);
+    std::iota(visible.begin(), visible.end(), 0);
+    for (const double c : {50.0, 30.0, 5.0, 20.3}) {
+      tensor::HeadScores scores;
+      scores.queries = m;
+      scores.keys = scores.row_stride = n;
+      scores.softcap = c;
+      for (const CapChain cap : {CapChain::each_step_in_format, CapChain::fp32_on_rounded, CapChain::fused}) {
+        const ScoreEmulator emulator(ScoreChain::product_then_scale, h.q, h.k, scores, *f,
+                                     FactorRounding::fp32, cap);
+        std::size_t outside = 0, ambiguous = 0, wrong_inside = 0;
+        EmulatedRow row;
+        for (std::size_t i = 0; i < m; ++i) {
+          ASSERT_TRUE(emulator.row(i, visible, row));
+          for (std::size_t j = 0; j < n; ++j) {
+            ambiguous += row.ambiguity[j] > 0 ? 1 : 0;
+            const auto off = [&](float got) { return std::fabs(static_cast<double>(got) - row.z[j]); };
+            std::vector<float> products(d);
+            for (std::size_t t = 0; t < d; ++t) products[t] = h.qf[i * d + t] * h.kf[j * d + t];
+            for (const Order& order :
+                 {Order(in_order), Order(reversed), Order(eight_lanes), Order(pairwise)}) {
+              const float product = to(*f, order(products));
+              const float s = cap == CapChain::fused ? product * static_cast<float>(scale)
+                                                     : to(*f, product * static_cast<float>(scale));
+              for (const bool in_format : {false, true})
+                for (const bool reciprocal : {false, true})
+                  outside +=
+                      off(capped_score(s, c, *f, {cap, in_format, reciprocal})) > row.ambiguity[j] ? 1 : 0;
+            }
+            const float product = to(*f, in_order(products));
+            const float s = to(*f, product * static_cast<float>(scale));
+            const float unscaled_cap =
+                to(*f, static_cast<float>(c) * std::tanh(product / static_cast<float>(c)) *
+                           static_cast<float>(scale));
+            const float uncapped = s;
+            wrong_inside += off(c == 5.0 ? uncapped : unscaled_cap) <= row.ambiguity[j] ? 1 : 0;
+          }
+        }
+        const std::string what = std::string(f->name) + " cap " + std::to_string(c) + " chain " +
+                                 std::to_string(static_cast<int>(cap));
+        EXPECT_EQ(outside, 0U) << what;
+        // A cap off F's grid is held as c or F(c) (kernels do not agree): most scores keep a step.
+        if (c != 20.3) {
+          EXPECT_LT(ambiguous * 10, m * n * 4) << what;
+        }
+        EXPECT_LT(wrong_inside * 5, m * n) << what;
+      }
+    }
+  }
 }
 
 }  // namespace
