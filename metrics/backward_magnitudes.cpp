@@ -191,6 +191,7 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
   block.b.assign(block.rows, 0);
   block.b_sq.assign(block.rows, 0);
   block.exact_d.assign(block.rows, 0);
+  block.a_centred.assign(block.rows, 0);
   const double forward_fp32 = static_cast<double>(p.keys.rows + dv + 8) * 0x1p-24;
   std::vector<ValueAndBound> outputs(dv);
   for (std::size_t r = 0; r < block.rows; ++r) {
@@ -199,6 +200,10 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
       block.a[r] += block.weight[block.at(r, j)] * block.dp_mag[block.at(r, j)];
       block.exact_d[r] += block.weight[block.at(r, j)] * block.dp_signed[block.at(r, j)];
     }
+    for (const std::size_t j : block.visible[r])
+      block.a_centred[r] +=
+          block.weight[block.at(r, j)] * std::fabs(block.dp_signed[block.at(r, j)] - block.exact_d[r]);
+    block.a_centred[r] = block.a_centred[r] * (1 + 1e-9) + 1e-12 * block.a[r];
     for (std::size_t c = 0; c < dv; ++c) block.b[r] += std::fabs(p.d_out(i, c) * block.out[r * dv + c]);
     block.b[r] += 1e-12 * block.a[r];
     for (std::size_t c = 0; c < dv; ++c)
@@ -252,30 +257,6 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
   }
 }
 
-// A query row's shared fp32 errors (the LSE's, delta_L relative in every P_ij, and D's, at most
-// relative A_i in the model of ScaleNoise) projected on `on` exactly: delta_L scales the row's dS
-// (and D, where it is formed from P: the math path), moving T by delta_L (A_on - B_on D_i), and D's
-// error moves it by delta_D B_on, A_on = sum_j on_ij dS_ij dz/dr and B_on = sum_j dz/dr on_ij P_ij:
-// at most relative (|A_on| + 2 |B_on| (A_i + |g_i|)), in place of relative sum_j mag_ij |on_ij| where
-// that is smaller; 1e-9 of the terms' absolute sums covers the double arithmetic. (For the
-// D-direction test B_on is |w_i|^2: charged as the worst case, a D off by 1 to 10% passed there.)
-double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
-                  const std::vector<double>& on) {
-  const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
-  double a_on = 0, b_on = 0, absolute = 0, bound = 0;
-  for (const std::size_t j : block.visible[r]) {
-    const std::size_t e = block.at(r, j);
-    const double w = block.weight[e], slope = block.slope[e], ds = block.signed_ds[e];
-    a_on += on[e] * ds;
-    b_on += slope * on[e] * w;
-    absolute += std::fabs(on[e]) * (std::fabs(ds) + slope * w);
-    bound += block.mag[e] * std::fabs(on[e]);
-  }
-  const double exact = std::fabs(a_on) + 2 * std::fabs(b_on) * (block.a[r] + std::fabs(lse_gradient)) +
-                       1e-9 * absolute * (1 + block.a[r] + std::fabs(lse_gradient));
-  return std::min(exact, bound);
-}
-
 // The gradient-scale sums (judge_gradient_scale): each pair's roundings through dS_ij (`pair`) and
 // of P_ij, and the fp32 arithmetic's errors (relative to mag and to P_ij), projected on the
 // expected gradients' signs (on_ij, by products); each row's shares squared and summed; and D's
@@ -302,6 +283,8 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
       m.dv_scale_inside += w * w * on_dv * on_dv;
       m.dq_scale_pairs += mag * mag * on_dq * on_dq;
       m.dk_scale_pairs += mag * mag * on_dk * on_dk;
+      add_split_pairs(block, e, on_dq, m.dq_scale_split);
+      add_split_pairs(block, e, on_dk, m.dk_scale_split);
       m.dv_scale_pairs += w * w * on_dv * on_dv;
       row_dv += w * std::fabs(on_dv);
       d_on_dk += block.weight_slope[e] * on_dk;
@@ -315,8 +298,8 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
         sums->cross += x.cross;
       }
     }
-    const double row_dq = row_shared(p, block, r, block.on_dq);
-    const double row_dk = row_shared(p, block, r, block.on_dk);
+    const double row_dq = row_shared(p, block, r, block.on_dq, m.dq_scale_split);
+    const double row_dk = row_shared(p, block, r, block.on_dk, m.dk_scale_split);
     double row_dv_exact = 0;  // dV: the LSE's error scales the row's P alone
     for (const std::size_t j : block.visible[r])
       row_dv_exact += block.weight[block.at(r, j)] * block.on_dv[block.at(r, j)];
@@ -382,39 +365,6 @@ void block_row_terms(const kernels::BackwardProblem& p, const tensor::HeadScores
       m.d_sinks(block.head, 0) += sink_weight * (block.a[r] + lse_gradient);
       m.d_sinks_from_d(block.head, 0) += sink_weight * block.b[r];
     }
-  }
-}
-
-// The D-direction test's sums (Magnitudes::d_direction), after the products: w_i is the block's
-// signed_dq row, on_ij = w_i . k_j one product; per row, the gradient-scale test's sums for the
-// one row with on_ij in place of the pair's projection on the signs, and D's own error, which moves
-// T_i = w_i . (y_i - e_i) by B_i |w_i|^2 per unit.
-void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, Magnitudes& m) {
-  const std::size_t d = p.queries.cols;
-  zero(block.on_w, block.rows * block.width);
-  if (block.width > 0) {
-    reference::plain_product(block_of(block.signed_dq, block.rows, d),
-                             rows_of(p.keys, block.key_first, block.width, true), block.on_w.data(),
-                             block.width);
-  }
-  for (std::size_t r = 0; r < block.rows; ++r) {
-    const std::size_t i = block.first + r;
-    Magnitudes::ProjectedSums& sums = m.d_direction[i];
-    double length_sq = 0;
-    for (const std::size_t j : block.visible[r]) {
-      const std::size_t e = block.at(r, j);
-      const double on = block.on_w[e], mag = block.mag[e];
-      sums.inside += block.pair[e] * on * on;
-      sums.pairs += mag * mag * on * on;
-    }
-    const double row = row_shared(p, block, r, block.on_w);
-    for (std::size_t t = 0; t < d; ++t) {
-      m.dq_direction(i, t) = block.signed_dq[r * d + t];
-      length_sq += block.signed_dq[r * d + t] * block.signed_dq[r * d + t];
-    }
-    sums.rows = row * row;
-    sums.from_d = block.b_sq[r] * length_sq * length_sq;
-    if (block.roundings == 3) sums.exact = exact_inside(block, r, block.on_w);
   }
 }
 

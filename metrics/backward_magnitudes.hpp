@@ -55,6 +55,17 @@ struct Magnitudes {
   // (sum_j mag_ij |on_ij|)^2), on_ij the pair's projection on the gradient's signs.
   double dq_scale_pairs = 0, dk_scale_pairs = 0, dv_scale_pairs = 0;
   double dq_scale_rows = 0, dk_scale_rows = 0, dv_scale_rows = 0;
+  // The pairs' and rows' sums split by what each fp32 error scales (judge_backward.cpp's
+  // with_split_pairs), for a D formed from O: P's and dS's own errors scale the pair's dS_ij (sum
+  // of (|dS_ij| on_ij)^2), dP's dot product errs relative to P_ij sum_c |dO_ic v_jc| dz/dr (`dp`),
+  // and their products with D's error from O's rounding relative to P_ij B_i dz/dr (`from_d`); a
+  // row's LSE error scales its dS, and D's error from the forward's scores is centred (row_shared:
+  // `rows_centred`), the forward's other errors relative to A_i (`rows_rest`). dQ's and dK's (dV's
+  // pairs are P's already).
+  struct SplitPairs {
+    double ds = 0, dp = 0, from_d = 0, rows_centred = 0, rows_rest = 0;
+  };
+  SplitPairs dq_scale_split, dk_scale_split;
   // A recipe's score roundings (add_score_terms), per element: the Hoeffding spread (over
   // 2.0001 u_S) and the second-order part; empty when the recipe keeps the scores in fp32. And the
   // largest |z| of a non-negligible pair.
@@ -81,6 +92,7 @@ struct Magnitudes {
   // pair projections on_ij = w_i . k_j in place of the signs'.
   struct ProjectedSums {
     double inside = 0, from_d = 0, pairs = 0, rows = 0;
+    SplitPairs split;
     ScaleScoreTerms scores;
     ExactSums exact;
   };

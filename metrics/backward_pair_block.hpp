@@ -1,5 +1,6 @@
 // The attention backward's tolerance geometry, block by block (internal to
-// metrics/backward_magnitudes.cpp and metrics/backward_score_terms.cpp): a block of query rows of
+// metrics/backward_magnitudes.cpp and metrics/backward_score_terms.cpp, which holds the projected
+// tests' row and score terms): a block of query rows of
 // one head, the keys they see, and the pair matrices whose products with the inputs' images give
 // each gradient's magnitude sums (metrics/backward_magnitudes.hpp says what each sum is).
 #pragma once
@@ -63,7 +64,9 @@ struct PairBlock {
   // sums of squares as sum_j (A k^2 - 2 w B k + w^2 C) with B's absolute part, and dK's per pair.
   std::vector<double> exact_a, exact_b, exact_b_abs, exact_c, exact_g;
   std::vector<RowGeometry> geometry;
-  std::vector<double> a, b, b_sq, exact_d;
+  // Per row: A_i, B_i, D's noise, the exact D_i and A''_i = sum_j P_ij |dP_ij - D_i| (what the
+  // forward's score errors move a D formed from O by, over their unit: row_shared).
+  std::vector<double> a, b, b_sq, exact_d, a_centred;
   [[nodiscard]] std::size_t at(std::size_t r, std::size_t j) const { return r * width + (j - key_first); }
 };
 
@@ -74,6 +77,25 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
   reference::plain_product(rows_of(left, block.first, block.rows),
                            rows_of(right, block.key_first, block.width, true), out.data(), block.width);
 }
+
+// A pair's share of Magnitudes::SplitPairs, its projection on the statistic `on`.
+inline void add_split_pairs(const PairBlock& block, std::size_t e, double on, Magnitudes::SplitPairs& split) {
+  const double ds = block.abs_ds[e] * on, dp = block.weight[e] * block.dp_mag[e] * block.slope[e] * on;
+  const double from_d = block.from_d[e] * on;
+  split.ds += ds * ds;
+  split.dp += dp * dp;
+  split.from_d += from_d * from_d;
+}
+
+// A query row's shared fp32 errors (the LSE's and D's) projected on `on` (one of the block's pair
+// projections), for row r, and their split into `split`'s rows (metrics/backward_score_terms.cpp
+// derives both).
+[[nodiscard]] double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
+                                const std::vector<double>& on, Magnitudes::SplitPairs& split);
+
+// The D-direction test's sums (Magnitudes::d_direction) of one block, after its products
+// (metrics/backward_score_terms.cpp).
+void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, Magnitudes& m);
 
 // The math path's intermediate roundings (P, dP and dS; roundings == 3) projected on `on` (one of
 // the block's pair projections) with their exact first-order coefficients, for row r: Hoeffding's

@@ -144,6 +144,74 @@ void add_projected_terms(const kernels::BackwardProblem& p, const PairBlock& blo
 
 }  // namespace
 
+// A query row's shared fp32 errors (the LSE's, delta_L relative in every P_ij, and D's, at most
+// relative A_i in the model of ScaleNoise) projected on `on` exactly: delta_L scales the row's dS
+// (and D, where it is formed from P: the math path), moving T by delta_L (A_on - B_on D_i), and D's
+// error moves it by delta_D B_on, A_on = sum_j on_ij dS_ij dz/dr and B_on = sum_j dz/dr on_ij P_ij:
+// at most relative (|A_on| + 2 |B_on| (A_i + |g_i|)), in place of relative sum_j mag_ij |on_ij| where
+// that is smaller; 1e-9 of the terms' absolute sums covers the double arithmetic. (For the
+// D-direction test B_on is |w_i|^2: charged as the worst case, a D off by 1 to 10% passed there.)
+// Split (SplitPairs), for a D formed from O: the forward divides by its own sum, so its score
+// errors e'_j move O_c by sum_j P_ij e'_j (v_jc - O_c) to first order and D by at most relative
+// A''_i = sum_j P_ij |dP_ij - D_i| (PairBlock::a_centred); its sums' and the dot product's errors
+// stay relative A_i, at the rest's units (`rows_rest`, judge_backward.cpp); the LSE's moves T by
+// delta_L A_on. So `rows_centred` is |A_on| + |B_on| (|D_i| + A''_i + 2 |g_i|), and `rows_rest` |B_on| A_i.
+double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
+                  const std::vector<double>& on, Magnitudes::SplitPairs& split) {
+  const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
+  double a_on = 0, b_on = 0, absolute = 0, bound = 0;
+  for (const std::size_t j : block.visible[r]) {
+    const std::size_t e = block.at(r, j);
+    const double w = block.weight[e], slope = block.slope[e], ds = block.signed_ds[e];
+    a_on += on[e] * ds;
+    b_on += slope * on[e] * w;
+    absolute += std::fabs(on[e]) * (std::fabs(ds) + slope * w);
+    bound += block.mag[e] * std::fabs(on[e]);
+  }
+  const double slack = 1e-9 * absolute * (1 + block.a[r] + std::fabs(lse_gradient));
+  const double exact = std::fabs(a_on) + 2 * std::fabs(b_on) * (block.a[r] + std::fabs(lse_gradient)) + slack;
+  const double centred =
+      std::fabs(a_on) + slack +
+      std::fabs(b_on) * (std::fabs(block.exact_d[r]) + block.a_centred[r] + 2 * std::fabs(lse_gradient));
+  split.rows_centred += centred * centred;
+  split.rows_rest += b_on * b_on * block.a[r] * block.a[r];
+  return std::min(exact, bound);
+}
+
+// The D-direction test's sums (Magnitudes::d_direction), after the products: w_i is the block's
+// signed_dq row, on_ij = w_i . k_j one product; per row, the gradient-scale test's sums for the
+// one row with on_ij in place of the pair's projection on the signs, and D's own error, which moves
+// T_i = w_i . (y_i - e_i) by B_i |w_i|^2 per unit.
+void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, Magnitudes& m) {
+  const std::size_t d = p.queries.cols;
+  zero(block.on_w, block.rows * block.width);
+  if (block.width > 0) {
+    reference::plain_product(block_of(block.signed_dq, block.rows, d),
+                             rows_of(p.keys, block.key_first, block.width, true), block.on_w.data(),
+                             block.width);
+  }
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    Magnitudes::ProjectedSums& sums = m.d_direction[i];
+    double length_sq = 0;
+    for (const std::size_t j : block.visible[r]) {
+      const std::size_t e = block.at(r, j);
+      const double on = block.on_w[e], mag = block.mag[e];
+      sums.inside += block.pair[e] * on * on;
+      sums.pairs += mag * mag * on * on;
+      add_split_pairs(block, e, on, sums.split);
+    }
+    const double row = row_shared(p, block, r, block.on_w, sums.split);
+    for (std::size_t t = 0; t < d; ++t) {
+      m.dq_direction(i, t) = block.signed_dq[r * d + t];
+      length_sq += block.signed_dq[r * d + t] * block.signed_dq[r * d + t];
+    }
+    sums.rows = row * row;
+    sums.from_d = block.b_sq[r] * length_sq * length_sq;
+    if (block.roundings == 3) sums.exact = exact_inside(block, r, block.on_w);
+  }
+}
+
 // The math path rounds P to P^ = P (1 + a), dP to dP (1 + b) and dS to dS (1 + c), |a|, |b|, |c| <= u_i,
 // and autograd's softmax backward forms D_i = sum_j P^_ij dP^_ij from the rounded values. To first
 // order a_ij moves dS_ij by a_ij dS_ij and D_i by a_ij P_ij dP_ij (so every dS_ik by -P_ik a_ij

@@ -10,6 +10,7 @@
 #include "metrics/backward_emulation.hpp"
 #include "metrics/backward_magnitudes.hpp"
 #include "metrics/inside_rounding.hpp"
+#include "metrics/projected_noise.hpp"
 #include "metrics/score_emulation.hpp"
 #include "reference/attention_backward_double.hpp"
 #include "reference/softmax_backward.hpp"
@@ -89,22 +90,6 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   return compare(input, tolerance, output);
 }
 
-// How an entry charges the fp32 dot products (the logit's d_q products, dP's and D's d_v): by
-// their worst case (the element tier), or by their roundings' Hoeffding root (the projected
-// tests). A dot product of d terms rounds at most 2d times (d products, d - 1 additions), each by
-// at most u sum_t |a_t b_t| (every partial sum is at most that), so as independent sources its
-// error's sub-Gaussian proxy is sqrt(2d) u sum |a b|, where the worst case is d u sum |a b|. The
-// projected tests add the pairs' and rows' errors by Hoeffding already (ScaleNoise's `pairs`,
-// `rows`); charging each dot product as one source bounded by its worst case made the fp32 terms
-// twice the bf16 roundings' at d = 256, and a 5% dQ scale passed. Where the math path's scores
-// are emulated, the logit's dot product is the emulator's (its ambiguity is the slack, charged
-// with the scores' terms): only the logit's other roundings remain.
-enum class DotCharge { worst_case, hoeffding, hoeffding_scores_emulated };
-
-double dot_units(double d, DotCharge charge) {
-  return charge == DotCharge::worst_case ? d : std::min(d, std::sqrt(2 * d));
-}
-
 // The entry every gradient is judged by: the backward tolerance's units for this problem, and a
 // recipe's roundings of P, dP and dS (each at most its format's u times the gradient's
 // magnitude) and of the scores (metrics/recipes.cpp).
@@ -113,12 +98,13 @@ Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magn
   const double d_q = static_cast<double>(p.queries.cols), d_v = static_cast<double>(p.values.cols);
   const double logit_dot = charge == DotCharge::hoeffding_scores_emulated || d_q == 0
                                ? 0.0
-                               : m.logit_dot * dot_units(d_q, charge) / d_q;
+                               : m.logit_dot * dot_units_of(d_q, charge) / d_q;
   const double logit = charge == DotCharge::worst_case ? m.logit_rounding : logit_dot + m.logit_rest;
   Tolerance entry;
   entry.accumulation = &fp32;
   entry.constant = tolerance.logit * logit + tolerance.lse * (m.largest_lse + m.largest_gap) +
-                   tolerance.dims * (dot_units(d_q, charge) + dot_units(d_v, charge)) + tolerance.constant;
+                   tolerance.dims * (dot_units_of(d_q, charge) + dot_units_of(d_v, charge)) +
+                   tolerance.constant;
   entry.per_item = tolerance.length;
   entry.probabilities_in_output = tolerance.intermediates;
   entry.scores_in_output = tolerance.score_roundings;
@@ -140,31 +126,11 @@ struct ScaleSettings {
   const Tolerance& entry;      // the element tier's
   const Tolerance& projected;  // the projected tests' (DotCharge::hoeffding)
   double units;
+  SplitUnits split;
   const FloatFormat& output;
   const RowScale& scale;
   Centre centre;
 };
-
-// The scores' roundings (a recipe that rounds them), or their slack when emulated, in a projected
-// test's noise: the projections' Hoeffding root, the second order, and the growth of the other
-// roundings' coefficients.
-ScaleNoise with_score_terms(ScaleNoise n, const Magnitudes& m, const Magnitudes::ScaleScoreTerms& terms) {
-  if (!m.scale_scores_charged || !m.scale_scores_known) return n;
-  n.scores = std::sqrt(terms.first) * (1 + 1e-9);
-  n.scores_second = terms.second * (1 + 1e-9);
-  n.growth = m.scale_growth * (1 + 1e-9);
-  n.inside_growth = terms.growth * (1 + 1e-9);
-  return n;
-}
-
-// The math path's three roundings by their exact coefficients (backward_score_terms.cpp), where the
-// recipe rounds P, dP and dS; other recipes keep the bounds' sums.
-ScaleNoise with_exact_terms(ScaleNoise n, const Tolerance& entry, const Magnitudes::ExactSums& sums) {
-  if (entry.probabilities_in_output != 3) return n;
-  n.inside_exact = sums.squares;
-  n.inside_cross = sums.cross;
-  return n;
-}
 
 // The D-direction test (statistical tier). An error delta_i of D_i moves dQ_i by exactly -delta_i
 // w_i (Magnitudes::dq_direction), which an element's allowance may hide: under PyTorch's math path
@@ -187,6 +153,7 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
     ScaleNoise noise = with_exact_terms(
         {.inside = sums.inside, .from_d = sums.from_d, .pairs = sums.pairs, .rows = sums.rows}, x.projected,
         sums.exact);
+    noise = with_split_pairs(noise, m, sums.split, x.split);
     for (std::size_t t = 0; t < w.size(); ++t)
       noise.absolute += std::fabs(w[t]) * (m.dq_floor(i, t) * floor_scale + (radii ? (*radii)(i, t) : 0.0));
     noise.relative_in_full = x.centre.relative_in_full;
@@ -251,13 +218,17 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
-       charged(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor, radii ? &radii->d_queries : nullptr,
-                     m.dq_scale_pairs, m.dq_scale_rows, x.centre.extra_dq),
+       charged(with_split_pairs(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor,
+                                      radii ? &radii->d_queries : nullptr, m.dq_scale_pairs, m.dq_scale_rows,
+                                      x.centre.extra_dq),
+                                m, m.dq_scale_split, x.split),
                m.dq_scale_scores, &m.dq_scale_exact),
        &m.dq_accumulated},
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       charged(noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, radii ? &radii->d_keys : nullptr,
-                     m.dk_scale_pairs, m.dk_scale_rows, x.centre.extra_dk),
+       charged(with_split_pairs(
+                   noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, radii ? &radii->d_keys : nullptr,
+                         m.dk_scale_pairs, m.dk_scale_rows, x.centre.extra_dk),
+                   m, m.dk_scale_split, x.split),
                m.dk_scale_scores, &m.dk_scale_exact),
        &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
@@ -347,6 +318,7 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   const ScaleSettings around{.entry = x.entry,
                              .projected = projected,
                              .units = x.units,
+                             .split = x.split,
                              .output = x.output,
                              .scale = x.scale,
                              .centre = Centre{.gradients = centre,
@@ -451,6 +423,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   const ScaleSettings settings{.entry = entry,
                                .projected = projected,
                                .units = units,
+                               .split = split_units(tolerance, p, length),
                                .output = output,
                                .scale = scale,
                                .centre = Centre{judgement.expected}};

@@ -491,5 +491,47 @@ TEST(RecipeDesigns, ADSevenPercentOffFitsNotTheFp32RecipeAtAWideSharpHead) {
   EXPECT_FALSE(judged.passed()) << "D x 0.93 fits the fp32 recipe: " << judged.describe_worst();
 }
 
+// A sharp head whose first query sees one key (a causal head's first row, a decode's first token):
+// P = 1 there, so dS = P (dP - D) is exactly 0, and a D 10% off puts 0.1 D s k into dQ where the
+// exact value is 0. The D-direction test charged every pair's fp32 error (the logits' dot product,
+// large at |q k| of 8 sigma) relative to P (|dP| + A) and D's error from the forward's scores
+// relative to A: at 1 x 1, d = 64, 8 sigma, the twin passed the fp32 recipe and flash_bf16 at 0.32
+// (seen). Split by what each error scales (P's errors scale dS, which cancels; the forward's score
+// errors move a D formed from O by sum_j P_ij |dP_ij - D_i|, 0 here), it fails both; the honest
+// kernel passes both, on this head and on a causal 24 x 24 one.
+TEST(RecipeDesigns, ADTenPercentOffFitsNoFlashRecipeWhereOneKeyMakesDSZero) {
+  for (const std::size_t n : {std::size_t{1}, std::size_t{24}}) {
+    DeterministicRandom random(700 + n);
+    const std::size_t d = 64;
+    const double scale = 0.1;
+    const auto draw = [&](double sigma) {
+      Matrix x(n, d);
+      for (double& value : x.values) value = round_to_format(random.normal(0, sigma), bf16);
+      return x;
+    };
+    const Matrix q = draw(8), k = draw(8), v = draw(1), d_out = draw(1);
+    tensor::HeadScores scores;
+    scores.scale = scale;
+    scores.causal = n > 1;
+    const kernels::BackwardProblem problem(q, k, v, d_out, {}, scores);
+    const kernels::KernelGradients got =
+        kernels::find_attention_backward_kernel("attention_backward_flash")->run(problem);
+    const reference::AttentionGradients exact = reference::attention_backward(problem, bf16);
+    kernels::KernelGradients twin = got;  // row 0 (one key) with D x 0.9: dQ_0 = 0.1 D_0 s k_0
+    for (std::size_t t = 0; t < d; ++t) {
+      const double shift = 0.1 * exact.d_rows[0] * scale;
+      twin.d_queries(0, t) = round_to_format(exact.d_queries(0, t) + shift * k(0, t), bf16);
+      twin.d_keys(0, t) = round_to_format(exact.d_keys(0, t) + shift * q(0, t), bf16);
+    }
+    for (const char* name : {"attention_backward_flash", "backward_flash_bf16"}) {
+      const kernels::BackwardTolerance& recipe = metrics::backward_tolerance(*metrics::find_recipe(name));
+      const auto honest = metrics::judge_attention_backward(recipe, bf16, problem, got, &exact);
+      EXPECT_TRUE(honest.passed()) << name << " n=" << n << ": " << honest.describe_worst();
+      const auto judged = metrics::judge_attention_backward(recipe, bf16, problem, twin, &exact);
+      EXPECT_FALSE(judged.passed()) << name << " n=" << n << ": D x 0.9 fits: " << judged.describe_worst();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck
