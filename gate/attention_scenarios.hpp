@@ -16,15 +16,6 @@
 
 namespace sharpcheck::gate {
 
-struct AttentionScenario {
-  std::string_view name;
-  std::uint32_t plugin_features;  // enum sharpcheck_feature bits a plugin must declare to be swept on it
-  bool plugin_callable;           // expressible in the plugin ABI (no explicit mask or bias tensor)
-};
-
-[[nodiscard]] std::span<const AttentionScenario> attention_scenarios();
-[[nodiscard]] const AttentionScenario* find_attention_scenario(std::string_view name);
-
 // The scenario's problem and tensors (Q, K, V normal, rounded to `format`). The problem's
 // scale is float(1/sqrt(d)) given explicitly, so a kernel that rounds its scale to fp32 and the
 // reference compute the same function; its bias, when any, lives in `bias`.
@@ -33,6 +24,23 @@ struct ScenarioInputs {
   std::vector<double> q, k, v;
   std::vector<double> bias;
 };
+
+// One problem of the sweep, as data: its name, what a plugin must declare to be swept on it, and
+// how its problem and tensors are made (no code branches on a scenario's name).
+struct AttentionScenario {
+  std::string_view name;
+  std::uint32_t plugin_features = 0;  // enum sharpcheck_feature bits a plugin must declare to be swept on it
+  bool plugin_callable = true;        // expressible in the plugin ABI (no explicit mask or bias tensor)
+  // Every output known exactly (V constant, Q zero): a plugin's sweep has its own at its sizes.
+  bool exact_probe = false;
+  void (*problem)(tensor::AttentionProblem&) = nullptr;  // shape, mask and options
+  // The tensors once drawn: a bias, a constant V, a planted key (nullptr: as drawn).
+  void (*tensors)(ScenarioInputs&, const FloatFormat&) = nullptr;
+};
+
+[[nodiscard]] std::span<const AttentionScenario> attention_scenarios();
+[[nodiscard]] const AttentionScenario* find_attention_scenario(std::string_view name);
+
 [[nodiscard]] ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t seed,
                                            const FloatFormat& format);
 

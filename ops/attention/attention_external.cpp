@@ -169,7 +169,7 @@ std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSwe
   add_probes(kernel, sweep, cases);
   for (const gate::AttentionScenario& scenario : gate::attention_scenarios()) {
     // The probe scenarios are the built-in kernels' form of add_probes (at the sweep's sizes here).
-    if (!scenario.plugin_callable || scenario.name.starts_with("probe_")) continue;
+    if (!scenario.plugin_callable || scenario.exact_probe) continue;
     const tensor::AttentionProblem shape_only = gate::make_scenario(scenario, 0, fp32).problem;
     const std::size_t n =
         shape_only.layout == tensor::Layout::packed ? shape_only.stored_keys() : shape_only.shape.keys;
