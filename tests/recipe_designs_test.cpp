@@ -440,6 +440,13 @@ TEST(RecipeDesigns, TheMathRecipesBackwardEmulatesABiasAndALiBi) {
   }
 }
 
+// rows x d values drawn normal with deviation sigma, rounded to bf16.
+Matrix bf16_normal(DeterministicRandom& random, std::size_t rows, std::size_t d, double sigma) {
+  Matrix x(rows, d);
+  for (double& value : x.values) value = round_to_format(random.normal(0, sigma), bf16);
+  return x;
+}
+
 // D's honest error under the fp32 recipe (`attention_backward_flash`: bf16 in and out, fp32 inside)
 // is O's rounding to bf16: by Hoeffding over O's elements, as the bf16 recipes charge it; charged
 // by its worst case, sum_c |dO_ic O_ic|, a D 10% off passed that recipe, and so the default, on a
@@ -451,12 +458,8 @@ TEST(RecipeDesigns, ADSevenPercentOffFitsNotTheFp32RecipeAtAWideSharpHead) {
   DeterministicRandom random(600);
   const std::size_t n = 200, d = 256;
   const double scale = 0.125;
-  const auto draw = [&](double sigma) {
-    Matrix x(n, d);
-    for (double& value : x.values) value = round_to_format(random.normal(0, sigma), bf16);
-    return x;
-  };
-  const Matrix q = draw(3), k = draw(3), v = draw(1), d_out = draw(1);
+  const Matrix q = bf16_normal(random, n, d, 3), k = bf16_normal(random, n, d, 3);
+  const Matrix v = bf16_normal(random, n, d, 1), d_out = bf16_normal(random, n, d, 1);
   tensor::HeadScores scores;
   scores.scale = scale;
   const kernels::BackwardProblem problem(q, k, v, d_out, {}, scores);
@@ -504,12 +507,8 @@ TEST(RecipeDesigns, ADTenPercentOffFitsNoFlashRecipeWhereOneKeyMakesDSZero) {
     DeterministicRandom random(700 + n);
     const std::size_t d = 64;
     const double scale = 0.1;
-    const auto draw = [&](double sigma) {
-      Matrix x(n, d);
-      for (double& value : x.values) value = round_to_format(random.normal(0, sigma), bf16);
-      return x;
-    };
-    const Matrix q = draw(8), k = draw(8), v = draw(1), d_out = draw(1);
+    const Matrix q = bf16_normal(random, n, d, 8), k = bf16_normal(random, n, d, 8);
+    const Matrix v = bf16_normal(random, n, d, 1), d_out = bf16_normal(random, n, d, 1);
     tensor::HeadScores scores;
     scores.scale = scale;
     scores.causal = n > 1;
