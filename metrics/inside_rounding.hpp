@@ -145,10 +145,10 @@ struct ScaleNoise {
   double pairs = 0;     // the fp32 errors' sums of squares, per pair and per query row
   double rows = 0;      // (Magnitudes::dq_scale_pairs, dq_scale_rows, ...), over (units u)^2
   // The pairs and rows split by what each error scales (Magnitudes::SplitPairs; pairs_ds negative:
-  // not split): each pair's error is then at most relative |dS_ij| + dot_relative P_ij |dO| |v| dz/dr
-  // + relative (relative mag_ij + u_o P_ij B_i dz/dr), each row's relative (its centred share) +
-  // (rest_relative + relative^2) |B_on| A_i; the sums' roots added, where smaller.
-  double pairs_ds = -1, pairs_dp = 0, pairs_from_d = 0, dot_relative = 0;
+  // not split): each pair's error is then at most pair_relative |dS_ij| + dot_relative P_ij |dO| |v|
+  // dz/dr + relative (relative mag_ij + u_o P_ij B_i dz/dr), each row's relative (its centred share)
+  // + (rest_relative + relative^2) |B_on| A_i; the sums' roots added, where smaller.
+  double pairs_ds = -1, pairs_dp = 0, pairs_from_d = 0, pair_relative = 0, dot_relative = 0;
   double rows_centred = 0, rows_rest = 0, rest_relative = 0;
   // A recipe's score roundings (Magnitudes::ScaleScoreTerms): the first order's Hoeffding spread
   // (absolute: its sum of squares' root), the second order (in full), the growth they cause in the

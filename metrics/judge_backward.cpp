@@ -423,7 +423,7 @@ BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tol
   const ScaleSettings settings{.entry = entry,
                                .projected = projected,
                                .units = units,
-                               .split = split_units(tolerance, p, length),
+                               .split = split_units(tolerance, m, p, length),
                                .output = output,
                                .scale = scale,
                                .centre = Centre{judgement.expected}};

@@ -13,13 +13,17 @@ double dot_units_of(double d, DotCharge charge) {
   return charge == DotCharge::worst_case ? d : std::min(d, std::sqrt(2 * d));
 }
 
-SplitUnits split_units(const kernels::BackwardTolerance& tolerance, const kernels::BackwardProblem& p,
-                       std::size_t length) {
+SplitUnits split_units(const kernels::BackwardTolerance& tolerance, const Magnitudes& m,
+                       const kernels::BackwardProblem& p, std::size_t length) {
   const double d_q = static_cast<double>(p.queries.cols), d_v = static_cast<double>(p.values.cols);
   const double dots = dot_units_of(d_q, DotCharge::hoeffding) + dot_units_of(d_v, DotCharge::hoeffding);
   const double rest =
       tolerance.length * static_cast<double>(length) + tolerance.constant + tolerance.dims * (d_q + d_v);
-  return {.dot_relative = std::expm1(tolerance.dims * dots * 0x1p-24),
+  const double logit =
+      (d_q > 0 ? m.logit_dot * dot_units_of(d_q, DotCharge::hoeffding) / d_q : 0.0) + m.logit_rest;
+  const double pair = logit + tolerance.lse * (m.largest_lse + m.largest_gap) + tolerance.constant;
+  return {.pair_relative = std::expm1(pair * 0x1p-24),
+          .dot_relative = std::expm1(tolerance.dims * dots * 0x1p-24),
           .rest_relative = std::expm1(rest * 0x1p-24),
           .d_from_o = tolerance.output_units > 0};
 }
@@ -41,6 +45,7 @@ ScaleNoise with_split_pairs(ScaleNoise n, const Magnitudes& m, const Magnitudes:
   n.pairs_from_d = split.from_d;
   n.rows_centred = split.rows_centred;
   n.rows_rest = split.rows_rest;
+  n.pair_relative = units.pair_relative;
   n.dot_relative = units.dot_relative;
   n.rest_relative = units.rest_relative;
   return n;
@@ -146,11 +151,12 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
   }
   double shared = relative * (std::sqrt(noise.pairs) + std::sqrt(noise.rows));
   if (noise.pairs_ds >= 0)
-    shared =
-        std::min(shared, relative * (std::sqrt(noise.pairs_ds) + relative * std::sqrt(noise.pairs) +
-                                     u_o * std::sqrt(noise.pairs_from_d) + std::sqrt(noise.rows_centred)) +
-                             noise.dot_relative * std::sqrt(noise.pairs_dp) +
-                             (noise.rest_relative + relative * relative) * std::sqrt(noise.rows_rest));
+    shared = std::min(
+        shared, noise.pair_relative * std::sqrt(noise.pairs_ds) +
+                    relative * (relative * std::sqrt(noise.pairs) + u_o * std::sqrt(noise.pairs_from_d) +
+                                std::sqrt(noise.rows_centred)) +
+                    noise.dot_relative * std::sqrt(noise.pairs_dp) +
+                    (noise.rest_relative + relative * relative) * std::sqrt(noise.rows_rest));
   const double fp32_spread = noise.growth * (shared + element_spread) + u_i * std::sqrt(noise.inside_growth);
   stat.noise = (std::sqrt(variance) + fp32_spread + score_spread + inside_spread) * (1 + 0x1p-20);
   stat.in_full =

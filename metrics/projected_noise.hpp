@@ -34,14 +34,17 @@ enum class DotCharge { worst_case, hoeffding, hoeffding_scores_emulated };
 // forward's and D's errors but the scores' (ScaleNoise::dot_relative, rest_relative), and whether
 // D is formed from O.
 struct SplitUnits {
-  double dot_relative = 0, rest_relative = 0;
+  double pair_relative = 0, dot_relative = 0, rest_relative = 0;
   bool d_from_o = false;
 };
 
-// The split sums' units for a problem of `length` (its longer side) under `tolerance`: dP's dot
-// product by its roundings' Hoeffding root; the rest (the forward's sums and division, D's dot
-// product, dS's own roundings) by the entry's length, worst-case dimension and constant units.
-[[nodiscard]] SplitUnits split_units(const kernels::BackwardTolerance& tolerance,
+// The split sums' units for a problem of `length` (its longer side) under `tolerance`, `m` its
+// magnitudes: a pair's own P error is its logit's once (the entry's `logit` margin covers the
+// forward's LSE and O as well, which the rows carry), with the exp's argument and dS's own
+// roundings (ScaleNoise::pair_relative); dP's dot product by its roundings' Hoeffding root; the
+// rest (the forward's sums and division, D's dot product) by the entry's length, worst-case
+// dimension and constant units.
+[[nodiscard]] SplitUnits split_units(const kernels::BackwardTolerance& tolerance, const Magnitudes& m,
                                      const kernels::BackwardProblem& p, std::size_t length);
 
 // The scores' roundings (a recipe that rounds them), or their slack when emulated, in a projected
