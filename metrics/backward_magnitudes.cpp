@@ -225,9 +225,15 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
 void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairBlock& block) {
   const std::size_t size = block.rows * block.width;
   block.roundings = roundings;
-  for (auto* v : {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
-                  &block.weight_slope, &block.floor_weight, &block.abs_ds, &block.signed_ds})
+  for (auto* v :
+       {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
+        &block.weight_slope, &block.floor_weight, &block.abs_ds, &block.signed_ds, &block.slope_error})
     zero(*v, size);
+  const tensor::HeadScores head = p.head(block.head);
+  const double d = static_cast<double>(p.queries.cols);
+  const double slope_floor =
+      head.softcap != 0 ? 0x1p-20 * std::fabs((head.scale ? *head.scale : 1 / std::sqrt(d)) / head.theta)
+                        : 0.0;
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
@@ -250,6 +256,9 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
       // through D_i = sum_k P^_ik dP_ik, by P_ij f sum_k |dP_ik|: charged as (k f) (that / k).
       const double p_floor = block.dp_mag[e] + block.a[r] + lse_gradient + w * row_dp;
       block.floor_weight[e] = slope * (1 + (roundings >= 3 ? p_floor / roundings : 0.0));
+      block.slope_error[e] = slope_floor * w *
+                             (std::fabs(block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) +
+                              0x1p-8 * (block.dp_mag[e] + block.a[r] + lse_gradient));
       block.seen[e] = 1;
       block.weight_sq[e] = w * w;
       block.weight_slope[e] = w * slope;
@@ -330,6 +339,8 @@ void block_products(const kernels::BackwardProblem& p, const Images& images, Pai
   add(pairs(block.pair, false), keys(images.k_sq), m.dq_spread, block.first);
   add(pairs(block.from_d, false), keys(images.k_abs), m.dq_from_d, block.first);
   add(pairs(block.floor_weight, false), keys(images.k_abs), m.dq_floor, block.first);
+  add(pairs(block.slope_error, false), keys(images.k_abs), m.dq_slope, block.first);
+  add(pairs(block.slope_error, true), queries(images.q_abs), m.dk_slope, block.key_first);
   add(pairs(block.mag, true), queries(images.q_abs), m.dk, block.key_first);
   add(pairs(block.abs_ds, true), queries(images.q_abs), m.dk_accumulated, block.key_first);
   add(pairs(block.pair, true), queries(images.q_sq), m.dk_spread, block.key_first);
@@ -372,9 +383,9 @@ void block_row_terms(const kernels::BackwardProblem& p, const tensor::HeadScores
 Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
   const std::size_t mq = p.queries.rows, n = p.keys.rows, d = p.queries.cols, dv = p.values.cols;
   Magnitudes m;
-  for (Matrix* matrix : {&m.dq, &m.dq_from_d, &m.dq_spread, &m.dq_floor, &m.dq_accumulated})
+  for (Matrix* matrix : {&m.dq, &m.dq_from_d, &m.dq_spread, &m.dq_floor, &m.dq_accumulated, &m.dq_slope})
     *matrix = Matrix(mq, d);
-  for (Matrix* matrix : {&m.dk, &m.dk_from_d, &m.dk_spread, &m.dk_floor, &m.dk_accumulated})
+  for (Matrix* matrix : {&m.dk, &m.dk_from_d, &m.dk_spread, &m.dk_floor, &m.dk_accumulated, &m.dk_slope})
     *matrix = Matrix(n, d);
   for (Matrix* matrix : {&m.dv, &m.dv_spread, &m.dv_floor}) *matrix = Matrix(n, dv);
   for (Matrix* matrix : {&m.d_sinks, &m.d_sinks_from_d}) *matrix = Matrix(p.group, 1);
@@ -393,8 +404,8 @@ Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
 void finish(Magnitudes& m) {
   for (Matrix* matrix :
        {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks, &m.dq_floor,
-        &m.dk_floor, &m.dv_floor, &m.d_sinks_from_d, &m.dq_accumulated, &m.dk_accumulated,
-        &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
+        &m.dk_floor, &m.dv_floor, &m.d_sinks_from_d, &m.dq_accumulated, &m.dk_accumulated, &m.dq_slope,
+        &m.dk_slope, &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
   for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores,

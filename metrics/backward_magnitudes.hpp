@@ -45,6 +45,12 @@ struct Magnitudes {
   // P_ij sum_k |dP_ik|) dz/dr: block_pair_terms adds that share, over k). These sums, charged as k f times
   // them.
   Matrix dq_floor, dk_floor, dv_floor;
+  // A soft-cap's slope 1 - t^2, t = tanh(s / cap), formed in fp32, errs absolutely (by 2 |t| |dt|
+  // + 2 u: 2^-20 covers tanh within 16 ulps): relative to the slope it is unbounded where t rounds
+  // to 1 (a sharp head, the kernel's slope 0 where the exact one is 1e-12). That error, times the
+  // pair's |P (dP - D + g)| (with 2^-8 of its magnitude for the kernel's own deviation) and |scale
+  // / theta|, summed as the gradients sum dS: an absolute allowance of dQ and dK (0 without a cap).
+  Matrix dq_slope, dk_slope;
   // The gradient-scale test's sums of squares (judge_gradient_scale): the intermediate roundings
   // projected on each gradient's signs, and D's errors (one per query row) likewise.
   double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;

@@ -57,7 +57,7 @@ struct PairBlock {
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
   // signed_ds: the exact dS_ij dz/dr (the LSE's gradient included); abs_ds: its size plus 1e-9 mag.
   std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_ds,
-      abs_ds, signed_dq;
+      abs_ds, signed_dq, slope_error;             // slope_error: Magnitudes::dq_slope's pair terms
   std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
   // The math path's exact per-element coefficients (roundings == 3; block_exact_terms): dQ's

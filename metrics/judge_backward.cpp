@@ -45,6 +45,7 @@ struct GradientBound {
     const Matrix& radius;
   };
   const Centred* centred = nullptr;
+  const Matrix* absolute = nullptr;  // an absolute allowance more (Magnitudes::dq_slope)
 };
 
 Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const GradientBound& bound,
@@ -56,7 +57,8 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   Matrix additional(expected.rows, expected.cols);
   for (std::size_t e = 0; e < additional.values.size(); ++e)
     additional.values[e] = (from_d_scale * from_d.values[e] +
-                            (bound.floor != nullptr ? bound.floor_scale * bound.floor->values[e] : 0.0)) *
+                            (bound.floor != nullptr ? bound.floor_scale * bound.floor->values[e] : 0.0) +
+                            (bound.absolute != nullptr ? bound.absolute->values[e] : 0.0)) *
                            (1 + 0x1p-20);
   // Every row's sums have at most `length` terms: the per_item term's n, which the statistical tier
   // charges as min(n, 8 sqrt(n)) (tolerance_table.cpp).
@@ -155,7 +157,8 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
         sums.exact);
     noise = with_split_pairs(noise, m, sums.split, x.split);
     for (std::size_t t = 0; t < w.size(); ++t)
-      noise.absolute += std::fabs(w[t]) * (m.dq_floor(i, t) * floor_scale + (radii ? (*radii)(i, t) : 0.0));
+      noise.absolute += std::fabs(w[t]) *
+                        (m.dq_floor(i, t) * floor_scale + m.dq_slope(i, t) + (radii ? (*radii)(i, t) : 0.0));
     noise.relative_in_full = x.centre.relative_in_full;
     noise.element_roundings = x.centre.extra_dq;
     const ProjectedInput in{.expected = expected.row(i),
@@ -200,11 +203,12 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   };
   const auto& e = x.centre.gradients;
   const auto* radii = x.centre.radii;
-  const auto noise = [&](double inside, double from_d, const Matrix& floor, const Matrix* radius,
-                         double pairs, double rows, double extra) {
+  // The absolute parts (the subnormal floors, a cap's slope error, the centre's radii) in full.
+  const auto noise = [&](double inside, double from_d, double absolute, const Matrix* radius, double pairs,
+                         double rows, double extra) {
     return ScaleNoise{.inside = inside,
                       .from_d = from_d,
-                      .absolute = floor_scale * total(floor) + (radius != nullptr ? total(*radius) : 0.0),
+                      .absolute = absolute + (radius != nullptr ? total(*radius) : 0.0),
                       .pairs = pairs,
                       .rows = rows,
                       .relative_in_full = x.centre.relative_in_full,
@@ -218,22 +222,24 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   };
   const GradientScaleInput gradients[] = {
       {"dQ", e.d_queries, actual.d_queries, m.dq,
-       charged(with_split_pairs(noise(m.dq_scale_inside, m.dq_scale_from_d, m.dq_floor,
+       charged(with_split_pairs(noise(m.dq_scale_inside, m.dq_scale_from_d,
+                                      floor_scale * total(m.dq_floor) + total(m.dq_slope),
                                       radii ? &radii->d_queries : nullptr, m.dq_scale_pairs, m.dq_scale_rows,
                                       x.centre.extra_dq),
                                 m, m.dq_scale_split, x.split),
                m.dq_scale_scores, &m.dq_scale_exact),
        &m.dq_accumulated},
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       charged(with_split_pairs(
-                   noise(m.dk_scale_inside, m.dk_scale_from_d, m.dk_floor, radii ? &radii->d_keys : nullptr,
-                         m.dk_scale_pairs, m.dk_scale_rows, x.centre.extra_dk),
-                   m, m.dk_scale_split, x.split),
+       charged(with_split_pairs(noise(m.dk_scale_inside, m.dk_scale_from_d,
+                                      floor_scale * total(m.dk_floor) + total(m.dk_slope),
+                                      radii ? &radii->d_keys : nullptr, m.dk_scale_pairs, m.dk_scale_rows,
+                                      x.centre.extra_dk),
+                                m, m.dk_scale_split, x.split),
                m.dk_scale_scores, &m.dk_scale_exact),
        &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
-       charged(noise(m.dv_scale_inside, 0.0, m.dv_floor, radii ? &radii->d_values : nullptr, m.dv_scale_pairs,
-                     m.dv_scale_rows, 0.0),
+       charged(noise(m.dv_scale_inside, 0.0, floor_scale * total(m.dv_floor),
+                     radii ? &radii->d_values : nullptr, m.dv_scale_pairs, m.dv_scale_rows, 0.0),
                m.dv_scale_scores, nullptr),
        &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
@@ -252,12 +258,12 @@ void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m,
                             x.scale.largest_score);
   };
   const auto at = [&](std::size_t g) { return centred != nullptr ? &centred[g] : nullptr; };
-  judgement.d_queries = compared(
-      e.d_queries, actual.d_queries,
-      {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second, &m.dq_floor, floor_scale, at(0)});
-  judgement.d_keys = compared(
-      e.d_keys, actual.d_keys,
-      {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second, &m.dk_floor, floor_scale, at(1)});
+  judgement.d_queries = compared(e.d_queries, actual.d_queries,
+                                 {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second,
+                                  &m.dq_floor, floor_scale, at(0), &m.dq_slope});
+  judgement.d_keys = compared(e.d_keys, actual.d_keys,
+                              {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second,
+                               &m.dk_floor, floor_scale, at(1), &m.dk_slope});
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
   judgement.d_values = compared(
       e.d_values, actual.d_values,

@@ -532,5 +532,34 @@ TEST(RecipeDesigns, ADTenPercentOffFitsNoFlashRecipeWhereOneKeyMakesDSZero) {
   }
 }
 
+// A soft-capped head whose scores saturate the cap (q and k at 8 sigma, cap 2): tanh rounds to 1 in
+// fp32, so the kernel's slope 1 - t^2 is 0 where the exact one is about 1e-12, an absolute error no
+// charge relative to the slope covers (a review's reproducer: the honest fp32 and bf16 flash
+// backwards failed both flash recipes at 31.5; at 6 sigma, cap 1, at 45.7). With the slope's
+// absolute error charged (Magnitudes::dq_slope) both pass, and the twin that leaves 1 - t^2 out
+// still fails.
+TEST(RecipeDesigns, ASaturatedSoftCapsSlopeErrsAbsolutelyAndTheMissingSlopeStillFails) {
+  DeterministicRandom random(5);
+  const std::size_t n = 16, d = 64;
+  const Matrix q = bf16_normal(random, n, d, 8), k = bf16_normal(random, n, d, 8);
+  const Matrix v = bf16_normal(random, n, d, 1), d_out = bf16_normal(random, n, d, 1);
+  tensor::HeadScores scores;
+  scores.softcap = 2;
+  const kernels::BackwardProblem problem(q, k, v, d_out, {}, scores);
+  const reference::AttentionGradients exact = reference::attention_backward(problem, bf16);
+  for (const char* recipe_name : {"attention_backward_flash", "backward_flash_bf16"}) {
+    const kernels::BackwardTolerance& recipe =
+        metrics::backward_tolerance(*metrics::find_recipe(recipe_name));
+    for (const char* name : {"attention_backward_flash", "attention_backward_flash_bf16",
+                             "attention_backward_flash_bf16_no_softcap_grad"}) {
+      const kernels::AttentionBackwardKernel& kernel = *kernels::find_attention_backward_kernel(name);
+      const auto judged =
+          metrics::judge_attention_backward(recipe, bf16, problem, kernel.run(problem), &exact);
+      EXPECT_EQ(judged.passed(), !kernel.deliberately_broken)
+          << name << " under " << recipe_name << ": " << judged.describe_worst();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck
