@@ -5,6 +5,7 @@
 // each gradient's magnitude sums (metrics/backward_magnitudes.hpp says what each sum is).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -78,9 +79,14 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
                            rows_of(right, block.key_first, block.width, true), out.data(), block.width);
 }
 
-// A pair's share of Magnitudes::SplitPairs, its projection on the statistic `on`.
+// A pair's share of Magnitudes::SplitPairs, its projection on the statistic `on`. The dS part
+// adds P |g| dz/dr (mag's share of the LSE's gradient): a kernel rounds dP - D before adding g.
 inline void add_split_pairs(const PairBlock& block, std::size_t e, double on, Magnitudes::SplitPairs& split) {
-  const double ds = block.abs_ds[e] * on, dp = block.weight[e] * block.dp_mag[e] * block.slope[e] * on;
+  const std::size_t r = e / block.width;
+  const double w = block.weight[e],
+               lse_share = block.mag[e] - w * (block.dp_mag[e] + block.a[r]) * block.slope[e];
+  const double ds = (block.abs_ds[e] + std::max(lse_share, 0.0)) * on,
+               dp = w * block.dp_mag[e] * block.slope[e] * on;
   const double from_d = block.from_d[e] * on;
   split.ds += ds * ds;
   split.dp += dp * dp;

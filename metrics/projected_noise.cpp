@@ -151,12 +151,15 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
   }
   double shared = relative * (std::sqrt(noise.pairs) + std::sqrt(noise.rows));
   if (noise.pairs_ds >= 0)
-    shared = std::min(
-        shared, noise.pair_relative * std::sqrt(noise.pairs_ds) +
-                    relative * (relative * std::sqrt(noise.pairs) + u_o * std::sqrt(noise.pairs_from_d) +
-                                std::sqrt(noise.rows_centred)) +
-                    noise.dot_relative * std::sqrt(noise.pairs_dp) +
-                    (noise.rest_relative + relative * relative) * std::sqrt(noise.rows_rest));
+    // Second order (a review's bound): P's error times D's centred, rest and O-rounding parts and
+    // the forward P's rounding, (3 relative + rest_relative + u_i) mag; the LSE's times D's likewise.
+    shared = std::min(shared,
+                      noise.pair_relative * std::sqrt(noise.pairs_ds) +
+                          relative * ((3 * relative + noise.rest_relative + u_i) * std::sqrt(noise.pairs) +
+                                      u_o * std::sqrt(noise.pairs_from_d) + std::sqrt(noise.rows_centred)) +
+                          noise.dot_relative * std::sqrt(noise.pairs_dp) +
+                          (noise.rest_relative + relative * (relative + noise.rest_relative + u_o)) *
+                              std::sqrt(noise.rows_rest));
   const double fp32_spread = noise.growth * (shared + element_spread) + u_i * std::sqrt(noise.inside_growth);
   stat.noise = (std::sqrt(variance) + fp32_spread + score_spread + inside_spread) * (1 + 0x1p-20);
   stat.in_full =

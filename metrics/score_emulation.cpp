@@ -24,8 +24,9 @@ constexpr double hiding_bias = -1e4;
 double widen_down(double x) { return x - std::fabs(x) * fp32_step; }
 double widen_up(double x) { return x + std::fabs(x) * fp32_step; }
 
-// tanh in fp32 within 16 of its ulps, relative (glibc's tanhf is within 2, SLEEF's within 1: room
-// for any libm), and fp32's smallest subnormal where tanh t ~ t is that small.
+// tanh in fp32 within 2^-20 relative (8 of its ulps at worst: glibc's tanhf is within 2, SLEEF's
+// within 1; an approximate tanh such as PTX's tanh.approx, about 2^-11, is not covered), and fp32's
+// smallest subnormal where tanh t ~ t is that small.
 constexpr double tanh_step = 0x1p-20;
 double tanh_down(double t) {
   const double y = std::tanh(t);
@@ -42,6 +43,12 @@ constexpr FactorRounding roundings[] = {FactorRounding::fp32, FactorRounding::fo
                                         FactorRounding::format_quotient};
 
 std::span<const ScoreChain> score_chains() { return chains; }
+
+// The judge copies a variant whose factors equal the fp32 one's from `rounding` places back
+// (metrics/evaluate.cpp): the roundings are the innermost loop, fp32 first, in the enum's order.
+static_assert(static_cast<int>(FactorRounding::fp32) == 0 &&
+              static_cast<int>(FactorRounding::format_product) == 1 &&
+              static_cast<int>(FactorRounding::format_quotient) == 2);
 
 std::vector<ScoreVariant> score_variants(const tensor::HeadScores& scores) {
   static constexpr CapChain no_cap[] = {CapChain::none};

@@ -44,8 +44,9 @@ enum class ScoreChain {
 enum class FactorRounding { fp32, format_product, format_quotient };
 
 // How a math-path kernel applies a soft-cap c tanh(s / c) to its score s (none where the head has
-// none), c held in fp32 or in F, divided by or multiplied by fp32(1 / c), tanh in fp32 within 16 of
-// its ulps:
+// none), c held in fp32 or in F, divided by or multiplied by fp32(1 / c), tanh in fp32 within 2^-20
+// relative. Not covered (a kernel written so is judged off the centre): other splits of the steps,
+// such as F(c tanh(F(s / c))) with the quotient rounded and the rest fused, and approximate tanh.
 enum class CapChain {
   none,
   each_step_in_format,  // F(F(tanh(F(s / c))) * c): `/ c`, `torch.tanh`, `* c` on F tensors (Gemma 2's eager)
