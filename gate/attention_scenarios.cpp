@@ -173,13 +173,24 @@ const AttentionScenario* find_attention_scenario(std::string_view name) {
   return nullptr;
 }
 
-ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t seed,
-                             const FloatFormat& format) {
-  ScenarioInputs inputs;
-  AttentionProblem& p = inputs.problem;
+AttentionProblem scenario_problem(const AttentionScenario& scenario) {
+  AttentionProblem p;
   scenario.problem(p);
   p.scores.scale =
       static_cast<double>(static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.shape.head_dim))));
+  return p;
+}
+
+std::size_t scenario_keys(const AttentionScenario& scenario) {
+  const AttentionProblem p = scenario_problem(scenario);
+  return p.layout == tensor::Layout::packed ? p.stored_keys() : p.shape.keys;
+}
+
+ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t seed,
+                             const FloatFormat& format) {
+  ScenarioInputs inputs;
+  inputs.problem = scenario_problem(scenario);
+  const AttentionProblem& p = inputs.problem;
   DeterministicRandom random(seed);
   fill(inputs.q, p.query_elements(), random, format);
   fill(inputs.k, p.key_elements(), random, format);

@@ -6,6 +6,7 @@
 // dimensions and head dimensions to 256. Each is generated from the case's seed.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -43,5 +44,10 @@ struct AttentionScenario {
 
 [[nodiscard]] ScenarioInputs make_scenario(const AttentionScenario& scenario, std::uint64_t seed,
                                            const FloatFormat& format);
+
+// The scenario's problem alone, no tensor drawn (a bias, when any, comes with the tensors), and the
+// key count its cases report as n: what planning a case needs.
+[[nodiscard]] tensor::AttentionProblem scenario_problem(const AttentionScenario& scenario);
+[[nodiscard]] std::size_t scenario_keys(const AttentionScenario& scenario);
 
 }  // namespace sharpcheck::gate

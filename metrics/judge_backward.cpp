@@ -339,7 +339,7 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
 }
 
 // The statistical tier around the emulated scores of every chain and way of holding the factor
-// (score_chains() x factor_roundings(), the most common first), on copies of `base` (its proven
+// (score_variants, the most common first), on copies of `base` (its proven
 // tier stands): the first variant that fits clearly, else the closest to passing; nothing when the
 // problem cannot be emulated. A kernel forms its scores one way, and an honest one fits its way.
 std::optional<BackwardJudgement> judge_projected_emulated(const kernels::BackwardTolerance& tolerance,
@@ -350,17 +350,15 @@ std::optional<BackwardJudgement> judge_projected_emulated(const kernels::Backwar
   if (!tolerance.scores_emulated || tolerance.intermediate_format == nullptr || !backward_emulable(p))
     return std::nullopt;
   std::optional<BackwardJudgement> best;
-  for (const ScoreChain chain : score_chains()) {
-    for (const FactorRounding rounding : factor_roundings()) {
-      EmulatedBackward e;
-      if (!emulate_backward(p, chain, rounding, *tolerance.intermediate_format, e)) continue;
-      std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
-      if (!judged) continue;
-      if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);
-      // A clear fit ends the search; a near one may be another chain's centre passing by a hair,
-      // so the rest are tried and the closest kept (the reported ratio is then the kernel's own).
-      if (statistical_closeness(*best) <= 0.5) return best;
-    }
+  for (const ScoreVariant& variant : score_variants(p.head(0))) {  // no cap: backward_emulable
+    EmulatedBackward e;
+    if (!emulate_backward(p, variant.chain, variant.rounding, *tolerance.intermediate_format, e)) continue;
+    std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
+    if (!judged) continue;
+    if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);
+    // A clear fit ends the search; a near one may be another chain's centre passing by a hair,
+    // so the rest are tried and the closest kept (the reported ratio is then the kernel's own).
+    if (statistical_closeness(*best) <= 0.5) return best;
   }
   return best;
 }

@@ -44,6 +44,8 @@ constexpr FactorRounding roundings[] = {FactorRounding::fp32, FactorRounding::fo
 
 std::span<const ScoreChain> score_chains() { return chains; }
 
+std::span<const FactorRounding> factor_roundings() { return roundings; }
+
 // The judge copies a variant whose factors equal the fp32 one's from `rounding` places back
 // (metrics/evaluate.cpp): the roundings are the innermost loop, fp32 first, in the enum's order.
 static_assert(static_cast<int>(FactorRounding::fp32) == 0 &&
@@ -62,7 +64,6 @@ std::vector<ScoreVariant> score_variants(const tensor::HeadScores& scores) {
       for (const FactorRounding rounding : roundings) variants.push_back({chain, cap, rounding});
   return variants;
 }
-std::span<const FactorRounding> factor_roundings() { return roundings; }
 
 std::string_view describe(FactorRounding rounding) {
   switch (rounding) {

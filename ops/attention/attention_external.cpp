@@ -170,10 +170,8 @@ std::vector<gate::ExternalCase> attention_external_cases(const gate::ExternalSwe
   for (const gate::AttentionScenario& scenario : gate::attention_scenarios()) {
     // The probe scenarios are the built-in kernels' form of add_probes (at the sweep's sizes here).
     if (!scenario.plugin_callable || scenario.exact_probe) continue;
-    const tensor::AttentionProblem shape_only = gate::make_scenario(scenario, 0, fp32).problem;
-    const std::size_t n =
-        shape_only.layout == tensor::Layout::packed ? shape_only.stored_keys() : shape_only.shape.keys;
-    std::string id = case_id(kernel, "attention_" + std::string(scenario.name), n, 1, false);
+    std::string id =
+        case_id(kernel, "attention_" + std::string(scenario.name), gate::scenario_keys(scenario), 1, false);
     gate::ScenarioInputs inputs =
         gate::make_scenario(scenario, gate::case_seed(sweep.seed, id), *sweep.format);
     cases.push_back(attention_problem_case(std::move(id), inputs.problem, std::move(inputs.q),

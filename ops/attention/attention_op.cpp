@@ -49,16 +49,10 @@ constexpr gate::TensorSpec attention_tensors[] = {
      .format = "fp32"},
 };
 
-// The key count a scenario's case reports as n.
-std::size_t scenario_keys(const gate::AttentionScenario& scenario) {
-  const tensor::AttentionProblem problem = gate::make_scenario(scenario, 0, fp32).problem;
-  return problem.layout == tensor::Layout::packed ? problem.stored_keys() : problem.shape.keys;
-}
-
 GateCase scenario_case(std::string kernel, const gate::AttentionScenario& scenario,
                        const GateSettings& settings, const FloatFormat* plugin_format, bool broken = false) {
   GateCase c = gate::make_case(std::move(kernel), "attention_" + std::string(scenario.name),
-                               scenario_keys(scenario), settings, broken, plugin_format);
+                               gate::scenario_keys(scenario), settings, broken, plugin_format);
   c.scenario = std::string(scenario.name);
   return c;
 }
