@@ -10,7 +10,10 @@
 // (when asked for: ln sum_j exp(logit_j) over the keys seen and the sink, or that over ln 2) is
 // the exact real result rounded to nearest-even in the target format, as in
 // reference/softmax.hpp. The termination argument, and where it is incomplete (soft-capping),
-// is in reference/attention_exact.cpp; an undecided case throws UndecidedRounding.
+// is in reference/attention_exact.cpp; an undecided case throws UndecidedRounding. An output that
+// rounds to a zero is -0 where its enclosure lies below 0 and +0 otherwise: every -0 is claimed,
+// and a +0 is claimed only where the enclosure lay at or above 0 (an exact zero, such as keys whose
+// values cancel within each group of equal logits, always straddles; its sign is +0 by the rule).
 //
 // Scale semantics: with no scale given, the scale is exactly 1/sqrt(d) as a real number (so
 // for d = 128 it is irrational and never rounded); a given scale is used exactly as the double

@@ -134,6 +134,38 @@ class BackwardPass {
   // Adds query row i's contributions to `out` (head i / positions, at position i mod positions):
   // its D, and what `plan` asks of it: its dQ, its shares of some keys' dK and dV and of the sinks'
   // gradients.
+  // dP_a - D + g for every key a, without D's cancellation against dP_a: with c = dP at the key of
+  // the largest logit (the pivot) and sum_a P_a = 1 - P_sink exactly, dP_a - D + g = (dP_a - c) +
+  // (g + c P_sink - sum_l P_l (dP_l - c)). Where P sits on keys whose dP equal c (a one-hot row,
+  // the commonest case of a gradient below the formats' range), their terms are exactly 0 and the
+  // rest are enclosed to relative precision, so a gradient of e^-800 has a ball on its own side of
+  // 0 (D - dP_a enclosed directly holds 0 until the precision passes 1,150 bits).
+  void centre_on_top(const BallVector& z, const BallVector& dp, const BallVector& weight, arb_srcptr sink_z,
+                     arb_srcptr lse, std::size_t i, arb_ptr pivot, arb_ptr centred) const {
+    std::size_t top = 0;
+    if (dp.empty()) {  // a sink alone: no pivot, dP - D + g is g
+      arb_zero(pivot);
+      arb_set_d(centred, in_.d_lse.empty() ? 0.0 : in_.d_lse[i]);
+      return;
+    }
+    for (std::size_t a = 1; a < z.size(); ++a) {
+      if (arf_cmp(arb_midref(z[a]), arb_midref(z[top])) > 0) top = a;
+    }
+    arb_set(pivot, dp[top]);
+    arb_set_d(centred, in_.d_lse.empty() ? 0.0 : in_.d_lse[i]);
+    Ball term;
+    if (sink_z != nullptr) {  // + c P_sink
+      arb_sub(term.get(), sink_z, lse, p_);
+      arb_exp(term.get(), term.get(), p_);
+      arb_addmul(centred, term.get(), pivot, p_);
+    }
+    for (std::size_t a = 0; a < dp.size(); ++a) {
+      if (a == top) continue;  // dP_top - c = 0 exactly
+      arb_sub(term.get(), dp[a], pivot, p_);
+      arb_submul(centred, term.get(), weight[a], p_);
+    }
+  }
+
   void add_query(std::size_t i, GradientBalls& out, const PassPlan& plan) {
     const std::size_t positions = in_.positions(), h = i / positions;
     const tensor::HeadScores& head = heads_[h];
@@ -172,9 +204,12 @@ class BackwardPass {
     Ball g;  // g_i - D_i
     arb_set_d(g.get(), in_.d_lse.empty() ? 0.0 : in_.d_lse[i]);
     arb_sub(g.get(), g.get(), total.get(), p_);
+    Ball pivot, centred;  // dP - D + g = (dP - c) + centred (centre_on_top)
+    centre_on_top(z, dp, weight, sink ? sink_z.get() : nullptr, lse.get(), i, pivot.get(), centred.get());
     for (std::size_t a = 0; a < count; ++a) {
       const std::size_t j = visible_[a];
-      arb_add(scratch.get(), dp[a], g.get(), p_);  // dP - D + g
+      arb_sub(scratch.get(), dp[a], pivot.get(), p_);
+      arb_add(scratch.get(), scratch.get(), centred.get(), p_);  // dP - D + g
       arb_mul(scratch.get(), scratch.get(), weight[a], p_);
       arb_mul(scratch.get(), scratch.get(), slope[a], p_);  // dr_ij
       if (plan.row_dq[i] != 0) {
@@ -291,7 +326,8 @@ GradientBalls& compute_at(const AttentionBackwardInputs& in, const std::vector<t
 }
 
 // The format value every point of the ball rounds to, with ends as fine as the ball; a ball
-// within the zero band (both ends round to a zero) gives +0 (the header: the sign is not claimed).
+// within the zero band (both ends round to a zero) gives -0 when it lies below 0 and +0 otherwise
+// (the header: the sign of a zero whose ball holds both signs is not claimed).
 std::optional<double> decide(arb_srcptr ball, slong precision, const FloatFormat& target) {
   if (!arb_is_finite(ball)) return std::nullopt;
   mpfr_t lo, hi;
@@ -300,7 +336,6 @@ std::optional<double> decide(arb_srcptr ball, slong precision, const FloatFormat
   const double low = round_to_format(lo, target), high = round_to_format(hi, target);
   const int low_sign = mpfr_sgn(lo), high_sign = mpfr_sgn(hi);
   mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
-  if (low == 0 && high == 0) return 0.0;  // the sign is not claimed (header)
   return decided_rounding(low, high, low_sign, high_sign);
 }
 

@@ -22,7 +22,11 @@
 // precision, a pass computing only what is still undecided (the dQ and D of some rows, the dK and
 // dV of some keys, which need every row's log-sum-exp and D), capped (ZivSchedule) with UndecidedRounding
 // naming the output past the cap. A result whose ball lies within half the format's least subnormal of 0
-// rounds to zero and is returned as +0: the sign of such a zero is not claimed. Why the loop ends: a nonzero
+// rounds to zero: -0 where the ball (or the double stage's interval) lies below 0, +0 otherwise. So
+// every -0 is claimed, and a +0 is claimed only where the enclosure lay at or above 0; a tiny
+// negative result whose enclosure still held both signs when it was decided is +0 (the sign of
+// such a zero is not claimed: finding it would need exact arithmetic on the row's double sums, as
+// softmax_backward does for its one sum). Why the loop ends: a nonzero
 // result is eventually separated from every rounding boundary unless it *is* a boundary, and an exact zero
 // eventually lies inside the zero band. A boundary is rational; the results that are rational for a reason
 // the exact stage knows (reference/attention_backward_exact.hpp: rows whose logits are all equal,

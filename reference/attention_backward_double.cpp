@@ -69,6 +69,10 @@ struct Problem {
   std::vector<double> q_abs, k_abs, v_abs, dout_abs;
   BackwardEnclosures sums;  // midpoints; radii hold the product weights until the end
   std::vector<double> sink_magnitudes;
+  // Which queries see a key and which keys a query sees: the others' dQ and D, or dK and dV, are
+  // sums of no term, exactly 0 (finish_radii gives them radius 0; their weights hold 2^-1074 per
+  // masked product, so their intervals would hold both signs and go on to the Arb stage).
+  std::vector<char> row_sees_a_key, key_is_seen;
 };
 
 // One head's block of query positions [first, last) and the keys they see, [key_first, key_last).
@@ -295,6 +299,8 @@ bool run_block(Problem& problem, Block& block, BlockMatrices& mats, std::vector<
   AttentionGradients& values = problem.sums.values;
   AttentionGradients& radii = problem.sums.radii;
   for (std::size_t r = 0; r < block.rows(); ++r) {
+    if (!block.visible[r].empty()) problem.row_sees_a_key[first_row + r] = 1;
+    for (const std::size_t j : block.visible[r]) problem.key_is_seen[j] = 1;
     values.d_rows[first_row + r] = rows[r].d;
     radii.d_rows[first_row + r] = rows[r].d_radius;
     if (values.d_sinks.empty()) continue;
@@ -323,7 +329,9 @@ Problem prepare(const AttentionBackwardInputs& in, std::span<const tensor::HeadS
                  .v_abs = magnitudes_of(in.values),
                  .dout_abs = magnitudes_of(in.d_out),
                  .sums = BackwardEnclosures{zeros(), zeros()},
-                 .sink_magnitudes = std::vector<double>(sinks ? in.group : 0)};
+                 .sink_magnitudes = std::vector<double>(sinks ? in.group : 0),
+                 .row_sees_a_key = std::vector<char>(m),
+                 .key_is_seen = std::vector<char>(n)};
 }
 
 // The product weights and sums become radii.
@@ -332,18 +340,35 @@ void finish_radii(Problem& problem) {
   for (Matrix* m : {&radii.d_queries, &radii.d_keys, &radii.d_values}) {
     for (double& w : m->values) w = product_radius(w, problem.terms);
   }
+  const auto zero_rows = [](Matrix& m, std::size_t row) {
+    std::fill_n(m.values.begin() + static_cast<std::ptrdiff_t>(row * m.cols), m.cols, 0.0);
+  };
+  for (std::size_t i = 0; i < problem.row_sees_a_key.size(); ++i) {
+    if (problem.row_sees_a_key[i] != 0) continue;
+    zero_rows(radii.d_queries, i);
+    radii.d_rows[i] = 0;
+  }
+  for (std::size_t j = 0; j < problem.key_is_seen.size(); ++j) {
+    if (problem.key_is_seen[j] != 0) continue;
+    zero_rows(radii.d_keys, j);
+    zero_rows(radii.d_values, j);
+  }
   const auto rows = static_cast<double>(problem.in.positions());
   for (std::size_t h = 0; h < radii.d_sinks.size(); ++h)
     radii.d_sinks[h] = sum_radius(problem.sink_magnitudes[h], radii.d_sinks[h], rows);
 }
 
-// The value of `format` every point of [mid - radius, mid + radius] rounds to, a zero as +0.
+// The value of `format` every point of [mid - radius, mid + radius] rounds to; a zero is -0 where
+// the interval lies below 0 and +0 where it lies at or above 0. An interval of zeros holding both
+// signs is left to the Arb stage, whose exponent range can still put it on one side (a gradient of
+// about e^-800 underflows double, so here its interval always straddles 0).
 std::optional<double> decide(double mid, double radius, const FloatFormat& format) {
   if (!std::isfinite(mid) || !std::isfinite(radius)) return std::nullopt;
   // The ends' own rounding: u |end| each, within 2^-20 radius + 4u |mid|.
   const double bound = radius * (1 + 0x1p-20) + 4 * unit_roundoff * std::fabs(mid);
-  const std::optional<double> rounded = round_if_decided(mid - bound, mid + bound, format);
-  if (rounded && *rounded == 0) return 0.0;
+  const double low = mid - bound, high = mid + bound;
+  const std::optional<double> rounded = round_if_decided(low, high, format);
+  if (rounded && *rounded == 0 && low < 0 && high > 0) return std::nullopt;
   return rounded;
 }
 

@@ -31,7 +31,9 @@ class BallVector {
   BallVector& operator=(BallVector&&) = delete;
   [[nodiscard]] arb_ptr data() { return balls_; }
   [[nodiscard]] arb_ptr operator[](std::size_t index) { return balls_ + index; }
+  [[nodiscard]] arb_srcptr operator[](std::size_t index) const { return balls_ + index; }
   [[nodiscard]] std::size_t size() const { return count_; }
+  [[nodiscard]] bool empty() const { return count_ == 0; }
 
  private:
   std::size_t count_;

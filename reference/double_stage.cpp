@@ -290,7 +290,9 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
             (1 + 0x1p-20) +
         4 * unit_roundoff * std::fabs(result);
     const auto rounded = round_if_decided(result - bound, result + bound, target);
-    if (!rounded) continue;
+    // A zero whose interval holds both signs goes on to the Ziv stage, whose exponent range can put
+    // it on one side (an output of about -e^-800 underflows double and always straddles 0 here).
+    if (!rounded || (*rounded == 0 && result - bound < 0 && result + bound > 0)) continue;
     output[c] = *rounded;
     output_done[c] = true;
   }

@@ -1,10 +1,12 @@
 #include "reference/softmax_backward.hpp"
 
+#include <flint/fmpq.h>
 #include <gmp.h>
 #include <mpfr.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -55,12 +57,14 @@ void check_gradient(std::span<const double> dy, const PreparedRow& row, std::siz
 struct ExactFacts {
   std::optional<double> common_mean;  // the group means' common value, when they are all equal and a double
   bool means_equal = false;
-  Rational total;  // D
+  Rational total;                    // D
+  std::vector<Rational> group_sums;  // per distinct logit, the sum of its entries' dy
 };
 
 void gather_exact_facts(std::span<const double> dy, const PreparedRow& row, const DistinctLogits& distinct,
                         ExactFacts& facts) {
-  std::vector<Rational> sums(distinct.values.size());
+  facts.group_sums = std::vector<Rational>(distinct.values.size());
+  std::vector<Rational>& sums = facts.group_sums;
   for (std::size_t a = 0; a < row.active.size(); ++a) {
     Rational term(dy[row.active[a]]);
     mpq_add(sums[distinct.of_active[a]].value, sums[distinct.of_active[a]].value, term.value);
@@ -96,15 +100,27 @@ double exact_single_group(double dy_j, const ExactFacts& facts, std::uint64_t k,
   return round_exact_ratio(mpq_numref(result.value), mpq_denref(result.value), target);
 }
 
-// The format value every point of the ball rounds to, if one, with ends as fine as the ball.
-std::optional<double> decided_value(arb_srcptr ball, mpfr_prec_t precision, const FloatFormat& target) {
-  if (!arb_is_finite(ball)) return std::nullopt;
+// What a ball says about one result: the format value every point of it rounds to, or that every
+// point rounds to a zero while the ball holds both signs (then the sign is found exactly, below).
+struct BallVerdict {
+  std::optional<double> value;
+  bool zero_of_unknown_sign = false;
+};
+
+BallVerdict decided_value(arb_srcptr ball, mpfr_prec_t precision, const FloatFormat& target) {
+  if (!arb_is_finite(ball)) return {};
   mpfr_t lo, hi;
   mpfr_inits2(precision + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
   arb_get_interval_mpfr(lo, hi, ball);
-  const auto value = round_if_decided(lo, hi, target);
+  BallVerdict verdict;
+  if (round_to_format(lo, target) == 0 && round_to_format(hi, target) == 0 && mpfr_sgn(lo) < 0 &&
+      mpfr_sgn(hi) > 0) {
+    verdict.zero_of_unknown_sign = true;
+  } else {
+    verdict.value = round_if_decided(lo, hi, target);
+  }
   mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
-  return value;
+  return verdict;
 }
 
 struct LoopState {
@@ -115,9 +131,76 @@ struct LoopState {
   Operation operation;
 };
 
-// One pass at `precision`: decides what it can into `result`, marking `done`.
+// N_j's coefficient of group g (below), exactly: softmax's k_g dy_j - sum_{i in g} dy_i; log-softmax's
+// k_g dy_j, less D in j's own group.
+void zero_sign_coefficient(const LoopState& s, const ExactFacts& facts, double dy_j, std::size_t group_of_j,
+                           std::size_t g, Rational& c) {
+  Rational count;
+  mpq_set_ui(count.value, s.distinct->counts[g], 1);
+  mpq_set_d(c.value, dy_j);
+  mpq_mul(c.value, c.value, count.value);
+  if (s.operation == Operation::softmax) {
+    mpq_sub(c.value, c.value, facts.group_sums[g].value);
+  } else if (g == group_of_j) {
+    mpq_sub(c.value, c.value, facts.total.value);
+  }
+}
+
+// The signs of results every possible value of which rounds to a zero, their balls holding both
+// signs (`pending`: indices into row.active). With w_g = e^{z_g - shift} and S = sum_g k_g w_g the
+// result is N_j / (theta S^2) times w_j (softmax) or N_j / (theta S) (log-softmax), N_j =
+// sum_g c_g w_g (zero_sign_coefficient; softmax's N is the header's). The c_g are exact, so each
+// term is enclosed to relative precision and only the terms' own cancellation costs bits. N_j is
+// not 0: decide_exactly took every case where all c_g are 0, and otherwise Lindemann-Weierstrass
+// applies. So the loop ends; it is capped as Ziv's loop is, and refuses past the cap, never guessing.
+// One sign per (dy_j, group) for log-softmax and per dy_j for softmax: the entries sharing them.
+void settle_zero_signs(const LoopState& s, const ExactFacts& facts, const std::vector<std::size_t>& pending,
+                       std::vector<double>& result, std::vector<bool>& done, ZivStatistics* statistics) {
+  const bool by_group = s.operation == Operation::log_softmax;
+  std::map<std::pair<double, std::size_t>, int> signs;  // 0 while unknown
+  const auto key_of = [&](std::size_t a) {
+    return std::pair{s.dy[s.row->active[a]], by_group ? s.distinct->of_active[a] : std::size_t{0}};
+  };
+  for (const std::size_t a : pending) signs.emplace(key_of(a), 0);
+  const std::size_t groups = s.distinct->values.size();
+  std::vector<Rational> coefficients(groups);
+  fmpq_t q;
+  fmpq_init(q);
+  run_ziv_passes(
+      ZivSchedule{.initial = 64}, 0, statistics,
+      [&](mpfr_prec_t bits) {
+        const auto precision = static_cast<slong>(bits);
+        BallVector weights(groups);
+        Ball multiplier, sum, n, term;
+        enclose_inverse_temperature(multiplier.get(), s.theta, precision);
+        enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
+        bool all_known = true;
+        for (auto& [key, sign] : signs) {
+          if (sign != 0) continue;
+          arb_zero(n.get());
+          for (std::size_t g = 0; g < groups; ++g) {
+            zero_sign_coefficient(s, facts, key.first, key.second, g, coefficients[g]);
+            fmpq_set_mpq(q, coefficients[g].value);
+            arb_set_fmpq(term.get(), q, precision);
+            arb_addmul(n.get(), term.get(), weights[g], precision);
+          }
+          sign = arb_is_positive(n.get()) ? 1 : arb_is_negative(n.get()) ? -1 : 0;
+          all_known = all_known && sign != 0;
+        }
+        return all_known;
+      },
+      [&] { return std::string(name_of(s.operation)) + ": the sign of a zero result"; });
+  fmpq_clear(q);
+  for (const std::size_t a : pending) {
+    result[s.row->active[a]] = std::copysign(0.0, signs.at(key_of(a)) * s.theta);
+    done[a] = true;
+  }
+}
+
+// One pass at `precision`: decides what it can into `result`, marking `done`; results that round to
+// a zero of a sign the ball leaves open go to `zero_band`.
 void decide_at(const LoopState& s, slong precision, const FloatFormat& target, std::vector<double>& result,
-               std::vector<bool>& done) {
+               std::vector<bool>& done, std::vector<std::size_t>& zero_band) {
   BallVector weights(s.distinct->values.size());
   Ball multiplier, sum, dot, value, term;
   enclose_inverse_temperature(multiplier.get(), s.theta, precision);
@@ -144,9 +227,12 @@ void decide_at(const LoopState& s, slong precision, const FloatFormat& target, s
       arb_sub(value.get(), value.get(), term.get(), precision);
     }
     arb_mul(value.get(), value.get(), multiplier.get(), precision);
-    if (const auto decided = decided_value(value.get(), precision, target)) {
-      result[j] = *decided;
+    const BallVerdict verdict = decided_value(value.get(), precision, target);
+    if (verdict.value) {
+      result[j] = *verdict.value;
       done[a] = true;
+    } else if (verdict.zero_of_unknown_sign) {
+      zero_band.push_back(a);
     }
   }
 }
@@ -249,7 +335,9 @@ std::vector<double> backward(std::span<const double> logits, std::span<const dou
   run_ziv_passes(
       ZivSchedule::for_format(target), 0, options.statistics,
       [&](mpfr_prec_t precision) {
-        decide_at(state, static_cast<slong>(precision), target, result, done);
+        std::vector<std::size_t> zero_band;
+        decide_at(state, static_cast<slong>(precision), target, result, done, zero_band);
+        if (!zero_band.empty()) settle_zero_signs(state, facts, zero_band, result, done, options.statistics);
         if (!all_done()) decide_by_tails(state, facts, target, result, done);
         return all_done();
       },

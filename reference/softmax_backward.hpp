@@ -30,6 +30,11 @@
 //   sign; |tail| <= |D| n e^-gap / |theta|. Where r is a representable value or a midpoint and that
 //   bound is below a quarter of the spacing, r + tail rounds to r or to the neighbour on the tail's
 //   side (decide_by_tails, through round_near_boundary, which attention's outputs use too).
+// - A result that rounds to a zero carries the exact result's sign (an exact 0 is +0). Where its
+//   enclosure holds both signs (the terms of dy_j - D or dy_j - y_j D cancel to below the pass's
+//   precision), the sign is that of N_j = sum_g c_g e^{z_g} times theta's, with exact rational
+//   coefficients (softmax's c_g above; log-softmax's k_g dy_j, less D in j's own group), each term
+//   enclosed to relative precision; N_j is not 0 by the arguments above, so refinement ends.
 // The loop is still capped (ZivSchedule) and reports UndecidedRounding past the cap, never a guess.
 #pragma once
 

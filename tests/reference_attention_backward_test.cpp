@@ -230,6 +230,32 @@ TEST(AttentionBackwardReference, ExactZerosAreReturnedAsZero) {
   expect_correctly_rounded(p, fp32, "equal value rows");
 }
 
+// A gradient below every format's range carries its exact sign where the reference can show it.
+// One query q = 1, keys k = (0, -800), values v = (0, 1), dO = +-1 (so dP = (0, +-1)): with P_1 =
+// e^-800 / (1 + e^-800), dS_0 = -+P_0 P_1 and dS_1 = +-P_0 P_1, so dQ = -800 dS_1 and dK_j = dS_j:
+// for dO = 1, dQ < 0, dK_0 < 0 < dK_1 (all of about e^-800, which underflows double, so the double
+// stage's interval holds both signs and D - dP_0 cancels below 1,150 bits).
+TEST(AttentionBackwardReference, AGradientBelowTheFormatsRangeHasItsExactSign) {
+  Matrix q(1, 1), k(2, 1), v(2, 1), d_out(1, 1);
+  q(0, 0) = 1;
+  k(1, 0) = -800;
+  v(1, 0) = 1;
+  const tensor::HeadScores plain;
+  for (const FloatFormat* format : {&fp32, &bf16, &fp8_e4m3}) {
+    for (const double sign : {1.0, -1.0}) {
+      d_out(0, 0) = sign;
+      const AttentionGradients g = attention_backward({q, k, v, d_out, {}, plain}, *format);
+      const double got[] = {g.d_queries(0, 0), g.d_keys(0, 0), g.d_keys(1, 0)};
+      const bool negative[] = {sign > 0, sign > 0, sign < 0};
+      for (std::size_t e = 0; e < 3; ++e) {
+        EXPECT_EQ(got[e], 0.0) << format->name << " dO " << sign << " result " << e;
+        EXPECT_EQ(std::signbit(got[e]), negative[e])
+            << format->name << " dO " << sign << " result " << e << " (dQ, dK_0, dK_1)";
+      }
+    }
+  }
+}
+
 // Results that are exactly a rounding boundary (ties), which no precision decides: with q = 0
 // every probability of a row is 1/(keys), and dV = sum_i dO_i / (keys) can be a midpoint; with a
 // constant value row every dP is dO . v, and D (rounded to fp64) can be one. Each is decided by

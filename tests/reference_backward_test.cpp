@@ -101,6 +101,48 @@ TEST(BackwardExactCases, ZerosAndRationalsAreExactAndCounted) {
             (std::vector<double>{0.25, -0.125, -0.125}));
 }
 
+// A result that rounds to a zero carries the exact result's sign, also where the terms of
+// dy_j - D (or dy_j - y_j D) cancel far below any precision the first passes use. The signs come
+// from closed forms, independent of the reference:
+// - log-softmax, logits (0, -g), dy (1, t): result_0 = (e^-g - t) / (1 + e^-g), result_1 its negative;
+// - softmax, two logits: result_j = y_0 y_1 (dy_j - dy_other) / theta;
+// - softmax, logits (0, -900, -900 - s), dy (0, 1, -2): result_0 = y_0 (2 y_2 - y_1), the sign of
+//   2 e^-s - 1 (positive for s = 0.5, negative for s = 0.8: two tail terms of opposite signs),
+//   result_1 = y_1 (y_0 + 3 y_2) > 0 and result_2 = -y_2 (2 y_0 + 3 y_1) < 0;
+//   theta = -1 with the logits negated has the same z and the opposite sign.
+// With the straddling enclosure taken as +0 (the old rule), the negative ones fail.
+TEST(BackwardZeroSigns, AZeroResultHasTheSignOfTheExactResult) {
+  struct Case {
+    const char* what;
+    bool log;
+    Row logits, dy;
+    double theta;
+    std::vector<int> signs;  // of the exact results
+  };
+  const Case cases[] = {
+      {"log-softmax, e^-700 < 2^-1000", true, {0, -700}, {1, 0x1p-1000}, 1, {-1, 1}},
+      {"log-softmax, e^-700 > 2^-1020", true, {0, -700}, {1, 0x1p-1020}, 1, {1, -1}},
+      {"softmax, a gap of 1e6", false, {0, 1e6}, {0.3, 0.11}, 1, {1, -1}},
+      {"softmax, a gap of 1e6, theta -1", false, {0, 1e6}, {0.3, 0.11}, -1, {-1, 1}},
+      {"softmax, tail terms of both signs, s = 0.5", false, {0, -900, -900.5}, {0, 1, -2}, 1, {1, 1, -1}},
+      {"softmax, tail terms of both signs, s = 0.8", false, {0, -900, -900.8}, {0, 1, -2}, 1, {-1, 1, -1}},
+      {"softmax, theta -1", false, {0, 900, 900.8}, {0, 1, -2}, -1, {1, -1, 1}},
+  };
+  for (const FloatFormat* format : {&fp32, &bf16, &fp8_e4m3, &fp8_e5m2}) {
+    for (const Case& c : cases) {
+      RowOptions options;
+      options.theta = c.theta;
+      const auto ours = c.log ? log_softmax_backward(c.logits, c.dy, *format, options)
+                              : softmax_backward(c.logits, c.dy, *format, options);
+      for (std::size_t j = 0; j < ours.size(); ++j) {
+        EXPECT_EQ(ours[j], 0.0) << c.what << ", " << format->name << ", j " << j;
+        EXPECT_EQ(std::signbit(ours[j]), c.signs[j] < 0)
+            << c.what << ", " << format->name << ", j " << j << ": " << hex_float(ours[j]);
+      }
+    }
+  }
+}
+
 // The fp8 outputs on the extreme-input families: e4m3 (overflow is NaN, no infinity) and e5m2
 // (IEEE: overflow is infinity), with tiny temperatures (1e-17, 2^-60, -1e-17: one-hot rows whose
 // gradients are exponentially small or beyond every format), logits of +-1e30 and beyond double's
