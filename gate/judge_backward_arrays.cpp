@@ -170,7 +170,10 @@ BackwardGradients attention_backward_of_arrays(const JudgeOptions& options, cons
     for (std::size_t kv = 0; kv < s.kv_heads && p.query_length(b) > 0; ++kv) {
       const Group group = group_of(p, t, b, kv);
       const GroupOffsets at = offsets_of(p, b, kv);
-      scatter_group(p, group, at, reference::attention_backward(group.problem(), target), g);
+      // The gradients only: a D the reference cannot decide must not refuse them.
+      scatter_group(
+          p, group, at,
+          reference::attention_backward(group.problem(), target, nullptr, reference::RowsOfD::not_needed), g);
     }
   }
   return g;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -456,7 +457,7 @@ Undecided first_undecided(const AttentionGradients& out, const std::vector<std::
 }  // namespace
 
 AttentionGradients attention_backward(const AttentionBackwardInputs& in, const FloatFormat& target,
-                                      ZivStatistics* statistics) {
+                                      ZivStatistics* statistics, RowsOfD rows_of_d) {
   check(in);
   std::vector<tensor::HeadScores> heads;
   for (std::size_t h = 0; h < in.group; ++h) heads.push_back(in.head(h));
@@ -471,6 +472,10 @@ AttentionGradients attention_backward(const AttentionBackwardInputs& in, const F
   if (statistics != nullptr) ++statistics->calls;
   const std::size_t in_double = decide_backward_in_double(in, heads, target, out, done);
   if (statistics != nullptr) statistics->decided_in_double += static_cast<long>(in_double);
+  if (rows_of_d == RowsOfD::not_needed) {
+    std::fill(out.d_rows.begin(), out.d_rows.end(), std::numeric_limits<double>::quiet_NaN());
+    std::fill(done[4].begin(), done[4].end(), true);
+  }
   if (!first_undecided(out, done).any()) return out;
   Undecided undecided;
   std::optional<BackwardExactCases> exact;  // built once a pass leaves something undecided

@@ -64,9 +64,15 @@ struct AttentionGradients {
   return target.precision() < 24 ? fp32 : target;
 }
 
+// Which results a caller needs: D is skipped by callers that never read it (Python's reference
+// returns the gradients only), so a D the loop cannot decide does not refuse the gradients; d_rows
+// then holds NaN.
+enum class RowsOfD { decided, not_needed };
+
 // InputError for mismatched shapes, a non-finite entry (named), or a theta that is 0 or not finite.
 [[nodiscard]] AttentionGradients attention_backward(const AttentionBackwardInputs& inputs,
                                                     const FloatFormat& target,
-                                                    ZivStatistics* statistics = nullptr);
+                                                    ZivStatistics* statistics = nullptr,
+                                                    RowsOfD rows_of_d = RowsOfD::decided);
 
 }  // namespace sharpcheck::reference

@@ -1,7 +1,12 @@
 #include "reference/softmax.hpp"
 
+#include <gmp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
+#include <optional>
 #include <string>
 
 #include "core/mpfr_number.hpp"
@@ -244,6 +249,44 @@ std::vector<double> log_softmax(std::span<const double> logits, const FloatForma
   return result;
 }
 
+namespace {
+
+// logsumexp = shift + theta log S. When the top logit is alone, S = 1 + T with 0 < T <= (n - 1)
+// e^-gap, gap the least (shift - e_j) / theta, so the result is shift plus a tail of theta's sign
+// and |theta| log(1 + T) <= |theta| T at most. Where shift is a rounding boundary of the target (a
+// midpoint: 1 + 2^-8 in bf16) every enclosure holds it and no precision decides; the tail's side
+// does (round_near_boundary, as log_softmax_backward's tails). Otherwise nothing (Ziv's loop).
+std::optional<double> logsumexp_by_tail(std::span<const double> logits, const PreparedRow& row, double theta,
+                                        const FloatFormat& target) {
+  std::size_t at_top = 0;
+  double gap = INFINITY;
+  MpfrNumber difference(64), magnitude(64);
+  mpfr_set_d(magnitude.get(), std::abs(theta), MPFR_RNDN);  // exact
+  for (const std::size_t j : row.active) {
+    if (logits[j] == row.shift) {
+      ++at_top;
+      continue;
+    }
+    mpfr_set_d(difference.get(), row.shift, MPFR_RNDN);  // exact
+    mpfr_sub_d(difference.get(), difference.get(), logits[j], MPFR_RNDZ);
+    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
+    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
+    gap = std::min(gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
+  }
+  if (at_top != 1) return std::nullopt;  // S >= 2: no small tail
+  // ln |tail| <= ln |theta| + ln (n - 1) - gap; ln 2 more covers these logarithms' own roundings.
+  const double log_tail = std::log(std::abs(theta)) + std::log(static_cast<double>(row.active.size())) -
+                          gap * (1 - 0x1p-40) + std::numbers::ln2;
+  mpq_t r;
+  mpq_init(r);
+  mpq_set_d(r, row.shift);
+  const std::optional<double> rounded = round_near_boundary(r, theta > 0 ? 1 : -1, log_tail, target);
+  mpq_clear(r);
+  return rounded;
+}
+
+}  // namespace
+
 double logsumexp(std::span<const double> logits, const FloatFormat& target, const RowOptions& options) {
   const PreparedRow row =
       prepare_row(logits, options.keep, options.theta, options.fully_masked_gives_zeros, "logsumexp");
@@ -251,6 +294,10 @@ double logsumexp(std::span<const double> logits, const FloatFormat& target, cons
   if (row.active.size() == 1) {  // theta * log 1 + e = e, the only rational case
     count_call(options, true);
     return round_to_format(logits[row.active[0]], target);
+  }
+  if (const auto by_tail = logsumexp_by_tail(logits, row, options.theta, target)) {
+    count_call(options, false);
+    return *by_tail;
   }
   double result = 0.0;
   MpfrNumber log_lo(64);

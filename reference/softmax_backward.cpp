@@ -237,6 +237,32 @@ void decide_at(const LoopState& s, slong precision, const FloatFormat& target, s
   }
 }
 
+// The top group G of logits, by the logits themselves (row.shift: the largest for theta > 0, the
+// smallest for theta < 0; quotients e / theta in double may tie or overflow where the logits
+// differ), and a lower bound on z_G - z_g = |e_G - e_g| / |theta| over the other groups, rounded
+// toward zero in MPFR (a difference of doubles may overflow double while the true gap is small).
+struct TopGroup {
+  std::size_t index = 0;
+  double gap = INFINITY;
+};
+
+TopGroup top_group(const LoopState& s) {
+  const DistinctLogits& distinct = *s.distinct;
+  TopGroup top;
+  while (distinct.values[top.index] != s.row->shift) ++top.index;
+  MpfrNumber difference(64), magnitude(64);
+  mpfr_set_d(magnitude.get(), std::abs(s.theta), MPFR_RNDN);  // exact
+  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
+    if (v == top.index) continue;
+    mpfr_set_d(difference.get(), distinct.values[top.index], MPFR_RNDN);  // exact
+    mpfr_sub_d(difference.get(), difference.get(), distinct.values[v], MPFR_RNDZ);
+    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
+    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
+    top.gap = std::min(top.gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
+  }
+  return top;
+}
+
 // log_softmax_backward_j = (dy_j - y_j D) / theta where one group G of logits is far above the rest
 // (a gap of z_G - z_g >= g): for j in G, y_j = 1/k_G - T / (k_G (k_G + T)) with 0 < T <= n e^-g, so
 // the result is r = (dy_j - D/k_G) / theta plus a tail of sign sign(D) sign(theta); elsewhere y_j
@@ -248,23 +274,7 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
   const DistinctLogits& distinct = *s.distinct;
   const int d_sign = mpq_sgn(facts.total.value), theta_sign = s.theta > 0 ? 1 : -1;
   if (s.operation != Operation::log_softmax || distinct.values.size() < 2 || d_sign == 0) return;
-  // The top group by the logits themselves (row.shift: the largest for theta > 0, the smallest
-  // for theta < 0): quotients e / theta in double may tie or overflow where the logits differ.
-  std::size_t top = 0;
-  while (distinct.values[top] != s.row->shift) ++top;
-  // A lower bound on z_G - z_g = |e_G - e_g| / |theta|, rounded toward zero in MPFR (a difference
-  // of doubles may overflow double, and then the true gap may still be small).
-  double gap = INFINITY;
-  MpfrNumber difference(64), magnitude(64);
-  mpfr_set_d(magnitude.get(), std::abs(s.theta), MPFR_RNDN);  // exact
-  for (std::size_t v = 0; v < distinct.values.size(); ++v) {
-    if (v == top) continue;
-    mpfr_set_d(difference.get(), distinct.values[top], MPFR_RNDN);  // exact
-    mpfr_sub_d(difference.get(), difference.get(), distinct.values[v], MPFR_RNDZ);
-    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
-    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
-    gap = std::min(gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
-  }
+  const auto [top, gap] = top_group(s);
   // ln |tail| <= ln |D| + ln n + ln 4 - ln |theta| - gap; ln |D| from D's bit lengths (an upper
   // bound), ln 8 covering the factor 2 and these logarithms' own roundings.
   const auto bits = [](mpz_srcptr z) { return static_cast<double>(mpz_sizeinbase(z, 2)); };
@@ -290,6 +300,91 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
       result[j] = *decided;
       done[a] = true;
     }
+  }
+}
+
+// The sign of X = k_G sum_{h != G} (c_h - 2 delta k_h) w_h - delta T^2 (decide_softmax_by_tails),
+// T = sum_{h != G} k_h w_h, by enclosing it at growing precision: every coefficient is exact, so
+// only X's own cancellation costs bits. X is not 0 (there, softmax_backward_j is irrational and
+// r rational), so the loop ends; past the cap it refuses, never guessing.
+int tail_sign(const LoopState& s, const ExactFacts& facts, std::size_t top, double dy_j,
+              const Rational& delta) {
+  const std::size_t groups = s.distinct->values.size();
+  std::vector<Rational> coefficients(groups);
+  Rational count;
+  for (std::size_t h = 0; h < groups; ++h) {  // c_h - 2 delta k_h = k_h (dy_j - 2 delta) - sum_h
+    mpq_set_ui(count.value, s.distinct->counts[h], 1);
+    mpq_set_d(coefficients[h].value, dy_j);
+    mpq_sub(coefficients[h].value, coefficients[h].value, delta.value);
+    mpq_sub(coefficients[h].value, coefficients[h].value, delta.value);
+    mpq_mul(coefficients[h].value, coefficients[h].value, count.value);
+    mpq_sub(coefficients[h].value, coefficients[h].value, facts.group_sums[h].value);
+  }
+  int sign = 0;
+  fmpq_t q;
+  fmpq_init(q);
+  run_ziv_passes(
+      ZivSchedule{.initial = 64}, 0, nullptr,
+      [&](mpfr_prec_t bits) {
+        const auto precision = static_cast<slong>(bits);
+        BallVector weights(groups);
+        Ball multiplier, sum, first, tail, term;
+        enclose_inverse_temperature(multiplier.get(), s.theta, precision);
+        enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
+        for (std::size_t h = 0; h < groups; ++h) {
+          if (h == top) continue;
+          fmpq_set_mpq(q, coefficients[h].value);
+          arb_set_fmpq(term.get(), q, precision);
+          arb_addmul(first.get(), term.get(), weights[h], precision);
+          arb_addmul_ui(tail.get(), weights[h], s.distinct->counts[h], precision);
+        }
+        arb_mul_ui(first.get(), first.get(), s.distinct->counts[top], precision);
+        arb_sqr(tail.get(), tail.get(), precision);
+        fmpq_set_mpq(q, delta.value);
+        arb_set_fmpq(term.get(), q, precision);
+        arb_submul(first.get(), term.get(), tail.get(), precision);
+        sign = arb_is_positive(first.get()) ? 1 : arb_is_negative(first.get()) ? -1 : 0;
+        return sign != 0;
+      },
+      [&] { return std::string("softmax_backward: the side of a tail"); });
+  fmpq_clear(q);
+  return sign;
+}
+
+// softmax_backward_j for j in a top group G far above the rest (a gap of z_G - z_h >= g; w_G = 1
+// at the shift): with delta = dy_j - m_G, T = sum_{h != G} k_h w_h and S = k_G + T, the result is
+// r = delta / (k_G theta) plus (k_G N_j - delta S^2) / (k_G theta S^2), whose numerator is
+// X = k_G sum_{h != G} (c_h - 2 delta k_h) w_h - delta T^2 (the header's c_h; the w_G^2 terms cancel
+// exactly). With M = max |dy|, |X| <= 8 M n^2 e^-g and S >= k_G >= 1, so |tail| <= 8 M n^2 e^-g /
+// |theta|. When r is a rounding boundary (dy of few bits, logits 1e30 apart) no enclosure decides,
+// but the tail's side, sign(X) sign(theta), does (round_near_boundary). Entries outside G are
+// e^-g small and decided by the balls and settle_zero_signs.
+void decide_softmax_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFormat& target,
+                             std::vector<double>& result, std::vector<bool>& done) {
+  if (s.operation != Operation::softmax || s.distinct->values.size() < 2) return;
+  const auto [top, gap] = top_group(s);
+  double largest = 0;
+  for (const std::size_t j : s.row->active) largest = std::max(largest, std::abs(s.dy[j]));
+  if (largest == 0) return;
+  const double n = static_cast<double>(s.row->active.size());
+  const double log_tail = std::log(8 * largest) + 2 * std::log(n) - std::log(std::abs(s.theta)) -
+                          gap * (1 - 0x1p-40) + std::numbers::ln2;  // ln 2: these logarithms' roundings
+  Rational mean, count, delta, r, divisor(s.theta);
+  mpq_set_ui(count.value, s.distinct->counts[top], 1);
+  mpq_div(mean.value, facts.group_sums[top].value, count.value);
+  mpq_mul(divisor.value, divisor.value, count.value);
+  for (std::size_t a = 0; a < s.row->active.size(); ++a) {
+    if (done[a] || s.distinct->of_active[a] != top) continue;
+    const std::size_t j = s.row->active[a];
+    mpq_set_d(delta.value, s.dy[j]);
+    mpq_sub(delta.value, delta.value, mean.value);
+    mpq_div(r.value, delta.value, divisor.value);
+    const auto up = round_near_boundary(r.value, 1, log_tail, target);
+    const auto down = round_near_boundary(r.value, -1, log_tail, target);
+    if (!up || !down) continue;  // r is no boundary, or the tail is not small: Ziv's loop decides
+    const bool same = *up == *down && std::signbit(*up) == std::signbit(*down);
+    result[j] = same ? *up : (tail_sign(s, facts, top, s.dy[j], delta) * s.theta > 0 ? *up : *down);
+    done[a] = true;
   }
 }
 
@@ -339,6 +434,7 @@ std::vector<double> backward(std::span<const double> logits, std::span<const dou
         decide_at(state, static_cast<slong>(precision), target, result, done, zero_band);
         if (!zero_band.empty()) settle_zero_signs(state, facts, zero_band, result, done, options.statistics);
         if (!all_done()) decide_by_tails(state, facts, target, result, done);
+        if (!all_done()) decide_softmax_by_tails(state, facts, target, result, done);
         return all_done();
       },
       [&] { return std::string(name_of(operation)) + ": rounding"; });

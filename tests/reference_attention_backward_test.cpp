@@ -256,6 +256,32 @@ TEST(AttentionBackwardReference, AGradientBelowTheFormatsRangeHasItsExactSign) {
   }
 }
 
+// A D no precision decides (two groups of equal logits whose dP means are both 1 + 2^-24, an fp32
+// midpoint: D is exactly that) refuses a call that returns D, but not one that asks for the
+// gradients only (Python's reference), whose dQ (exactly 0), dK and dV are decided.
+TEST(AttentionBackwardReference, AnUndecidableDRefusesOnlyTheCallsThatReturnIt) {
+  Problem p{Matrix(1, 1), Matrix(4, 1), Matrix(4, 1), Matrix(1, 1), {}, {}};
+  p.q(0, 0) = 1;
+  p.d_out(0, 0) = 1;
+  const double keys[] = {0.5, 0.5, -0.25, -0.25},
+               values[] = {1, 1 + 0x1p-23, 1 + 0x1p-24 - 0x1p-30, 1 + 0x1p-24 + 0x1p-30};
+  for (std::size_t j = 0; j < 4; ++j) {
+    p.k(j, 0) = keys[j];
+    p.v(j, 0) = values[j];
+  }
+  p.scores.scale = 1.0;
+  const AttentionBackwardInputs in{p.q, p.k, p.v, p.d_out, {}, p.scores};
+  EXPECT_THROW((void)attention_backward(in, fp32), UndecidedRounding);
+  const AttentionGradients got = attention_backward(in, fp32, nullptr, RowsOfD::not_needed);
+  EXPECT_TRUE(std::isnan(got.d_rows[0]));
+  const ExactGradients exact = independent_backward(p);
+  EXPECT_EQ(got.d_queries(0, 0), 0.0);
+  for (std::size_t j = 0; j < 4; ++j) {
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_keys(j, 0), exact.dk[j], fp32)) << "dK " << j;
+    EXPECT_TRUE(testing::is_nearest_in_format(got.d_values(j, 0), exact.dv[j], fp32)) << "dV " << j;
+  }
+}
+
 // Results that are exactly a rounding boundary (ties), which no precision decides: with q = 0
 // every probability of a row is 1/(keys), and dV = sum_i dO_i / (keys) can be a midpoint; with a
 // constant value row every dP is dO . v, and D (rounded to fp64) can be one. Each is decided by

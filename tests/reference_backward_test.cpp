@@ -288,6 +288,33 @@ TEST(Fp8TailDecisions, AMidpointIsMetAndRoundedTowardItsTail) {
   EXPECT_GT(ties_seen, before);
 }
 
+// softmax_backward where a top group G of two equal logits lies 1e6 above a third: for j in G the
+// result is r = (dy_j - m_G) / (2 theta) plus a tail of size e^-1e6 (beyond any precision the loop
+// tries) whose sign, from the header's expansion X = 2 (c_h - 2 delta) w_h - delta w_h^2, is
+// sign(dy_other_in_G - dy_2) sign(theta). dy = (4 + 2^-6, 0, c) puts r on bf16's midpoint
+// +-(1 + 2^-8), so the tail alone picks the neighbour; the third result is e^-1e6 (c - D) / theta,
+// a zero of that sign. Each row refused ("rounding undecided at 131072 bits") before the tail rule.
+TEST(Fp8TailDecisions, ASoftmaxGradientOnAMidpointRoundsTowardItsTail) {
+  const double a = 4 + 0x1p-6, up = 1 + 0x1p-7;
+  struct Case {
+    double theta, c;
+    std::vector<double> expected;
+  };
+  const Case cases[] = {
+      {1, -1, {up, -1, -0.0}}, {1, 1, {1, -1, -0.0}}, {-1, -1, {-up, 1, 0.0}}, {-1, 1, {-1, 1, 0.0}}};
+  for (const Case& c : cases) {
+    RowOptions options;
+    options.theta = c.theta;
+    const Row logits = {0, 0, -1e6 * c.theta};
+    std::vector<double> got;
+    ASSERT_NO_THROW(got = softmax_backward(logits, Row{a, 0, c.c}, bf16, options)) << c.theta << " " << c.c;
+    for (std::size_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(got[j], c.expected[j]) << "theta " << c.theta << " c " << c.c << " j " << j;
+      EXPECT_EQ(std::signbit(got[j]), std::signbit(c.expected[j])) << "theta " << c.theta << " c " << c.c;
+    }
+  }
+}
+
 TEST(BackwardBadInput, EachProblemIsNamed) {
   EXPECT_THROW((void)softmax_backward(Row{1.0, 2.0}, Row{1.0}, fp32), InputError);
   EXPECT_THROW((void)softmax_backward(Row{1.0, 2.0}, Row{1.0, NAN}, fp32), InputError);

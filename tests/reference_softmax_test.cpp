@@ -248,6 +248,31 @@ TEST(ExtremeRows, UnderflowAndHugeSpreadsRoundCorrectly) {
   EXPECT_EQ(reference::logsumexp(std::vector<double>{70000.0, 0.0}, fp16), INFINITY);
 }
 
+// A top logit alone on a rounding boundary of the target (a midpoint between two neighbours), the
+// rest far below: logsumexp = top + theta log(1 + T), T > 0 tiny, so the exact value lies just past
+// the midpoint on theta's side and rounds there (a tie rule would pick the even neighbour). No
+// enclosure within the cap decides it (T is about e^-1e6); before the tail rule every call refused.
+TEST(ExtremeRows, ALogSumExpOnAMidpointRoundsTowardItsTail) {
+  struct Case {
+    const FloatFormat* format;
+    double midpoint, below, above;  // the boundary and its two neighbours
+  };
+  const Case cases[] = {{&bf16, 1 + 0x1p-8, 1, 1 + 0x1p-7},
+                        {&fp32, 1 + 0x1p-24, 1, 1 + 0x1p-23},
+                        {&fp8_e4m3, 1 + 0x1p-4, 1, 1 + 0x1p-3}};
+  for (const Case& c : cases) {
+    for (const double theta : {1.0, 2.0, 0.5, -1.0, -3.0}) {
+      RowOptions options;
+      options.theta = theta;
+      // the rest lie 1e6 |theta| away on the far side of the top (the top is the largest e / theta)
+      const std::vector<double> row = {c.midpoint, c.midpoint - std::copysign(1e6, theta) * std::abs(theta)};
+      double got = NAN;
+      EXPECT_NO_THROW(got = reference::logsumexp(row, *c.format, options)) << c.format->name << " " << theta;
+      EXPECT_EQ(got, theta > 0 ? c.above : c.below) << c.format->name << " theta " << theta;
+    }
+  }
+}
+
 TEST(BadInput, EachProblemIsNamedWithItsPosition) {
   const auto expect_problem = [](auto&& call, InputProblem problem, const std::string& text) {
     try {
