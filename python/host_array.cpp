@@ -7,6 +7,8 @@
 #include <csetjmp>
 #include <csignal>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "python/errors.hpp"
 
@@ -118,6 +120,27 @@ const unsigned char* first_unreadable(const Visit& visit) {
   return failed;
 }
 
+// True when `address` lies in a mapping of a file (Linux's /proc/self/maps names an inode for
+// it): another process may truncate that file while the judge reads the array. False where
+// /proc is missing (other systems: the array is then read in place, checked once).
+bool in_a_mapped_file(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream fields(line);
+    std::string range, permissions, offset, device;
+    unsigned long long inode = 0;
+    fields >> range >> permissions >> offset >> device >> inode;
+    const std::size_t dash = range.find('-');
+    if (dash == std::string::npos) continue;
+    const unsigned long long start = std::strtoull(range.substr(0, dash).c_str(), nullptr, 16);
+    const unsigned long long end = std::strtoull(range.substr(dash + 1).c_str(), nullptr, 16);
+    if (at >= start && at < end) return inode != 0;
+  }
+  return false;
+}
+
 }  // namespace
 
 HostArray::HostArray(const py::object& object, std::string name, gate::StoredFormat stored)
@@ -199,6 +222,7 @@ void HostArray::set_layout(const std::vector<std::int64_t>& strides_in_items) {
     expected *= static_cast<std::int64_t>(shape_[axis]);
   }
   check_readable();
+  copy_if_file_backed();
 }
 
 void HostArray::check_readable() const {
@@ -239,6 +263,33 @@ void HostArray::check_readable() const {
   if (bad != nullptr)
     refuse_value(name_, "its memory cannot be read (a bus error at byte " + std::to_string(bad - data_) +
                             " from its first element: a memory-mapped file truncated after it was mapped?)");
+}
+
+void HostArray::copy_if_file_backed() {
+  if (count_ == 0 || data_ == nullptr) return;
+  const std::size_t size = item_size(type_);
+  const unsigned char* last = data_ + offset_of(count_ - 1) * static_cast<std::int64_t>(size);
+  if (!in_a_mapped_file(data_) && !in_a_mapped_file(last)) return;
+  owned_.resize(count_ * size);
+  unsigned char* copy = owned_.data();
+  const unsigned char* bad = first_unreadable([&](const auto& probe) {
+    for (std::size_t i = 0; i < count_; ++i) {
+      const unsigned char* element = data_ + (contiguous_ ? static_cast<std::int64_t>(i) : offset_of(i)) *
+                                                 static_cast<std::int64_t>(size);
+      probe(element);
+      std::memcpy(copy + i * size, element, size);
+    }
+  });
+  if (bad != nullptr)
+    refuse_value(name_, "its memory cannot be read (a bus error at byte " + std::to_string(bad - data_) +
+                            " from its first element: a memory-mapped file truncated while it was copied?)");
+  data_ = owned_.data();
+  contiguous_ = true;
+  std::int64_t stride = 1;
+  for (std::size_t axis = shape_.size(); axis-- > 0;) {
+    strides_[axis] = stride;
+    stride *= static_cast<std::int64_t>(shape_[axis]);
+  }
 }
 
 std::int64_t HostArray::offset_of(std::size_t index) const {

@@ -59,8 +59,12 @@ class HostArray final : public gate::Array {
   void set_layout(const std::vector<std::int64_t>& strides_in_items);
   // ValueError naming the array when a page of its memory raises a bus error when read (a
   // truncated memory-mapped file), instead of the signal killing the interpreter. Checked once,
-  // when the array is taken; a file truncated later, while the judge reads it, is not caught.
+  // when the array is taken.
   void check_readable() const;
+  // An array in a mapping of a file (np.memmap, a torch tensor from a mapped file) is copied when
+  // taken, under the same guard: a file truncated later, while the judge reads the array, cannot
+  // reach the judge (the bus error would kill the interpreter). Other arrays are read in place.
+  void copy_if_file_backed();
   // Where the element at C-order flat index `index` lies, in items from data_.
   [[nodiscard]] std::int64_t offset_of(std::size_t index) const;
   [[nodiscard]] double element(std::size_t index) const;
@@ -76,6 +80,7 @@ class HostArray final : public gate::Array {
   // The buffer-protocol view or the DLManagedTensor, released (buffer) or deleted (DLPack) with
   // the array, also when the constructor refuses it half way.
   std::shared_ptr<void> exported_;
+  std::vector<unsigned char> owned_;  // the copy of a file-backed array's elements, C order
 };
 
 // A NumPy float64 array of `shape` holding `values` (as many as the shape's elements).

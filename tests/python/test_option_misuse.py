@@ -129,6 +129,39 @@ except ValueError as error:
     assert "logits: its memory cannot be read" in done.stdout and "byte 4096" in done.stdout, done.stdout
 
 
+def test_a_memory_map_truncated_while_the_judge_runs_cannot_kill_it(tmp_path):
+    """The kernel's output is a np.memmap, and another process truncates its file while the judge
+    runs (it reads the output head by head, after each head's reference). Read in place, the lost
+    pages raised SIGBUS and killed the interpreter (exit 135): a file-backed array is now copied
+    when taken, so the judgement finishes on the values it was given (here the exact output
+    passes). In a child, so that a regression fails this test instead of killing pytest."""
+    import subprocess
+    import sys
+    script = f"""
+import numpy as np, os, subprocess, time, sharpcheck
+rng = np.random.default_rng(1)
+q, k, v = (rng.standard_normal((1, 8, 512, 64)).astype(np.float32) for _ in range(3))
+out = sharpcheck.attention(q, k, v, format="fp32").astype(np.float32)
+path = {str(tmp_path / 'out.bin')!r}
+out.tofile(path)
+mapped = np.memmap(path, dtype=np.float32, mode="r", shape=out.shape)
+cutter = subprocess.Popen(["sh", "-c", "sleep 0.2; truncate -s 0 " + path])
+start = time.time()
+try:
+    sharpcheck.assert_attention_close(mapped, q, k, v, tolerance="attention_fp32")
+    print("judged in", round(time.time() - start, 2), "s")
+except ValueError as error:  # a machine so loaded that the cut came before the copy
+    print(error)
+cutter.wait()
+print("the file now holds", os.path.getsize(path), "bytes")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "the file now holds 0 bytes" in done.stdout, done.stdout
+    assert "judged in" in done.stdout or "out: its memory cannot be read" in done.stdout, done.stdout
+
+
 def test_ctrl_c_stops_a_long_call_promptly_and_python_handles_the_next_one():
     """SIGINT while the backward reference runs without the GIL: the call stops within a row and
     raises KeyboardInterrupt (it used to wait for the whole call); Python's own handler is back
