@@ -3,6 +3,7 @@
 #include <mpfr.h>
 
 #include <algorithm>
+#include <bit>
 #include <unordered_map>
 
 #include "reference/exact_rounding.hpp"
@@ -69,10 +70,69 @@ void enclose_exponentials(const DistinctLogits& distinct, double shift, arb_srcp
   }
 }
 
+namespace {
+
+// A running sum of n balls at p bits carries n 2^-p of rounding in its radius: about 2^-44 of S
+// for a row of 1M at 64 bits, coarser than the double stage's own bound, so a long row's entries
+// that stage left all fell through to the MPFR loop (seconds per row). 2 log2 n bits more keep
+// the sum's rounding at 2^-p / n.
+slong ball_precision(const FloatFormat& target, std::size_t terms) {
+  return static_cast<slong>(ZivSchedule::for_format(target).initial) +
+         2 * static_cast<slong>(std::bit_width(terms));
+}
+
+// The ball stage for a long row of which few entries are left (the double stage decided the rest):
+// S from the sorted logits, one exponential per run of equal values (a copy of the row, no hash
+// map and no ball per value), then each undecided entry's own exponential over S. A row of 1M
+// fp32 logits with a handful undecided held about 150 MB per thread in the grouped form below.
+std::size_t decide_few_by_balls(std::span<const double> logits, const PreparedRow& row, slong precision,
+                                arb_srcptr multiplier, const FloatFormat& target, std::span<double> result,
+                                std::vector<bool>& decided) {
+  std::vector<double> sorted;
+  sorted.reserve(row.active.size());
+  for (const std::size_t j : row.active) sorted.push_back(logits[j]);
+  std::sort(sorted.begin(), sorted.end());  // +0 and -0 compare equal: one run, as one value
+  Ball shift, sum, w;
+  arb_set_d(shift.get(), row.shift);  // doubles convert exactly
+  const auto exponential = [&](double logit, arb_ptr out) {
+    arb_set_d(out, logit);
+    arb_sub(out, out, shift.get(), precision);
+    arb_mul(out, out, multiplier, precision);
+    arb_exp(out, out, precision);
+  };
+  for (std::size_t first = 0; first < sorted.size();) {
+    std::size_t last = first + 1;
+    while (last < sorted.size() && sorted[last] == sorted[first]) ++last;
+    exponential(sorted[first], w.get());
+    arb_addmul_ui(sum.get(), w.get(), last - first, precision);
+    first = last;
+  }
+  std::size_t decided_count = 0;
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    if (decided[a]) continue;
+    exponential(logits[row.active[a]], w.get());
+    arb_div(w.get(), w.get(), sum.get(), precision);
+    if (const auto rounded = round_ball_if_decided(w.get(), target)) {
+      result[row.active[a]] = *rounded;
+      decided[a] = true;
+      ++decided_count;
+    }
+  }
+  return decided_count;
+}
+
+}  // namespace
+
 std::size_t decide_softmax_by_balls(std::span<const double> logits, const PreparedRow& row, double theta,
                                     const FloatFormat& target, std::span<double> result,
                                     std::vector<bool>& decided) {
-  const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
+  const slong precision = ball_precision(target, row.active.size());
+  const auto left = static_cast<std::size_t>(std::count(decided.begin(), decided.end(), false));
+  if (left * 8 < row.active.size()) {
+    Ball multiplier;
+    enclose_inverse_temperature(multiplier.get(), theta, precision);
+    return decide_few_by_balls(logits, row, precision, multiplier.get(), target, result, decided);
+  }
   const DistinctLogits distinct = distinct_logits(logits, row);
   BallVector weights(distinct.values.size());
   Ball multiplier, sum, coefficient;
@@ -97,7 +157,7 @@ std::size_t decide_softmax_by_balls(std::span<const double> logits, const Prepar
 std::optional<double> decide_entropy_by_balls(std::span<const double> logits, const PreparedRow& row,
                                               double theta, const FloatFormat& target) {
   // H = log S - sum_v count_v w_v z_v / S with z_v = (v - shift) / theta.
-  const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
+  const slong precision = ball_precision(target, row.active.size());
   const DistinctLogits distinct = distinct_logits(logits, row);
   BallVector weights(distinct.values.size());
   BallVector arguments(distinct.values.size());
@@ -159,8 +219,8 @@ void enclose_attention_logits(const AttentionRow& row, slong precision, BallVect
 
 void decide_attention_row_by_balls(const AttentionRow& row, const FloatFormat& target,
                                    AttentionRowResults& results) {
-  const auto precision = static_cast<slong>(ZivSchedule::for_format(target).initial);
   const std::size_t count = row.entries();
+  const slong precision = ball_precision(target, count);
   BallVector exponentials(count), column(row.active.size());
   enclose_attention_logits(row, precision, exponentials);
   Ball shift, sum, quotient;

@@ -51,14 +51,14 @@ TEST(Stages, BallsThenMpfrEqualMpfrAloneOnAMillionElementsPerFormat) {
   }
 }
 
-// 1,023 logits at 0 and one at -2^-70: the sum is 1,024 - 2^-70 (nearly), so each of the 1,023
-// coefficients is 2^-10 (1 + 2^-80), a hair above 2^-10, which is exactly half of fp8 e4m3's
-// smallest subnormal: a rounding boundary (whose tie would go down, to 0). At 64 bits neither the
-// balls nor MPFR can tell the sum from 1,024; at 128 bits MPFR decides: up, to 2^-9. The last
-// coefficient, a hair below the boundary, rounds to 0.
+// 1,023 logits at 0 and one at -2^-100: the sum is 1,024 - 2^-100 (nearly), so each of the 1,023
+// coefficients is 2^-10 (1 + 2^-110), a hair above 2^-10, which is exactly half of fp8 e4m3's
+// smallest subnormal: a rounding boundary (whose tie would go down, to 0). Neither the balls (at
+// 64 + 2 log2 n = 86 bits for these 1,024 terms) nor MPFR at 64 bits can tell the sum from 1,024;
+// at 128 bits MPFR decides: up, to 2^-9. The last coefficient, a hair below the boundary, rounds to 0.
 TEST(Stages, ARowAHairFromARoundingBoundaryForcesEscalationAndRoundsCorrectly) {
   std::vector<double> row(1024, 0.0);
-  row[1023] = -0x1p-70;
+  row[1023] = -0x1p-100;
   reference::ZivStatistics statistics;
   RowOptions options;
   options.statistics = &statistics;
