@@ -177,6 +177,89 @@ void enclose_log_sum(const ExponentialEnclosure& enclosure, mpfr_prec_t precisio
   mpfr_log(log_hi.get(), enclosure.sum_hi.get(), MPFR_RNDU);
 }
 
+// How many unmasked logits equal the top one (row.shift), and a lower bound on the gap from it to
+// the others in z = e / theta: |shift - e_j| / |theta| rounded toward zero in MPFR (a difference of
+// doubles may overflow double while the true gap is small).
+struct TopOfRow {
+  std::size_t count = 0;
+  double gap = INFINITY;
+};
+
+TopOfRow top_of_row(std::span<const double> logits, const PreparedRow& row, double theta) {
+  TopOfRow top;
+  MpfrNumber difference(64), magnitude(64);
+  mpfr_set_d(magnitude.get(), std::abs(theta), MPFR_RNDN);  // exact
+  for (const std::size_t j : row.active) {
+    if (logits[j] == row.shift) {
+      ++top.count;
+      continue;
+    }
+    mpfr_set_d(difference.get(), row.shift, MPFR_RNDN);  // exact
+    mpfr_sub_d(difference.get(), difference.get(), logits[j], MPFR_RNDZ);
+    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
+    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
+    top.gap = std::min(top.gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
+  }
+  return top;
+}
+
+// ln of a bound on log S - log k_top <= T / k_top <= (n - 1) e^-gap for a row whose top logit is alone
+// (k_top = 1: log(1 + T) <= T); ln 2 more covers these logarithms' own roundings.
+double log_tail_bound(const PreparedRow& row, const TopOfRow& top) {
+  return std::log(static_cast<double>(row.active.size())) - top.gap * (1 - 0x1p-40) + std::numbers::ln2;
+}
+
+// logsumexp = shift + theta log S. When the top logit is alone, S = 1 + T with 0 < T <= (n - 1)
+// e^-gap, so the result is shift plus a tail of theta's sign and |theta| log(1 + T) <= |theta| T
+// at most. Where shift is a rounding boundary of the target (a midpoint: 1 + 2^-8 in bf16) every
+// enclosure holds it and no precision decides; the tail's side does (round_near_boundary, as
+// log_softmax_backward's tails). Otherwise nothing (Ziv's loop).
+std::optional<double> logsumexp_by_tail(std::span<const double> logits, const PreparedRow& row, double theta,
+                                        const FloatFormat& target) {
+  const TopOfRow top = top_of_row(logits, row, theta);
+  if (top.count != 1) return std::nullopt;  // S >= 2: no small tail
+  const double log_tail = std::log(std::abs(theta)) + log_tail_bound(row, top);
+  mpq_t r;
+  mpq_init(r);
+  mpq_set_d(r, row.shift);
+  const std::optional<double> rounded = round_near_boundary(r, theta > 0 ? 1 : -1, log_tail, target);
+  mpq_clear(r);
+  return rounded;
+}
+
+// log_softmax_j = (e_j - shift) / theta - log S. When the top logit is alone, log S = log(1 + T)
+// is a tail below (n - 1) e^-gap, so the result is the rational r_j = (e_j - shift) / theta less
+// that tail. Where r_j is a rounding boundary (logits 1e30 apart in fp64 make r_j a double's
+// midpoint often) no enclosure decides; the tail's side (down) does. Decides what it can of the
+// undecided entries; true when all are decided.
+bool decide_log_softmax_by_tail(std::span<const double> logits, const PreparedRow& row, double theta,
+                                const FloatFormat& target, std::vector<bool>& decided,
+                                std::vector<double>& result) {
+  const TopOfRow top = top_of_row(logits, row, theta);
+  if (top.count != 1) return false;
+  const double log_tail = log_tail_bound(row, top);
+  mpq_t r, divisor;
+  mpq_inits(r, divisor, static_cast<mpq_ptr>(nullptr));
+  mpq_set_d(divisor, theta);
+  bool all = true;
+  for (std::size_t a = 0; a < row.active.size(); ++a) {
+    if (decided[a]) continue;
+    mpq_set_d(r, logits[row.active[a]]);
+    mpq_set_d(divisor, row.shift);
+    mpq_sub(r, r, divisor);  // exact
+    mpq_set_d(divisor, theta);
+    mpq_div(r, r, divisor);
+    if (const auto rounded = round_near_boundary(r, -1, log_tail, target)) {
+      result[row.active[a]] = *rounded;
+      decided[a] = true;
+    } else {
+      all = false;
+    }
+  }
+  mpq_clears(r, divisor, static_cast<mpq_ptr>(nullptr));
+  return all;
+}
+
 }  // namespace
 
 std::vector<double> softmax(std::span<const double> logits, const FloatFormat& target,
@@ -243,49 +326,12 @@ std::vector<double> log_softmax(std::span<const double> logits, const FloatForma
                                           mpfr_sub(lo, enclosure.z_lo[a], log_hi.get(), MPFR_RNDD);
                                           mpfr_sub(hi, enclosure.z_hi[a], log_lo.get(), MPFR_RNDU);
                                           below_zero(lo, hi, target);
-                                        });
+                                        }) ||
+                        decide_log_softmax_by_tail(logits, row, options.theta, target, decided, result);
                });
   count_call(options, false);
   return result;
 }
-
-namespace {
-
-// logsumexp = shift + theta log S. When the top logit is alone, S = 1 + T with 0 < T <= (n - 1)
-// e^-gap, gap the least (shift - e_j) / theta, so the result is shift plus a tail of theta's sign
-// and |theta| log(1 + T) <= |theta| T at most. Where shift is a rounding boundary of the target (a
-// midpoint: 1 + 2^-8 in bf16) every enclosure holds it and no precision decides; the tail's side
-// does (round_near_boundary, as log_softmax_backward's tails). Otherwise nothing (Ziv's loop).
-std::optional<double> logsumexp_by_tail(std::span<const double> logits, const PreparedRow& row, double theta,
-                                        const FloatFormat& target) {
-  std::size_t at_top = 0;
-  double gap = INFINITY;
-  MpfrNumber difference(64), magnitude(64);
-  mpfr_set_d(magnitude.get(), std::abs(theta), MPFR_RNDN);  // exact
-  for (const std::size_t j : row.active) {
-    if (logits[j] == row.shift) {
-      ++at_top;
-      continue;
-    }
-    mpfr_set_d(difference.get(), row.shift, MPFR_RNDN);  // exact
-    mpfr_sub_d(difference.get(), difference.get(), logits[j], MPFR_RNDZ);
-    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
-    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
-    gap = std::min(gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
-  }
-  if (at_top != 1) return std::nullopt;  // S >= 2: no small tail
-  // ln |tail| <= ln |theta| + ln (n - 1) - gap; ln 2 more covers these logarithms' own roundings.
-  const double log_tail = std::log(std::abs(theta)) + std::log(static_cast<double>(row.active.size())) -
-                          gap * (1 - 0x1p-40) + std::numbers::ln2;
-  mpq_t r;
-  mpq_init(r);
-  mpq_set_d(r, row.shift);
-  const std::optional<double> rounded = round_near_boundary(r, theta > 0 ? 1 : -1, log_tail, target);
-  mpq_clear(r);
-  return rounded;
-}
-
-}  // namespace
 
 double logsumexp(std::span<const double> logits, const FloatFormat& target, const RowOptions& options) {
   const PreparedRow row =

@@ -222,3 +222,91 @@ def test_fp8_and_int8_inputs_reach_every_reference_through_input_format():
                           sharpcheck.softmax(np.array([[129.0, 126.0, 131.0]]) / 256, format="fp32"))
     with pytest.raises(ValueError):
         sharpcheck.softmax(codes, input_format="fp9", format="fp32")
+
+
+# ---- Refusals: a sweep that counts UndecidedRounding over random and extreme inputs ----
+# Every reference on rows and heads of six families (normal; logits 1e30 apart; theta of 1e-17,
+# -1e-17 and 2^-60; ties; a top group far above the rest with dy, values and logits on coarse grids,
+# so that rational parts land on rounding boundaries; all zeros), in every format. The exact answer
+# is decidable for all of them, so none may be refused. docs/reference.md lists the counts and the
+# classes the sweep found before their rules (log-softmax of logits 1e30 apart in fp64: 6 of 432).
+SWEEP_FORMATS = [None, "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"]
+GRID = np.array([0.0, 0.5, 0.625, 0.75, 1.0, 1.125, 1.5, -0.75, -1.0, 1 + 2**-8, 1 + 2**-24, 0.1875])
+ROW_FAMILIES = ["normal", "spread 1e30", "tiny theta", "ties", "far top, grid dy", "zeros"]
+HEAD_FAMILIES = ["normal", "scores 1e6 apart", "ties", "far top, grid values", "zeros"]
+
+
+def sweep_row(rng, family, n):
+    """(logits, dy, theta) of one row of the family."""
+    if family == "normal":
+        return rng.normal(0, 3, n), rng.uniform(-1, 1, n), 1.0
+    if family == "spread 1e30":
+        return rng.normal(0, 1, n) * 1e30, rng.uniform(-1, 1, n), 1.0
+    if family == "tiny theta":
+        return rng.normal(0, 1, n), rng.uniform(-1, 1, n), float(rng.choice([1e-17, -1e-17, 2**-60]))
+    if family == "ties":
+        return rng.choice([0.0, 1.0, -2.0], n), rng.choice(GRID, n), float(rng.choice([1.0, 0.5, -1.0]))
+    if family == "far top, grid dy":
+        logits = -rng.choice([1e3, 1e6, 1e30, 1e300], n)
+        logits[: rng.integers(1, n + 1)] = rng.choice(GRID)
+        return logits, rng.choice(GRID, n), float(rng.choice([1.0, -1.0, 2.0]))
+    return np.zeros(n), np.zeros(n), 1.0
+
+
+def sweep_head(rng, family, m, n, d):
+    """(q, k, v, dO, scale) of one head of the family."""
+    if family in ("normal", "scores 1e6 apart"):
+        q, k, v, d_out = (rng.normal(0, 1, (m if i in (0, 3) else n, d)) for i in range(4))
+        return (q, k, v, d_out, None) if family == "normal" else (q * 1e3, k * 1e3, v, d_out, 1.0)
+    if family == "ties":
+        q = np.zeros((m, d)) if rng.random() < 0.5 else rng.choice([0.0, 1.0], (m, d))
+        return q, rng.choice([0.0, 1.0], (n, d)), rng.choice(GRID, (n, d)), rng.choice(GRID, (m, d)), 1.0
+    if family == "far top, grid values":
+        k = np.zeros((n, d))
+        k[1:] = -rng.choice([1e3, 1e6, 1e30], (n - 1, 1))
+        return np.ones((m, d)), k, rng.choice(GRID, (n, d)), rng.choice(GRID, (m, d)), 1.0
+    return np.zeros((m, d)), np.zeros((n, d)), np.zeros((n, d)), np.zeros((m, d)), 1.0
+
+
+def refusal_sweep(seed=0, row_trials=12, head_trials=6):
+    """{(reference, family): [calls, refusals, first message]}."""
+    rng = np.random.default_rng(seed)
+    counts = {}
+
+    def run(name, family, call):
+        entry = counts.setdefault((name, family), [0, 0, ""])
+        entry[0] += 1
+        try:
+            call()
+        except sharpcheck.UndecidedRounding as refused:
+            entry[1] += 1
+            entry[2] = entry[2] or str(refused)
+
+    for family in ROW_FAMILIES:
+        for _ in range(row_trials):
+            x, dy, theta = sweep_row(rng, family, int(rng.integers(1, 9)))
+            for fmt in SWEEP_FORMATS:
+                kw = {"theta": theta, "format": fmt}
+                for name, fn, args in (("softmax", sharpcheck.softmax, (x,)),
+                                       ("log_softmax", sharpcheck.log_softmax, (x,)),
+                                       ("logsumexp", sharpcheck.logsumexp, (x,)),
+                                       ("entropy", sharpcheck.entropy, (x,)),
+                                       ("softmax_backward", sharpcheck.softmax_backward, (dy, x)),
+                                       ("log_softmax_backward", sharpcheck.log_softmax_backward, (dy, x))):
+                    run(name, family, lambda: fn(*args, **kw))
+    for family in HEAD_FAMILIES:
+        for _ in range(head_trials):
+            q, k, v, d_out, scale = sweep_head(rng, family, int(rng.integers(1, 4)), int(rng.integers(1, 6)),
+                                               int(rng.integers(1, 4)))
+            for fmt in SWEEP_FORMATS:
+                run("attention", family, lambda: sharpcheck.attention(q, k, v, scale=scale, format=fmt))
+                run("attention_backward", family,
+                    lambda: sharpcheck.attention_backward(q, k, v, d_out, scale=scale, format=fmt))
+    return counts
+
+
+def test_no_reference_refuses_on_the_sweep_of_random_and_extreme_inputs():
+    counts = refusal_sweep()
+    refused = {key: entry for key, entry in counts.items() if entry[1]}
+    assert sum(entry[0] for entry in counts.values()) == 2952
+    assert not refused, refused
