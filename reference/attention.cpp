@@ -127,6 +127,11 @@ class ZivRow {
   }
 
   void enclose_scale(mpfr_prec_t precision, MpfrNumber& lo, MpfrNumber& hi) const {
+    if (row_.scores.scale_is_ln2) {
+      mpfr_const_log2(lo.get(), MPFR_RNDD);
+      mpfr_const_log2(hi.get(), MPFR_RNDU);
+      return;
+    }
     if (row_.scores.scale) {
       mpfr_set_d(lo.get(), *row_.scores.scale, MPFR_RNDN);  // exact
       mpfr_set_d(hi.get(), *row_.scores.scale, MPFR_RNDN);

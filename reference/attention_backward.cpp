@@ -51,6 +51,9 @@ void check(const AttentionBackwardInputs& in) {
                                              std::to_string(in.group) + " heads of equal length");
   if (!in.group_sinks.empty() && in.group_sinks.size() != in.group)
     refuse(InputProblem::shape_mismatch, "one sink per query head of the group is needed");
+  if (in.scores.scale_is_ln2 || std::any_of(in.per_head.begin(), in.per_head.end(),
+                                            [](const tensor::HeadScores& h) { return h.scale_is_ln2; }))
+    refuse(InputProblem::out_of_range, "a scale of ln 2 (base-2 scores, a merge's) has no backward here");
   for (const double sink : in.group_sinks) {
     if (!std::isfinite(sink)) refuse(InputProblem::non_finite_value, "a sink logit is not finite");
   }

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <numbers>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -156,7 +157,9 @@ Exponent group_exponent(const AttentionRow& row, const ExactRow& exact, std::siz
   }
   const bool scaled = rational_scale(row.scores, row.keys.cols).has_value();  // dot holds s a then
   const double dot = mpq_get_d(entry.dot.get());
-  const double sa = scaled ? dot : dot / std::sqrt(static_cast<double>(row.keys.cols));
+  const double irrational =
+      row.scores.scale_is_ln2 ? std::numbers::ln2 : 1 / std::sqrt(static_cast<double>(row.keys.cols));
+  const double sa = scaled ? dot : dot * irrational;
   const double cap = row.scores.softcap;
   const double capped = cap != 0.0 ? cap * std::tanh(sa / cap) : sa;
   const double bias = mpq_get_d(entry.bias.get());
@@ -321,6 +324,7 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, Attentio
 }  // namespace
 
 std::optional<Rational> rational_scale(const tensor::HeadScores& scores, std::size_t dim) {
+  if (scores.scale_is_ln2) return std::nullopt;  // ln 2 is irrational
   if (scores.scale) return Rational(*scores.scale);
   const auto d = static_cast<unsigned long>(dim);
   const auto root = static_cast<unsigned long>(std::llround(std::sqrt(static_cast<double>(d))));

@@ -183,7 +183,9 @@ void enclose_attention_logits(const AttentionRow& row, slong precision, BallVect
   BallVector query_balls(dimension), key_balls(dimension);
   for (std::size_t t = 0; t < dimension; ++t) arb_set_d(query_balls[t], row.query[t]);
   Ball scale, cap, term;
-  if (row.scores.scale) {
+  if (row.scores.scale_is_ln2) {
+    arb_const_log2(scale.get(), precision);
+  } else if (row.scores.scale) {
     arb_set_d(scale.get(), *row.scores.scale);
   } else {
     arb_set_ui(scale.get(), dimension);

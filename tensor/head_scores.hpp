@@ -34,10 +34,13 @@ enum class FullyMaskedRows {
 
 struct HeadScores {
   std::optional<double> scale;  // nullopt: exactly 1/sqrt(d) as a real number
-  double theta = 1.0;           // temperature: any finite non-zero value
-  double softcap = 0.0;         // 0: none; otherwise cap > 0
-  std::size_t queries = 0;      // query rows of this head that are computed (the rest are padding)
-  std::size_t keys = 0;         // keys that exist (the rest are padding, never seen)
+  // The scale stands for ln 2 exactly (a merge of base-2 log-sum-exps, read as scores): `scale`
+  // holds ln 2 rounded for the kernels and the allowances, the reference uses the real ln 2.
+  bool scale_is_ln2 = false;
+  double theta = 1.0;       // temperature: any finite non-zero value
+  double softcap = 0.0;     // 0: none; otherwise cap > 0
+  std::size_t queries = 0;  // query rows of this head that are computed (the rest are padding)
+  std::size_t keys = 0;     // keys that exist (the rest are padding, never seen)
   DiagonalAlignment alignment = DiagonalAlignment::top_left;
   bool causal = false;
   std::optional<std::size_t> window_left;   // nullopt: unbounded

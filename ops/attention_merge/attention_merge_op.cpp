@@ -207,9 +207,10 @@ gate::CaseOutcome judge_merge(const gate::OpCall& call) {
   arrays.keep = p.keep;
   arrays.keep_extent = {.per_batch = true, .per_head = true};
   options.layout = "bshd";
-  // Base 2: the scores are lse_i ln 2, with ln 2 rounded to the nearest double (the reference is
-  // correctly rounded for that scale; it differs from the real ln 2 by under 2^-53 relatively).
+  // Base 2: the scores are lse_i ln 2, the real ln 2 in the reference (scale_is_ln2), ln 2 rounded
+  // to a double in the allowances (within 2^-53 of it relatively).
   options.scores.scale = options.lse_base2 ? std::numbers::ln2 : 1.0;
+  options.scores.scale_is_ln2 = options.lse_base2;
   options.scores.fully_masked = tensor::FullyMaskedRows::zeros;  // every partial empty: o = 0
   options.input_format = "fp64";  // the partials were read in their own format already
   if (options.tolerance_entry.empty()) options.tolerance_entry = "attention_fp32";

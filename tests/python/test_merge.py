@@ -5,6 +5,7 @@ partials; the bug classes the serving peers filed fail."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -198,3 +199,32 @@ def test_compare_names_the_worst_element_in_the_users_shape(tmp_path):
                     f"lse={tmp_path / 'lse.npy'}", "--json", str(report)], check=False, capture_output=True)
     worst = json.loads(report.read_text())["cases"][0]["worst"]
     assert worst["full_index"] == [2, 1, 5]
+
+
+def test_a_base_2_merge_is_correctly_rounded_with_the_real_ln_2():
+    """Base-2 partials are scores of lse_i ln 2 with the real ln 2 (it entered rounded to a double, so
+    two partials of -1 merged to a log-sum-exp of about 2^-55 instead of 0). Against mpmath at 200
+    bits: the correctly rounded fp32 output and base-2 LSE, handed over as the kernel's, are 0 ulps
+    off (a 1-ulp change is seen)."""
+    import mpmath
+    mpmath.mp.prec = 200
+    rng = np.random.default_rng(3)
+    cases = [np.array([[[-1.0]], [[-1.0]]]), rng.normal(0, 4, (3, 1, 1)), np.array([[[0.0]], [[1.0]], [[3.0]]])]
+    for partial in cases:  # [splits, heads = 1, 1] base-2 LSEs; one token
+        splits = partial.shape[0]
+        po = rng.normal(0, 1, (1, splits, 1, 4)).astype(np.float32)
+        pl = partial.reshape(1, splits, 1)
+        weights = [mpmath.mpf(2) ** mpmath.mpf(float(l)) for l in pl.ravel()]
+        total = sum(weights)
+        out = np.array([[[float(np.float32(float(sum(w * mpmath.mpf(float(po[0, s, 0, c]))
+                                                     for s, w in enumerate(weights)) / total)))
+                          for c in range(4)]]], dtype=np.float32)
+        lse = np.array([[float(np.float32(float(mpmath.log(total, 2))))]], dtype=np.float32)
+        report = sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out, lse=lse,
+                                  lse_base2=True)
+        assert report.passed and report.record["max_ulps"] == 0, (partial.ravel(), report.record["worst"])
+        if splits == 2:  # two partials of -1: the merged base-2 LSE is 0 exactly
+            assert lse[0, 0] == 0
+            off = sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out,
+                                   lse=np.nextafter(lse, np.float32(1)), lse_base2=True)
+            assert off.record["max_ulps"] >= 1
