@@ -338,7 +338,7 @@ std::optional<double> decide(arb_srcptr ball, slong precision, const FloatFormat
   mpfr_inits2(static_cast<mpfr_prec_t>(precision) + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
   arb_get_interval_mpfr(lo, hi, ball);
   const double low = round_to_format(lo, target), high = round_to_format(hi, target);
-  const int low_sign = mpfr_sgn(lo), high_sign = mpfr_sgn(hi);
+  const int low_sign = end_sign(lo), high_sign = end_sign(hi);
   mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
   return decided_rounding(low, high, low_sign, high_sign);
 }

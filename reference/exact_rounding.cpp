@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 #include "core/mpfr_number.hpp"
 
@@ -22,12 +23,19 @@ std::optional<double> decided_rounding(double low, double high, int low_sign, in
   return low;
 }
 
+int end_sign(mpfr_srcptr end) {
+  if (mpfr_sgn(end) != 0) return mpfr_sgn(end);
+  // An end below MPFR's exponent range rounds to a zero of its own sign (a lower end toward -inf
+  // gives -min; an upper end of a negative value toward +inf gives -0): -0 is an end below 0.
+  return mpfr_signbit(end) != 0 ? -1 : 0;
+}
+
 std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi, const FloatFormat& format) {
   if (mpfr_nan_p(lo) != 0 || mpfr_nan_p(hi) != 0) {  // a NaN input: NaN is the answer
     return std::numeric_limits<double>::quiet_NaN();
   }
-  return decided_rounding(round_to_format(lo, format), round_to_format(hi, format), mpfr_sgn(lo),
-                          mpfr_sgn(hi));
+  return decided_rounding(round_to_format(lo, format), round_to_format(hi, format), end_sign(lo),
+                          end_sign(hi));
 }
 
 namespace {
@@ -78,20 +86,61 @@ ZivSchedule ZivSchedule::for_format(const FloatFormat& format) {
   return ZivSchedule{std::max<mpfr_prec_t>(64, format.precision() + 40)};
 }
 
+namespace {
+
+// ln(spacing / 4) without forming spacing / 4, which underflows double for fp64's subnormals
+// (2^-1076): log(0) = -inf decided nothing there.
+double log_quarter(double spacing) { return std::log(spacing) - 2 * std::numbers::ln2; }
+
+// round_near_boundary where |r| reaches the overflow threshold T = max + half the spacing below
+// max (|x| >= T overflows: to infinity, or to NaN in e4m3). At |r| = T, r + delta overflows when
+// delta points away from 0 and rounds to +-max otherwise; beyond T it overflows while |delta| is
+// below |r| - T.
+std::optional<double> round_near_overflow(mpq_srcptr r, int side, double log_delta,
+                                          const FloatFormat& target) {
+  const double top = target.max_finite, step = top - next_down(top, target);
+  const int sign = mpq_sgn(r);
+  const double overflow = target.has_infinity() ? sign * std::numeric_limits<double>::infinity()
+                                                : std::numeric_limits<double>::quiet_NaN();
+  mpq_t threshold, excess;
+  mpq_inits(threshold, excess, static_cast<mpq_ptr>(nullptr));
+  mpq_set_d(threshold, top);
+  mpq_set_d(excess, step / 2);  // a power of two: exact
+  mpq_add(threshold, threshold, excess);
+  mpq_abs(excess, r);
+  mpq_sub(excess, excess, threshold);
+  std::optional<double> rounded;
+  if (mpq_sgn(excess) > 0 && log_delta < std::log(mpq_get_d(excess))) rounded = overflow;
+  if (mpq_sgn(excess) == 0 && log_delta < log_quarter(step)) rounded = side == sign ? overflow : sign * top;
+  mpq_clears(threshold, excess, static_cast<mpq_ptr>(nullptr));
+  return rounded;
+}
+
+}  // namespace
+
 std::optional<double> round_near_boundary(mpq_srcptr r, int side, double log_delta,
                                           const FloatFormat& target) {
+  mpq_t at, midpoint;
+  mpq_inits(at, midpoint, static_cast<mpq_ptr>(nullptr));
+  mpq_set_d(at, target.max_finite);
+  mpq_abs(midpoint, r);
+  const bool past_top = mpq_cmp(midpoint, at) > 0;
+  mpq_clears(at, midpoint, static_cast<mpq_ptr>(nullptr));
+  if (past_top) {  // between max and the threshold nothing is a boundary: the loop decides it
+    const auto overflowing = round_near_overflow(r, side, log_delta, target);
+    if (overflowing) return overflowing;
+  }
   const double nearest = round_exact_ratio(mpq_numref(r), mpq_denref(r), target);
   if (!std::isfinite(nearest)) return std::nullopt;
-  mpq_t at, midpoint;
   mpq_inits(at, midpoint, static_cast<mpq_ptr>(nullptr));
   mpq_set_d(at, nearest);
   const int where = mpq_cmp(r, at);
   const double other = where > 0 ? next_up(nearest, target) : next_down(nearest, target);
   std::optional<double> rounded;
-  if (std::isfinite(other) && log_delta < std::log(std::fabs(other - nearest) / 4)) {
+  if (std::isfinite(other) && log_delta < log_quarter(std::fabs(other - nearest))) {
     if (where == 0) {  // representable: the other side's spacing may be the smaller one
       const double below = next_down(nearest, target), above = next_up(nearest, target);
-      if (log_delta < std::log(std::min(nearest - below, above - nearest) / 4))
+      if (log_delta < log_quarter(std::min(nearest - below, above - nearest)))
         rounded = nearest == 0 ? std::copysign(0.0, side) : nearest;
     } else {
       mpq_set_d(midpoint, other);

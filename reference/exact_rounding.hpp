@@ -18,6 +18,10 @@ namespace sharpcheck::reference {
 [[nodiscard]] std::optional<double> round_if_decided(mpfr_srcptr lo, mpfr_srcptr hi,
                                                      const FloatFormat& format);
 
+// The sign of an enclosure's end, -0 counting as below 0: an end beyond MPFR's exponent range
+// (e^-1e30 and smaller, as Arb carries them) comes out as a zero of its own sign.
+[[nodiscard]] int end_sign(mpfr_srcptr end);
+
 // What an enclosure decides, given its ends' roundings (low, high) and their signs (-1, 0, +1).
 // Equal bits are not enough: a format whose overflow is NaN (fp8 e4m3) rounds both ends of an
 // enclosure reaching past -max and +max to the same NaN although finite values lie between, and

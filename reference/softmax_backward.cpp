@@ -113,8 +113,8 @@ BallVerdict decided_value(arb_srcptr ball, mpfr_prec_t precision, const FloatFor
   mpfr_inits2(precision + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
   arb_get_interval_mpfr(lo, hi, ball);
   BallVerdict verdict;
-  if (round_to_format(lo, target) == 0 && round_to_format(hi, target) == 0 && mpfr_sgn(lo) < 0 &&
-      mpfr_sgn(hi) > 0) {
+  if (round_to_format(lo, target) == 0 && round_to_format(hi, target) == 0 && end_sign(lo) < 0 &&
+      end_sign(hi) > 0) {
     verdict.zero_of_unknown_sign = true;
   } else {
     verdict.value = round_if_decided(lo, hi, target);

@@ -315,6 +315,48 @@ TEST(Fp8TailDecisions, ASoftmaxGradientOnAMidpointRoundsTowardItsTail) {
   }
 }
 
+// Cases an independent audit (mpmath, its own rounding) found refused or signed wrong, with its
+// values: a tail past MPFR's exponent range (e^-1e30: the enclosure's upper end underflows to -0,
+// which read as "not below 0" gave +0); a rational part on the overflow threshold (e4m3's 464,
+// where the tail decides between 448 and NaN); an fp64 subnormal midpoint (a quarter of 2^-1074
+// underflowed double, so log(0) decided nothing).
+TEST(Fp8TailDecisions, TheAuditsBoundaryCasesAreDecided) {
+  struct Case {
+    const char* what;
+    bool log;
+    Row dy, logits;
+    double theta;
+    const FloatFormat* format;
+    std::vector<double> expected;
+  };
+  const double tiny = 0x0.0093445b87315p-1022;
+  const Case cases[] = {
+      {"a tail of e^-1e30", false, {1, 0}, {0, -1e30}, 1, &fp64, {0.0, -0.0}},
+      {"a tail of e^-1e30, log", true, {1, 0}, {0, -1e30}, 1, &fp64, {0.0, -0.0}},
+      {"the overflow threshold, log", true, {1, 464}, {0, -1e5}, 1, &fp8_e4m3, {-448, 448}},
+      {"the overflow threshold", false, {1856, 0, 1}, {0, 0, -1e5}, 1, &fp8_e4m3, {448, -448, -0.0}},
+      {"fp64 subnormal midpoints",
+       true,
+       {1e-310, 0x1p-1074, 0x1p-1022},
+       {2e30, 2e30, 0},
+       -2,
+       &fp64,
+       {-tiny, -0.0, std::nextafter(tiny, 1.0)}},
+  };
+  for (const Case& c : cases) {
+    RowOptions options;
+    options.theta = c.theta;
+    std::vector<double> got;
+    ASSERT_NO_THROW(got = c.log ? log_softmax_backward(c.logits, c.dy, *c.format, options)
+                                : softmax_backward(c.logits, c.dy, *c.format, options))
+        << c.what;
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      EXPECT_EQ(got[j], c.expected[j]) << c.what << " j " << j << ": " << hex_float(got[j]);
+      EXPECT_EQ(std::signbit(got[j]), std::signbit(c.expected[j])) << c.what << " j " << j;
+    }
+  }
+}
+
 TEST(BackwardBadInput, EachProblemIsNamed) {
   EXPECT_THROW((void)softmax_backward(Row{1.0, 2.0}, Row{1.0}, fp32), InputError);
   EXPECT_THROW((void)softmax_backward(Row{1.0, 2.0}, Row{1.0, NAN}, fp32), InputError);

@@ -273,6 +273,24 @@ TEST(ExtremeRows, ALogSumExpOnAMidpointRoundsTowardItsTail) {
   }
 }
 
+// From the independent audit (mpmath): a lone top logit on the overflow threshold (e4m3's 464,
+// e5m2's 61440 approached from below, bf16's -(2 - 2^-8) 2^127) rounds as its tail says, and a
+// negative tail of e^-1e4 in fp64 (a quarter of 2^-1074 underflowed double) is -0.
+TEST(ExtremeRows, ALogSumExpOnTheOverflowThresholdOrBelowTheSubnormalsIsDecided) {
+  const auto lse = [](std::vector<double> row, double theta, const FloatFormat& format) {
+    RowOptions options;
+    options.theta = theta;
+    return reference::logsumexp(row, format, options);
+  };
+  EXPECT_TRUE(std::isnan(lse({464.0, 464.0 - 1e5}, 1, fp8_e4m3)));
+  EXPECT_TRUE(std::isnan(lse({464.0, -1.5e300}, 1, fp8_e4m3)));
+  EXPECT_EQ(lse({-3.39617752923046e+38, -1e+308}, 0.5, bf16), -0x1.fep+127);
+  EXPECT_EQ(lse({-INFINITY, 61440.0, 1e+27}, -0.001, fp8_e5m2), 57344.0);
+  const double zero = lse({0.0, 1e4}, -1, fp64);
+  EXPECT_EQ(zero, 0.0);
+  EXPECT_TRUE(std::signbit(zero));
+}
+
 TEST(BadInput, EachProblemIsNamedWithItsPosition) {
   const auto expect_problem = [](auto&& call, InputProblem problem, const std::string& text) {
     try {
