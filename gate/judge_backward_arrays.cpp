@@ -226,7 +226,10 @@ struct JudgedGroups {
   std::vector<reference::AttentionGradients> references;
 };
 
-JudgedGroups judged_groups(const JudgeOptions& options, const tensor::AttentionProblem& p, const Tensors& t) {
+// The reference of each group; D only where the kernel hands its D over to be judged (a D no
+// precision decides must not refuse the gradients' judgement).
+JudgedGroups judged_groups(const JudgeOptions& options, const tensor::AttentionProblem& p, const Tensors& t,
+                           reference::RowsOfD rows_of_d) {
   JudgedGroups judged;
   for (std::size_t b = 0; b < p.shape.batch; ++b) {
     for (std::size_t kv = 0; kv < p.shape.kv_heads && p.query_length(b) > 0; ++kv) {
@@ -236,8 +239,8 @@ JudgedGroups judged_groups(const JudgeOptions& options, const tensor::AttentionP
   }
   // One group at a time: each reference call uses every core itself.
   for (const Group& group : judged.groups)
-    judged.references.push_back(
-        reference::attention_backward(group.problem(), *stored_format(options.format).format));
+    judged.references.push_back(reference::attention_backward(
+        group.problem(), *stored_format(options.format).format, nullptr, rows_of_d));
   return judged;
 }
 
@@ -379,7 +382,8 @@ CaseOutcome judge_attention_backward_arrays(const JudgeOptions& options, const B
     // else the target itself (an fp64 D was refused as "not a fp32 value").
     given.d_rows = read_gradient(arrays.d, "D", p.lse_elements(),
                                  stored_format(std::string(reference::d_format(*output.format).name)));
-  const JudgedGroups judged = judged_groups(options, p, t);
+  const JudgedGroups judged = judged_groups(
+      options, p, t, given.d_rows.empty() ? reference::RowsOfD::not_needed : reference::RowsOfD::decided);
   if (reference != nullptr) {  // the reference the verdict used, for a caller that wants both
     *reference = zero_gradients(p);
     for (std::size_t g = 0; g < judged.groups.size(); ++g) {

@@ -71,7 +71,8 @@ struct Problem {
   std::vector<double> sink_magnitudes;
   // Which queries see a key and which keys a query sees: the others' dQ and D, or dK and dV, are
   // sums of no term, exactly 0 (finish_radii gives them radius 0; their weights hold 2^-1074 per
-  // masked product, so their intervals would hold both signs and go on to the Arb stage).
+  // masked product, so their intervals would hold both signs and go on to the Arb stage). A query
+  // whose dO row and dLSE are 0 has dP = D = 0, so dS = 0 exactly: it moves no dQ and no dK.
   std::vector<char> row_sees_a_key, key_is_seen;
 };
 
@@ -283,6 +284,13 @@ void block_products(Problem& problem, const Block& block, BlockMatrices& mats) {
                     sums.radii.d_values.values.data() + block.key_first * dv, dv, true});
 }
 
+// Whether query row i has a nonzero dO or dLSE: otherwise its dS is 0 exactly.
+bool moves_scores(const AttentionBackwardInputs& in, std::size_t i) {
+  if (!in.d_lse.empty() && in.d_lse[i] != 0) return true;
+  const std::span<const double> d_out = in.d_out.row(i);
+  return std::any_of(d_out.begin(), d_out.end(), [](double x) { return x != 0; });
+}
+
 // One block: the GEMMs, the rows in parallel, the products; D and the sink terms recorded. False
 // when a row's bound fails.
 bool run_block(Problem& problem, Block& block, BlockMatrices& mats, std::vector<RowResult>& rows) {
@@ -299,8 +307,10 @@ bool run_block(Problem& problem, Block& block, BlockMatrices& mats, std::vector<
   AttentionGradients& values = problem.sums.values;
   AttentionGradients& radii = problem.sums.radii;
   for (std::size_t r = 0; r < block.rows(); ++r) {
-    if (!block.visible[r].empty()) problem.row_sees_a_key[first_row + r] = 1;
-    for (const std::size_t j : block.visible[r]) problem.key_is_seen[j] = 1;
+    if (!block.visible[r].empty() && moves_scores(problem.in, first_row + r)) {
+      problem.row_sees_a_key[first_row + r] = 1;
+      for (const std::size_t j : block.visible[r]) problem.key_is_seen[j] = 1;
+    }
     values.d_rows[first_row + r] = rows[r].d;
     radii.d_rows[first_row + r] = rows[r].d_radius;
     if (values.d_sinks.empty()) continue;
@@ -353,6 +363,19 @@ void finish_radii(Problem& problem) {
     zero_rows(radii.d_keys, j);
     zero_rows(radii.d_values, j);
   }
+  // A column of K (Q, dO) that is 0 throughout makes that column of dQ (dK, dV) a sum of exact
+  // zeros: a zero-padded head dimension, exactly +0, which the Arb stage would only find slowly.
+  const auto zero_columns = [](const Matrix& factor, Matrix& radius) {
+    for (std::size_t c = 0; c < factor.cols; ++c) {
+      bool zero = true;
+      for (std::size_t r = 0; r < factor.rows && zero; ++r) zero = factor(r, c) == 0;
+      if (!zero) continue;
+      for (std::size_t r = 0; r < radius.rows; ++r) radius(r, c) = 0;
+    }
+  };
+  zero_columns(problem.in.keys, radii.d_queries);
+  zero_columns(problem.in.queries, radii.d_keys);
+  zero_columns(problem.in.d_out, radii.d_values);
   const auto rows = static_cast<double>(problem.in.positions());
   for (std::size_t h = 0; h < radii.d_sinks.size(); ++h)
     radii.d_sinks[h] = sum_radius(problem.sink_magnitudes[h], radii.d_sinks[h], rows);

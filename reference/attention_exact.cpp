@@ -321,6 +321,64 @@ bool decide_lse_exactly(const AttentionRow& row, const ExactRow& exact, Attentio
   }
   return decide_lse_by_its_tail(row, exact, results);
 }
+// Base-2 scores (scale_is_ln2: x_j = a_j ln 2 / theta; no bias, cap or sink). e^x_j = 2^(a_j / theta)
+// is algebraic, not covered by the argument at the top: where every e_j = (a_j - a_top) / theta is
+// an integer (|e_j| <= 4096), the weights 2^e_j / sum_k 2^e_k are rational, so each output is the
+// rational sum_j 2^e_j v_j / sum_j 2^e_j, rounded here exactly (a midpoint, such as partials of
+// LSE 0, -1, -1 merging 1 and 2^-24 twice to 1/2 + 2^-25, no loop decides), and the base-2
+// log-sum-exp a_top / theta + log2 sum_j 2^e_j is rational when that sum is a power of two.
+long decide_base2_exactly(const AttentionRow& row, const ExactRow& exact, const FloatFormat& target,
+                          AttentionRowResults& results) {
+  if (!row.scores.scale_is_ln2 || row.scores.softcap != 0.0 || row.has_sink() || exact.entries.empty())
+    return 0;
+  const Rational theta(row.scores.theta);
+  std::size_t top = 0;
+  for (std::size_t e = 0; e < exact.entries.size(); ++e) {
+    if (!is_zero(exact.entries[e].bias)) return 0;
+    const int order = compare(exact.entries[e].dot, exact.entries[top].dot);
+    if (row.scores.theta > 0 ? order > 0 : order < 0) top = e;
+  }
+  std::vector<Rational> weights(exact.entries.size());
+  Rational sum, term;
+  for (std::size_t e = 0; e < exact.entries.size(); ++e) {
+    mpq_sub(term.get(), exact.entries[e].dot.get(), exact.entries[top].dot.get());
+    mpq_div(term.get(), term.get(), theta.get());  // e_j <= 0
+    if (mpz_cmp_ui(mpq_denref(term.get()), 1) != 0 || mpz_cmpabs_ui(mpq_numref(term.get()), 4096) > 0)
+      return 0;
+    mpq_set_ui(weights[e].get(), 1, 1);
+    mpq_div_2exp(weights[e].get(), weights[e].get(), mpz_get_ui(mpq_numref(term.get())));  // |e_j|
+    mpq_add(sum.get(), sum.get(), weights[e].get());
+  }
+  long decided = 0;
+  for (std::size_t column = 0; column < row.values.cols; ++column) {
+    if (results.output_done[column]) continue;
+    Rational numerator, value;
+    for (std::size_t e = 0; e < exact.entries.size(); ++e) {
+      mpq_set_d(value.get(), value_of(row, e, column));
+      mpq_mul(value.get(), value.get(), weights[e].get());
+      mpq_add(numerator.get(), numerator.get(), value.get());
+    }
+    mpq_div(numerator.get(), numerator.get(), sum.get());
+    results.output[column] = round_rational(numerator, target);
+    results.output_done[column] = true;
+    ++decided;
+  }
+  // sum = n / 2^k (n odd or k = 0): a power of two exactly when n is one.
+  if (results.lse != nullptr && !results.lse_done && results.lse_base2 &&
+      mpz_popcount(mpq_numref(sum.get())) == 1) {
+    const long log2_sum = static_cast<long>(mpz_sizeinbase(mpq_numref(sum.get()), 2)) - 1 -
+                          (static_cast<long>(mpz_sizeinbase(mpq_denref(sum.get()), 2)) - 1);
+    Rational lse;
+    mpq_div(lse.get(), exact.entries[top].dot.get(), theta.get());
+    mpq_set_si(term.get(), log2_sum, 1);
+    mpq_add(lse.get(), lse.get(), term.get());
+    *results.lse = round_rational(lse, *results.lse_target);
+    results.lse_done = true;
+    ++decided;
+  }
+  return decided;
+}
+
 }  // namespace
 
 std::optional<Rational> rational_scale(const tensor::HeadScores& scores, std::size_t dim) {
@@ -361,7 +419,8 @@ Rational exact_bias(const tensor::HeadScores::BiasTerms& terms) {
 long apply_attention_exact_cases(const AttentionRow& row, const FloatFormat& target,
                                  AttentionRowResults& results) {
   const ExactRow exact = group_entries(row);
-  long decided = decide_outputs_exactly(row, exact, target, results);
+  long decided = decide_base2_exactly(row, exact, target, results);
+  decided += decide_outputs_exactly(row, exact, target, results);
   decided += decide_outputs_by_their_tail(row, exact, target, results);
   decided += decide_weights_exactly(row, exact, target, results);
   if (decide_lse_exactly(row, exact, results)) ++decided;  // in its own format

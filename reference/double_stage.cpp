@@ -264,6 +264,8 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
   // at most 2^-1074 more (count 2^-1074 in all).
   numerators.assign(columns, 0.0);
   magnitudes.assign(columns, 0.0);
+  thread_local std::vector<char> any_value;  // a column whose values are all 0 sums to 0 exactly
+  any_value.assign(columns, 0);
   double largest_value = 0;
   for (std::size_t a = 0; a < count; ++a) {
     const double w = row.exponentials[a];
@@ -272,6 +274,7 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
       const double term = w * v[c];
       numerators[c] += term;
       magnitudes[c] += std::fabs(term);
+      any_value[c] |= static_cast<char>(v[c] != 0);
     }
     if (row.tiny_mass != 0) {
       for (const double x : v) largest_value = std::max(largest_value, std::fabs(x));
@@ -280,6 +283,11 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
   const double recursive = gamma_of(static_cast<double>(count) + 1);
   for (std::size_t c = 0; c < columns; ++c) {
     if (output_done[c]) continue;
+    if (any_value[c] == 0) {  // every value 0 (a zero-padded head dimension): exactly +0
+      output[c] = 0.0;
+      output_done[c] = true;
+      continue;
+    }
     const double magnitude = magnitudes[c] * (1 + gamma_of(static_cast<double>(count) + 2));
     const double result = numerators[c] / row.sum;
     if (!std::isfinite(result) || !std::isfinite(magnitude)) continue;

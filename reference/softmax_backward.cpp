@@ -367,8 +367,9 @@ void decide_softmax_by_tails(const LoopState& s, const ExactFacts& facts, const 
   for (const std::size_t j : s.row->active) largest = std::max(largest, std::abs(s.dy[j]));
   if (largest == 0) return;
   const double n = static_cast<double>(s.row->active.size());
-  const double log_tail = std::log(8 * largest) + 2 * std::log(n) - std::log(std::abs(s.theta)) -
-                          gap * (1 - 0x1p-40) + std::numbers::ln2;  // ln 2: these logarithms' roundings
+  const double log_tail = std::log(largest) + 3 * std::numbers::ln2 + 2 * std::log(n) -
+                          std::log(std::abs(s.theta)) - gap * (1 - 0x1p-40) +
+                          std::numbers::ln2;  // ln 2: these logarithms' roundings
   Rational mean, count, delta, r, divisor(s.theta);
   mpq_set_ui(count.value, s.distinct->counts[top], 1);
   mpq_div(mean.value, facts.group_sums[top].value, count.value);

@@ -228,3 +228,20 @@ def test_a_base_2_merge_is_correctly_rounded_with_the_real_ln_2():
             off = sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=out,
                                    lse=np.nextafter(lse, np.float32(1)), lse_base2=True)
             assert off.record["max_ulps"] >= 1
+
+
+def test_a_base_2_merge_on_a_rational_midpoint_is_rounded_not_refused():
+    """Partials of base-2 LSE 0, -1, -1 weigh 1/2, 1/4, 1/4 (rational, as every integer spacing of
+    base-2 LSEs makes them): outputs 1, 2^-24, 2^-24 merge to 1/2 + 2^-25, fp32's midpoint of 1/2 and
+    its successor, rounded to even (1/2); the merged LSE is log2 2 = 1. Refused (undecided at 131072
+    bits) once ln 2 was exact and before the exact base-2 case."""
+    po = np.zeros((1, 3, 1, 1), np.float32)
+    po[0, :, 0, 0] = [1.0, 2.0**-24, 2.0**-24]
+    pl = np.array([[[0.0], [-1.0], [-1.0]]])
+    report = sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl, out=np.array([[[0.5]]], np.float32),
+                              lse=np.array([[1.0]], np.float32), lse_base2=True)
+    assert report.passed and report.record["max_ulps"] == 0
+    off = sharpcheck.judge("attention_merge", partial_out=po, partial_lse=pl,
+                           out=np.array([[[np.nextafter(np.float32(0.5), np.float32(1))]]], np.float32),
+                           lse=np.array([[1.0]], np.float32), lse_base2=True)
+    assert off.record["max_ulps"] == 1
