@@ -303,24 +303,19 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
   }
 }
 
-// The sign of X = k_G sum_{h != G} (c_h - 2 delta k_h) w_h - delta T^2 (decide_softmax_by_tails),
-// T = sum_{h != G} k_h w_h, by enclosing it at growing precision: every coefficient is exact, so
-// only X's own cancellation costs bits. X is not 0 (there, softmax_backward_j is irrational and
+// The signs of X_j = k_G sum_{h != G} (c_h - 2 delta_j k_h) w_h - delta_j T^2 for the entries with
+// these dy (decide_softmax_by_tails): with c_h = k_h dy_j - sum_h, X_j = k_G ((dy_j - 2 delta_j) T - U)
+// - delta_j T^2, T = sum_{h != G} k_h w_h and U = sum_{h != G} sum_h w_h, linear in dy_j, so T and U
+// are enclosed once per precision (each term to relative precision: only X's own cancellation costs
+// bits) and each entry costs O(1), not O(groups). X_j is not 0 (there the result is irrational and
 // r rational), so the loop ends; past the cap it refuses, never guessing.
-int tail_sign(const LoopState& s, const ExactFacts& facts, std::size_t top, double dy_j,
-              const Rational& delta) {
+std::vector<int> tail_signs(const LoopState& s, const ExactFacts& facts, std::size_t top,
+                            std::span<const double> dys) {
   const std::size_t groups = s.distinct->values.size();
-  std::vector<Rational> coefficients(groups);
-  Rational count;
-  for (std::size_t h = 0; h < groups; ++h) {  // c_h - 2 delta k_h = k_h (dy_j - 2 delta) - sum_h
-    mpq_set_ui(count.value, s.distinct->counts[h], 1);
-    mpq_set_d(coefficients[h].value, dy_j);
-    mpq_sub(coefficients[h].value, coefficients[h].value, delta.value);
-    mpq_sub(coefficients[h].value, coefficients[h].value, delta.value);
-    mpq_mul(coefficients[h].value, coefficients[h].value, count.value);
-    mpq_sub(coefficients[h].value, coefficients[h].value, facts.group_sums[h].value);
-  }
-  int sign = 0;
+  Rational mean, count;
+  mpq_set_ui(count.value, s.distinct->counts[top], 1);
+  mpq_div(mean.value, facts.group_sums[top].value, count.value);
+  std::vector<int> signs(dys.size(), 0);
   fmpq_t q;
   fmpq_init(q);
   run_ziv_passes(
@@ -328,27 +323,39 @@ int tail_sign(const LoopState& s, const ExactFacts& facts, std::size_t top, doub
       [&](mpfr_prec_t bits) {
         const auto precision = static_cast<slong>(bits);
         BallVector weights(groups);
-        Ball multiplier, sum, first, tail, term;
+        Ball multiplier, sum, t, u, squared, term, delta, x;
         enclose_inverse_temperature(multiplier.get(), s.theta, precision);
         enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
         for (std::size_t h = 0; h < groups; ++h) {
           if (h == top) continue;
-          fmpq_set_mpq(q, coefficients[h].value);
+          arb_addmul_ui(t.get(), weights[h], s.distinct->counts[h], precision);
+          fmpq_set_mpq(q, facts.group_sums[h].value);
           arb_set_fmpq(term.get(), q, precision);
-          arb_addmul(first.get(), term.get(), weights[h], precision);
-          arb_addmul_ui(tail.get(), weights[h], s.distinct->counts[h], precision);
+          arb_addmul(u.get(), term.get(), weights[h], precision);
         }
-        arb_mul_ui(first.get(), first.get(), s.distinct->counts[top], precision);
-        arb_sqr(tail.get(), tail.get(), precision);
-        fmpq_set_mpq(q, delta.value);
-        arb_set_fmpq(term.get(), q, precision);
-        arb_submul(first.get(), term.get(), tail.get(), precision);
-        sign = arb_is_positive(first.get()) ? 1 : arb_is_negative(first.get()) ? -1 : 0;
-        return sign != 0;
+        arb_sqr(squared.get(), t.get(), precision);
+        bool all_known = true;
+        Rational exact_delta;
+        for (std::size_t i = 0; i < dys.size(); ++i) {
+          if (signs[i] != 0) continue;
+          mpq_set_d(exact_delta.value, dys[i]);
+          mpq_sub(exact_delta.value, exact_delta.value, mean.value);
+          fmpq_set_mpq(q, exact_delta.value);
+          arb_set_fmpq(delta.get(), q, precision);
+          arb_set_d(term.get(), dys[i]);  // dy_j - 2 delta_j
+          arb_submul_ui(term.get(), delta.get(), 2, precision);
+          arb_mul(x.get(), term.get(), t.get(), precision);
+          arb_sub(x.get(), x.get(), u.get(), precision);
+          arb_mul_ui(x.get(), x.get(), s.distinct->counts[top], precision);
+          arb_submul(x.get(), delta.get(), squared.get(), precision);
+          signs[i] = arb_is_positive(x.get()) ? 1 : arb_is_negative(x.get()) ? -1 : 0;
+          all_known = all_known && signs[i] != 0;
+        }
+        return all_known;
       },
       [&] { return std::string("softmax_backward: the side of a tail"); });
   fmpq_clear(q);
-  return sign;
+  return signs;
 }
 
 // softmax_backward_j for j in a top group G far above the rest (a gap of z_G - z_h >= g; w_G = 1
@@ -374,6 +381,12 @@ void decide_softmax_by_tails(const LoopState& s, const ExactFacts& facts, const 
   mpq_set_ui(count.value, s.distinct->counts[top], 1);
   mpq_div(mean.value, facts.group_sums[top].value, count.value);
   mpq_mul(divisor.value, divisor.value, count.value);
+  struct Pending {
+    std::size_t a;
+    double up, down;
+  };
+  std::vector<Pending> pending;  // on a boundary, its side to be found
+  std::vector<double> dys;
   for (std::size_t a = 0; a < s.row->active.size(); ++a) {
     if (done[a] || s.distinct->of_active[a] != top) continue;
     const std::size_t j = s.row->active[a];
@@ -383,9 +396,19 @@ void decide_softmax_by_tails(const LoopState& s, const ExactFacts& facts, const 
     const auto up = round_near_boundary(r.value, 1, log_tail, target);
     const auto down = round_near_boundary(r.value, -1, log_tail, target);
     if (!up || !down) continue;  // r is no boundary, or the tail is not small: Ziv's loop decides
-    const bool same = *up == *down && std::signbit(*up) == std::signbit(*down);
-    result[j] = same ? *up : (tail_sign(s, facts, top, s.dy[j], delta) * s.theta > 0 ? *up : *down);
-    done[a] = true;
+    if (*up == *down && std::signbit(*up) == std::signbit(*down)) {
+      result[j] = *up;
+      done[a] = true;
+    } else {
+      pending.push_back({a, *up, *down});
+      dys.push_back(s.dy[j]);
+    }
+  }
+  if (pending.empty()) return;
+  const std::vector<int> signs = tail_signs(s, facts, top, dys);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    result[s.row->active[pending[i].a]] = signs[i] * s.theta > 0 ? pending[i].up : pending[i].down;
+    done[pending[i].a] = true;
   }
 }
 
