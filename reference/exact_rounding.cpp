@@ -82,6 +82,16 @@ double round_exact_ratio(mpz_srcptr numerator, mpz_srcptr denominator, const Flo
   return round_truncated_quotient(quotient.get(), ternary, format);
 }
 
+double gap_in_z(double top, double other, double theta) {
+  MpfrNumber difference(64), magnitude(64);
+  mpfr_set_d(magnitude.get(), std::abs(theta), MPFR_RNDN);  // exact
+  mpfr_set_d(difference.get(), top, MPFR_RNDN);             // exact
+  mpfr_sub_d(difference.get(), difference.get(), other, MPFR_RNDZ);
+  mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
+  mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
+  return mpfr_get_d(difference.get(), MPFR_RNDZ);
+}
+
 ZivSchedule ZivSchedule::for_format(const FloatFormat& format) {
   return ZivSchedule{std::max<mpfr_prec_t>(64, format.precision() + 40)};
 }

@@ -47,6 +47,10 @@ namespace sharpcheck::reference {
 [[nodiscard]] std::optional<double> round_near_boundary(mpq_srcptr r, int side, double log_delta,
                                                         const FloatFormat& target);
 
+// A lower bound on |top - other| / |theta| (logits' gap in z = e / theta), rounded toward zero in
+// MPFR: a difference of doubles may overflow double while the true gap is small. For the tail rules.
+[[nodiscard]] double gap_in_z(double top, double other, double theta);
+
 // Working precisions of the Ziv loops: start near the target's precision plus guard bits,
 // grow geometrically, and stop at a cap beyond which the reference reports UndecidedRounding.
 struct ZivSchedule {

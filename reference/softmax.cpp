@@ -187,19 +187,15 @@ struct TopOfRow {
 
 TopOfRow top_of_row(std::span<const double> logits, const PreparedRow& row, double theta) {
   TopOfRow top;
-  MpfrNumber difference(64), magnitude(64);
-  mpfr_set_d(magnitude.get(), std::abs(theta), MPFR_RNDN);  // exact
+  std::optional<double> nearest;  // the other logit nearest the top (the least gap), compared exactly
   for (const std::size_t j : row.active) {
     if (logits[j] == row.shift) {
       ++top.count;
-      continue;
+    } else if (!nearest || (theta > 0 ? logits[j] > *nearest : logits[j] < *nearest)) {
+      nearest = logits[j];  // every other logit lies on one side of the top: the least gap is here
     }
-    mpfr_set_d(difference.get(), row.shift, MPFR_RNDN);  // exact
-    mpfr_sub_d(difference.get(), difference.get(), logits[j], MPFR_RNDZ);
-    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
-    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
-    top.gap = std::min(top.gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
   }
+  if (nearest) top.gap = gap_in_z(row.shift, *nearest, theta);
   return top;
 }
 

@@ -131,6 +131,13 @@ struct LoopState {
   Operation operation;
 };
 
+// The row's exponentials w_g = e^{z_g - shift} at `precision`.
+void enclose_weights(const LoopState& s, slong precision, BallVector& weights) {
+  Ball multiplier, sum;
+  enclose_inverse_temperature(multiplier.get(), s.theta, precision);
+  enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
+}
+
 // N_j's coefficient of group g (below), exactly: softmax's k_g dy_j - sum_{i in g} dy_i; log-softmax's
 // k_g dy_j, less D in j's own group.
 void zero_sign_coefficient(const LoopState& s, const ExactFacts& facts, double dy_j, std::size_t group_of_j,
@@ -171,9 +178,8 @@ void settle_zero_signs(const LoopState& s, const ExactFacts& facts, const std::v
       [&](mpfr_prec_t bits) {
         const auto precision = static_cast<slong>(bits);
         BallVector weights(groups);
-        Ball multiplier, sum, n, term;
-        enclose_inverse_temperature(multiplier.get(), s.theta, precision);
-        enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
+        Ball n, term;
+        enclose_weights(s, precision, weights);
         bool all_known = true;
         for (auto& [key, sign] : signs) {
           if (sign != 0) continue;
@@ -250,16 +256,12 @@ TopGroup top_group(const LoopState& s) {
   const DistinctLogits& distinct = *s.distinct;
   TopGroup top;
   while (distinct.values[top.index] != s.row->shift) ++top.index;
-  MpfrNumber difference(64), magnitude(64);
-  mpfr_set_d(magnitude.get(), std::abs(s.theta), MPFR_RNDN);  // exact
+  std::optional<double> nearest;  // every other logit lies on one side of the top: the least gap is here
   for (std::size_t v = 0; v < distinct.values.size(); ++v) {
-    if (v == top.index) continue;
-    mpfr_set_d(difference.get(), distinct.values[top.index], MPFR_RNDN);  // exact
-    mpfr_sub_d(difference.get(), difference.get(), distinct.values[v], MPFR_RNDZ);
-    mpfr_abs(difference.get(), difference.get(), MPFR_RNDN);
-    mpfr_div(difference.get(), difference.get(), magnitude.get(), MPFR_RNDZ);
-    top.gap = std::min(top.gap, mpfr_get_d(difference.get(), MPFR_RNDZ));
+    const double value = distinct.values[v];
+    if (v != top.index && (!nearest || (s.theta > 0 ? value > *nearest : value < *nearest))) nearest = value;
   }
+  if (nearest) top.gap = gap_in_z(distinct.values[top.index], *nearest, s.theta);
   return top;
 }
 
@@ -304,18 +306,20 @@ void decide_by_tails(const LoopState& s, const ExactFacts& facts, const FloatFor
 }
 
 // The signs of X_j = k_G sum_{h != G} (c_h - 2 delta_j k_h) w_h - delta_j T^2 for the entries with
-// these dy (decide_softmax_by_tails): with c_h = k_h dy_j - sum_h, X_j = k_G ((dy_j - 2 delta_j) T - U)
-// - delta_j T^2, T = sum_{h != G} k_h w_h and U = sum_{h != G} sum_h w_h, linear in dy_j, so T and U
-// are enclosed once per precision (each term to relative precision: only X's own cancellation costs
-// bits) and each entry costs O(1), not O(groups). X_j is not 0 (there the result is irrational and
-// r rational), so the loop ends; past the cap it refuses, never guessing.
+// these dy (decide_softmax_by_tails; c_h = k_h dy_j - sum_h, T = sum_{h != G} k_h w_h), by enclosing
+// them at growing precision. Each coefficient is exact, so a group whose coefficient is 0 adds
+// nothing and only X's own cancellation costs bits (summing T and sum_h w_h first and combining
+// them cancels a group of e^-1e6 against itself, hiding one of e^-1e30 for good). Entries sharing a
+// dy share X: the work is groups x distinct dy per pass. X_j is not 0 (there the result is
+// irrational and r rational), so the loop ends; past the cap it refuses, never guessing.
 std::vector<int> tail_signs(const LoopState& s, const ExactFacts& facts, std::size_t top,
                             std::span<const double> dys) {
   const std::size_t groups = s.distinct->values.size();
-  Rational mean, count;
+  std::map<double, int> by_dy;  // 0 while unknown
+  for (const double dy : dys) by_dy.emplace(dy, 0);
+  Rational mean, count, delta, coefficient;
   mpq_set_ui(count.value, s.distinct->counts[top], 1);
   mpq_div(mean.value, facts.group_sums[top].value, count.value);
-  std::vector<int> signs(dys.size(), 0);
   fmpq_t q;
   fmpq_init(q);
   run_ziv_passes(
@@ -323,38 +327,44 @@ std::vector<int> tail_signs(const LoopState& s, const ExactFacts& facts, std::si
       [&](mpfr_prec_t bits) {
         const auto precision = static_cast<slong>(bits);
         BallVector weights(groups);
-        Ball multiplier, sum, t, u, squared, term, delta, x;
-        enclose_inverse_temperature(multiplier.get(), s.theta, precision);
-        enclose_exponentials(*s.distinct, s.row->shift, multiplier.get(), precision, weights, sum.get());
+        Ball t, term, x, delta_ball;
+        enclose_weights(s, precision, weights);
         for (std::size_t h = 0; h < groups; ++h) {
-          if (h == top) continue;
-          arb_addmul_ui(t.get(), weights[h], s.distinct->counts[h], precision);
-          fmpq_set_mpq(q, facts.group_sums[h].value);
-          arb_set_fmpq(term.get(), q, precision);
-          arb_addmul(u.get(), term.get(), weights[h], precision);
+          if (h != top) arb_addmul_ui(t.get(), weights[h], s.distinct->counts[h], precision);
         }
-        arb_sqr(squared.get(), t.get(), precision);
+        arb_sqr(t.get(), t.get(), precision);  // T^2
         bool all_known = true;
-        Rational exact_delta;
-        for (std::size_t i = 0; i < dys.size(); ++i) {
-          if (signs[i] != 0) continue;
-          mpq_set_d(exact_delta.value, dys[i]);
-          mpq_sub(exact_delta.value, exact_delta.value, mean.value);
-          fmpq_set_mpq(q, exact_delta.value);
-          arb_set_fmpq(delta.get(), q, precision);
-          arb_set_d(term.get(), dys[i]);  // dy_j - 2 delta_j
-          arb_submul_ui(term.get(), delta.get(), 2, precision);
-          arb_mul(x.get(), term.get(), t.get(), precision);
-          arb_sub(x.get(), x.get(), u.get(), precision);
+        for (auto& [dy, sign] : by_dy) {
+          if (sign != 0) continue;
+          mpq_set_d(delta.value, dy);
+          mpq_sub(delta.value, delta.value, mean.value);
+          arb_zero(x.get());
+          for (std::size_t h = 0; h < groups; ++h) {  // k_h (dy - 2 delta) - sum_h
+            if (h == top) continue;
+            mpq_set_d(coefficient.value, dy);
+            mpq_sub(coefficient.value, coefficient.value, delta.value);
+            mpq_sub(coefficient.value, coefficient.value, delta.value);
+            mpq_set_ui(count.value, s.distinct->counts[h], 1);
+            mpq_mul(coefficient.value, coefficient.value, count.value);
+            mpq_sub(coefficient.value, coefficient.value, facts.group_sums[h].value);
+            if (mpq_sgn(coefficient.value) == 0) continue;
+            fmpq_set_mpq(q, coefficient.value);
+            arb_set_fmpq(term.get(), q, precision);
+            arb_addmul(x.get(), term.get(), weights[h], precision);
+          }
           arb_mul_ui(x.get(), x.get(), s.distinct->counts[top], precision);
-          arb_submul(x.get(), delta.get(), squared.get(), precision);
-          signs[i] = arb_is_positive(x.get()) ? 1 : arb_is_negative(x.get()) ? -1 : 0;
-          all_known = all_known && signs[i] != 0;
+          fmpq_set_mpq(q, delta.value);
+          arb_set_fmpq(delta_ball.get(), q, precision);
+          arb_submul(x.get(), delta_ball.get(), t.get(), precision);
+          sign = arb_is_positive(x.get()) ? 1 : arb_is_negative(x.get()) ? -1 : 0;
+          all_known = all_known && sign != 0;
         }
         return all_known;
       },
       [&] { return std::string("softmax_backward: the side of a tail"); });
   fmpq_clear(q);
+  std::vector<int> signs;
+  for (const double dy : dys) signs.push_back(by_dy.at(dy));
   return signs;
 }
 

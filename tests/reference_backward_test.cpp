@@ -335,6 +335,16 @@ TEST(Fp8TailDecisions, TheAuditsBoundaryCasesAreDecided) {
       {"a tail of e^-1e30, log", true, {1, 0}, {0, -1e30}, 1, &fp64, {0.0, -0.0}},
       {"the overflow threshold, log", true, {1, 464}, {0, -1e5}, 1, &fp8_e4m3, {-448, 448}},
       {"the overflow threshold", false, {1856, 0, 1}, {0, 0, -1e5}, 1, &fp8_e4m3, {448, -448, -0.0}},
+      // A review's first form of the tail's sign summed T and sum_h w_h before combining them: the
+      // group at -1e6, whose coefficient is exactly 0, cancelled against itself and hid the one at
+      // -1e30 for good ("the side of a tail undecided"). Each result is e^-gap times a sign.
+      {"a zero coefficient among the tail's groups",
+       false,
+       {1.0, 0.5, 1.0, 1.01171875},
+       {0, -1e30, -1e6, -1e300},
+       1,
+       &bf16,
+       {0.0, -0.0, 0.0, 0.0}},
       {"fp64 subnormal midpoints",
        true,
        {1e-310, 0x1p-1074, 0x1p-1022},
