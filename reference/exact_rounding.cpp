@@ -110,6 +110,7 @@ std::optional<double> round_near_overflow(mpq_srcptr r, int side, double log_del
                                           const FloatFormat& target) {
   const double top = target.max_finite, step = top - next_down(top, target);
   const int sign = mpq_sgn(r);
+  if (target.overflow == OverflowBehaviour::saturate) return std::nullopt;  // never past max: no threshold
   const double overflow = target.has_infinity() ? sign * std::numeric_limits<double>::infinity()
                                                 : std::numeric_limits<double>::quiet_NaN();
   mpq_t threshold, excess;
