@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <csetjmp>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "python/errors.hpp"
 
@@ -120,25 +120,30 @@ const unsigned char* first_unreadable(const Visit& visit) {
   return failed;
 }
 
-// True when `address` lies in a mapping of a file (Linux's /proc/self/maps names an inode for
-// it): another process may truncate that file while the judge reads the array. False where
-// /proc is missing (other systems: the array is then read in place, checked once).
-bool in_a_mapped_file(const void* address) {
-  std::ifstream maps("/proc/self/maps");
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    std::string range, permissions, offset, device;
-    unsigned long long inode = 0;
-    fields >> range >> permissions >> offset >> device >> inode;
-    const std::size_t dash = range.find('-');
-    if (dash == std::string::npos) continue;
-    const unsigned long long start = std::strtoull(range.substr(0, dash).c_str(), nullptr, 16);
-    const unsigned long long end = std::strtoull(range.substr(dash + 1).c_str(), nullptr, 16);
-    if (at >= start && at < end) return inode != 0;
+// True when a mapping of a file (Linux's /proc/self/maps names an inode for it) holds any byte
+// between `first` and `last`: another process may truncate that file while the judge reads the array. False
+// where /proc is missing (other systems: the array is then read in place, checked once). One read of the maps
+// for both addresses (a tiny call's cost is mostly this read).
+bool in_a_mapped_file(const void* first, const void* last) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return false;
+  const auto a = reinterpret_cast<std::uintptr_t>(first), b = reinterpret_cast<std::uintptr_t>(last);
+  const std::uintptr_t low = std::min(a, b), high = std::max(a, b);  // negative strides reverse them
+  std::array<char, 4096> line{};
+  bool file = false;
+  // The maps are in address order: the scan stops past the array's last byte.
+  while (std::fgets(line.data(), static_cast<int>(line.size()), maps) != nullptr) {
+    unsigned long long start = 0, end = 0, offset = 0, inode = 0;
+    std::array<char, 8> permissions{};
+    std::array<char, 32> device{};
+    if (std::sscanf(line.data(), "%llx-%llx %7s %llx %31s %llu", &start, &end, permissions.data(), &offset,
+                    device.data(), &inode) != 6)
+      continue;  // the rest of a long path, or no such line
+    if (start > high) break;
+    if (end > low && inode != 0) file = true;  // the mapping holds some of [low, high]
   }
-  return false;
+  std::fclose(maps);
+  return file;
 }
 
 }  // namespace
@@ -269,7 +274,7 @@ void HostArray::copy_if_file_backed() {
   if (count_ == 0 || data_ == nullptr) return;
   const std::size_t size = item_size(type_);
   const unsigned char* last = data_ + offset_of(count_ - 1) * static_cast<std::int64_t>(size);
-  if (!in_a_mapped_file(data_) && !in_a_mapped_file(last)) return;
+  if (!in_a_mapped_file(data_, last)) return;
   owned_.resize(count_ * size);
   unsigned char* copy = owned_.data();
   const unsigned char* bad = first_unreadable([&](const auto& probe) {
