@@ -274,7 +274,7 @@ void HostArray::copy_if_file_backed() {
   if (count_ == 0 || data_ == nullptr) return;
   const std::size_t size = item_size(type_);
   const unsigned char* last = data_ + offset_of(count_ - 1) * static_cast<std::int64_t>(size);
-  if (!in_a_mapped_file(data_, last)) return;
+  if (!in_a_mapped_file(data_, last + size - 1)) return;  // the last element's last byte
   owned_.resize(count_ * size);
   unsigned char* copy = owned_.data();
   const unsigned char* bad = first_unreadable([&](const auto& probe) {
