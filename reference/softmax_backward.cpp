@@ -153,6 +153,42 @@ void zero_sign_coefficient(const LoopState& s, const ExactFacts& facts, double d
   }
 }
 
+// x as a ball at `precision` (exact where it fits).
+void enclose_rational(arb_ptr ball, const Rational& x, slong precision) {
+  fmpq_t q;
+  fmpq_init(q);
+  fmpq_set_mpq(q, x.value);
+  arb_set_fmpq(ball, q, precision);
+  fmpq_clear(q);
+}
+
+// The sign of each key's quantity (0 in `signs` while unknown), found at growing precision:
+// `enclose(key, weights, precision, ball)` adds the quantity into a zeroed ball from the row's
+// exponentials at that precision, and a key is settled once its ball excludes 0. Capped as Ziv's
+// loop is; past the cap it refuses, naming `what`, never guessing.
+template <typename Key, typename Enclose>
+void find_signs(const LoopState& s, std::map<Key, int>& signs, ZivStatistics* statistics,
+                const std::string& what, Enclose&& enclose) {
+  run_ziv_passes(
+      ZivSchedule{.initial = 64}, 0, statistics,
+      [&](mpfr_prec_t bits) {
+        const auto precision = static_cast<slong>(bits);
+        BallVector weights(s.distinct->values.size());
+        enclose_weights(s, precision, weights);
+        Ball value;
+        bool all_known = true;
+        for (auto& [key, sign] : signs) {
+          if (sign != 0) continue;
+          arb_zero(value.get());
+          enclose(key, weights, precision, value.get());
+          sign = arb_is_positive(value.get()) ? 1 : arb_is_negative(value.get()) ? -1 : 0;
+          all_known = all_known && sign != 0;
+        }
+        return all_known;
+      },
+      [&] { return what; });
+}
+
 // The signs of results every possible value of which rounds to a zero, their balls holding both
 // signs (`pending`: indices into row.active). With w_g = e^{z_g - shift} and S = sum_g k_g w_g the
 // result is N_j / (theta S^2) times w_j (softmax) or N_j / (theta S) (log-softmax), N_j =
@@ -169,34 +205,16 @@ void settle_zero_signs(const LoopState& s, const ExactFacts& facts, const std::v
     return std::pair{s.dy[s.row->active[a]], by_group ? s.distinct->of_active[a] : std::size_t{0}};
   };
   for (const std::size_t a : pending) signs.emplace(key_of(a), 0);
-  const std::size_t groups = s.distinct->values.size();
-  std::vector<Rational> coefficients(groups);
-  fmpq_t q;
-  fmpq_init(q);
-  run_ziv_passes(
-      ZivSchedule{.initial = 64}, 0, statistics,
-      [&](mpfr_prec_t bits) {
-        const auto precision = static_cast<slong>(bits);
-        BallVector weights(groups);
-        Ball n, term;
-        enclose_weights(s, precision, weights);
-        bool all_known = true;
-        for (auto& [key, sign] : signs) {
-          if (sign != 0) continue;
-          arb_zero(n.get());
-          for (std::size_t g = 0; g < groups; ++g) {
-            zero_sign_coefficient(s, facts, key.first, key.second, g, coefficients[g]);
-            fmpq_set_mpq(q, coefficients[g].value);
-            arb_set_fmpq(term.get(), q, precision);
-            arb_addmul(n.get(), term.get(), weights[g], precision);
-          }
-          sign = arb_is_positive(n.get()) ? 1 : arb_is_negative(n.get()) ? -1 : 0;
-          all_known = all_known && sign != 0;
-        }
-        return all_known;
-      },
-      [&] { return std::string(name_of(s.operation)) + ": the sign of a zero result"; });
-  fmpq_clear(q);
+  Rational coefficient;
+  Ball term;
+  find_signs(s, signs, statistics, std::string(name_of(s.operation)) + ": the sign of a zero result",
+             [&](const auto& key, BallVector& weights, slong precision, arb_ptr n) {
+               for (std::size_t g = 0; g < weights.size(); ++g) {
+                 zero_sign_coefficient(s, facts, key.first, key.second, g, coefficient);
+                 enclose_rational(term.get(), coefficient, precision);
+                 arb_addmul(n, term.get(), weights[g], precision);
+               }
+             });
   for (const std::size_t a : pending) {
     result[s.row->active[a]] = std::copysign(0.0, signs.at(key_of(a)) * s.theta);
     done[a] = true;
@@ -320,49 +338,32 @@ std::vector<int> tail_signs(const LoopState& s, const ExactFacts& facts, std::si
   Rational mean, count, delta, coefficient;
   mpq_set_ui(count.value, s.distinct->counts[top], 1);
   mpq_div(mean.value, facts.group_sums[top].value, count.value);
-  fmpq_t q;
-  fmpq_init(q);
-  run_ziv_passes(
-      ZivSchedule{.initial = 64}, 0, nullptr,
-      [&](mpfr_prec_t bits) {
-        const auto precision = static_cast<slong>(bits);
-        BallVector weights(groups);
-        Ball t, term, x, delta_ball;
-        enclose_weights(s, precision, weights);
-        for (std::size_t h = 0; h < groups; ++h) {
-          if (h != top) arb_addmul_ui(t.get(), weights[h], s.distinct->counts[h], precision);
-        }
-        arb_sqr(t.get(), t.get(), precision);  // T^2
-        bool all_known = true;
-        for (auto& [dy, sign] : by_dy) {
-          if (sign != 0) continue;
-          mpq_set_d(delta.value, dy);
-          mpq_sub(delta.value, delta.value, mean.value);
-          arb_zero(x.get());
-          for (std::size_t h = 0; h < groups; ++h) {  // k_h (dy - 2 delta) - sum_h
-            if (h == top) continue;
-            mpq_set_d(coefficient.value, dy);
-            mpq_sub(coefficient.value, coefficient.value, delta.value);
-            mpq_sub(coefficient.value, coefficient.value, delta.value);
-            mpq_set_ui(count.value, s.distinct->counts[h], 1);
-            mpq_mul(coefficient.value, coefficient.value, count.value);
-            mpq_sub(coefficient.value, coefficient.value, facts.group_sums[h].value);
-            if (mpq_sgn(coefficient.value) == 0) continue;
-            fmpq_set_mpq(q, coefficient.value);
-            arb_set_fmpq(term.get(), q, precision);
-            arb_addmul(x.get(), term.get(), weights[h], precision);
-          }
-          arb_mul_ui(x.get(), x.get(), s.distinct->counts[top], precision);
-          fmpq_set_mpq(q, delta.value);
-          arb_set_fmpq(delta_ball.get(), q, precision);
-          arb_submul(x.get(), delta_ball.get(), t.get(), precision);
-          sign = arb_is_positive(x.get()) ? 1 : arb_is_negative(x.get()) ? -1 : 0;
-          all_known = all_known && sign != 0;
-        }
-        return all_known;
-      },
-      [&] { return std::string("softmax_backward: the side of a tail"); });
-  fmpq_clear(q);
+  Ball t, term;
+  find_signs(s, by_dy, nullptr, "softmax_backward: the side of a tail",
+             [&](double dy, BallVector& weights, slong precision, arb_ptr x) {
+               arb_zero(t.get());
+               for (std::size_t h = 0; h < groups; ++h) {
+                 if (h != top) arb_addmul_ui(t.get(), weights[h], s.distinct->counts[h], precision);
+               }
+               arb_sqr(t.get(), t.get(), precision);  // T^2
+               mpq_set_d(delta.value, dy);
+               mpq_sub(delta.value, delta.value, mean.value);
+               for (std::size_t h = 0; h < groups; ++h) {  // k_h (dy - 2 delta) - sum_h
+                 if (h == top) continue;
+                 mpq_set_d(coefficient.value, dy);
+                 mpq_sub(coefficient.value, coefficient.value, delta.value);
+                 mpq_sub(coefficient.value, coefficient.value, delta.value);
+                 mpq_set_ui(count.value, s.distinct->counts[h], 1);
+                 mpq_mul(coefficient.value, coefficient.value, count.value);
+                 mpq_sub(coefficient.value, coefficient.value, facts.group_sums[h].value);
+                 if (mpq_sgn(coefficient.value) == 0) continue;
+                 enclose_rational(term.get(), coefficient, precision);
+                 arb_addmul(x, term.get(), weights[h], precision);
+               }
+               arb_mul_ui(x, x, s.distinct->counts[top], precision);
+               enclose_rational(term.get(), delta, precision);
+               arb_submul(x, term.get(), t.get(), precision);
+             });
   std::vector<int> signs;
   for (const double dy : dys) signs.push_back(by_dy.at(dy));
   return signs;
