@@ -337,10 +337,9 @@ std::optional<double> decide(arb_srcptr ball, slong precision, const FloatFormat
   mpfr_t lo, hi;
   mpfr_inits2(static_cast<mpfr_prec_t>(precision) + 64, lo, hi, static_cast<mpfr_ptr>(nullptr));
   arb_get_interval_mpfr(lo, hi, ball);
-  const double low = round_to_format(lo, target), high = round_to_format(hi, target);
-  const int low_sign = end_sign(lo), high_sign = end_sign(hi);
+  const std::optional<double> value = round_if_decided(lo, hi, target);  // finite ends: never NaN here
   mpfr_clears(lo, hi, static_cast<mpfr_ptr>(nullptr));
-  return decided_rounding(low, high, low_sign, high_sign);
+  return value;
 }
 
 // Decides what it can of one output; returns the index of the first undecided element, if any.
