@@ -10,12 +10,12 @@
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
 #include "kernels/escape_kernels.hpp"
+#include "metrics/attention_geometry.hpp"
 #include "metrics/inside_rounding.hpp"
 #include "metrics/quantized_weights.hpp"
 #include "metrics/score_emulation.hpp"
 #include "reference/attention.hpp"
 #include "reference/dispersion_escapes.hpp"
-#include "reference/dot_product.hpp"
 #include "reference/softmax.hpp"
 
 namespace sharpcheck::metrics {
@@ -205,133 +205,6 @@ Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matr
 
 namespace {
 
-// Query i's geometry for the tolerance: the entries it sees (keys and sink), the spread of their
-// logits, and the logits' rounding error in units of u (kernels/registry.cpp): the fp32 dot
-// product's d u sum_t |q_t k_t| |scale / theta|, and with soft-cap or bias the roundings of the
-// cap's division, tanh and product and of the bias and its addition, (4|s| + 2|b| + 2|c|)/|theta|
-// + 2|z| (s the scaled dot product, c the capped score). Entries more than negligible_below under
-// the largest logit (an additive mask of -1e9 through the bias) are counted as negligible.
-// Also each output column's magnitude sum_j p_j |v_jc|, with the weights p_j computed in double:
-// their relative error is below (n + 10) 2^-53 (exp, sum, division), far below the 1e-9 the
-// magnitudes are inflated by for n up to 2^20 keys.
-
-// Logit z of one entry and its rounding bound (above), in `Real` arithmetic.
-template <typename Real>
-std::pair<double, double> logit_and_rounding(Real dot, Real absolute, std::size_t d,
-                                             const tensor::HeadScores& scores, Real scale, double bias) {
-  const Real theta = std::fabs(static_cast<Real>(scores.theta));
-  const Real scaled = dot * scale;
-  const auto cap = static_cast<Real>(scores.softcap);
-  const Real capped = scores.softcap != 0.0 ? cap * std::tanh(scaled / cap) : scaled;
-  const Real z = (capped + bias) / static_cast<Real>(scores.theta);
-  Real rounding = static_cast<Real>(d) * absolute * std::fabs(scale) / theta;
-  if (scores.softcap != 0.0 || scores.has_bias()) {
-    rounding +=
-        (4 * std::fabs(scaled) + 2 * std::fabs(static_cast<Real>(bias)) + 2 * std::fabs(capped)) / theta +
-        2 * std::fabs(z);
-  }
-  return {static_cast<double>(z), static_cast<double>(rounding)};
-}
-
-// The dot product in double, or, where its products leave double's range (q . k near 1e320 with
-// theta near 1e308, or products below 2^-960 with a tiny theta), in long double (a 15-bit
-// exponent on x86-64 and AArch64): the logits and their bound stay finite where they are, and an
-// allowance with them (before, it was NaN and the judgement inconclusive whatever the output).
-// Where long double is double (MSVC, Apple's ARM) the fallback overflows as before and such a case
-// stays inconclusive: honest, not wrong.
-std::pair<double, double> entry_logit(std::span<const double> q, std::span<const double> k,
-                                      const tensor::HeadScores& scores, double bias) {
-  const auto [dot, absolute] = reference::dot_and_magnitude(q.data(), k.data(), q.size());
-  const double scale = scores.scale ? *scores.scale : 1.0 / std::sqrt(static_cast<double>(q.size()));
-  // Headroom for the bound's own products (d |q.k| |scale|, 4 |s|) before the division by theta.
-  const double headroom = static_cast<double>(q.size() + 8) * std::max(1.0, std::fabs(scale));
-  bool in_range = absolute > 0x1p-960 && absolute * headroom < 0x1p1000;
-  if (absolute == 0.0) {  // every product exactly 0, or some underflowed
-    in_range = true;
-    for (std::size_t t = 0; t < q.size(); ++t) in_range = in_range && (q[t] == 0.0 || k[t] == 0.0);
-  }
-  if (in_range) return logit_and_rounding<double>(dot, absolute, q.size(), scores, scale, bias);
-  long double wide_dot = 0, wide_absolute = 0;
-  for (std::size_t t = 0; t < q.size(); ++t) {
-    const long double product = static_cast<long double>(q[t]) * static_cast<long double>(k[t]);
-    wide_dot += product;
-    wide_absolute += std::fabs(product);
-  }
-  const long double wide_scale = scores.scale ? static_cast<long double>(*scores.scale)
-                                              : 1.0L / std::sqrt(static_cast<long double>(q.size()));
-  // long double's own rounding (64-bit significand) is below double's, which the bound charges.
-  return logit_and_rounding<long double>(wide_dot, wide_absolute, q.size(), scores, wide_scale, bias);
-}
-
-RowScale attention_row_geometry(const Matrix& queries, const Matrix& keys, const Matrix& values,
-                                const tensor::HeadScores& scores, std::size_t query,
-                                std::span<const std::size_t> visible, std::span<double> magnitudes,
-                                VisibleWeights& weights_out) {
-  thread_local std::vector<double> logits, roundings, weights, sums;
-  logits.clear();
-  roundings.clear();
-  const auto q = queries.row(query);
-  for (const std::size_t j : visible) {
-    const double bias = scores.has_bias() ? scores.bias_of(query, j) : 0.0;
-    const auto [z, rounding] = entry_logit(q, keys.row(j), scores, bias);
-    logits.push_back(z);
-    roundings.push_back(rounding);
-  }
-  if (scores.sink) {
-    logits.push_back(*scores.sink / scores.theta);
-    roundings.push_back(2 * std::fabs(logits.back()));
-  }
-  RowScale row_scale;
-  std::fill(magnitudes.begin(), magnitudes.end(), 0.0);
-  weights_out.p.clear();
-  weights_out.z.clear();
-  weights_out.dot.clear();
-  if (logits.empty()) return row_scale;
-  const double largest = *std::max_element(logits.begin(), logits.end());
-  double smallest = largest;
-  double sum = 0;
-  weights.resize(logits.size());
-  for (std::size_t e = 0; e < logits.size(); ++e) {
-    sum += weights[e] = std::exp(logits[e] - largest);
-    if (largest - logits[e] > negligible_below) {  // its rounding matters only through its own size
-      ++row_scale.negligible;
-      continue;
-    }
-    ++row_scale.n;
-    smallest = std::min(smallest, logits[e]);
-    row_scale.logit_rounding = std::max(row_scale.logit_rounding, roundings[e]);
-    row_scale.largest_score = std::max(row_scale.largest_score, std::fabs(logits[e]));
-  }
-  row_scale.largest_magnitude = largest - smallest;
-  sums.assign(magnitudes.size(), 0.0);  // local sums: no aliasing with the values read
-  for (std::size_t a = 0; a < visible.size(); ++a) {
-    const double weight = weights[a];
-    const double* v = values.row(visible[a]).data();
-    for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += weight * std::fabs(v[c]);
-  }
-  for (std::size_t c = 0; c < sums.size(); ++c) magnitudes[c] = sums[c] / sum * (1 + 1e-9);
-  for (std::size_t a = 0; a < visible.size(); ++a) {
-    weights_out.p.push_back(weights[a] / sum);
-    weights_out.z.push_back(std::fabs(logits[a]));
-    // A sink's score error moves every weight alike: its rounding stays charged in full (no dot).
-    if (!scores.sink) weights_out.dot.push_back(roundings[a]);
-  }
-  sums.assign(magnitudes.size(), 0.0);
-  for (const std::size_t key : visible) {
-    const double* v = values.row(key).data();
-    for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += std::fabs(v[c]);
-  }
-  // Over Z = sum (>= 1) too: the row sum an unnormalised weight's absolute error is relative to. A
-  // kernel's max may exceed the exact one by its fp32 logits' rounding (2^-24 per unit), which
-  // shrinks its weights by at most exp(2^-23 logit_rounding): charged outward.
-  const double shift = std::exp(row_scale.logit_rounding * 0x1p-23);
-  for (const double mass : sums) {
-    row_scale.value_mass = std::max(row_scale.value_mass, mass * (1 + 1e-9));
-    row_scale.value_mass_over_z = std::max(row_scale.value_mass_over_z, mass / sum * shift * (1 + 1e-9));
-  }
-  return row_scale;
-}
-
 // The statistical tier around emulated scores of one chain: each row's o~ and spreads, then the
 // comparison and row-scale test of `base` again around o~. nullopt if a row cannot be emulated.
 std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const JudgeSpec& spec,
@@ -451,20 +324,16 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
                         .centre_magnitude = {}};
   input.inside = &spreads;
   const double u_s = inside_units(*spec.tolerance, *spec.output).s;
-  std::vector<RowRounding> roundings(queries.rows);
-  std::vector<std::size_t> visible;
-  VisibleWeights weights;
+  HeadGeometry geometry = attention_head_geometry(queries, keys, values, head, u_s);
+  magnitudes = std::move(geometry.magnitudes);
+  const std::vector<RowRounding>& roundings = geometry.roundings;
   for (std::size_t i = 0; i < queries.rows; ++i) {
-    head.visible_keys(i, visible);
-    const RowScale row_scale =
-        attention_row_geometry(queries, keys, values, head, i, visible, magnitudes.row(i), weights);
-    for (std::size_t c = 0; c < values.cols; ++c) z_magnitudes(i, c) = row_scale.largest_magnitude;
-    input.scales.push_back(row_scale);
-    roundings[i] = row_rounding(values, visible, weights, u_s);
+    for (std::size_t c = 0; c < values.cols; ++c) z_magnitudes(i, c) = geometry.scales[i].largest_magnitude;
     store_spreads(roundings[i], i, spreads);
     evaluation.lse_spreads.push_back(
         {roundings[i].lse_p_spread, roundings[i].lse_s_spread, roundings[i].lse_s_second});
   }
+  input.scales = std::move(geometry.scales);
   add_smoothing_shifts(*spec.tolerance, queries, keys, head, input.scales);
   evaluation.comparison = compare(input, *spec.tolerance, *spec.output);
   evaluation.row_scales = input.scales;

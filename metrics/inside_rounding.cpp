@@ -4,13 +4,13 @@
 #include <cmath>
 
 namespace sharpcheck::metrics {
-namespace {
 
-// rho_j: what a score's rounding does to its exponential beyond first order.
 double second_order(double z, double u_s) {
   const double eps = 2.0001 * u_s * z;
   return std::expm1(eps) - eps;
 }
+
+namespace {
 
 // Keys whose weights are equal (equal scores: q = 0, repeated keys, quantised inputs) round alike,
 // so their roundings are one variable, not several: the keys in order of weight, a group of equal

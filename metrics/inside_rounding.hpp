@@ -50,6 +50,10 @@ struct RowRounding {
   bool emulated = false;
 };
 
+// rho_j / p_j = expm1(eps_j) - eps_j, eps_j = 2.0001 u_s |z_j|: what a score's rounding does to its
+// exponential beyond first order (above).
+[[nodiscard]] double second_order(double z, double u_s);
+
 // The row's exact output o_c (in double) and the spreads above, u_s the scores' unit roundoff (0:
 // the recipe keeps them in fp32).
 [[nodiscard]] RowRounding row_rounding(const Matrix& values, std::span<const std::size_t> visible,
