@@ -71,23 +71,30 @@ std::pair<double, double> entry_logit(double dot, double absolute, std::span<con
   return logit_and_rounding<long double>(wide_dot, wide_absolute, q.size(), scores, wide_scale, bias);
 }
 
-// What the whole head shares: the inputs' images.
+// What the whole head shares: the inputs' images, in buffers the thread keeps (a judgement of
+// several recipes forms them once per recipe, and fresh megabytes cost more in page faults than
+// their products).
 struct Images {
-  Matrix q_abs, k_abs, v_abs, v_sq;
+  Matrix k_abs, v_abs, v_sq;
   std::vector<double> key_absolute;  // sum_c |v_jc| per key
 };
 
-Matrix image(const Matrix& m, double (*f)(double)) {
-  Matrix out(m.rows, m.cols);
+void fill_image(const Matrix& m, double (*f)(double), Matrix& out) {
+  out.rows = m.rows;
+  out.cols = m.cols;
+  out.values.resize(m.values.size());
   for (std::size_t e = 0; e < m.values.size(); ++e) out.values[e] = f(m.values[e]);
-  return out;
 }
 
-Images images_of(const Matrix& queries, const Matrix& keys, const Matrix& values) {
-  Images images{image(queries, [](double x) { return std::fabs(x); }),
-                image(keys, [](double x) { return std::fabs(x); }),
-                image(values, [](double x) { return std::fabs(x); }),
-                image(values, [](double x) { return x * x; }), std::vector<double>(values.rows, 0.0)};
+const Images& images_of(const Matrix& keys, const Matrix& values) {
+  thread_local Images images;
+  fill_image(
+      keys, [](double x) { return std::fabs(x); }, images.k_abs);
+  fill_image(
+      values, [](double x) { return std::fabs(x); }, images.v_abs);
+  fill_image(
+      values, [](double x) { return x * x; }, images.v_sq);
+  images.key_absolute.assign(values.rows, 0.0);
   for (std::size_t j = 0; j < values.rows; ++j) {
     for (const double x : images.v_abs.row(j)) images.key_absolute[j] += x;
   }
@@ -338,15 +345,19 @@ HeadGeometry attention_head_geometry(const Matrix& queries, const Matrix& keys, 
   const reference::SingleThreadedBlas single_threaded;  // heads run in parallel already
   HeadGeometry geometry{std::vector<RowScale>(queries.rows), Matrix(queries.rows, values.cols),
                         std::vector<RowRounding>(queries.rows)};
-  const Images images = images_of(queries, keys, values);
-  Block block;
+  const Images& images = images_of(keys, values);
+  thread_local Block block;
+  thread_local std::vector<double> q_abs;
   for (std::size_t first = 0; first < queries.rows; first += block_rows) {
     prepare_block(head, first, std::min(block_rows, queries.rows - first), block);
     if (block.width > 0 && queries.cols > 0) {
       reference::plain_product(rows_of(queries, first, block.rows),
                                rows_of(keys, block.key_first, block.width, true), block.dot.data(),
                                block.width);
-      reference::plain_product(rows_of(images.q_abs, first, block.rows),
+      q_abs.resize(block.rows * queries.cols);
+      for (std::size_t e = 0; e < q_abs.size(); ++e)
+        q_abs[e] = std::fabs(queries.values[first * queries.cols + e]);
+      reference::plain_product(block_of(q_abs, block.rows, queries.cols),
                                rows_of(images.k_abs, block.key_first, block.width, true),
                                block.absolute.data(), block.width);
     }

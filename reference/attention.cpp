@@ -10,9 +10,11 @@
 
 #include "core/mpfr_number.hpp"
 #include "core/parallel.hpp"
+#include "reference/attention_double_block.hpp"
 #include "reference/attention_row.hpp"
 #include "reference/ball_stage.hpp"
 #include "reference/double_stage.hpp"
+#include "reference/enclosed_product.hpp"
 #include "reference/input_checks.hpp"
 #include "reference/ziv_loop.hpp"
 #include "tensor/head_view.hpp"
@@ -285,11 +287,10 @@ class ZivRow {
   std::unique_ptr<MpfrNumber> shift_, sum_lo_, sum_hi_;
 };
 
-// The cheap stages, then the Ziv loop, for one row.
+// After the double stage: the ball stage, then the Ziv loop, for one row.
 void solve_row(const AttentionRow& row, const FloatFormat& target, bool mpfr_only,
                AttentionRowResults& results, ZivStatistics* statistics) {
   if (!mpfr_only) {
-    decide_attention_row_in_double(row, target, results);
     const long in_double = results.decided_count();
     if (statistics != nullptr) statistics->decided_in_double += in_double;
     if (results.all_done()) return;
@@ -310,35 +311,45 @@ struct RowRequest {
   const FloatFormat* lse_target = nullptr;  // null: the outputs' format
 };
 
-// Query `query` of a head: its keys, bias terms and sink, the fully masked rule, then the stages.
-void attention_row(const Matrix& queries, const Matrix& keys, const Matrix& values,
-                   const tensor::HeadScores& scores, std::size_t query, const FloatFormat& target,
-                   const RowRequest& request) {
-  thread_local std::vector<std::size_t> active;
-  thread_local std::vector<tensor::HeadScores::BiasTerms> bias;
-  scores.visible_keys(query, active);
-  bias.clear();
-  if (scores.has_bias()) {
-    for (const std::size_t key : active) bias.push_back(scores.bias_terms(query, key));
-  }
-  if (request.statistics != nullptr) ++request.statistics->calls;
-  const AttentionRow row{queries.row(query), keys, values, active, bias, scores};
-  if (row.entries() == 0) {
-    if (scores.fully_masked == tensor::FullyMaskedRows::error) {
-      throw InputError(InputProblem::fully_masked_row,
-                       "attention: query " + std::to_string(query) + " sees no key (every key is masked)");
+// Queries [first, first + requests.size()) of a head: their keys, bias terms and sink, the fully
+// masked rule, the double stage for the rows together, then each row's later stages.
+void attention_rows(const Matrix& queries, const Matrix& keys, const Matrix& values, const HeadImages& images,
+                    const tensor::HeadScores& scores, std::size_t first, const FloatFormat& target,
+                    std::span<const RowRequest> requests) {
+  const std::size_t count = requests.size();
+  std::vector<std::vector<std::size_t>> active(count);
+  std::vector<std::vector<tensor::HeadScores::BiasTerms>> bias(count);
+  std::vector<AttentionRow> rows;
+  std::vector<AttentionRowResults> results;
+  std::vector<std::size_t> which;
+  for (std::size_t r = 0; r < count; ++r) {
+    const std::size_t query = first + r;
+    const RowRequest& request = requests[r];
+    scores.visible_keys(query, active[r]);
+    if (scores.has_bias()) {
+      for (const std::size_t key : active[r]) bias[r].push_back(scores.bias_terms(query, key));
     }
-    if (request.lse != nullptr) *request.lse = -INFINITY;
-    return;  // outputs and weights stay 0
+    if (request.statistics != nullptr) ++request.statistics->calls;
+    const AttentionRow row{queries.row(query), keys, values, active[r], bias[r], scores};
+    if (row.entries() == 0) {
+      if (scores.fully_masked == tensor::FullyMaskedRows::error) {
+        throw InputError(InputProblem::fully_masked_row,
+                         "attention: query " + std::to_string(query) + " sees no key (every key is masked)");
+      }
+      if (request.lse != nullptr) *request.lse = -INFINITY;
+      continue;  // outputs and weights stay 0
+    }
+    rows.push_back(row);
+    results.push_back({request.output, request.weights, request.lse, request.lse_base2,
+                       request.lse_target != nullptr ? request.lse_target : &target,
+                       std::vector<bool>(values.cols, false),
+                       std::vector<bool>(request.weights.empty() ? 0 : active[r].size(), false)});
+    which.push_back(r);
   }
-  AttentionRowResults results{request.output,
-                              request.weights,
-                              request.lse,
-                              request.lse_base2,
-                              request.lse_target != nullptr ? request.lse_target : &target,
-                              std::vector<bool>(values.cols, false),
-                              std::vector<bool>(request.weights.empty() ? 0 : active.size(), false)};
-  solve_row(row, target, request.mpfr_only, results, request.statistics);
+  if (!rows.empty() && !requests.front().mpfr_only)
+    decide_attention_block_in_double(rows, images, target, results);
+  for (std::size_t k = 0; k < rows.size(); ++k)
+    solve_row(rows[k], target, requests[which[k]].mpfr_only, results[k], requests[which[k]].statistics);
 }
 
 tensor::HeadScores completed_scores(const AttentionOptions& options, const Matrix& queries,
@@ -359,13 +370,21 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
   AttentionResult result{Matrix(queries.rows, values.cols), std::nullopt, {}};
   if (options.return_weights) result.weights = Matrix(queries.rows, keys.rows);
   if (options.return_lse) result.lse.assign(queries.rows, 0.0);
-  for (std::size_t query = 0; query < scores.queries; ++query) {
-    RowRequest request{
-        result.output.row(query), {}, nullptr, options.lse_base2, options.mpfr_only, options.statistics,
-        options.lse_format};
-    if (result.weights) request.weights = result.weights->row(query);
-    if (options.return_lse) request.lse = &result.lse[query];
-    attention_row(queries, keys, values, scores, query, target, request);
+  constexpr std::size_t block_rows = 32;
+  const SingleThreadedBlas single_threaded;  // the products are small; heads may run in parallel
+  const HeadImages images(keys, values);
+  std::vector<RowRequest> requests;
+  for (std::size_t first = 0; first < scores.queries; first += block_rows) {
+    requests.clear();
+    for (std::size_t query = first; query < std::min(scores.queries, first + block_rows); ++query) {
+      RowRequest request{
+          result.output.row(query), {}, nullptr, options.lse_base2, options.mpfr_only, options.statistics,
+          options.lse_format};
+      if (result.weights) request.weights = result.weights->row(query);
+      if (options.return_lse) request.lse = &result.lse[query];
+      requests.push_back(request);
+    }
+    attention_rows(queries, keys, values, images, scores, first, target, requests);
   }
   return result;
 }
@@ -444,7 +463,8 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
   };
   const tensor::SpanSource q_source(q), k_source(k), v_source(v);
   std::mutex statistics_mutex;
-  constexpr std::size_t rows_per_item = 8;
+  constexpr std::size_t rows_per_item = 32;  // a block of the double stage's products
+  const SingleThreadedBlas single_threaded;  // the blocks run in parallel already
   for (std::size_t b = 0; b < shape.batch; ++b) {
     const std::size_t query_rows = problem.query_length(b);
     const std::size_t key_rows = problem.key_length(b);
@@ -452,6 +472,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
     for (std::size_t kv = 0; kv < shape.kv_heads; ++kv) {
       const Matrix keys = tensor::gather_head(problem, tensor::HeadTensor::key, k_source, b, kv);
       const Matrix values = tensor::gather_head(problem, tensor::HeadTensor::value, v_source, b, kv);
+      const HeadImages images(keys, values);
       std::vector<Matrix> queries;
       std::vector<tensor::HeadScores> scores;
       for (std::size_t g = 0; g < problem.group_size(); ++g) {
@@ -465,8 +486,9 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
         const std::size_t g = item / chunks;
         const std::size_t h = kv * problem.group_size() + g;
         ZivStatistics local;
-        for (std::size_t s = (item % chunks) * rows_per_item;
-             s < std::min(query_rows, (item % chunks + 1) * rows_per_item); ++s) {
+        const std::size_t first = (item % chunks) * rows_per_item;
+        std::vector<RowRequest> requests;
+        for (std::size_t s = first; s < std::min(query_rows, first + rows_per_item); ++s) {
           RowRequest request{{result.output.data() + problem.output_offset(b, h, s, 0), shape.value_dim},
                              weights_of(b, h, s, key_rows),
                              nullptr,
@@ -475,8 +497,9 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
                              &local,
                              options.lse_format};
           if (options.return_lse) request.lse = &result.lse[problem.lse_offset(b, h, s)];
-          attention_row(queries[g], keys, values, scores[g], s, target, request);
+          requests.push_back(request);
         }
+        attention_rows(queries[g], keys, values, images, scores[g], first, target, requests);
         if (options.statistics != nullptr) {
           const std::lock_guard lock(statistics_mutex);
           options.statistics->merge(local);

@@ -12,7 +12,6 @@
 #include <optional>
 
 #include "reference/certified_exp_constants.hpp"
-#include "reference/dot_product.hpp"
 #include "reference/double_stage_row.hpp"
 #include "reference/double_stage_simd.hpp"
 #include "reference/exact_rounding.hpp"
@@ -219,14 +218,16 @@ void bound_attention_exponentials(std::size_t count, std::vector<double>& scratc
   row.sum_error = row.eta_max + gamma_of(row.depth) + row.tiny_mass;
 }
 
-namespace {
-
 // Entry a's logit z_a = (fl(q . k_a) fl(scale) + fl(bias_a)) / theta in double, with its absolute
-// error (logit_in_double): the dot product errs by gamma_{d+3} sum |q_t k_t| (dot_and_magnitude)
-// plus (d + 1) 2^-1074 for products that underflow. The sink is entry `active.size()`, exact but for
-// the division. False when a logit is not finite or its error is too large for this stage (the later
-// stages take the row).
-bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& row) {
+// error (logit_in_double): the dot product errs by gamma_d sum |q_t k_t| plus d 2^-1074 for products
+// that underflow, whatever the order of its sum and with or without fused multiply-adds (Higham,
+// Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.1), and the computed sum of |q_t k_t|
+// (absolutes[a], any order) is within gamma_{d+1} of the true one, so gamma_{d+3} absolutes[a] +
+// (d + 1) 2^-1074 bounds it (gamma_d (1 + gamma_{d+1}) <= gamma_{d+3} for d < 2^40). The sink is
+// entry `active.size()`, exact but for the division. False when a logit is not finite or its error
+// is too large for this stage (the later stages take the row).
+bool bound_attention_logits(const AttentionRow& source, std::span<const double> dots,
+                            std::span<const double> absolutes, AttentionRowInDouble& row) {
   const std::size_t dimension = source.keys.cols;
   const double dot_gamma = gamma_of(static_cast<double>(dimension) + 3);
   const double underflow = static_cast<double>(dimension + 1) * 0x1p-1074;
@@ -234,10 +235,9 @@ bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& ro
       source.scores.scale ? *source.scores.scale : 1.0 / std::sqrt(static_cast<double>(dimension));
   const double theta = source.scores.theta;
   for (std::size_t a = 0; a < source.active.size(); ++a) {
-    const auto [dot, absolute] =
-        dot_and_magnitude(source.query.data(), source.keys.row(source.active[a]).data(), dimension);
     const double bias = source.bias.empty() ? 0.0 : bias_in_double(source.bias[a]);
-    const LogitInDouble logit = logit_in_double(dot, dot_gamma * absolute + underflow, scale, bias, theta);
+    const LogitInDouble logit =
+        logit_in_double(dots[a], dot_gamma * absolutes[a] + underflow, scale, bias, theta);
     row.logits[a] = logit.z;
     row.errors[a] = logit.error;
     if (!std::isfinite(logit.z) || !std::isfinite(logit.error) || logit.error > 0x1p-30) return false;
@@ -251,41 +251,45 @@ bool bound_attention_logits(const AttentionRow& source, AttentionRowInDouble& ro
   return true;
 }
 
-// Each output column sum_j w_j v_jc / S with its bound, rounded where the bound decides it.
-void decide_attention_outputs(const Matrix& values, std::span<const std::size_t> active,
-                              const FloatFormat& target, const AttentionRowInDouble& row,
-                              std::vector<double>& numerators, std::vector<double>& magnitudes,
-                              std::span<double> output, std::vector<bool>& output_done) {
-  const std::size_t count = active.size();  // the sink (if any) has no value
-  const std::size_t columns = values.cols;
-  // Recursive sums over the keys, every column at once (rows of V read in order): each numerator
-  // is within gamma_{count} of its magnitude sum_j |w_j v_jc| (Higham, Accuracy and Stability,
-  // section 4.2), which is itself computed with error gamma_{count}; a product that underflows adds
-  // at most 2^-1074 more (count 2^-1074 in all).
-  numerators.assign(columns, 0.0);
-  magnitudes.assign(columns, 0.0);
-  thread_local std::vector<char> any_value;  // a column whose values are all 0 sums to 0 exactly
-  any_value.assign(columns, 0);
-  double largest_value = 0;
-  for (std::size_t a = 0; a < count; ++a) {
-    const double w = row.exponentials[a];
-    const auto v = values.row(active[a]);
-    for (std::size_t c = 0; c < columns; ++c) {
-      const double term = w * v[c];
-      numerators[c] += term;
-      magnitudes[c] += std::fabs(term);
-      any_value[c] |= static_cast<char>(v[c] != 0);
-    }
-    if (row.tiny_mass != 0) {
-      for (const double x : v) largest_value = std::max(largest_value, std::fabs(x));
-    }
+namespace {
+
+// Whether every value of column c that the row sees is 0 (a zero-padded head dimension).
+bool column_is_zero(const AttentionRow& source, std::size_t c) {
+  return std::all_of(source.active.begin(), source.active.end(),
+                     [&](std::size_t key) { return source.values(key, c) == 0; });
+}
+
+// max |v_jc| over the keys the row sees.
+double largest_value_seen(const AttentionRow& source) {
+  double largest = 0;
+  for (const std::size_t key : source.active) {
+    for (const double x : source.values.row(key)) largest = std::max(largest, std::fabs(x));
   }
+  return largest;
+}
+
+}  // namespace
+
+// Each output column N_c / S, N_c = sum_j w_j v_jc, with its bound, rounded where the bound decides
+// it. numerators[c] is N_c summed in double over the row's keys in any order (with or without fused
+// multiply-adds) and magnitudes[c] is sum_j |w_j v_jc| summed likewise: the numerator is within
+// gamma_{count+1} of the true magnitude (Higham 4.2: a sum of count products, each rounded once,
+// whatever the order; adding a zero term is exact), which is below magnitudes[c] (1 +
+// gamma_{count+2}); a product that underflows adds at most 2^-1074 more (count 2^-1074 in all).
+// count is the number of keys the row sees: the keys a block's product spans beyond them have
+// w = 0, and their terms are exact zeros.
+void decide_attention_outputs(const AttentionRow& source, const FloatFormat& target,
+                              const AttentionRowInDouble& row, std::span<const double> numerators,
+                              std::span<const double> magnitudes, AttentionRowResults& results) {
+  const std::size_t count = source.active.size();  // the sink (if any) has no value
+  const double largest_value = row.tiny_mass != 0 ? largest_value_seen(source) : 0.0;
   const double recursive = gamma_of(static_cast<double>(count) + 1);
-  for (std::size_t c = 0; c < columns; ++c) {
-    if (output_done[c]) continue;
-    if (any_value[c] == 0) {  // every value 0 (a zero-padded head dimension): exactly +0
-      output[c] = 0.0;
-      output_done[c] = true;
+  for (std::size_t c = 0; c < source.values.cols; ++c) {
+    if (results.output_done[c]) continue;
+    // A magnitude of 0 with some value not 0 is a product that underflowed: that column goes on.
+    if (magnitudes[c] == 0 && column_is_zero(source, c)) {  // every value 0: exactly +0
+      results.output[c] = 0.0;
+      results.output_done[c] = true;
       continue;
     }
     const double magnitude = magnitudes[c] * (1 + gamma_of(static_cast<double>(count) + 2));
@@ -301,8 +305,8 @@ void decide_attention_outputs(const Matrix& values, std::span<const std::size_t>
     // A zero whose interval holds both signs goes on to the Ziv stage, whose exponent range can put
     // it on one side (an output of about -e^-800 underflows double and always straddles 0 here).
     if (!rounded || (*rounded == 0 && result - bound < 0 && result + bound > 0)) continue;
-    output[c] = *rounded;
-    output_done[c] = true;
+    results.output[c] = *rounded;
+    results.output_done[c] = true;
   }
 }
 
@@ -328,36 +332,23 @@ void decide_lse_in_double(const AttentionRowInDouble& row, std::size_t count, At
   }
 }
 
-}  // namespace
+void decide_attention_weights(const AttentionRow& source, const FloatFormat& target,
+                              const AttentionRowInDouble& row, AttentionRowResults& results) {
+  if (results.weights.empty()) return;
+  for (std::size_t a = 0; a < source.active.size(); ++a) {
+    if (results.weight_done[a]) continue;
+    const double error = (row.errors[a] + row.sum_error + unit_roundoff) * (1 + 0x1p-20);
+    const auto rounded = decide_coefficient(row.exponentials[a], row.sum, error, target);
+    if (!rounded) continue;
+    results.weights[source.active[a]] = *rounded;
+    results.weight_done[a] = true;
+  }
+}
 
-void decide_attention_row_in_double(const AttentionRow& source, const FloatFormat& target,
-                                    AttentionRowResults& results) {
+bool attention_double_stage_applies(const AttentionRow& source, const FloatFormat& target) {
   // Soft-capping's tanh has no certified double version here: the ball stage takes those rows.
-  if (target.precision() > 24 || !certified_arithmetic() || source.active.empty() ||
-      source.scores.softcap != 0.0) {
-    return;
-  }
-  const std::size_t count = source.entries();
-  thread_local std::vector<double> logits, logit_errors, exponentials, scratch, magnitude_scratch;
-  logits.resize(count);
-  logit_errors.resize(count);
-  exponentials.resize(count);
-  AttentionRowInDouble row{logits, logit_errors, exponentials};
-  if (!bound_attention_logits(source, row)) return;
-  bound_attention_exponentials(count, scratch, row);
-  if (!results.weights.empty()) {
-    for (std::size_t a = 0; a < source.active.size(); ++a) {
-      if (results.weight_done[a]) continue;
-      const double error = (row.errors[a] + row.sum_error + unit_roundoff) * (1 + 0x1p-20);
-      const auto rounded = decide_coefficient(row.exponentials[a], row.sum, error, target);
-      if (!rounded) continue;
-      results.weights[source.active[a]] = *rounded;
-      results.weight_done[a] = true;
-    }
-  }
-  decide_attention_outputs(source.values, source.active, target, row, scratch, magnitude_scratch,
-                           results.output, results.output_done);
-  decide_lse_in_double(row, count, results);
+  return target.precision() <= 24 && certified_arithmetic() && !source.active.empty() &&
+         source.scores.softcap == 0.0;
 }
 
 }  // namespace sharpcheck::reference

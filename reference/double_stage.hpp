@@ -12,6 +12,7 @@
 #include "core/matrix.hpp"
 #include "formats/float_format.hpp"
 #include "reference/attention_row.hpp"
+#include "reference/double_stage_row.hpp"
 #include "reference/input_checks.hpp"
 
 namespace sharpcheck::reference {
@@ -30,10 +31,29 @@ std::size_t decide_softmax_in_double(std::span<const double> logits, const Prepa
                                      const FloatFormat& target, std::span<double> result,
                                      std::vector<bool>& decided);
 
-// One attention query row in double (reference/attention_row.hpp), with the same contract:
-// weights and outputs are written and their done flags set where decided. Decides nothing if a
-// logit or product overflows double, or for soft-capped rows; never the log-sum-exp.
-void decide_attention_row_in_double(const AttentionRow& row, const FloatFormat& target,
-                                    AttentionRowResults& results);
+// The attention rows' double stage (reference/attention_double_block.hpp runs it for a block of
+// query rows, its sums over keys as BLAS products) is built from these pieces, proved in
+// double_stage.cpp, one row at a time. With the same contract: weights, outputs and the
+// log-sum-exp are written and their done flags set where decided. Nothing is decided if a logit or
+// product overflows double, or for soft-capped rows.
+
+// Whether the stage can decide anything of this row: a target of at most 24 bits, rounding to
+// nearest, some key seen, no soft-cap.
+[[nodiscard]] bool attention_double_stage_applies(const AttentionRow& source, const FloatFormat& target);
+
+// The row's logits and their errors into `row` from each active key's q . k and sum_t |q_t k_t|,
+// both summed in double in any order; false when the stage cannot take the row.
+bool bound_attention_logits(const AttentionRow& source, std::span<const double> dots,
+                            std::span<const double> absolutes, AttentionRowInDouble& row);
+
+// After bound_attention_exponentials: the coefficients (where asked for), the outputs from
+// numerators[c] = sum_j w_j v_jc and magnitudes[c] = sum_j |w_j v_jc| (over the active keys, any
+// order), and the log-sum-exp (count: the row's entries, sink included).
+void decide_attention_weights(const AttentionRow& source, const FloatFormat& target,
+                              const AttentionRowInDouble& row, AttentionRowResults& results);
+void decide_attention_outputs(const AttentionRow& source, const FloatFormat& target,
+                              const AttentionRowInDouble& row, std::span<const double> numerators,
+                              std::span<const double> magnitudes, AttentionRowResults& results);
+void decide_lse_in_double(const AttentionRowInDouble& row, std::size_t count, AttentionRowResults& results);
 
 }  // namespace sharpcheck::reference

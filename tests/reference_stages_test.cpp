@@ -152,6 +152,43 @@ TEST(DoubleStage, AttentionRowsEqualTheMpfrLoopAloneAndTheDoubleStageCarriesThem
   }
 }
 
+// The double stage forms a block of query rows' sums as products over the keys any of them sees:
+// rows that see different keys (causal, a window, a padded tail, a bias, a sink) in blocks of 32,
+// the last one partial, must still equal the MPFR loop alone, result for result.
+TEST(DoubleStage, BlocksOfRowsThatSeeDifferentKeysEqualTheMpfrLoopAlone) {
+  DeterministicRandom random(62);
+  const auto matrix = [&](std::size_t rows, std::size_t cols) {
+    Matrix result(rows, cols);
+    for (double& x : result.values) x = static_cast<float>(random.normal(0, 1));
+    return result;
+  };
+  const Matrix q = matrix(70, 24);
+  const Matrix k = matrix(90, 24);
+  Matrix v = matrix(90, 9);
+  for (std::size_t j = 0; j < 90; ++j) v(j, 4) = 0;  // a zero column: exactly +0
+  std::vector<double> bias(70 * 90);
+  for (double& b : bias) b = random.uniform() < 0.1 ? -800 : random.normal(0, 1);  // e^-800: below the stage's floor
+  reference::AttentionOptions options;
+  options.scores.causal = true;
+  options.scores.window_left = 40;
+  options.scores.keys = 85;  // the last five keys are padding
+  options.scores.sink = 0.5;
+  options.scores.bias = bias;
+  options.return_lse = true;
+  for (const FloatFormat* format : {&fp32, &bf16}) {
+    reference::ZivStatistics statistics;
+    options.statistics = &statistics;
+    options.mpfr_only = false;
+    const auto staged = reference::attention(q, k, v, *format, options);
+    options.mpfr_only = true;
+    options.statistics = nullptr;
+    const auto alone = reference::attention(q, k, v, *format, options);
+    ASSERT_EQ(staged.output.values, alone.output.values) << format->name;
+    ASSERT_EQ(staged.lse, alone.lse) << format->name;
+    EXPECT_GT(static_cast<double>(statistics.decided_in_double), 0.99 * 70 * 10) << format->name;
+  }
+}
+
 TEST(DoubleStage, DecidesNothingForWideTargetsOrOtherRoundingModes) {
   std::vector<double> row{1.0, 2.0, 3.5};
   reference::ZivStatistics statistics;
