@@ -458,8 +458,12 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
   record_attention(options, arrays, problem, closest->judgement, outcome);
   outcome.recipe = closest->name;
   const bool named = !options.tolerance_entry.empty();
+  // A recipe that emulates the math path's scores says which way of forming them the output fits.
+  const std::string& variant = closest->judgement.score_variant;
+  const std::string scores = variant.empty() ? "" : "; scores formed as " + variant;
   if (outcome.passed()) {
-    outcome.recipe_note = (named ? "pass under " : "pass as ") + outcome.recipe + ": " + closest->summary;
+    outcome.recipe_note =
+        (named ? "pass under " : "pass as ") + outcome.recipe + ": " + closest->summary + scores;
   } else {
     std::string others;
     try {
@@ -479,6 +483,7 @@ CaseOutcome judge_attention_arrays(const JudgeOptions& options, const AttentionA
                                       named_only_clause(metrics::recipe_names(false, true)) +
                                       "); closest: " + outcome.recipe + " (" + closest->summary +
                                       ") at ratio " + ratio_text(closest->closeness);
+    outcome.recipe_note += scores;
     outcome.failures.push_back(outcome.recipe_note);
   }
   return outcome;

@@ -71,34 +71,14 @@ std::pair<double, double> entry_logit(double dot, double absolute, std::span<con
   return logit_and_rounding<long double>(wide_dot, wide_absolute, q.size(), scores, wide_scale, bias);
 }
 
-// What the whole head shares: the inputs' images, in buffers the thread keeps (a judgement of
-// several recipes forms them once per recipe, and fresh megabytes cost more in page faults than
-// their products).
-struct Images {
-  Matrix k_abs, v_abs, v_sq;
-  std::vector<double> key_absolute;  // sum_c |v_jc| per key
-};
-
-void fill_image(const Matrix& m, double (*f)(double), Matrix& out) {
-  out.rows = m.rows;
-  out.cols = m.cols;
-  out.values.resize(m.values.size());
-  for (std::size_t e = 0; e < m.values.size(); ++e) out.values[e] = f(m.values[e]);
-}
-
-const Images& images_of(const Matrix& keys, const Matrix& values) {
-  thread_local Images images;
-  fill_image(
-      keys, [](double x) { return std::fabs(x); }, images.k_abs);
-  fill_image(
-      values, [](double x) { return std::fabs(x); }, images.v_abs);
-  fill_image(
-      values, [](double x) { return x * x; }, images.v_sq);
-  images.key_absolute.assign(values.rows, 0.0);
+// sum_c |v_jc| per key: what the row-scale statistic's second order charges per key. (The products
+// form the other images of K and V a tile of keys at a time: reference/enclosed_product.hpp.)
+std::vector<double> key_absolutes(const Matrix& values) {
+  std::vector<double> sums(values.rows, 0.0);
   for (std::size_t j = 0; j < values.rows; ++j) {
-    for (const double x : images.v_abs.row(j)) images.key_absolute[j] += x;
+    for (const double x : values.row(j)) sums[j] += std::fabs(x);
   }
-  return images;
+  return sums;
 }
 
 reference::MatrixOperand rows_of(const Matrix& m, std::size_t first, std::size_t count,
@@ -295,31 +275,33 @@ void prepare_block(const tensor::HeadScores& head, std::size_t first, std::size_
 
 // The products over the block's keys: the left factors times the values' images, then each key's
 // projection on the signs of its rows' outputs o = P V.
-void block_products(const Matrix& values, const Images& images, Block& block) {
+void block_products(const Matrix& values, Block& block) {
   const std::size_t d = values.cols, rows = block.rows, width = block.width;
   block.out_abs.assign(3 * rows * d, 0.0);
   block.out_value.assign(3 * rows * d, 0.0);
   block.out_square.assign(2 * rows * d, 0.0);
   block.projection.assign(rows * width, 0.0);
   if (width == 0 || d == 0) return;
-  reference::plain_product(block_of(block.by_abs, 3 * rows, width),
-                           rows_of(images.v_abs, block.key_first, width), block.out_abs.data(), d);
-  reference::plain_product(block_of(block.by_value, 3 * rows, width), rows_of(values, block.key_first, width),
-                           block.out_value.data(), d);
-  reference::plain_product(block_of(block.by_square, 2 * rows, width),
-                           rows_of(images.v_sq, block.key_first, width), block.out_square.data(), d);
+  const std::size_t first = block.key_first;
+  using reference::KeyImage;
+  reference::key_sum_by_tiles(block_of(block.by_abs, 3 * rows, width), values, first, width,
+                              KeyImage::magnitudes, block.out_abs.data());
+  reference::key_sum_by_tiles(block_of(block.by_value, 3 * rows, width), values, first, width,
+                              KeyImage::values, block.out_value.data());
+  reference::key_sum_by_tiles(block_of(block.by_square, 2 * rows, width), values, first, width,
+                              KeyImage::squares, block.out_square.data());
   block.signs.assign(rows * d, 0.0);
   for (std::size_t e = 0; e < rows * d; ++e) {
     const double o = block.out_value[e];
     block.signs[e] = o < 0 ? -1.0 : (o > 0 ? 1.0 : 0.0);
   }
-  reference::plain_product(block_of(block.signs, rows, d), rows_of(values, block.key_first, width, true),
-                           block.projection.data(), width);
+  reference::pair_product_by_tiles(block_of(block.signs, rows, d), values, first, width, KeyImage::values,
+                                   block.projection.data());
 }
 
 // Row r's magnitudes, value masses and RowRounding into the head's geometry.
-void finish_row(const Matrix& values, const Images& images, const Block& block, std::size_t r, double u_s,
-                HeadGeometry& geometry) {
+void finish_row(const Matrix& values, std::span<const double> key_absolute, const Block& block, std::size_t r,
+                double u_s, HeadGeometry& geometry) {
   const std::size_t i = block.first + r, d = values.cols;
   RowScale& scale = geometry.scales[i];
   // Over Z = sum (>= 1) too: the row sum an unnormalised weight's absolute error is relative to. A
@@ -333,7 +315,7 @@ void finish_row(const Matrix& values, const Images& images, const Block& block, 
     scale.value_mass_over_z = std::max(scale.value_mass_over_z, mass / block.sum[r] * shift * (1 + 1e-9));
   }
   geometry.roundings[i] = block.by_products[r] != 0 && block.width > 0
-                              ? rounding_by_products(block, images.key_absolute, r, d, u_s)
+                              ? rounding_by_products(block, key_absolute, r, d, u_s)
                               : row_rounding(values, block.visible[r], block.weights[r], u_s);
 }
 
@@ -341,32 +323,33 @@ void finish_row(const Matrix& values, const Images& images, const Block& block, 
 
 HeadGeometry attention_head_geometry(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                      const tensor::HeadScores& head, double u_s, RowSums sums) {
-  constexpr std::size_t block_rows = 64;
+  // A block's pair matrices (eleven of them, a row per query, a column per key the block sees) hold
+  // at most 2^18 entries each: 64 queries over 131,072 keys held 64 MiB in each.
+  const std::size_t block_rows =
+      std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(keys.rows, 1), 1, 64);
   const reference::SingleThreadedBlas single_threaded;  // heads run in parallel already
   HeadGeometry geometry{std::vector<RowScale>(queries.rows), Matrix(queries.rows, values.cols),
                         std::vector<RowRounding>(queries.rows)};
-  const Images& images = images_of(keys, values);
+  const std::vector<double> key_absolute = key_absolutes(values);
   thread_local Block block;
   thread_local std::vector<double> q_abs;
   for (std::size_t first = 0; first < queries.rows; first += block_rows) {
     prepare_block(head, first, std::min(block_rows, queries.rows - first), block);
     if (block.width > 0 && queries.cols > 0) {
-      reference::plain_product(rows_of(queries, first, block.rows),
-                               rows_of(keys, block.key_first, block.width, true), block.dot.data(),
-                               block.width);
+      reference::pair_product_by_tiles(rows_of(queries, first, block.rows), keys, block.key_first,
+                                       block.width, reference::KeyImage::values, block.dot.data());
       q_abs.resize(block.rows * queries.cols);
       for (std::size_t e = 0; e < q_abs.size(); ++e)
         q_abs[e] = std::fabs(queries.values[first * queries.cols + e]);
-      reference::plain_product(block_of(q_abs, block.rows, queries.cols),
-                               rows_of(images.k_abs, block.key_first, block.width, true),
-                               block.absolute.data(), block.width);
+      reference::pair_product_by_tiles(block_of(q_abs, block.rows, queries.cols), keys, block.key_first,
+                                       block.width, reference::KeyImage::magnitudes, block.absolute.data());
     }
     for (std::size_t r = 0; r < block.rows; ++r) {
       geometry.scales[first + r] = row_weights(queries, keys, head, u_s, block, r);
       if (sums == RowSums::by_rows) block.by_products[r] = 0;
     }
-    block_products(values, images, block);
-    for (std::size_t r = 0; r < block.rows; ++r) finish_row(values, images, block, r, u_s, geometry);
+    block_products(values, block);
+    for (std::size_t r = 0; r < block.rows; ++r) finish_row(values, key_absolute, block, r, u_s, geometry);
   }
   return geometry;
 }

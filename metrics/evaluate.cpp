@@ -346,7 +346,7 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
       for (std::size_t v = 1; v < variants.size(); ++v) {
         if (statistical_closeness(variants[v]) < statistical_closeness(variants[best])) best = v;
       }
-      evaluation.score_chain = describe(tried[best].chain);
+      evaluation.score_chain = describe(tried[best]);
       evaluation.comparison = variants[best];
       evaluation.emulated_variants = std::move(variants);
       return evaluation;

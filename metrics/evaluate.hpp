@@ -28,9 +28,9 @@ struct Evaluation {
     double p = 0, s = 0, s_second = 0;
   };
   std::vector<LseSpreads> lse_spreads;
-  // A recipe with emulated scores: the chain whose centre the statistical tier was judged around
-  // (metrics/score_emulation.hpp), empty where the head's scores could not be emulated.
-  std::string_view score_chain;
+  // A recipe with emulated scores: the variant whose centre the statistical tier was judged around
+  // (metrics/score_emulation.hpp, described), empty where the head's scores could not be emulated.
+  std::string score_chain;
   // The same, the comparison under every variant (score_emulation.hpp's score_variants, in order),
   // so that a judgement of many heads picks one for all (empty where not emulated).
   std::vector<Comparison> emulated_variants;

@@ -7,6 +7,7 @@
 
 #include "core/errors.hpp"
 #include "core/parallel.hpp"
+#include "metrics/score_emulation.hpp"
 #include "tensor/head_view.hpp"
 
 namespace sharpcheck::metrics {
@@ -126,6 +127,7 @@ void one_emulated_variant(const tensor::AttentionProblem& problem, const std::ve
   if (variants == 0) return;
   std::optional<Comparison> best;
   tensor::ElementIndex best_worst;
+  std::size_t chosen = 0;
   for (std::size_t v = 0; v < variants; ++v) {
     Comparison total;
     tensor::ElementIndex worst;
@@ -137,10 +139,20 @@ void one_emulated_variant(const tensor::AttentionProblem& problem, const std::ve
     if (!best || closeness(total) < closeness(*best)) {
       best = std::move(total);
       best_worst = worst;
+      chosen = v;
     }
   }
   judgement.output = std::move(*best);
   judgement.worst_output = best_worst;
+  // Every head with variants tried the same list (score_variants: the cap's three only with a
+  // soft-cap, which every head of a problem shares).
+  for (std::size_t item = 0; item < judged.size(); ++item) {
+    if (judged[item].emulated_variants.size() != variants) continue;
+    const std::vector<ScoreVariant> tried =
+        score_variants(problem.head(item / problem.shape.heads, item % problem.shape.heads));
+    if (chosen < tried.size()) judgement.score_variant = describe(tried[chosen]);
+    break;
+  }
 }
 
 }  // namespace

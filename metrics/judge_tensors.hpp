@@ -25,6 +25,9 @@ struct TensorJudgement {
   // Heads with queries judged, of those the problem has: fewer only in the judgement an
   // InterruptedTensorJudgement carries, whose comparisons cover the heads judged alone.
   std::size_t heads_judged = 0, heads = 0;
+  // A recipe with emulated scores: the one variant the output was judged around (every head formed
+  // its scores so), described; empty where none was emulated.
+  std::string score_variant;
   [[nodiscard]] bool passed() const { return output.passed() && (!lse || lse->passed()); }
   // "output worst at [batch 1, head 3, row 17, column 5]: ..." and the same for the LSE.
   [[nodiscard]] std::string describe_worst() const;

@@ -77,6 +77,26 @@ std::string_view describe(FactorRounding rounding) {
   return "";
 }
 
+std::string_view describe(CapChain cap) {
+  switch (cap) {
+    case CapChain::none:
+      return "";
+    case CapChain::each_step_in_format:
+      return "soft-cap F(F(tanh(F(s / c))) * c)";
+    case CapChain::fp32_on_rounded:
+      return "soft-cap F(c tanh(s / c)) in fp32 on the rounded score";
+    case CapChain::fused:
+      return "soft-cap fused with the score, F(c tanh(s / c))";
+  }
+  return "";
+}
+
+std::string describe(const ScoreVariant& variant) {
+  std::string text = std::string(describe(variant.chain)) + ", " + std::string(describe(variant.rounding));
+  if (variant.cap != CapChain::none) text += ", " + std::string(describe(variant.cap));
+  return text;
+}
+
 std::string_view describe(ScoreChain chain) {
   switch (chain) {
     case ScoreChain::product_then_scale:

@@ -72,6 +72,9 @@ struct ScoreVariant {
 // "scores = F(F(q k^T) * scale)", for reports.
 [[nodiscard]] std::string_view describe(ScoreChain chain);
 [[nodiscard]] std::string_view describe(FactorRounding rounding);
+[[nodiscard]] std::string_view describe(CapChain cap);
+// The variant in words: "scores = F(F(q k^T) * scale), the scale in fp32" and its soft-cap's steps.
+[[nodiscard]] std::string describe(const ScoreVariant& variant);
 
 // Whether a head's scores are the math path's, which the chains describe: theta 1. An additive bias
 // or ALiBi is added to the emulated score as the kernel may add it (ScoreEmulator::add_bias: the

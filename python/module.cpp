@@ -10,9 +10,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/errors.hpp"
+#include "core/exact_arithmetic.hpp"
 #include "core/parallel.hpp"
 #include "gate/array_checks.hpp"
 #include "gate/judge_arrays.hpp"
@@ -416,6 +418,17 @@ void translate_errors(py::module_& module) {
       });
 }
 
+// An entry that computes, run under ExactArithmetic (core/exact_arithmetic.hpp): a caller's
+// torch.set_flush_denormal(True) or rounding mode is its own business, not the reference's or the
+// judge's, and is the caller's again when the call returns.
+template <typename Result, typename... Args>
+auto exact(Result (*function)(Args...)) {
+  return [function](Args... args) -> Result {
+    const ExactArithmetic arithmetic;
+    return function(std::forward<Args>(args)...);
+  };
+}
+
 }  // namespace
 }  // namespace sharpcheck::python
 
@@ -425,24 +438,26 @@ PYBIND11_MODULE(_sharpcheck, module) {
   module.doc() =
       "sharpcheck's C++ core: correctly rounded references and the judge (use the sharpcheck package)";
   translate_errors(module);
-  module.def("reference_rows", &reference_rows, py::arg("operation"), py::arg("x"), py::arg("options"));
-  module.def("reference_backward", &reference_backward, py::arg("operation"), py::arg("dy"), py::arg("x"),
+  module.def("reference_rows", exact(&reference_rows), py::arg("operation"), py::arg("x"),
              py::arg("options"));
-  module.def("reference_attention", &reference_attention, py::arg("q"), py::arg("k"), py::arg("v"),
+  module.def("reference_backward", exact(&reference_backward), py::arg("operation"), py::arg("dy"),
+             py::arg("x"), py::arg("options"));
+  module.def("reference_attention", exact(&reference_attention), py::arg("q"), py::arg("k"), py::arg("v"),
              py::arg("options"));
-  module.def("judge_softmax", &judge_softmax, py::arg("actual"), py::arg("logits"), py::arg("options"));
-  module.def("judge_attention", &judge_attention, py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"),
-             py::arg("lse"), py::arg("options"));
-  module.def("reference_attention_backward", &reference_attention_backward, py::arg("q"), py::arg("k"),
+  module.def("judge_softmax", exact(&judge_softmax), py::arg("actual"), py::arg("logits"),
+             py::arg("options"));
+  module.def("judge_attention", exact(&judge_attention), py::arg("out"), py::arg("q"), py::arg("k"),
+             py::arg("v"), py::arg("lse"), py::arg("options"));
+  module.def("reference_attention_backward", exact(&reference_attention_backward), py::arg("q"), py::arg("k"),
              py::arg("v"), py::arg("dout"), py::arg("d_lse"), py::arg("options"));
-  module.def("judge_attention_backward", &judge_attention_backward, py::arg("gradients"), py::arg("inputs"),
-             py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"),
+  module.def("judge_attention_backward", exact(&judge_attention_backward), py::arg("gradients"),
+             py::arg("inputs"), py::arg("d_lse"), py::arg("d_sinks"), py::arg("d"), py::arg("options"),
              py::arg("want_reference") = false);
   module.def("ops_json", &ops_json);
-  module.def("judge_op", &judge_op, py::arg("name"), py::arg("tensors"), py::arg("options"));
-  module.def("external_cases", &external_cases, py::arg("name"), py::arg("format"), py::arg("sizes"),
+  module.def("judge_op", exact(&judge_op), py::arg("name"), py::arg("tensors"), py::arg("options"));
+  module.def("external_cases", exact(&external_cases), py::arg("name"), py::arg("format"), py::arg("sizes"),
              py::arg("seed"));
-  module.def("judge_invariance_case", &judge_invariance_case, py::arg("name"), py::arg("format"),
+  module.def("judge_invariance_case", exact(&judge_invariance_case), py::arg("name"), py::arg("format"),
              py::arg("output_format"), py::arg("sizes"), py::arg("seed"), py::arg("id"), py::arg("calls"));
   module.def("report_json", &report_json, py::arg("cases"), py::arg("complete") = true);
   module.def("junit_xml", &junit_xml, py::arg("cases"));

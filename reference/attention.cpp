@@ -313,7 +313,7 @@ struct RowRequest {
 
 // Queries [first, first + requests.size()) of a head: their keys, bias terms and sink, the fully
 // masked rule, the double stage for the rows together, then each row's later stages.
-void attention_rows(const Matrix& queries, const Matrix& keys, const Matrix& values, const HeadImages& images,
+void attention_rows(const Matrix& queries, const Matrix& keys, const Matrix& values,
                     const tensor::HeadScores& scores, std::size_t first, const FloatFormat& target,
                     std::span<const RowRequest> requests) {
   const std::size_t count = requests.size();
@@ -346,10 +346,15 @@ void attention_rows(const Matrix& queries, const Matrix& keys, const Matrix& val
                        std::vector<bool>(request.weights.empty() ? 0 : active[r].size(), false)});
     which.push_back(r);
   }
-  if (!rows.empty() && !requests.front().mpfr_only)
-    decide_attention_block_in_double(rows, images, target, results);
+  if (!rows.empty() && !requests.front().mpfr_only) decide_attention_block_in_double(rows, target, results);
   for (std::size_t k = 0; k < rows.size(); ++k)
     solve_row(rows[k], target, requests[which[k]].mpfr_only, results[k], requests[which[k]].statistics);
+}
+
+// Query rows per block of the double stage's products (and per parallel item): 32, fewer where the
+// rows' key lists (and the products' pair matrices) would pass 2^18 entries.
+std::size_t rows_per_block(std::size_t keys) {
+  return std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(keys, 1), 1, 32);
 }
 
 tensor::HeadScores completed_scores(const AttentionOptions& options, const Matrix& queries,
@@ -370,9 +375,8 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
   AttentionResult result{Matrix(queries.rows, values.cols), std::nullopt, {}};
   if (options.return_weights) result.weights = Matrix(queries.rows, keys.rows);
   if (options.return_lse) result.lse.assign(queries.rows, 0.0);
-  constexpr std::size_t block_rows = 32;
+  const std::size_t block_rows = rows_per_block(keys.rows);
   const SingleThreadedBlas single_threaded;  // the products are small; heads may run in parallel
-  const HeadImages images(keys, values);
   std::vector<RowRequest> requests;
   for (std::size_t first = 0; first < scores.queries; first += block_rows) {
     requests.clear();
@@ -384,58 +388,10 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
       if (options.return_lse) request.lse = &result.lse[query];
       requests.push_back(request);
     }
-    attention_rows(queries, keys, values, images, scores, first, target, requests);
+    attention_rows(queries, keys, values, scores, first, target, requests);
   }
   return result;
 }
-
-namespace {
-
-// Flat index `flat` of a stored Q, K or V as its full index in the problem's layout: bhsd
-// [b, h, s, c], bshd [b, s, h, c], packed [t, h, c] (the index a user finds the value at).
-std::string stored_index(const tensor::AttentionProblem& problem, char tensor, std::size_t flat) {
-  const tensor::AttentionShape& shape = problem.shape;
-  const std::size_t heads = tensor == 'Q' ? shape.heads : shape.kv_heads;
-  const std::size_t rows = tensor == 'Q' ? problem.stored_queries() : problem.stored_keys();
-  const std::size_t columns = tensor == 'V' ? shape.value_dim : shape.head_dim;
-  std::vector<std::size_t> extents;
-  if (problem.layout == tensor::Layout::bhsd) extents = {shape.batch, heads, rows, columns};
-  if (problem.layout == tensor::Layout::bshd) extents = {shape.batch, rows, heads, columns};
-  if (problem.layout == tensor::Layout::packed) extents = {rows, heads, columns};
-  std::vector<std::size_t> index(extents.size());
-  for (std::size_t axis = extents.size(); axis-- > 0;) {
-    index[axis] = extents[axis] == 0 ? 0 : flat % extents[axis];
-    flat = extents[axis] == 0 ? flat : flat / extents[axis];
-  }
-  std::string text = "[";
-  for (std::size_t axis = 0; axis < index.size(); ++axis)
-    text += (axis > 0 ? ", " : "") + std::to_string(index[axis]);
-  return text + "] (" + std::string(tensor::layout_name(problem.layout)) + ")";
-}
-
-void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const double> q,
-                        std::span<const double> k, std::span<const double> v) {
-  const auto check = [](std::size_t got, std::size_t expected, const char* name) {
-    if (got != expected) {
-      throw InputError(InputProblem::shape_mismatch,
-                       std::string("attention: ") + name + " has " + std::to_string(got) +
-                           " elements, the problem needs " + std::to_string(expected));
-    }
-  };
-  check(q.size(), problem.query_elements(), "Q");
-  check(k.size(), problem.key_elements(), "K");
-  check(v.size(), problem.value_elements(), "V");
-  for (const auto& [data, name] : {std::pair{q, 'Q'}, std::pair{k, 'K'}, std::pair{v, 'V'}}) {
-    const auto bad = std::find_if(data.begin(), data.end(), [](double x) { return !std::isfinite(x); });
-    if (bad == data.end()) continue;
-    throw InputError(std::isnan(*bad) ? InputProblem::nan_value : InputProblem::non_finite_value,
-                     std::string("attention: ") + name +
-                         stored_index(problem, name, static_cast<std::size_t>(bad - data.begin())) + " is " +
-                         (std::isnan(*bad) ? "NaN" : "infinite"));
-  }
-}
-
-}  // namespace
 
 AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::span<const double> q,
                                 std::span<const double> k, std::span<const double> v,
@@ -463,7 +419,6 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
   };
   const tensor::SpanSource q_source(q), k_source(k), v_source(v);
   std::mutex statistics_mutex;
-  constexpr std::size_t rows_per_item = 32;  // a block of the double stage's products
   const SingleThreadedBlas single_threaded;  // the blocks run in parallel already
   for (std::size_t b = 0; b < shape.batch; ++b) {
     const std::size_t query_rows = problem.query_length(b);
@@ -472,7 +427,6 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
     for (std::size_t kv = 0; kv < shape.kv_heads; ++kv) {
       const Matrix keys = tensor::gather_head(problem, tensor::HeadTensor::key, k_source, b, kv);
       const Matrix values = tensor::gather_head(problem, tensor::HeadTensor::value, v_source, b, kv);
-      const HeadImages images(keys, values);
       std::vector<Matrix> queries;
       std::vector<tensor::HeadScores> scores;
       for (std::size_t g = 0; g < problem.group_size(); ++g) {
@@ -481,6 +435,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
         scores.push_back(problem.head(b, h));
         if (key_rows == 0) scores.back().keys = 0;
       }
+      const std::size_t rows_per_item = rows_per_block(key_rows);
       const std::size_t chunks = (query_rows + rows_per_item - 1) / rows_per_item;
       parallel_for(problem.group_size() * chunks, options.threads, [&](std::size_t item) {
         const std::size_t g = item / chunks;
@@ -499,7 +454,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
           if (options.return_lse) request.lse = &result.lse[problem.lse_offset(b, h, s)];
           requests.push_back(request);
         }
-        attention_rows(queries[g], keys, values, images, scores[g], first, target, requests);
+        attention_rows(queries[g], keys, values, scores[g], first, target, requests);
         if (options.statistics != nullptr) {
           const std::lock_guard lock(statistics_mutex);
           options.statistics->merge(local);

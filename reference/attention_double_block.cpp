@@ -32,14 +32,9 @@ MatrixOperand operand(const std::vector<double>& values, std::size_t rows, std::
   return {values.data(), rows, cols, cols, transposed};
 }
 
-// Rows [first, first + count) of a head matrix, in place.
-MatrixOperand rows_of(const Matrix& m, std::size_t first, std::size_t count, bool transposed = false) {
-  return {m.values.data() + first * m.cols, count, m.cols, m.cols, transposed};
-}
-
 // Q K^T and |Q| |K|^T over the block's keys into dots and absolutes (rows x width).
-void pair_products(std::span<const AttentionRow> rows, const HeadImages& images, const BlockKeys& keys,
-                   std::vector<double>& dots, std::vector<double>& absolutes) {
+void pair_products(std::span<const AttentionRow> rows, const BlockKeys& keys, std::vector<double>& dots,
+                   std::vector<double>& absolutes) {
   const std::size_t d = rows.front().keys.cols;
   thread_local std::vector<double> q, q_abs;
   q.resize(rows.size() * d);
@@ -51,10 +46,10 @@ void pair_products(std::span<const AttentionRow> rows, const HeadImages& images,
   dots.assign(rows.size() * keys.width, 0.0);
   absolutes.assign(rows.size() * keys.width, 0.0);
   if (d == 0) return;
-  plain_product(operand(q, rows.size(), d), rows_of(rows.front().keys, keys.first, keys.width, true),
-                dots.data(), keys.width);
-  plain_product(operand(q_abs, rows.size(), d), rows_of(images.key_magnitudes, keys.first, keys.width, true),
-                absolutes.data(), keys.width);
+  const Matrix& k = rows.front().keys;
+  pair_product_by_tiles(operand(q, rows.size(), d), k, keys.first, keys.width, KeyImage::values, dots.data());
+  pair_product_by_tiles(operand(q_abs, rows.size(), d), k, keys.first, keys.width, KeyImage::magnitudes,
+                        absolutes.data());
 }
 
 // One row's state between the products.
@@ -63,13 +58,22 @@ struct RowState {
   bool taken = false;  // the stage decides this row's outputs after the value products
 };
 
+// A block's products and rows, in buffers the thread keeps: dots and absolutes (rows x width, from
+// pair_products), W (rows x width), the value products (rows x columns).
+struct BlockWork {
+  BlockKeys keys;
+  std::vector<double> dots, absolutes, w, scratch, numerators, magnitudes;
+  std::vector<RowState> states;
+  [[nodiscard]] std::size_t at(std::size_t r, std::size_t key) const {
+    return r * keys.width + key - keys.first;
+  }
+};
+
 // Row r's logits, exponentials and sum from the pair products; its coefficients decided; its
 // exponentials into W (row r, at its keys).
-AttentionRowInDouble bound_row(const AttentionRow& row, const FloatFormat& target, const BlockKeys& keys,
-                               std::size_t r, const std::vector<double>& dots,
-                               const std::vector<double>& absolutes, RowState& state,
-                               std::vector<double>& scratch, std::vector<double>& w,
-                               AttentionRowResults& results) {
+AttentionRowInDouble bound_row(const AttentionRow& row, const FloatFormat& target, std::size_t r,
+                               BlockWork& work, AttentionRowResults& results) {
+  RowState& state = work.states[r];
   const std::size_t count = row.entries();
   state.logits.resize(count);
   state.errors.resize(count);
@@ -80,63 +84,66 @@ AttentionRowInDouble bound_row(const AttentionRow& row, const FloatFormat& targe
   state.dots.resize(row.active.size());
   state.absolutes.resize(row.active.size());
   for (std::size_t a = 0; a < row.active.size(); ++a) {
-    state.dots[a] = dots[r * keys.width + row.active[a] - keys.first];
-    state.absolutes[a] = absolutes[r * keys.width + row.active[a] - keys.first];
+    state.dots[a] = work.dots[work.at(r, row.active[a])];
+    state.absolutes[a] = work.absolutes[work.at(r, row.active[a])];
   }
   if (!bound_attention_logits(row, state.dots, state.absolutes, bounded)) return bounded;
-  bound_attention_exponentials(count, scratch, bounded);
+  bound_attention_exponentials(count, work.scratch, bounded);
   decide_attention_weights(row, target, bounded, results);
   for (std::size_t a = 0; a < row.active.size(); ++a)
-    w[r * keys.width + row.active[a] - keys.first] = state.exponentials[a];
+    work.w[work.at(r, row.active[a])] = state.exponentials[a];
   state.taken = true;
   return bounded;
 }
 
-}  // namespace
-
-Matrix magnitudes_of(const Matrix& m) {
-  Matrix out(m.rows, m.cols);
-  for (std::size_t e = 0; e < m.values.size(); ++e) out.values[e] = std::fabs(m.values[e]);
-  return out;
-}
-
-HeadImages::HeadImages(const Matrix& keys, const Matrix& values)
-    : key_magnitudes(magnitudes_of(keys)), value_magnitudes(magnitudes_of(values)) {}
-
-void decide_attention_block_in_double(std::span<const AttentionRow> rows, const HeadImages& images,
-                                      const FloatFormat& target, std::span<AttentionRowResults> results) {
-  if (rows.empty()) return;
-  const BlockKeys keys = keys_seen(rows);
-  if (keys.width == 0) return;
-  thread_local std::vector<double> dots, absolutes, w, scratch, numerators, magnitudes;
-  thread_local std::vector<RowState> states;
-  pair_products(rows, images, keys, dots, absolutes);
-  w.assign(rows.size() * keys.width, 0.0);
-  states.resize(rows.size());
+// One chunk of the block: rows whose pair matrices fit the budget.
+void decide_chunk_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
+                            std::span<AttentionRowResults> results) {
+  thread_local BlockWork work;
+  work.keys = keys_seen(rows);
+  const std::size_t width = work.keys.width, columns = rows.front().values.cols;
+  if (width == 0) return;
+  pair_products(rows, work.keys, work.dots, work.absolutes);
+  work.w.assign(rows.size() * width, 0.0);
+  work.states.resize(rows.size());
   std::vector<AttentionRowInDouble> bounded;
   bounded.reserve(rows.size());
   bool any_taken = false;
   for (std::size_t r = 0; r < rows.size(); ++r) {
-    bounded.push_back(
-        bound_row(rows[r], target, keys, r, dots, absolutes, states[r], scratch, w, results[r]));
-    any_taken = any_taken || states[r].taken;
+    bounded.push_back(bound_row(rows[r], target, r, work, results[r]));
+    any_taken = any_taken || work.states[r].taken;
   }
   if (!any_taken) return;
-  const Matrix& v = rows.front().values;
-  const std::size_t columns = v.cols;
-  numerators.assign(rows.size() * columns, 0.0);
-  magnitudes.assign(rows.size() * columns, 0.0);
+  work.numerators.assign(rows.size() * columns, 0.0);
+  work.magnitudes.assign(rows.size() * columns, 0.0);
   if (columns > 0) {
-    plain_product(operand(w, rows.size(), keys.width), rows_of(v, keys.first, keys.width), numerators.data(),
-                  columns);
-    plain_product(operand(w, rows.size(), keys.width),
-                  rows_of(images.value_magnitudes, keys.first, keys.width), magnitudes.data(), columns);
+    const Matrix& v = rows.front().values;
+    key_sum_by_tiles(operand(work.w, rows.size(), width), v, work.keys.first, width, KeyImage::values,
+                     work.numerators.data());
+    key_sum_by_tiles(operand(work.w, rows.size(), width), v, work.keys.first, width, KeyImage::magnitudes,
+                     work.magnitudes.data());
   }
   for (std::size_t r = 0; r < rows.size(); ++r) {
-    if (!states[r].taken) continue;
-    decide_attention_outputs(rows[r], target, bounded[r], {numerators.data() + r * columns, columns},
-                             {magnitudes.data() + r * columns, columns}, results[r]);
+    if (!work.states[r].taken) continue;
+    decide_attention_outputs(rows[r], target, bounded[r], {work.numerators.data() + r * columns, columns},
+                             {work.magnitudes.data() + r * columns, columns}, results[r]);
     decide_lse_in_double(bounded[r], rows[r].entries(), results[r]);
+  }
+}
+
+}  // namespace
+
+void decide_attention_block_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
+                                      std::span<AttentionRowResults> results) {
+  // Each chunk's pair matrices (a row per query, a column per key the chunk sees) hold at most
+  // 2^18 entries: a decode block of 32 queries over 131,072 keys held 32 MiB in each.
+  constexpr std::size_t pair_budget = std::size_t{1} << 18;
+  const std::size_t width = std::max<std::size_t>(keys_seen(rows).width, 1);
+  const std::size_t chunk =
+      std::clamp<std::size_t>(pair_budget / width, 1, std::max<std::size_t>(rows.size(), 1));
+  for (std::size_t first = 0; first < rows.size(); first += chunk) {
+    const std::size_t count = std::min(chunk, rows.size() - first);
+    decide_chunk_in_double(rows.subspan(first, count), target, results.subspan(first, count));
   }
 }
 

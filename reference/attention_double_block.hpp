@@ -14,22 +14,15 @@
 
 #include <span>
 
-#include "core/matrix.hpp"
 #include "formats/float_format.hpp"
 #include "reference/attention_row.hpp"
 
 namespace sharpcheck::reference {
 
-// |K| and |V| of one head, computed once for all its blocks.
-struct HeadImages {
-  HeadImages(const Matrix& keys, const Matrix& values);
-  Matrix key_magnitudes, value_magnitudes;
-};
-
 // rows[r] and results[r] for each row of the block: rows of one head (the same keys, values and
 // scores), each with its own query and active keys. Callers that run blocks in parallel hold a
 // SingleThreadedBlas around them (reference/enclosed_product.hpp).
-void decide_attention_block_in_double(std::span<const AttentionRow> rows, const HeadImages& images,
-                                      const FloatFormat& target, std::span<AttentionRowResults> results);
+void decide_attention_block_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
+                                      std::span<AttentionRowResults> results);
 
 }  // namespace sharpcheck::reference

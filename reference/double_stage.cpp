@@ -223,7 +223,7 @@ void bound_attention_exponentials(std::size_t count, std::vector<double>& scratc
 // that underflow, whatever the order of its sum and with or without fused multiply-adds (Higham,
 // Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.1), and the computed sum of |q_t k_t|
 // (absolutes[a], any order) is within gamma_{d+1} of the true one, so gamma_{d+3} absolutes[a] +
-// (d + 1) 2^-1074 bounds it (gamma_d (1 + gamma_{d+1}) <= gamma_{d+3} for d < 2^40). The sink is
+// (d + 1) 2^-1074 bounds it (gamma_d (1 + gamma_{d+1}) <= gamma_{d+3} for d < 2^27). The sink is
 // entry `active.size()`, exact but for the division. False when a logit is not finite or its error
 // is too large for this stage (the later stages take the row).
 bool bound_attention_logits(const AttentionRow& source, std::span<const double> dots,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
+#include <vector>
 
 #include "reference/double_stage_row.hpp"
 
@@ -73,6 +74,47 @@ void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, st
                    bool accumulate) {
   if (a.used_cols() != b.used_rows()) throw std::logic_error("plain_product: operand shapes disagree");
   gemm(a, b, c, c_stride, accumulate);
+}
+
+namespace {
+
+std::size_t tile_keys(std::size_t columns) {
+  return std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(columns, 1));
+}
+
+// Rows [first, first + count) of b as an operand: b's own rows, or their image in `buffer`.
+MatrixOperand key_rows(const Matrix& b, std::size_t first, std::size_t count, KeyImage image, bool transposed,
+                       std::vector<double>& buffer) {
+  const double* from = b.values.data() + first * b.cols;
+  if (image == KeyImage::values) return {from, count, b.cols, b.cols, transposed};
+  buffer.resize(count * b.cols);
+  for (std::size_t e = 0; e < buffer.size(); ++e)
+    buffer[e] = image == KeyImage::magnitudes ? std::fabs(from[e]) : from[e] * from[e];
+  return {buffer.data(), count, b.cols, b.cols, transposed};
+}
+
+}  // namespace
+
+void pair_product_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
+                           KeyImage image, double* c) {
+  thread_local std::vector<double> buffer;
+  const std::size_t tile = tile_keys(b.cols);
+  for (std::size_t t = 0; t < width; t += tile) {
+    const std::size_t count = std::min(tile, width - t);
+    plain_product(a, key_rows(b, first + t, count, image, true, buffer), c + t, width);
+  }
+}
+
+void key_sum_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
+                      KeyImage image, double* c) {
+  thread_local std::vector<double> buffer;
+  const std::size_t tile = tile_keys(b.cols);
+  for (std::size_t t = 0; t < width; t += tile) {
+    const std::size_t count = std::min(tile, width - t);
+    const MatrixOperand a_tile{a.values + t, a.rows, count, a.stride};
+    plain_product(a_tile, key_rows(b, first + t, count, image, false, buffer), c, b.cols,
+                  /*accumulate=*/t > 0);
+  }
 }
 
 void product_weights(std::span<const double> mid, std::span<double> radius, double terms,

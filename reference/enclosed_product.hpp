@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <span>
 
+#include "core/matrix.hpp"
+
 namespace sharpcheck::reference {
 
 // While one lives, the BLAS runs each product on the calling thread. sharpcheck parallelises over
@@ -62,6 +64,21 @@ struct EnclosedResult {
 // bounds its error.
 void plain_product(const MatrixOperand& a, const MatrixOperand& b, double* c, std::size_t c_stride,
                    bool accumulate = false);
+
+// What a product reads of a head matrix's rows (one row per key): the values, their magnitudes or
+// their squares.
+enum class KeyImage { values, magnitudes, squares };
+
+// The products a block of query rows forms with the keys [first, first + width) of a head matrix B
+// (one row per key), a tile of keys at a time: each tile's image of B (|B|, B^2) is formed in a
+// buffer the thread keeps, at most 2^20 doubles, never the head's whole image (a decode head of
+// 131,072 keys held two 64 MiB images). Any order of summation, as plain_product.
+//   pair_product_by_tiles: C = A image(B)^T, C rows x width with `width` doubles between rows;
+//   key_sum_by_tiles: C = A image(B), A rows x width (its stride `a.stride`), C rows x B.cols.
+void pair_product_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
+                           KeyImage image, double* c);
+void key_sum_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
+                      KeyImage image, double* c);
 
 // W = (gamma_T |A~| + R + 2^-1074)(1 + 2^-40) entrywise, written over `radius`. `gamma_scale` is 1; the
 // mutation test sets it to 0 (a bound that forgets the products' rounding) to show the

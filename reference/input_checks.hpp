@@ -10,6 +10,7 @@
 
 #include "core/errors.hpp"
 #include "core/matrix.hpp"
+#include "tensor/attention_problem.hpp"
 
 namespace sharpcheck::reference {
 
@@ -39,5 +40,10 @@ void check_temperature(double theta, std::string_view operation);
 
 // Throws InputError naming `what` and the (row, column) of the first NaN or infinity.
 void check_all_finite(const Matrix& matrix, std::string_view operation, std::string_view what);
+
+// Throws InputError when Q, K or V has the wrong number of elements for the problem, or holds a NaN
+// or an infinity (named at its full index in the problem's layout).
+void check_tensor_sizes(const tensor::AttentionProblem& problem, std::span<const double> q,
+                        std::span<const double> k, std::span<const double> v);
 
 }  // namespace sharpcheck::reference

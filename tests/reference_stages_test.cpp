@@ -167,7 +167,8 @@ TEST(DoubleStage, BlocksOfRowsThatSeeDifferentKeysEqualTheMpfrLoopAlone) {
   Matrix v = matrix(90, 9);
   for (std::size_t j = 0; j < 90; ++j) v(j, 4) = 0;  // a zero column: exactly +0
   std::vector<double> bias(70 * 90);
-  for (double& b : bias) b = random.uniform() < 0.1 ? -800 : random.normal(0, 1);  // e^-800: below the stage's floor
+  for (double& b : bias)
+    b = random.uniform() < 0.1 ? -800 : random.normal(0, 1);  // e^-800: below the stage's floor
   reference::AttentionOptions options;
   options.scores.causal = true;
   options.scores.window_left = 40;

@@ -126,3 +126,16 @@ def test_a_denominator_kept_in_bf16_fits_no_default_recipe():
     with pytest.raises(AssertionError, match="fits no recipe the formats allow"):
         judge(denominator_in_bf16, None, (q, k, v))
     assert judge(p_rounded, None, (q, k, v)).passed
+
+
+@pytest.mark.parametrize("in_fp32, named", [(False, "soft-cap F(F(tanh(F(s / c))) * c)"),
+                                            (True, "soft-cap F(c tanh(s / c)) in fp32 on the rounded score")])
+def test_the_math_recipe_names_the_way_the_kernel_formed_its_capped_scores(in_fp32, named):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=g).bfloat16() for _ in range(3))
+    cap = 20.0
+    s = (q @ k.transpose(-1, -2)) * 32 ** -0.5
+    s = (torch.tanh(s.float() / cap) * cap).bfloat16() if in_fp32 else torch.tanh(s / cap) * cap
+    report = sharpcheck.assert_attention_close(torch.softmax(s, -1) @ v, q, k, v, softcap=cap, tolerance="math_bf16")
+    assert report.recipe_note.startswith("pass under math_bf16")
+    assert report.recipe_note.endswith(named), report.recipe_note

@@ -143,6 +143,30 @@ def test_one_visible_key_of_a_huge_score_gives_its_value_exactly(fmt, size):
     assert np.isfinite(lse).all()
 
 
+def test_a_caller_that_flushes_subnormals_gets_the_same_references_and_keeps_its_setting():
+    # torch.set_flush_denormal(True) sets FTZ/DAZ for the thread: read under it, q = 1e-310 was 0
+    # and every weight 1/2 (output 0.5 -> 1.0 once the keys' +-1e308 overflowed against it).
+    q = np.array([1e-310]).reshape(1, 1, 1, 1)
+    k = np.array([1e308, -1e308]).reshape(1, 1, 2, 1)
+    v = np.array([1.0, 0.0]).reshape(1, 1, 2, 1)
+    with mpmath.workprec(400):
+        z = [mpmath.mpf(1e-310) * mpmath.mpf(x) * 100 for x in (1e308, -1e308)]
+        expected = float(np.float32(float(mpmath.exp(z[0]) / (mpmath.exp(z[0]) + mpmath.exp(z[1])))))
+    plain = sharpcheck.attention(q, k, v, scale=100.0, format="fp32")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    try:
+        flushed = sharpcheck.attention(q, k, v, scale=100.0, format="fp32")
+        logits = np.array([1e-310, 0.0, -1e-310]).reshape(1, 3)
+        row_flushed = sharpcheck.softmax(logits, format="fp64")
+        still_flushing = (torch.tensor([1e-310], dtype=torch.float64) * 1.0).item()
+    finally:
+        torch.set_flush_denormal(False)
+    assert float(plain.ravel()[0]) == expected == float(flushed.ravel()[0])
+    assert np.array_equal(row_flushed, sharpcheck.softmax(logits, format="fp64"))
+    assert still_flushing == 0.0  # the caller's setting is its own again after the call
+
+
 def test_attention_weights_are_returned_correctly_rounded_against_mpmath():
     """P, for an outside audit: GQA (2 query heads per KV head), causal bottom-right, a sink and a
     padded key length; unseen keys and padding are 0, and each seen weight is exp(z - L) rounded once."""
