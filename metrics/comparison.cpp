@@ -312,8 +312,18 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
   // case inconclusive when nothing else is) rather than failing an exact output moved by an ulp.
   const auto cannot_judge_if_nan = [](double value) { return std::isnan(value) ? INFINITY : value; };
   const double extra = additional + flushed_terms(output, scale.n);
-  const double reach =
-      allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::proven, rounded) + extra;
+  // The allowance of a tier: its output rounding charged in full, or, where that is the expected
+  // value's own rounding, as far as RN(o^) can land from it (rounded_reach), whichever is smaller.
+  const auto tier_allowance = [&](Tier tier) {
+    const double full =
+        allowed_error(tolerance, magnitude, z_magnitude, scale, output, tier, rounded) + extra;
+    if (rounded < 0) return full;
+    return std::min(
+        full,
+        rounded_reach(e, pre_rounding_error(tolerance, magnitude, z_magnitude, scale, output, tier) + extra,
+                      output));
+  };
+  const double reach = tier_allowance(Tier::proven);
   const double allowed = cannot_judge_if_nan(std::max(reach, flushed_output(e, reach, output)));
   judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};
   if (is_representable(a, output)) judged.report.ulps = ulp_distance(a, e, output);
@@ -322,8 +332,7 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
       charged_length(static_cast<double>(scale.n), Tier::statistical) == static_cast<double>(scale.n) &&
               tolerance.logarithm == 0
           ? allowed
-          : allowed_error(tolerance, magnitude, z_magnitude, scale, output, Tier::statistical, rounded) +
-                extra;
+          : tier_allowance(Tier::statistical);
   const bool centred = input.inside != nullptr && input.inside->centre.cols > 0;
   if (centred) {
     // Emulated scores: the statistical tier is judged around o~ alone (an allowance around the

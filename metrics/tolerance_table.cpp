@@ -75,6 +75,32 @@ double absolute_floor(const Tolerance& t, const RowScale& row, const FloatFormat
          t.probability_floor * (t.floor_over_row_sum ? row.value_mass_over_z : row.value_mass);
 }
 
+// How far from e = RN(o) the kernel's RN(o^) can land when its o^ is within E of the exact o: o
+// lies between the midpoints m- and m+ from e to its neighbours, so o^ lies in [m- - E, m+ + E]
+// and, rounding being monotone, RN(o^) between RN(m- - E) and RN(m+ + E). Tighter than
+// E + 2 u_out |e| (below), which charges two whole roundings: a kernel within a hair of o lands
+// on e or a neighbour, one gap away, where 2 u_out |e| reaches almost two gaps at the top of a
+// binade (a bf16 output one key sees, v exactly, passed the fp32 recipe 2 ulp off). An output is
+// a value of the format, and the comparison is symmetric (|a - e| <= allowed): the allowance is
+// halfway between the farthest reachable code on either side and the nearest unreachable one on
+// either side, so that exactly the reachable codes pass and a reachable code's bound ratio stays
+// well below 1; where no such symmetric allowance exists (e a power of two: a whole gap above is
+// as far as two half gaps below), the farthest reachable code itself. The format is symmetric,
+// so |e| serves; the midpoints are exact in double for formats of at most 52 bits of precision, and
+// m +- E is rounded outward. Infinite (no gain) for fp64 outputs and at the range's ends.
+double rounded_reach(double expected, double reach, const FloatFormat& output) {
+  const double e = std::fabs(expected);
+  if (output.precision() > 52 || !std::isfinite(reach)) return INFINITY;
+  const double up = next_up(e, output), down = next_down(e, output);
+  if (!std::isfinite(up) || !std::isfinite(down)) return INFINITY;
+  const double highest = round_to_format(std::nextafter((e + up) / 2 + reach, INFINITY), output);
+  const double lowest = round_to_format(std::nextafter((e + down) / 2 - reach, -INFINITY), output);
+  const double reachable = std::max(highest - e, e - lowest);
+  const double unreachable = std::min(next_up(highest, output) - e, e - next_down(lowest, output));
+  const double farthest = unreachable > reachable ? (reachable + unreachable) / 2 : reachable;
+  return std::isfinite(farthest) ? farthest * (1 + 0x1p-40) : INFINITY;
+}
+
 // The output rounding relative to the value itself (attention). An attention element is judged
 // relative to M = sum_j p_j |v_j|, of which the output o may be a tiny part (values cancel). The
 // computation before the final rounding errs by E = (exp(units u + output units u_out) - 1) M; the
@@ -115,6 +141,13 @@ double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, c
   const double relative_part = magnitude != 0 ? relative * (1 + 4 * u_out) * std::fabs(magnitude) : 0.0;
   const double rounding_part = rounded_value < 0 ? 0.0 : 2 * u_out * (1 + 4 * u_out) * rounded_value;
   return (relative_part + rounding_part + absolute_floor(t, row, output)) * (1 + 0x1p-40);
+}
+
+double pre_rounding_error(const Tolerance& t, double magnitude, double z_magnitude, const RowScale& row,
+                          const FloatFormat& output, Tier tier) {
+  // allowed_error with a rounded value, less its rounding part: what it charges before the output
+  // is rounded (its expm1(units u + inside) M and floor). 0 as the rounded value adds nothing.
+  return allowed_error(t, magnitude, z_magnitude, row, output, tier, 0.0);
 }
 
 std::span<const ContractEntry> contract_entries() { return contracts; }

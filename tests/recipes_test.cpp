@@ -234,5 +234,33 @@ TEST(Comparison, AlikeRoundingsAreOneSource) {
   EXPECT_EQ(metrics::alike_roundings_noise(distinct), 4.0);
 }
 
+// rounded_reach (tolerance_table.cpp): against the reachable codes, those between the roundings of
+// the ends of [m- - E, m+ + E] (rounding is monotone), computed here directly, over bf16
+// and fp8 values of every size and pre-rounding errors from a hair to three gaps: every reachable code
+// is allowed (sound), and where a symmetric allowance can exclude the nearest unreachable code, it
+// does (tight). A mutation that leaves E out (m+ and m- alone) fails the soundness check.
+TEST(OutputRounding, TheReachableCodesAndOnlyThoseAreAllowed) {
+  DeterministicRandom random(71);
+  for (const FloatFormat* format : {&bf16, &fp8_e4m3}) {
+    for (int trial = 0; trial < 4000; ++trial) {
+      const double e = round_to_format(
+          std::ldexp(random.uniform(1, 2), static_cast<int>(random.uniform(-12, 6))), *format);
+      const double gap = next_up(e, *format) - e;
+      const double reach = (trial % 4 == 0 ? 1e-9 : random.uniform(0, 3)) * gap;  // E > 0: a kernel errs
+      const double allowed = metrics::rounded_reach(e, reach, *format);
+      ASSERT_TRUE(std::isfinite(allowed)) << e;
+      const double high = (e + next_up(e, *format)) / 2 + reach,
+                   low = (e + next_down(e, *format)) / 2 - reach;
+      const double farthest = std::max(round_to_format(high, *format) - e, e - round_to_format(low, *format));
+      EXPECT_LE(farthest, allowed) << format->name << " e " << e << " reach " << reach;
+      const double beyond = std::min(next_up(round_to_format(high, *format), *format) - e,
+                                     e - next_down(round_to_format(low, *format), *format));
+      if (beyond > farthest) {
+        EXPECT_LT(allowed, beyond) << format->name << " e " << e << " reach " << reach;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck

@@ -144,6 +144,11 @@ def test_a_bf16_log_sum_exp_is_judged_in_bf16_and_a_shifted_one_fails():
 
 
 def test_attention_exact_output_passes_and_a_two_ulp_bf16_edit_fails_at_its_full_index():
+    # Seeded: with 2 u_out |e| for the output's rounding, an edit at the top of a binade passed (7
+    # of 200 seeds, seed 0 among them); the reachable codes' allowance (rounded_reach) fails it.
+    # Left open: at an e that is a power of two, 2 codes toward zero are as far as the 1 code
+    # reachable away from it, which a symmetric |a - e| cannot tell apart (1 seed of 200).
+    torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 16, 8).bfloat16() for _ in range(3))
     exact = sharpcheck.attention(q, k, v, causal=True)
     assert sharpcheck.assert_attention_close(exact, q, k, v, causal=True).max_ulp == 0
