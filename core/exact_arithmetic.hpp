@@ -22,17 +22,17 @@ class ExactArithmetic {
     if (rounding_ != FE_TONEAREST) std::fesetround(FE_TONEAREST);
 #if defined(__SSE__) || defined(__x86_64__)
     control_ = _mm_getcsr();
-    if ((control_ & flush_bits) != 0) _mm_setcsr(control_ & ~flush_bits);
+    if ((control_ & cleared_bits) != 0) _mm_setcsr(control_ & ~cleared_bits);
 #elif defined(__aarch64__)
     control_ = __builtin_aarch64_get_fpcr();
-    if ((control_ & flush_bits) != 0) __builtin_aarch64_set_fpcr(control_ & ~flush_bits);
+    if ((control_ & cleared_bits) != 0) __builtin_aarch64_set_fpcr(control_ & ~cleared_bits);
 #endif
   }
   ~ExactArithmetic() {
 #if defined(__SSE__) || defined(__x86_64__)
-    if ((control_ & flush_bits) != 0) _mm_setcsr(control_);
+    if ((control_ & cleared_bits) != 0) _mm_setcsr(control_);
 #elif defined(__aarch64__)
-    if ((control_ & flush_bits) != 0) __builtin_aarch64_set_fpcr(control_);
+    if ((control_ & cleared_bits) != 0) __builtin_aarch64_set_fpcr(control_);
 #endif
     if (rounding_ != FE_TONEAREST) std::fesetround(rounding_);
   }
@@ -41,10 +41,10 @@ class ExactArithmetic {
 
  private:
 #if defined(__SSE__) || defined(__x86_64__)
-  static constexpr unsigned flush_bits =
+  static constexpr unsigned cleared_bits =
       0x8040U;  // MXCSR: flush-to-zero (bit 15), denormals-are-zero (bit 6)
 #elif defined(__aarch64__)
-  static constexpr unsigned flush_bits = 1U << 24;  // FPCR.FZ
+  static constexpr unsigned cleared_bits = 1U << 24;  // FPCR.FZ
 #endif
   int rounding_;
   [[maybe_unused]] unsigned control_ = 0;

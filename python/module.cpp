@@ -66,6 +66,16 @@ class ResultArray {
   void* data_;
 };
 
+// Values of `format` as a numpy array stored as ResultArray stores them: narrow formats as float32,
+// converted here, inside the call's ExactArithmetic. A conversion from float64 left to Python ran
+// under the caller's flush-to-zero and returned 0 for an fp32 reference of 1e-39.
+py::array result_array(const std::vector<double>& values, const std::vector<std::size_t>& shape,
+                       const FloatFormat& format) {
+  ResultArray out(format, shape);
+  for (std::size_t i = 0; i < values.size(); ++i) out.store(i, values[i]);
+  return out.take();
+}
+
 // theta and the fully masked rule of the row references.
 reference::RowOptions row_options_of(const Options& options) {
   reference::RowOptions row_options;
@@ -202,16 +212,16 @@ py::tuple reference_attention(const py::object& q, const py::object& k, const py
   std::vector<std::size_t> out_shape = queries.shape();
   out_shape.back() = problem.shape.value_dim;
   py::object lse = py::none();
-  if (reference_options.return_lse) lse = to_numpy(result.lse, lse_shape(problem, queries.shape()));
+  if (reference_options.return_lse) lse = result_array(result.lse, lse_shape(problem, queries.shape()), fp32);
   py::object weights = py::none();
   if (reference_options.return_weights) {
     const tensor::AttentionShape& shape = problem.shape;
     std::vector<std::size_t> weight_shape{shape.batch, shape.heads, result.weight_queries,
                                           result.weight_keys};
     if (queries.shape().size() == 2) weight_shape = {result.weight_queries, result.weight_keys};  // one head
-    weights = to_numpy(result.weights, weight_shape);
+    weights = result_array(result.weights, weight_shape, target);
   }
-  return py::make_tuple(to_numpy(result.output, out_shape), lse, weights);
+  return py::make_tuple(result_array(result.output, out_shape, target), lse, weights);
 }
 
 // The case record (gate/report.hpp's JSON) of softmax or log-softmax outputs against the logits.
@@ -291,11 +301,11 @@ std::string judge_attention(const py::object& out, const py::object& q, const py
 
 // (dq, dk, dv, d_sinks or None) as arrays shaped as q, k, v.
 py::tuple gradients_tuple(const gate::BackwardGradients& g, const HostArray& queries, const HostArray& keys,
-                          const HostArray& values) {
+                          const HostArray& values, const FloatFormat& format) {
   const py::object sinks =
-      g.d_sinks.empty() ? py::object(py::none()) : to_numpy(g.d_sinks, {g.d_sinks.size()});
-  return py::make_tuple(to_numpy(g.dq, queries.shape()), to_numpy(g.dk, keys.shape()),
-                        to_numpy(g.dv, values.shape()), sinks);
+      g.d_sinks.empty() ? py::object(py::none()) : result_array(g.d_sinks, {g.d_sinks.size()}, format);
+  return py::make_tuple(result_array(g.dq, queries.shape(), format), result_array(g.dk, keys.shape(), format),
+                        result_array(g.dv, values.shape(), format), sinks);
 }
 
 // The correctly rounded attention gradients (dq, dk, dv laid out as q, k, v; the sinks' gradients
@@ -324,7 +334,7 @@ py::tuple reference_attention_backward(const py::object& q, const py::object& k,
     const Released released;
     g = gate::attention_backward_of_arrays(judge, arrays);
   }
-  return gradients_tuple(g, queries, keys, values);
+  return gradients_tuple(g, queries, keys, values, *gate::stored_format(judge.format).format);
 }
 
 // The JSON case record of gradients (dq, dk, dv) of inputs (q, k, v, dout) against the correctly
@@ -371,7 +381,7 @@ py::object judge_attention_backward(const py::tuple& gradients, const py::tuple&
   }
   py::str record(gate::to_json(outcome).dump());
   if (!want_reference) return record;
-  return py::make_tuple(record, gradients_tuple(reference, queries, keys, values));
+  return py::make_tuple(record, gradients_tuple(reference, queries, keys, values, *output.format));
 }
 
 // The case records of a run (a JSON list) as the gate's whole report, its JUnit XML and its exit

@@ -102,7 +102,8 @@ bool certified_arithmetic() {
 #if defined(__SSE__) || defined(__x86_64__)
   // MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6): torch.set_flush_denormal(True)
   // or code built with -ffast-math sets them for the thread.
-  if ((_mm_getcsr() & 0x8040U) != 0) return false;
+  // Its rounding control (bits 13 and 14) too: glibc's fegetround reads the x87 control word only.
+  if ((_mm_getcsr() & 0xE040U) != 0) return false;
 #elif defined(__aarch64__)
   if ((__builtin_aarch64_get_fpcr() & (1U << 24)) != 0) return false;  // FPCR.FZ
 #endif

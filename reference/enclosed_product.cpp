@@ -95,26 +95,37 @@ MatrixOperand key_rows(const Matrix& b, std::size_t first, std::size_t count, Ke
 
 }  // namespace
 
+namespace {
+
+// Calls tile(t, count) for each tile [t, t + count) of [0, width), with the tile's rows of b through
+// `image` as an operand (b's rows from first + t), formed in a buffer the thread keeps.
+template <typename Tile>
+void for_each_tile(const Matrix& b, std::size_t first, std::size_t width, KeyImage image, bool transposed,
+                   Tile tile) {
+  thread_local std::vector<double> buffer;
+  const std::size_t keys = tile_keys(b.cols);
+  for (std::size_t t = 0; t < width; t += keys) {
+    const std::size_t count = std::min(keys, width - t);
+    tile(t, count, key_rows(b, first + t, count, image, transposed, buffer));
+  }
+}
+
+}  // namespace
+
 void pair_product_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
                            KeyImage image, double* c) {
-  thread_local std::vector<double> buffer;
-  const std::size_t tile = tile_keys(b.cols);
-  for (std::size_t t = 0; t < width; t += tile) {
-    const std::size_t count = std::min(tile, width - t);
-    plain_product(a, key_rows(b, first + t, count, image, true, buffer), c + t, width);
-  }
+  for_each_tile(b, first, width, image, true, [&](std::size_t t, std::size_t, const MatrixOperand& keys) {
+    plain_product(a, keys, c + t, width);
+  });
 }
 
 void key_sum_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
                       KeyImage image, double* c) {
-  thread_local std::vector<double> buffer;
-  const std::size_t tile = tile_keys(b.cols);
-  for (std::size_t t = 0; t < width; t += tile) {
-    const std::size_t count = std::min(tile, width - t);
-    const MatrixOperand a_tile{a.values + t, a.rows, count, a.stride};
-    plain_product(a_tile, key_rows(b, first + t, count, image, false, buffer), c, b.cols,
-                  /*accumulate=*/t > 0);
-  }
+  for_each_tile(b, first, width, image, false,
+                [&](std::size_t t, std::size_t count, const MatrixOperand& keys) {
+                  plain_product(MatrixOperand{a.values + t, a.rows, count, a.stride}, keys, c, b.cols,
+                                /*accumulate=*/t > 0);
+                });
 }
 
 void product_weights(std::span<const double> mid, std::span<double> radius, double terms,

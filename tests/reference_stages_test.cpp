@@ -125,13 +125,18 @@ TEST(DoubleStage, CertifiedExpStaysWithinItsProvenBoundOnAMillionInputsAndTheRed
       reference::certified_exp_error);
 }
 
+// rows x cols of N(0, 1) draws rounded to fp32.
+Matrix fp32_normal_matrix(std::size_t rows, std::size_t cols, DeterministicRandom& random) {
+  Matrix result(rows, cols);
+  for (double& x : result.values) x = static_cast<float>(random.normal(0, 1));
+  return result;
+}
+
 TEST(DoubleStage, AttentionRowsEqualTheMpfrLoopAloneAndTheDoubleStageCarriesThem) {
   // 16 queries against 1,024 keys of dimension 64 (fp32 entries, N(0, 1)), weights too.
   DeterministicRandom random(61);
   const auto matrix = [&](std::size_t rows, std::size_t cols) {
-    Matrix result(rows, cols);
-    for (double& x : result.values) x = static_cast<float>(random.normal(0, 1));
-    return result;
+    return fp32_normal_matrix(rows, cols, random);
   };
   const Matrix q = matrix(16, 64);
   const Matrix k = matrix(1024, 64);
@@ -158,9 +163,7 @@ TEST(DoubleStage, AttentionRowsEqualTheMpfrLoopAloneAndTheDoubleStageCarriesThem
 TEST(DoubleStage, BlocksOfRowsThatSeeDifferentKeysEqualTheMpfrLoopAlone) {
   DeterministicRandom random(62);
   const auto matrix = [&](std::size_t rows, std::size_t cols) {
-    Matrix result(rows, cols);
-    for (double& x : result.values) x = static_cast<float>(random.normal(0, 1));
-    return result;
+    return fp32_normal_matrix(rows, cols, random);
   };
   const Matrix q = matrix(70, 24);
   const Matrix k = matrix(90, 24);

@@ -167,6 +167,22 @@ def test_a_caller_that_flushes_subnormals_gets_the_same_references_and_keeps_its
     assert still_flushing == 0.0  # the caller's setting is its own again after the call
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_a_subnormal_reference_reaches_a_caller_that_flushes_subnormals(fmt):
+    # The conversion to the result's dtype ran in Python, under the caller's FTZ: 1e-39 came back 0.
+    q, k = torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 2, 4)
+    v = torch.full((1, 1, 2, 4), 1e-39, dtype=torch.float64)
+    row = torch.tensor([[0.0, -100.0]])
+    expected = sharpcheck.attention(q, k, v, format=fmt), sharpcheck.softmax(row, format="fp32")
+    assert float(expected[0].float().ravel()[0]) != 0.0 and float(expected[1][0, 1]) != 0.0
+    torch.set_flush_denormal(True)
+    try:
+        flushed = sharpcheck.attention(q, k, v, format=fmt), sharpcheck.softmax(row, format="fp32")
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(flushed[0], expected[0]) and torch.equal(flushed[1], expected[1])
+
+
 def test_attention_weights_are_returned_correctly_rounded_against_mpmath():
     """P, for an outside audit: GQA (2 query heads per KV head), causal bottom-right, a sink and a
     padded key length; unseen keys and padding are 0, and each seen weight is exp(z - L) rounded once."""
