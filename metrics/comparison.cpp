@@ -315,14 +315,12 @@ JudgedElement judge_element(const ComparisonInput& input, const Tolerance& toler
   // The allowance of a tier: its output rounding charged in full, or, where that is the expected
   // value's own rounding, as far as RN(o^) can land from it (rounded_reach), whichever is smaller.
   const auto tier_allowance = [&](Tier tier) {
-    const double full =
-        allowed_error(tolerance, magnitude, z_magnitude, scale, output, tier, rounded) + extra;
-    if (rounded < 0) return full;
-    return std::min(
-        full,
-        rounded_reach(e, pre_rounding_error(tolerance, magnitude, z_magnitude, scale, output, tier) + extra,
-                      output));
+    const AllowanceParts parts =
+        allowance_parts(tolerance, magnitude, z_magnitude, scale, output, tier, rounded);
+    if (rounded < 0) return parts.full + extra;
+    return std::min(parts.full + extra, rounded_reach(e, parts.before_rounding + extra, output));
   };
+
   const double reach = tier_allowance(Tier::proven);
   const double allowed = cannot_judge_if_nan(std::max(reach, flushed_output(e, reach, output)));
   judged.report = {input.first_row_number + r, j, e, a, std::nullopt, allowed, bound_ratio(e, a, allowed)};

@@ -91,6 +91,20 @@ double absolute_floor(const Tolerance& t, const RowScale& row, const FloatFormat
 double rounded_reach(double expected, double reach, const FloatFormat& output) {
   const double e = std::fabs(expected);
   if (output.precision() > 52 || !std::isfinite(reach)) return INFINITY;
+  // The common case without the format's neighbour walks (a judgement asks for every element): E
+  // under a quarter gap and e two gaps inside its binade reach one code each way, and the next ones
+  // lie two gaps away, so the answer is 1.5 gaps, as below.
+  if (output.exponent_bits > 0 && e > 0) {
+    const auto binade = [&](double x) { return std::max(std::ilogb(x), output.min_normal_exponent); };
+    const int k = binade(e);
+    const double gap = std::ldexp(1.0, k - output.fraction_bits);
+    // Past four gaps of E, E + 2 u_out |e| is within 30% of the reachable codes' form (it exceeds it
+    // by at most 1.5 gaps): kept, without the walks.
+    if (reach > 4 * gap) return INFINITY;
+    if (4 * reach < gap && e + 2 * gap <= output.max_finite && e > 2 * gap && binade(e + 2 * gap) == k &&
+        binade(e - 2 * gap) == k)
+      return 1.5 * gap * (1 + 0x1p-40);
+  }
   const double up = next_up(e, output), down = next_down(e, output);
   if (!std::isfinite(up) || !std::isfinite(down)) return INFINITY;
   const double highest = round_to_format(std::nextafter((e + up) / 2 + reach, INFINITY), output);
@@ -109,8 +123,8 @@ double rounded_reach(double expected, double reach, const FloatFormat& output) {
 // |o| <= |RN(o)| (1 + u_out) = |expected| (1 + u_out). Charging 2 u_out M instead (as for softmax,
 // where M = |expected|) would let a rounding of P to the output's format (u_out M, the
 // attention_p_rounded model) pass as an fp32-P kernel's error.
-double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, const RowScale& row,
-                     const FloatFormat& output, Tier tier, double rounded_value) {
+AllowanceParts allowance_parts(const Tolerance& t, double magnitude, double z_magnitude, const RowScale& row,
+                               const FloatFormat& output, Tier tier, double rounded_value) {
   const double u = t.accumulation->unit_roundoff();
   const double u_out = output.unit_roundoff();
   const auto n = static_cast<double>(row.n);
@@ -140,14 +154,14 @@ double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, c
   const double relative = rounded_value < 0 ? computed + 2 * u_out : computed;
   const double relative_part = magnitude != 0 ? relative * (1 + 4 * u_out) * std::fabs(magnitude) : 0.0;
   const double rounding_part = rounded_value < 0 ? 0.0 : 2 * u_out * (1 + 4 * u_out) * rounded_value;
-  return (relative_part + rounding_part + absolute_floor(t, row, output)) * (1 + 0x1p-40);
+  const double floor = absolute_floor(t, row, output);
+  return {.full = (relative_part + rounding_part + floor) * (1 + 0x1p-40),
+          .before_rounding = (relative_part + floor) * (1 + 0x1p-40)};
 }
 
-double pre_rounding_error(const Tolerance& t, double magnitude, double z_magnitude, const RowScale& row,
-                          const FloatFormat& output, Tier tier) {
-  // allowed_error with a rounded value, less its rounding part: what it charges before the output
-  // is rounded (its expm1(units u + inside) M and floor). 0 as the rounded value adds nothing.
-  return allowed_error(t, magnitude, z_magnitude, row, output, tier, 0.0);
+double allowed_error(const Tolerance& t, double magnitude, double z_magnitude, const RowScale& row,
+                     const FloatFormat& output, Tier tier, double rounded_value) {
+  return allowance_parts(t, magnitude, z_magnitude, row, output, tier, rounded_value).full;
 }
 
 std::span<const ContractEntry> contract_entries() { return contracts; }

@@ -73,13 +73,18 @@ inline constexpr double statistical_lambda = 8;
 // The accumulation length a tier charges for n terms: n (proven) or min(n, lambda sqrt(n)).
 [[nodiscard]] double charged_length(double n, Tier tier);
 
-// What allowed_error charges before the output's rounding (its rounded value's part left out), and
-// how far from `expected` (= RN(o), in `output`) a kernel's RN(o^) can land when |o^ - o| <= reach:
-// the tight form of that rounding part (tolerance_table.cpp derives it; infinite where it gains
-// nothing). An element's allowance is the smaller of allowed_error and
-// rounded_reach(expected, pre_rounding_error + whatever else it charges before the rounding).
-[[nodiscard]] double pre_rounding_error(const Tolerance& tolerance, double magnitude, double z_magnitude,
-                                        const RowScale& row, const FloatFormat& output, Tier tier);
+// allowed_error, and what it charges before the output's rounding (its rounded value's part left
+// out: with a rounded value, relative is expm1(units u + inside) alone); and how far from
+// `expected` (= RN(o), in `output`) a kernel's RN(o^) can land when |o^ - o| <= reach: the tight
+// form of that rounding part (tolerance_table.cpp derives it; infinite where it gains nothing). An
+// element's allowance is the smaller of allowed_error and rounded_reach(expected, before_rounding +
+// whatever else it charges before the rounding).
+struct AllowanceParts {
+  double full = 0, before_rounding = 0;
+};
+[[nodiscard]] AllowanceParts allowance_parts(const Tolerance& tolerance, double magnitude, double z_magnitude,
+                                             const RowScale& row, const FloatFormat& output, Tier tier,
+                                             double rounded_value);
 [[nodiscard]] double rounded_reach(double expected, double reach, const FloatFormat& output);
 
 // The absolute floor of allowed_error alone (what an element of magnitude 0 is allowed).
