@@ -323,10 +323,8 @@ void finish_row(const Matrix& values, std::span<const double> key_absolute, cons
 
 HeadGeometry attention_head_geometry(const Matrix& queries, const Matrix& keys, const Matrix& values,
                                      const tensor::HeadScores& head, double u_s, RowSums sums) {
-  // A block's pair matrices (eleven of them, a row per query, a column per key the block sees) hold
-  // at most 2^18 entries each: 64 queries over 131,072 keys held 64 MiB in each.
-  const std::size_t block_rows =
-      std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(keys.rows, 1), 1, 64);
+  // A block's pair matrices (eleven of them) within the products' budget.
+  const std::size_t block_rows = reference::rows_per_block(keys.rows, 64);
   const reference::SingleThreadedBlas single_threaded;  // heads run in parallel already
   HeadGeometry geometry{std::vector<RowScale>(queries.rows), Matrix(queries.rows, values.cols),
                         std::vector<RowRounding>(queries.rows)};

@@ -351,12 +351,6 @@ void attention_rows(const Matrix& queries, const Matrix& keys, const Matrix& val
     solve_row(rows[k], target, requests[which[k]].mpfr_only, results[k], requests[which[k]].statistics);
 }
 
-// Query rows per block of the double stage's products (and per parallel item): 32, fewer where the
-// rows' key lists (and the products' pair matrices) would pass 2^18 entries.
-std::size_t rows_per_block(std::size_t keys) {
-  return std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(keys, 1), 1, 32);
-}
-
 tensor::HeadScores completed_scores(const AttentionOptions& options, const Matrix& queries,
                                     const Matrix& keys) {
   tensor::HeadScores scores = options.scores;
@@ -375,7 +369,7 @@ AttentionResult attention(const Matrix& queries, const Matrix& keys, const Matri
   AttentionResult result{Matrix(queries.rows, values.cols), std::nullopt, {}};
   if (options.return_weights) result.weights = Matrix(queries.rows, keys.rows);
   if (options.return_lse) result.lse.assign(queries.rows, 0.0);
-  const std::size_t block_rows = rows_per_block(keys.rows);
+  const std::size_t block_rows = rows_per_block(keys.rows, 32);
   const SingleThreadedBlas single_threaded;  // the products are small; heads may run in parallel
   std::vector<RowRequest> requests;
   for (std::size_t first = 0; first < scores.queries; first += block_rows) {
@@ -435,7 +429,7 @@ AttentionTensorResult attention(const tensor::AttentionProblem& problem, std::sp
         scores.push_back(problem.head(b, h));
         if (key_rows == 0) scores.back().keys = 0;
       }
-      const std::size_t rows_per_item = rows_per_block(key_rows);
+      const std::size_t rows_per_item = rows_per_block(key_rows, 32);
       const std::size_t chunks = (query_rows + rows_per_item - 1) / rows_per_item;
       parallel_for(problem.group_size() * chunks, options.threads, [&](std::size_t item) {
         const std::size_t g = item / chunks;

@@ -96,9 +96,10 @@ AttentionRowInDouble bound_row(const AttentionRow& row, const FloatFormat& targe
   return bounded;
 }
 
-// One chunk of the block: rows whose pair matrices fit the budget.
-void decide_chunk_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
-                            std::span<AttentionRowResults> results) {
+}  // namespace
+
+void decide_attention_block_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
+                                      std::span<AttentionRowResults> results) {
   thread_local BlockWork work;
   work.keys = keys_seen(rows);
   const std::size_t width = work.keys.width, columns = rows.front().values.cols;
@@ -128,22 +129,6 @@ void decide_chunk_in_double(std::span<const AttentionRow> rows, const FloatForma
     decide_attention_outputs(rows[r], target, bounded[r], {work.numerators.data() + r * columns, columns},
                              {work.magnitudes.data() + r * columns, columns}, results[r]);
     decide_lse_in_double(bounded[r], rows[r].entries(), results[r]);
-  }
-}
-
-}  // namespace
-
-void decide_attention_block_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
-                                      std::span<AttentionRowResults> results) {
-  // Each chunk's pair matrices (a row per query, a column per key the chunk sees) hold at most
-  // 2^18 entries: a decode block of 32 queries over 131,072 keys held 32 MiB in each.
-  constexpr std::size_t pair_budget = std::size_t{1} << 18;
-  const std::size_t width = std::max<std::size_t>(keys_seen(rows).width, 1);
-  const std::size_t chunk =
-      std::clamp<std::size_t>(pair_budget / width, 1, std::max<std::size_t>(rows.size(), 1));
-  for (std::size_t first = 0; first < rows.size(); first += chunk) {
-    const std::size_t count = std::min(chunk, rows.size() - first);
-    decide_chunk_in_double(rows.subspan(first, count), target, results.subspan(first, count));
   }
 }
 

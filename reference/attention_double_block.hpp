@@ -20,7 +20,8 @@
 namespace sharpcheck::reference {
 
 // rows[r] and results[r] for each row of the block: rows of one head (the same keys, values and
-// scores), each with its own query and active keys. Callers that run blocks in parallel hold a
+// scores), each with its own query and active keys, as many as rows_per_block allows for the keys
+// they see (reference/enclosed_product.hpp). Callers that run blocks in parallel hold a
 // SingleThreadedBlas around them (reference/enclosed_product.hpp).
 void decide_attention_block_in_double(std::span<const AttentionRow> rows, const FloatFormat& target,
                                       std::span<AttentionRowResults> results);

@@ -128,6 +128,11 @@ void key_sum_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first
                 });
 }
 
+std::size_t rows_per_block(std::size_t keys, std::size_t most) {
+  return std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(keys, 1), 1,
+                                 std::max<std::size_t>(most, 1));
+}
+
 void product_weights(std::span<const double> mid, std::span<double> radius, double terms,
                      double gamma_scale) {
   const double gamma = gamma_scale * gamma_of(terms);

@@ -80,6 +80,12 @@ void pair_product_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t 
 void key_sum_by_tiles(const MatrixOperand& a, const Matrix& b, std::size_t first, std::size_t width,
                       KeyImage image, double* c);
 
+// Query rows per block of products with a head's keys: `most`, fewer where a block's pair matrices
+// (a row per query, a column per key) would pass 2^18 entries (a decode block of 32 queries over
+// 131,072 keys held 32 MiB in each). The forward reference's double stage and the judge's geometry
+// size their blocks by it.
+[[nodiscard]] std::size_t rows_per_block(std::size_t keys, std::size_t most);
+
 // W = (gamma_T |A~| + R + 2^-1074)(1 + 2^-40) entrywise, written over `radius`. `gamma_scale` is 1; the
 // mutation test sets it to 0 (a bound that forgets the products' rounding) to show the
 // containment tests can fail.
