@@ -131,6 +131,9 @@ struct BackwardTolerance {
   // The math path's recipes: the statistical tier judged around the gradients of the emulated
   // scores where a head allows (metrics/judge_backward.cpp), not charging their roundings as noise.
   bool scores_emulated = false;
+  // D_i = sum_j P_ij dP_ij from the saved P (autograd's softmax backward: PyTorch's math path)
+  // rather than rowsum(dO * O): O's rounding is not in it, and output_units is not charged.
+  bool d_from_probabilities = false;
 };
 
 }  // namespace sharpcheck::kernels

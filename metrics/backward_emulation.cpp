@@ -5,6 +5,11 @@
 #include <cstddef>
 #include <optional>
 #include <span>
+#include <vector>
+
+#include "metrics/backward_pair_block.hpp"
+#include "metrics/tolerance_table.hpp"
+#include "reference/enclosed_product.hpp"
 
 namespace sharpcheck::metrics {
 namespace {
@@ -96,6 +101,35 @@ bool any_positive(const Matrix& m) {
 
 }  // namespace
 
+// dQ's worst-case first order of the emulation's slack (Magnitudes::dq_slack_worst) with its part
+// through the row's mean slack, |dQ_ic| slack_mean_i, |dQ_ic| at most the centre's value plus radius.
+Matrix worst_dq_slack(const Magnitudes& m, const reference::AttentionGradients& centre,
+                      const reference::AttentionGradients& radii) {
+  Matrix worst = m.dq_slack_worst;
+  for (std::size_t i = 0; i < worst.rows; ++i)
+    for (std::size_t c = 0; c < worst.cols; ++c)
+      worst(i, c) +=
+          (std::fabs(centre.d_queries(i, c)) + radii.d_queries(i, c)) * m.slack_mean[i] * (1 + 0x1p-20);
+  return worst;
+}
+
+// The slack's first-order charge, over lambda (comparison.cpp's inside_charge multiplies it back):
+// Hoeffding's root, or the same perturbations' worst case where that is smaller (few ambiguous
+// scores: a root times lambda = 8 is then up to eight times their sum of sizes).
+Matrix first_order_slack(const Matrix& root, const Matrix& worst) {
+  Matrix charge = root;
+  for (std::size_t x = 0; x < charge.values.size(); ++x)
+    charge.values[x] = std::min(charge.values[x], worst.values[x] / statistical_lambda * (1 + 0x1p-20));
+  return charge;
+}
+
+// Two bounds of one charge: the smaller, element by element.
+Matrix smaller(const Matrix& a, const Matrix& b) {
+  Matrix least = a;
+  for (std::size_t x = 0; x < least.values.size(); ++x) least.values[x] = std::min(a.values[x], b.values[x]);
+  return least;
+}
+
 tensor::AttentionBackwardProblem EmulatedBackward::problem(const kernels::BackwardProblem& p) const {
   return {queries, keys, p.values, p.d_out, p.d_lse, heads[0], p.group, {}, heads};
 }
@@ -181,3 +215,88 @@ void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackwa
 }
 
 }  // namespace sharpcheck::metrics
+
+namespace sharpcheck::metrics::backward_blocks {
+
+// The slack in the worst case, per key (Magnitudes::dq_slack_worst, dq_slack_second). A score moved
+// by e_il, |e_il| <= zeta_il, moves P_ij to P'_ij = P_ij exp(x_ij), x_ij = e_ij - e~_i - r_i with
+// e~_i = sum_l P_il e_il and 0 <= r_i = ln(sum_l P_il exp(e_il)) - e~_i <= rho_i = sum_l P_il
+// (expm1(zeta_il) - zeta_il) (Jensen; ln(1 + y) <= y), so |x_ij| <= a_ij = zeta_ij + zbar_i + rho_i,
+// zbar_i = sum_l P_il zeta_il. First order: P_ij (e_ij - e~_i); D_i = sum_l P_il dP_il by
+// sum_l P_il e_il H_il (H = dP - D); dS_ij = s P_ij G_ij (G = H + g, s = dz/dr, alike for a row's
+// keys: emulated heads have no cap) by s P_ij ((e_ij - e~_i) G_ij - sum_l P_il e_il H_il). The
+// coefficient of e_il in dQ_ic is s P_il (G_il k_lc - H_il kbar_ic) - P_il dQ_ic, so with
+// Z_i = sum_l P_il zeta_il |H_il| and w_i = s sum_j P_ij k_j (D's direction, signed_dq):
+//   |d dQ_ic| <= s sum_l zeta_il P_il |G_il| |k_lc| + |w_ic| Z_i + |dQ_ic| zbar_i,
+//   |d dK_kc| <= s sum_i |q_ic| P_ik ((zeta_ik + zbar_i) |G_ik| + Z_i),
+//   |d dV_kc| <= sum_i P_ik (zeta_ik + zbar_i) |dO_ic|,
+// dQ's last part added by the judgement with the centre's dQ (slack_mean holds zbar_i). The rest:
+// P'_ij / P_ij - 1 - (e_ij - e~_i) = (exp(x) - 1 - x) - r_i is at most sigma_ij = exp(a_ij) a_ij^2 / 2
+// + rho_i, |P'_ij - P_ij| at most P_ij (exp(a_ij) - 1), and dS'_ij - dS_ij less its first order is
+// s [(P' - P - dP1) G - P (D' - D - dD1) - (P' - P)(D' - D)]_ij (the P' - P sum to 0, so D's terms
+// take H), at most s P_ij (sigma_ij |G_ij| + S_i + (exp(a_ij) - 1) E_i), S_i = sum_l P_il sigma_il
+// |H_il|, E_i = sum_l P_il (exp(a_il) - 1) |H_il|; dV's, sum_i P_ik sigma_ik |dO_ic|. Where few
+// scores are ambiguous, and those of small weight, these are far below Hoeffding's lambda root of
+// the same perturbations and the second order at the row's largest slack.
+void add_slack_worst_case(const kernels::BackwardProblem& p, const Images& images,
+                          const std::vector<std::vector<double>>& zeta, PairBlock& block, Magnitudes& m) {
+  const std::size_t size = block.rows * block.width, d = p.queries.cols;
+  for (auto* v : {&block.slack_q, &block.slack_k, &block.slack_v, &block.second_ds, &block.second_v})
+    zero(*v, size);
+  std::vector<double> moved(block.rows);
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t i = block.first + r;
+    const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[i];
+    const std::vector<std::size_t>& visible = block.visible[r];
+    const auto at = [&](std::size_t a) { return block.at(r, visible[a]); };
+    const auto h_of = [&](std::size_t e) { return std::fabs(block.dp_signed[e] - block.exact_d[r]); };
+    double mean = 0, rho = 0;
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      const double w = block.weight[at(a)];
+      if (w == 0) continue;  // a huge additive mask: nothing moves
+      mean += w * zeta[r][a];
+      moved[r] += w * zeta[r][a] * h_of(at(a));
+      rho += w * (std::expm1(zeta[r][a]) - zeta[r][a]);
+    }
+    const auto reach = [&](std::size_t a) { return zeta[r][a] + mean + rho; };
+    const auto sigma = [&](std::size_t a) { return std::exp(reach(a)) * reach(a) * reach(a) / 2 + rho; };
+    double rest = 0, shift = 0;  // S_i and E_i
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      const double w = block.weight[at(a)];
+      rest += w * sigma(a) * h_of(at(a));
+      shift += w * std::expm1(reach(a)) * h_of(at(a));
+    }
+    m.slack_mean[i] = mean;
+    for (std::size_t a = 0; a < visible.size(); ++a) {
+      const std::size_t e = at(a);
+      const double w = block.weight[e], s = block.slope[e];
+      if (w == 0) continue;
+      const double g = std::fabs(block.dp_signed[e] - block.exact_d[r] + lse_gradient);
+      block.slack_q[e] = s * w * zeta[r][a] * g;
+      block.slack_k[e] = s * w * ((zeta[r][a] + mean) * g + moved[r]);
+      block.slack_v[e] = w * (zeta[r][a] + mean);
+      block.second_ds[e] = s * w * (sigma(a) * g + rest + std::expm1(reach(a)) * shift);
+      block.second_v[e] = w * sigma(a);
+    }
+  }
+  if (block.width > 0) {
+    const auto add = [&](const std::vector<double>& pairs, bool transposed, const Matrix& image, Matrix& c) {
+      const std::size_t first = transposed ? block.first : block.key_first;
+      reference::plain_product(block_of(pairs, block.rows, block.width, transposed),
+                               rows_of(image, first, transposed ? block.rows : block.width),
+                               c.values.data() + (transposed ? block.key_first : block.first) * c.cols,
+                               c.cols, true);
+    };
+    add(block.slack_q, false, images.k_abs, m.dq_slack_worst);
+    add(block.slack_k, true, images.q_abs, m.dk_slack_worst);
+    add(block.slack_v, true, images.dout_abs, m.dv_slack_worst);
+    add(block.second_ds, false, images.k_abs, m.dq_slack_second);
+    add(block.second_ds, true, images.q_abs, m.dk_slack_second);
+    add(block.second_v, true, images.dout_abs, m.dv_slack_second);
+  }
+  for (std::size_t r = 0; r < block.rows; ++r)
+    for (std::size_t t = 0; t < d; ++t)
+      m.dq_slack_worst(block.first + r, t) += std::fabs(block.signed_dq[r * d + t]) * moved[r];
+}
+
+}  // namespace sharpcheck::metrics::backward_blocks

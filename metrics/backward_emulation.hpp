@@ -62,6 +62,16 @@ struct EmulatedBackward {
 bool emulate_backward(const kernels::BackwardProblem& p, ScoreChain chain, FactorRounding rounding,
                       const FloatFormat& format, EmulatedBackward& out);
 
+// dQ's worst-case first order of the emulation's slack (Magnitudes::dq_slack_worst) with its part
+// through the row's mean slack, |dQ_ic| slack_mean_i, |dQ_ic| at most the centre's value plus radius.
+[[nodiscard]] Matrix worst_dq_slack(const Magnitudes& m, const reference::AttentionGradients& centre,
+                                    const reference::AttentionGradients& radii);
+// The slack's first-order charge, over lambda (comparison.cpp's inside_charge multiplies it back):
+// Hoeffding's root, or the same perturbations' worst case where that is smaller.
+[[nodiscard]] Matrix first_order_slack(const Matrix& root, const Matrix& worst);
+// Two bounds of one charge: the smaller, element by element.
+[[nodiscard]] Matrix smaller(const Matrix& a, const Matrix& b);
+
 // What the operands' deviations move the gradients by, in full, added to `radii` (the double
 // stage's) given the centre's gradients (its D).
 void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackward& e,

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "metrics/backward_pair_block.hpp"
@@ -286,36 +289,40 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
     for (const std::size_t j : block.visible[r]) {
       const std::size_t e = block.at(r, j);
       const double on_dq = block.on_dq[e], on_dk = block.on_dk[e], on_dv = block.on_dv[e];
-      const double pair = block.pair[e], mag = block.mag[e], w = block.weight[e];
-      m.dq_scale_inside += pair * on_dq * on_dq;
-      m.dk_scale_inside += pair * on_dk * on_dk;
-      m.dv_scale_inside += w * w * on_dv * on_dv;
-      m.dq_scale_pairs += mag * mag * on_dq * on_dq;
-      m.dk_scale_pairs += mag * mag * on_dk * on_dk;
-      add_split_pairs(block, e, on_dq, m.dq_scale_split);
-      add_split_pairs(block, e, on_dk, m.dk_scale_split);
-      m.dv_scale_pairs += w * w * on_dv * on_dv;
+      const double pair = block.pair[e], mag = block.mag[e], w = block.weight[e], copies = block.copies[e];
+      m.dq_scale_inside += copies * pair * on_dq * on_dq;
+      m.dk_scale_inside += copies * pair * on_dk * on_dk;
+      m.dv_scale_inside += copies * w * w * on_dv * on_dv;
+      m.dq_scale_inside_linear += std::sqrt(pair) * std::fabs(on_dq);
+      m.dk_scale_inside_linear += std::sqrt(pair) * std::fabs(on_dk);
+      m.dv_scale_inside_linear += w * std::fabs(on_dv);
+      m.dq_scale_pairs += copies * mag * mag * on_dq * on_dq;
+      m.dk_scale_pairs += copies * mag * mag * on_dk * on_dk;
+      add_split_pairs(block, e, on_dq, copies, m.dq_scale_split);
+      add_split_pairs(block, e, on_dk, copies, m.dk_scale_split);
+      m.dv_scale_pairs += copies * w * w * on_dv * on_dv;
       row_dv += w * std::fabs(on_dv);
       d_on_dk += block.weight_slope[e] * on_dk;
     }
-    m.dk_scale_from_d += block.b_sq[r] * d_on_dk * d_on_dk;
+    const double row_copies = block.row_copies[r];
+    m.dk_scale_from_d += row_copies * block.b_sq[r] * d_on_dk * d_on_dk;
     if (block.roundings == 3) {  // the math path: exact coefficients (exact_inside)
       for (auto [sums, on] :
            {std::pair{&m.dq_scale_exact, &block.on_dq}, std::pair{&m.dk_scale_exact, &block.on_dk}}) {
-        const ExactInside x = exact_inside(block, r, *on);
+        const ExactInside x = exact_inside(block, r, *on, block.copies);
         sums->squares += x.squares;
         sums->cross += x.cross;
       }
     }
-    const double row_dq = row_shared(p, block, r, block.on_dq, m.dq_scale_split);
-    const double row_dk = row_shared(p, block, r, block.on_dk, m.dk_scale_split);
+    const double row_dq = row_shared(p, block, r, block.on_dq, row_copies, m.dq_scale_split);
+    const double row_dk = row_shared(p, block, r, block.on_dk, row_copies, m.dk_scale_split);
     double row_dv_exact = 0;  // dV: the LSE's error scales the row's P alone
     for (const std::size_t j : block.visible[r])
       row_dv_exact += block.weight[block.at(r, j)] * block.on_dv[block.at(r, j)];
     row_dv = std::min(row_dv, std::fabs(row_dv_exact) * (1 + 1e-9) + 1e-12 * row_dv);
-    m.dq_scale_rows += row_dq * row_dq;
-    m.dk_scale_rows += row_dk * row_dk;
-    m.dv_scale_rows += row_dv * row_dv;
+    m.dq_scale_rows += row_copies * row_dq * row_dq;
+    m.dk_scale_rows += row_copies * row_dk * row_dk;
+    m.dv_scale_rows += row_copies * row_dv * row_dv;
   }
 }
 
@@ -368,7 +375,7 @@ void block_row_terms(const kernels::BackwardProblem& p, const tensor::HeadScores
       m.dq_from_d(i, t) = block.b[r] * std::fabs(signed_dq) + (u_i + 0x1p-10) * m.dq_from_d(i, t);
       on_dq += images.dq_sign(i, t) * signed_dq;
     }
-    m.dq_scale_from_d += block.b_sq[r] * on_dq * on_dq;
+    m.dq_scale_from_d += block.row_copies[r] * block.b_sq[r] * on_dq * on_dq;
     if (head.sink) {
       const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
       const double sink_weight =
@@ -402,12 +409,34 @@ Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
 
 // Inflates the sums by their double rounding (1e-9 covers it) and takes the spreads' square roots.
 void finish(Magnitudes& m) {
-  for (Matrix* matrix :
-       {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks, &m.dq_floor,
-        &m.dk_floor, &m.dv_floor, &m.d_sinks_from_d, &m.dq_accumulated, &m.dk_accumulated, &m.dq_slope,
-        &m.dk_slope, &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
+  for (Matrix* matrix : {&m.dq,
+                         &m.dk,
+                         &m.dv,
+                         &m.dq_from_d,
+                         &m.dk_from_d,
+                         &m.d_rows,
+                         &m.d_rows_from_o,
+                         &m.d_sinks,
+                         &m.dq_floor,
+                         &m.dk_floor,
+                         &m.dv_floor,
+                         &m.d_sinks_from_d,
+                         &m.dq_accumulated,
+                         &m.dk_accumulated,
+                         &m.dq_slope,
+                         &m.dk_slope,
+                         &m.dq_scores_second,
+                         &m.dk_scores_second,
+                         &m.dv_scores_second,
+                         &m.dq_slack_worst,
+                         &m.dk_slack_worst,
+                         &m.dv_slack_worst,
+                         &m.dq_slack_second,
+                         &m.dk_slack_second,
+                         &m.dv_slack_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
+  for (double& x : m.slack_mean) x *= 1 + 1e-9;
   for (Matrix* matrix : {&m.dq_spread, &m.dk_spread, &m.dv_spread, &m.dq_scores, &m.dk_scores, &m.dv_scores,
                          &m.dq_spread_exact, &m.dk_spread_exact}) {
     for (double& x : matrix->values) x = std::sqrt(x) * (1 + 1e-9);
@@ -417,14 +446,22 @@ void finish(Magnitudes& m) {
 }  // namespace
 
 Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::AttentionGradients& e,
-                         double u_s, double u_i, double roundings, const EmulatedScoreSlack* emulated) {
+                         double u_s, double u_i, double roundings, const EmulatedScoreSlack* emulated,
+                         const kernels::BackwardProblem* copies_from) {
   const reference::SingleThreadedBlas single_threaded;  // the groups run in parallel already
   Magnitudes m = allocated(p, emulated != nullptr ? 1.0 : u_s);
+  if (emulated != nullptr) {  // the slack's worst case (add_slack_worst_case)
+    for (Matrix* x : {&m.dq_slack_worst, &m.dq_slack_second}) *x = Matrix(p.queries.rows, p.queries.cols);
+    for (Matrix* x : {&m.dk_slack_worst, &m.dk_slack_second}) *x = Matrix(p.keys.rows, p.queries.cols);
+    for (Matrix* x : {&m.dv_slack_worst, &m.dv_slack_second}) *x = Matrix(p.keys.rows, p.values.cols);
+    m.slack_mean.assign(p.queries.rows, 0.0);
+  }
   if (roundings == 3) {
     m.dq_spread_exact = Matrix(p.queries.rows, p.queries.cols);
     m.dk_spread_exact = Matrix(p.keys.rows, p.queries.cols);
   }
   const Images images = images_of(p, e);
+  const Copies copies = copies_of(copies_from != nullptr ? *copies_from : p);
   const std::size_t positions = p.positions();
   // Blocks of about 2^18 pairs: the products' shapes, and memory near the inputs' size.
   const std::size_t block_rows =
@@ -441,6 +478,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block.first = h * positions + position;
       block.rows = std::min(block_rows, positions - position);
       block_geometry(p, head, images, block, m);
+      block_copies(copies, block);
       block_row_sums(p, images, u_i, block, m);
       block_pair_terms(p, roundings, block);
       block_exact_terms(block);

@@ -54,6 +54,9 @@ struct Magnitudes {
   // The gradient-scale test's sums of squares (judge_gradient_scale): the intermediate roundings
   // projected on each gradient's signs, and D's errors (one per query row) likewise.
   double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;
+  // The same projections' worst case, sum of |projection| (over u_i): where few roundings are
+  // independent (repeated tokens round alike), smaller than lambda times the root.
+  double dq_scale_inside_linear = 0, dk_scale_inside_linear = 0, dv_scale_inside_linear = 0;
   double dq_scale_from_d = 0, dk_scale_from_d = 0;
   // The same for the fp32 arithmetic's errors, each bounded relative to its pair's magnitude
   // (mag_ij for dQ and dK, P_ij for dV) times the fp32 units: one error per (i, j) pair
@@ -76,6 +79,13 @@ struct Magnitudes {
   // 2.0001 u_S) and the second-order part; empty when the recipe keeps the scores in fp32. And the
   // largest |z| of a non-negligible pair.
   Matrix dq_scores, dk_scores, dv_scores, dq_scores_second, dk_scores_second, dv_scores_second;
+  // Emulated scores only (EmulatedScoreSlack): the slack's first order in the worst case, summed
+  // with every sign against the kernel, and its second order key by key (add_slack_terms derives
+  // both); dQ's first order lacks its part through the row's mean slack, |dQ_ic| slack_mean_i,
+  // which the judgement adds with the centre's dQ. Where few scores are ambiguous these are far
+  // below Hoeffding's lambda root of the same perturbations and the row's largest slack's second order.
+  Matrix dq_slack_worst, dk_slack_worst, dv_slack_worst, dq_slack_second, dk_slack_second, dv_slack_second;
+  std::vector<double> slack_mean;  // per query row: sum_l P_il slack_il
   // The same roundings projected on each gradient's signs, for the gradient-scale test
   // (backward_score_terms.cpp derives each part); not known (`scale_scores_known` false) with a
   // soft-cap, whose dz/dr moves with the scores: the test then charges the scores' worst case in full.
@@ -127,9 +137,11 @@ struct EmulatedScoreSlack {
 
 // u_s, u_i: the unit roundoffs of a recipe's score and intermediate roundings (0: none);
 // roundings: how many intermediates it rounds (k); emulated: the scores' slack when the
-// problem's logits are a math path's emulated scores (u_s is then 0).
+// problem's logits are a math path's emulated scores (u_s is then 0); copies_from: the problem whose
+// rows and keys tell which pairs repeat (the emulated problem's source: its scores carry a bias).
 [[nodiscard]] Magnitudes magnitudes_of(const kernels::BackwardProblem& p,
                                        const reference::AttentionGradients& e, double u_s, double u_i,
-                                       double roundings, const EmulatedScoreSlack* emulated = nullptr);
+                                       double roundings, const EmulatedScoreSlack* emulated = nullptr,
+                                       const kernels::BackwardProblem* copies_from = nullptr);
 
 }  // namespace sharpcheck::metrics

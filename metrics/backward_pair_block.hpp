@@ -8,6 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/matrix.hpp"
@@ -55,12 +59,22 @@ struct PairBlock {
   // of two (`(q @ k^T) * scale` backward: dS * scale, rounded again), else 1.
   double ds_roundings = 1;
   std::vector<std::vector<std::size_t>> visible;
+  // Copies (block_copies): a pair whose row and key repeat others' (the same token: bit-equal q and
+  // dO rows of a head whose scores do not depend on the position; bit-equal k and v rows the row
+  // sees, with no per-key bias) carries identical values through every step, so their roundings and
+  // fp32 errors are one error, not independent ones. A Hoeffding sum of squares then weighs each
+  // pair's square by its copies (sum over a group of (m c)^2 = m sum of c^2): key_copies for a
+  // test of one row (the D-direction test), copies = key copies times row copies for a test of the
+  // whole gradient, and row_copies a row's shared errors.
+  std::vector<double> copies, key_copies, row_copies;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
   // signed_ds: the exact dS_ij dz/dr (the LSE's gradient included); abs_ds: its size plus 1e-9 mag.
   std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_ds,
       abs_ds, signed_dq, slope_error;             // slope_error: Magnitudes::dq_slope's pair terms
   std::vector<double> on_dq, on_dk, on_dv, on_w;  // on_w: the pair's projection on D's direction w_i
   std::vector<double> dq_scores, dk_scores, dk_second, dv_scores, dv_second;
+  // The slack's worst-case pair terms, first and second order (add_slack_terms).
+  std::vector<double> slack_q, slack_k, slack_v, second_ds, second_v;
   // The math path's exact per-element coefficients (roundings == 3; block_exact_terms): dQ's
   // sums of squares as sum_j (A k^2 - 2 w B k + w^2 C) with B's absolute part, and dK's per pair.
   std::vector<double> exact_a, exact_b, exact_b_abs, exact_c, exact_g;
@@ -79,25 +93,87 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
                            rows_of(right, block.key_first, block.width, true), out.data(), block.width);
 }
 
+// Which rows and keys repeat (PairBlock::copies): a head's rows with bit-equal q, dO and dLSE
+// where its scores do not depend on the position (no causal mask, window, mask, bias or ALiBi),
+// and keys with bit-equal k and v where no head of the group adds a per-key bias or ALiBi.
+struct Copies {
+  std::vector<double> rows;            // per problem row: how many rows are its copies, itself included
+  std::vector<std::size_t> key_class;  // per key: the first key equal to it
+};
+
+inline std::string bytes_of(std::span<const double> a, std::span<const double> b, double c) {
+  std::string key((a.size() + b.size() + 1) * sizeof(double), '\0');
+  std::memcpy(key.data(), a.data(), a.size() * sizeof(double));
+  std::memcpy(key.data() + a.size() * sizeof(double), b.data(), b.size() * sizeof(double));
+  std::memcpy(key.data() + (a.size() + b.size()) * sizeof(double), &c, sizeof(double));
+  return key;
+}
+
+inline Copies copies_of(const kernels::BackwardProblem& p) {
+  const std::size_t positions = p.positions();
+  Copies copies{std::vector<double>(p.queries.rows, 1.0), std::vector<std::size_t>(p.keys.rows)};
+  bool keyed = false;  // a per-key bias: equal keys score differently
+  for (std::size_t h = 0; h < p.group; ++h) {
+    const tensor::HeadScores head = p.head(h);
+    keyed = keyed || !head.bias.empty() || head.alibi_slope != 0;
+    if (head.causal || head.window_left || head.window_right || !head.keep.empty() || !head.bias.empty() ||
+        head.alibi_slope != 0)
+      continue;
+    std::unordered_map<std::string, std::vector<std::size_t>> rows;
+    for (std::size_t position = 0; position < positions; ++position) {
+      const std::size_t i = h * positions + position;
+      rows[bytes_of(p.queries.row(i), p.d_out.row(i), p.d_lse.empty() ? 0.0 : p.d_lse[i])].push_back(i);
+    }
+    for (const auto& [bytes, same] : rows)
+      for (const std::size_t i : same) copies.rows[i] = static_cast<double>(same.size());
+  }
+  std::unordered_map<std::string, std::size_t> first;
+  for (std::size_t j = 0; j < p.keys.rows; ++j)
+    copies.key_class[j] =
+        keyed ? j : first.emplace(bytes_of(p.keys.row(j), p.values.row(j), 0.0), j).first->second;
+  return copies;
+}
+
+// The block's copies: per pair, the keys its row sees that equal its key (key_copies) and those
+// times its row's copies (copies); per row, its copies.
+inline void block_copies(const Copies& all, PairBlock& block) {
+  const std::size_t size = block.rows * block.width;
+  block.copies.assign(size, 1.0);
+  block.key_copies.assign(size, 1.0);
+  block.row_copies.assign(block.rows, 1.0);
+  std::vector<double> seen(all.key_class.size(), 0.0);
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    block.row_copies[r] = all.rows[block.first + r];
+    for (const std::size_t j : block.visible[r]) seen[all.key_class[j]] += 1;
+    for (const std::size_t j : block.visible[r]) {
+      const std::size_t e = block.at(r, j);
+      block.key_copies[e] = seen[all.key_class[j]];
+      block.copies[e] = block.key_copies[e] * block.row_copies[r];
+    }
+    for (const std::size_t j : block.visible[r]) seen[all.key_class[j]] = 0;
+  }
+}
+
 // A pair's share of Magnitudes::SplitPairs, its projection on the statistic `on`. The dS part
 // adds P |g| dz/dr (mag's share of the LSE's gradient): a kernel rounds dP - D before adding g.
-inline void add_split_pairs(const PairBlock& block, std::size_t e, double on, Magnitudes::SplitPairs& split) {
+inline void add_split_pairs(const PairBlock& block, std::size_t e, double on, double copies,
+                            Magnitudes::SplitPairs& split) {
   const std::size_t r = e / block.width;
   const double w = block.weight[e],
                lse_share = block.mag[e] - w * (block.dp_mag[e] + block.a[r]) * block.slope[e];
   const double ds = (block.abs_ds[e] + std::max(lse_share, 0.0)) * on,
                dp = w * block.dp_mag[e] * block.slope[e] * on;
   const double from_d = block.from_d[e] * on;
-  split.ds += ds * ds;
-  split.dp += dp * dp;
-  split.from_d += from_d * from_d;
+  split.ds += copies * ds * ds;
+  split.dp += copies * dp * dp;
+  split.from_d += copies * from_d * from_d;
 }
 
 // A query row's shared fp32 errors (the LSE's and D's) projected on `on` (one of the block's pair
 // projections), for row r, and their split into `split`'s rows (metrics/backward_score_terms.cpp
 // derives both).
 [[nodiscard]] double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
-                                const std::vector<double>& on, Magnitudes::SplitPairs& split);
+                                const std::vector<double>& on, double copies, Magnitudes::SplitPairs& split);
 
 // The D-direction test's sums (Magnitudes::d_direction) of one block, after its products
 // (metrics/backward_score_terms.cpp).
@@ -108,7 +184,8 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
 // sum of squares (over u_i^2) and the pairs' sum of mag_ij |on_ij|, which bounds what their products
 // move the projection by (backward_score_terms.cpp derives both).
 using ExactInside = Magnitudes::ExactSums;
-[[nodiscard]] ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on);
+[[nodiscard]] ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on,
+                                       const std::vector<double>& copies);
 
 // The math path's per-element exact coefficients (roundings == 3), for one block: the pair terms
 // after block_pair_terms, and their products into Magnitudes::dq_spread_exact and dk_spread_exact
@@ -123,6 +200,11 @@ void use_exact_spreads(Magnitudes& m);
 // products (metrics/backward_score_terms.cpp).
 void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,
                      Magnitudes& m);
+
+// The emulated scores' slack in the worst case (Magnitudes::dq_slack_worst, dq_slack_second), for
+// one block after its products, zeta per row and visible key (metrics/backward_emulation.cpp).
+void add_slack_worst_case(const kernels::BackwardProblem& p, const Images& images,
+                          const std::vector<std::vector<double>>& zeta, PairBlock& block, Magnitudes& m);
 
 // The same terms for emulated scores (Magnitudes: EmulatedScoreSlack), for one block: each pair's
 // eps is its slack, and the element sums are absolute (not over a unit).

@@ -106,19 +106,19 @@ void add_row_scale_scores(const kernels::BackwardProblem& p, const PairBlock& bl
     const double eps = bounds.eps[a], bound = bounds.bound[a], eps2 = eps * eps;
     const double first = std::fabs(ds) * (eps + bounds.e) + w * bounds.d1;
     const double second = std::fabs(ds) * bound + w * bounds.d2 + w * (eps + bounds.e + bound) * moved_d;
-    const auto add = [&](Magnitudes::ScaleScoreTerms& terms, double on, const Projection& x) {
+    const auto add = [&](Magnitudes::ScaleScoreTerms& terms, double on, const Projection& x, double copies) {
       const double coefficient = std::fabs(slope * on * ds - w * x.a - s0 * x.b) +
                                  1e-9 * (std::fabs(slope * on * ds) + (w + std::fabs(s0)) * x.slack);
-      terms.first += coefficient * coefficient * eps2;
+      terms.first += copies * coefficient * coefficient * eps2;
       terms.second += std::fabs(slope * on) * second;
-      terms.growth += (slope * on * (first + second)) * (slope * on * (first + second));
+      terms.growth += copies * (slope * on * (first + second)) * (slope * on * (first + second));
     };
-    add(m.dq_scale_scores, block.on_dq[e], q);
-    add(m.dk_scale_scores, block.on_dk[e], k);
-    add(m.d_direction[block.first + r].scores, block.on_w[e], direction);
+    add(m.dq_scale_scores, block.on_dq[e], q, block.copies[e]);
+    add(m.dk_scale_scores, block.on_dk[e], k, block.copies[e]);
+    add(m.d_direction[block.first + r].scores, block.on_w[e], direction, block.key_copies[e]);
     const double on_v = block.on_dv[e];
     const double coefficient_v = w * std::fabs(on_v - c_v) + 1e-9 * w * (std::fabs(on_v) + slack_v);
-    m.dv_scale_scores.first += coefficient_v * coefficient_v * eps2;
+    m.dv_scale_scores.first += block.copies[e] * coefficient_v * coefficient_v * eps2;
     m.dv_scale_scores.second += std::fabs(on_v) * w * bound;
   }
 }
@@ -157,7 +157,7 @@ void add_projected_terms(const kernels::BackwardProblem& p, const PairBlock& blo
 // stay relative A_i, at the rest's units (`rows_rest`, judge_backward.cpp); the LSE's moves T by
 // delta_L A_on. So `rows_centred` is |A_on| + |B_on| (|D_i| + A''_i + 2 |g_i|), and `rows_rest` |B_on| A_i.
 double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std::size_t r,
-                  const std::vector<double>& on, Magnitudes::SplitPairs& split) {
+                  const std::vector<double>& on, double copies, Magnitudes::SplitPairs& split) {
   const double lse_gradient = p.d_lse.empty() ? 0.0 : p.d_lse[block.first + r];
   double a_on = 0, b_on = 0, absolute = 0, bound = 0;
   for (const std::size_t j : block.visible[r]) {
@@ -173,8 +173,8 @@ double row_shared(const kernels::BackwardProblem& p, const PairBlock& block, std
   const double centred =
       std::fabs(a_on) + slack +
       std::fabs(b_on) * (std::fabs(block.exact_d[r]) + block.a_centred[r] + 2 * std::fabs(lse_gradient));
-  split.rows_centred += centred * centred;
-  split.rows_rest += b_on * b_on * block.a[r] * block.a[r];
+  split.rows_centred += copies * centred * centred;
+  split.rows_rest += copies * b_on * b_on * block.a[r] * block.a[r];
   return std::min(exact, bound);
 }
 
@@ -197,18 +197,19 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
     for (const std::size_t j : block.visible[r]) {
       const std::size_t e = block.at(r, j);
       const double on = block.on_w[e], mag = block.mag[e];
-      sums.inside += block.pair[e] * on * on;
-      sums.pairs += mag * mag * on * on;
-      add_split_pairs(block, e, on, sums.split);
+      const double copies = block.key_copies[e];  // one row's test: its key copies
+      sums.inside += copies * block.pair[e] * on * on;
+      sums.pairs += copies * mag * mag * on * on;
+      add_split_pairs(block, e, on, copies, sums.split);
     }
-    const double row = row_shared(p, block, r, block.on_w, sums.split);
+    const double row = row_shared(p, block, r, block.on_w, 1.0, sums.split);
     for (std::size_t t = 0; t < d; ++t) {
       m.dq_direction(i, t) = block.signed_dq[r * d + t];
       length_sq += block.signed_dq[r * d + t] * block.signed_dq[r * d + t];
     }
     sums.rows = row * row;
     sums.from_d = block.b_sq[r] * length_sq * length_sq;
-    if (block.roundings == 3) sums.exact = exact_inside(block, r, block.on_w);
+    if (block.roundings == 3) sums.exact = exact_inside(block, r, block.on_w, block.key_copies);
   }
 }
 
@@ -224,7 +225,8 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
 // 3 u^2 mag: 6 u^2 (1 + u) mag_ij |on_ij| in all, charged in full from `cross`. Where autograd
 // rounds dS again after multiplying it by the scale (PairBlock::ds_roundings 2), that rounding's
 // coefficient is c's, and its products with the first order add 3 u^2 mag more: cross times 1.5.
-ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on) {
+ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on,
+                         const std::vector<double>& copies) {
   double b = 0, b_abs = 0;
   for (const std::size_t j : block.visible[r]) {
     const std::size_t e = block.at(r, j);
@@ -241,7 +243,7 @@ ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vecto
     const double from_p = std::fabs(on[e] * ds - w * dp * b) + slack;
     const double from_dp = std::fabs(w * dp * (slope * on[e] - b)) + slack;
     const double from_ds = std::fabs(on[e] * ds) + slack;
-    x.squares += from_p * from_p + from_dp * from_dp + block.ds_roundings * from_ds * from_ds;
+    x.squares += copies[e] * (from_p * from_p + from_dp * from_dp + block.ds_roundings * from_ds * from_ds);
     x.cross += (block.ds_roundings == 1 ? 1.0 : 1.5) * block.mag[e] * std::fabs(on[e]);
   }
   return x;
@@ -341,19 +343,20 @@ void add_score_terms(const kernels::BackwardProblem& p, const Images& images, do
       block, m);
 }
 
+namespace {}  // namespace
+
 void add_slack_terms(const kernels::BackwardProblem& p, const Images& images, const EmulatedScoreSlack& slack,
                      PairBlock& block, Magnitudes& m) {
   const std::vector<double>& head = slack.per_head[block.head];
   const std::size_t positions = p.positions(), keys = p.keys.rows;
+  std::vector<std::vector<double>> zeta(block.rows);
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t position = (block.first + r) % positions;
+    for (const std::size_t j : block.visible[r]) zeta[r].push_back(head[position * keys + j]);
+  }
   add_perturbation_terms(
-      p, images, 1.0,
-      [&](std::size_t r) {
-        const std::size_t position = (block.first + r) % positions;
-        std::vector<double> zeta;
-        for (const std::size_t j : block.visible[r]) zeta.push_back(head[position * keys + j]);
-        return zeta;
-      },
-      block, m);
+      p, images, 1.0, [&](std::size_t r) { return zeta[r]; }, block, m);
+  add_slack_worst_case(p, images, zeta, block, m);
 }
 
 // The math path's roundings of P (a), dP (b) and dS (c, ds_roundings times) per element with their

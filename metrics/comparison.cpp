@@ -241,13 +241,13 @@ double bound_ratio(double expected, double actual, double allowed) {
 double inside_charge(const ComparisonInput& input, const Tolerance& tolerance, const FloatFormat& output,
                      std::size_t r, std::size_t j) {
   const InsideSpreads& inside = *input.inside;
-  Tolerance rest = tolerance;
+  const bool centred = inside.centre.cols > 0;
+  Tolerance rest = centred && inside.centre_tolerance != nullptr ? *inside.centre_tolerance : tolerance;
   const bool p_charged = tolerance.probabilities_in_output > 0 && inside.p.cols > 0;
   const bool s_charged = tolerance.scores_in_output > 0 && inside.s.cols > 0;
   if (p_charged) rest.probabilities_in_output = 0;
   if (s_charged) rest.scores_in_output = 0;
   if (inside.weights_emulated) rest = around_emulated_weights(rest);
-  const bool centred = inside.centre.cols > 0;
   const double magnitude = centred ? inside.centre_magnitude(r, j) : (*input.magnitudes)(r, j);
   double rounded = input.output_rounding_of_expected ? std::fabs((*input.expected)(r, j)) : -1;
   // Judged around the emulated centre o~, the kernel's own output rounding is u_out |y| with

@@ -101,6 +101,10 @@ struct InsideSpreads {
   bool weights_emulated = false;
   // Optional: how far the centre may be from the kernel's own, absolute (the statistical tier's).
   Matrix centre_slack{};
+  // Optional: the entry the tier around the centre charges its fp32 arithmetic by (the attention
+  // backward's leaves out the scores' dot products, which the emulation's slack covers); nullptr:
+  // the comparison's own.
+  const Tolerance* centre_tolerance = nullptr;
 };
 
 // The inputs of a comparison, row by row. `magnitudes` and `z_magnitudes` give, per element,

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "bounds/bounds.hpp"
 #include "core/errors.hpp"
@@ -205,6 +207,22 @@ Evaluation evaluate_attention(const kernels::AttentionKernel& kernel, const Matr
 
 namespace {
 
+// Each row's copies (RowRounding::copies): the rows with bit-equal q in a head whose scores do not
+// depend on the position (no causal mask, window, mask, bias or ALiBi), itself included.
+void set_copies(const Matrix& queries, const tensor::HeadScores& head, std::span<RowRounding> roundings) {
+  if (head.causal || head.window_left || head.window_right || !head.keep.empty() || !head.bias.empty() ||
+      head.alibi_slope != 0)
+    return;
+  std::unordered_map<std::string, std::vector<std::size_t>> rows;
+  for (std::size_t i = 0; i < queries.rows; ++i) {
+    const std::span<const double> row = queries.row(i);
+    rows[std::string(reinterpret_cast<const char*>(row.data()), row.size_bytes())].push_back(i);
+  }
+  for (const auto& [bytes, same] : rows)
+    for (const std::size_t i : same)
+      if (i < roundings.size()) roundings[i].copies = static_cast<double>(same.size());
+}
+
 // The statistical tier around emulated scores of one chain: each row's o~ and spreads, then the
 // comparison and row-scale test of `base` again around o~. nullopt if a row cannot be emulated.
 std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const JudgeSpec& spec,
@@ -238,6 +256,7 @@ std::optional<Comparison> judge_emulated(const ScoreEmulator& emulator, const Ju
   input.allowed = nullptr;
   input.inside = &spreads;
   Comparison comparison = compare(input, *spec.tolerance, *spec.output);
+  set_copies(queries, head, roundings);
   judge_head_scales(*base.actual, roundings, spreads.centre_magnitude, *spec.tolerance, base.scales,
                     *spec.output, /*emulated_only=*/true, comparison);
   return comparison;
@@ -326,7 +345,7 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
   const double u_s = inside_units(*spec.tolerance, *spec.output).s;
   HeadGeometry geometry = attention_head_geometry(queries, keys, values, head, u_s);
   magnitudes = std::move(geometry.magnitudes);
-  const std::vector<RowRounding>& roundings = geometry.roundings;
+  std::vector<RowRounding>& roundings = geometry.roundings;
   for (std::size_t i = 0; i < queries.rows; ++i) {
     for (std::size_t c = 0; c < values.cols; ++c) z_magnitudes(i, c) = geometry.scales[i].largest_magnitude;
     store_spreads(roundings[i], i, spreads);
@@ -358,6 +377,7 @@ Evaluation judge_attention(const JudgeSpec& spec, const Matrix& queries, const M
     evaluation.comparison = std::move(*around_weights);
     return evaluation;
   }
+  set_copies(queries, head, roundings);
   judge_head_scales(evaluation.actual, roundings, magnitudes, *spec.tolerance, input.scales, *spec.output,
                     /*emulated_only=*/false, evaluation.comparison);
   return evaluation;

@@ -149,7 +149,10 @@ RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t>
   double widest = sink.ambiguity, weight = 0;
   for (const double a : ambiguity) widest = std::max(widest, a);
   for (const double o : r.exact) weight += std::fabs(o);
-  std::vector<double> first(columns, 0.0), second(columns, 0.0);
+  // first: the groups' Hoeffding sums; worst: the same first order with every sign against the
+  // kernel, sum_e p_e a_e |v_ec - o_c|, smaller where few keys are ambiguous (the element tier adds
+  // the charge, so either bounds it; the row-scale test adds it in quadrature, and keeps the root).
+  std::vector<double> first(columns, 0.0), second(columns, 0.0), worst(columns, 0.0);
   double scale_first = 0, scale_second = 0;
   const auto add_group = [&](const AmbiguityGroup& g) {
     for (std::size_t c = 0; c < columns; ++c) first[c] += g.columns[c] * g.columns[c];
@@ -169,6 +172,7 @@ RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t>
     double projection = 0, absolute = 0;
     for (std::size_t c = 0; c < columns; ++c) {
       group.columns[c] += p * a * (v[c] - r.exact[c]);
+      worst[c] += p * a * std::fabs(v[c] - r.exact[c]);
       second[c] += rho * (std::fabs(v[c]) + std::fabs(r.exact[c]));
       projection += r.exact[c] < 0 ? -v[c] : (r.exact[c] > 0 ? v[c] : 0.0);
       absolute += std::fabs(v[c]);
@@ -184,6 +188,7 @@ RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t>
     const double a = sink.ambiguity, rho = sink.weight * (std::expm1(a) - a);
     for (std::size_t c = 0; c < columns; ++c) {
       group.columns[c] = -sink.weight * a * r.exact[c];
+      worst[c] += sink.weight * a * std::fabs(r.exact[c]);
       second[c] += rho * std::fabs(r.exact[c]);
     }
     group.scale = -sink.weight * a * weight;
@@ -196,7 +201,7 @@ RowRounding emulated_rounding(const Matrix& values, std::span<const std::size_t>
   for (std::size_t c = 0; c < columns; ++c) {
     const double own = arithmetic * (magnitudes[c] + std::fabs(r.exact[c]));
     arithmetic_total += own;
-    r.s_spread[c] = std::sqrt(first[c]) * over_w;
+    r.s_spread[c] = std::min(std::sqrt(first[c]), worst[c] * (1 + 1e-12) / statistical_lambda) * over_w;
     r.s_second[c] = second[c] * over_w + own;
   }
   r.scale_s_spread = std::sqrt(scale_first) * over_w;
@@ -315,25 +320,26 @@ void judge_head_scales(const Matrix& actual, std::span<const RowRounding> roundi
   HeadScale head;
   for (std::size_t i = 0; i < roundings.size(); ++i) {
     if (emulated_only && !roundings[i].emulated) continue;
-    head.add(judge_row_scale(actual, i, roundings[i], magnitudes.row(i), tolerance, scales[i], output,
-                             comparison));
+    head.add(
+        judge_row_scale(actual, i, roundings[i], magnitudes.row(i), tolerance, scales[i], output, comparison),
+        roundings[i].copies);
   }
   head.judge(comparison);
 }
 
-void HeadScale::add(const RowScaleStat& row) {
+void HeadScale::add(const RowScaleStat& row, double copies) {
   if (row.weight == 0) return;
   ++rows_;
   deviation_ += row.deviation;
   weight_ += row.weight;
-  noise_sq_ += row.noise_sq;
+  noise_sq_ += copies * row.noise_sq;
   in_full_ += row.in_full;
   if (!(row.noise_sq > 0)) return;  // a row with no noise is judged by its own test alone
-  ++noisy_rows_;
+  noisy_rows_ += 1 / copies;
   const double beyond = std::max(std::fabs(row.deviation) - row.in_full, 0.0);
-  spread_ += beyond * beyond / row.noise_sq;
-  relative_sq_ += beyond * beyond / (row.weight * row.weight);
-  allowed_sq_ += row.noise_sq / (row.weight * row.weight);
+  spread_ += beyond * beyond / row.noise_sq / copies;
+  relative_sq_ += beyond * beyond / (row.weight * row.weight) / copies;
+  allowed_sq_ += row.noise_sq / (row.weight * row.weight) / copies;
 }
 
 // The spread test's threshold a for m rows: m/2 (a - 1 - ln a) = lambda^2 / 2, a > 1 (bisection;
@@ -363,10 +369,11 @@ void HeadScale::judge(Comparison& comparison) const {
   const double allowed = (statistical_lambda * std::sqrt(noise_sq_) + in_full_) * (1 + 0x1p-20) / weight_;
   record_scale(comparison, "the " + std::to_string(rows_) + " rows together", std::fabs(deviation_) / weight_,
                allowed);
-  if (noisy_rows_ < 2) return;
-  const double m = static_cast<double>(noisy_rows_);
-  const double threshold = spread_threshold(noisy_rows_) * (1 + 0x1p-20);
-  record_scale_spread(comparison, noisy_rows_, std::sqrt(relative_sq_ / m),
+  const auto distinct = static_cast<std::size_t>(std::llround(noisy_rows_));
+  if (distinct < 2) return;
+  const auto m = static_cast<double>(distinct);
+  const double threshold = spread_threshold(distinct) * (1 + 0x1p-20);
+  record_scale_spread(comparison, distinct, std::sqrt(relative_sq_ / m),
                       std::sqrt(threshold * allowed_sq_ / m), spread_ / (m * threshold));
 }
 

@@ -41,6 +41,9 @@ struct RowRounding {
   // rounded P, by ln(1 + sum_j d_j p_j) (spread sqrt(sum_j p_j^2)).
   double scale_p_spread = 0, scale_s_spread = 0, scale_s_second = 0;
   double lse_p_spread = 0, lse_s_spread = 0, lse_s_second = 0;
+  // How many of the head's rows are this row's copies, itself included (the same query where the
+  // scores do not depend on the position): they round alike (HeadScale).
+  double copies = 1;
   // The scores' fp32 errors e_j (|e_j| <= dot_product u L_j, L_j = VisibleWeights::dot) projected
   // as the scores' roundings are: spread sqrt(sum_j p_j^2 L_j^2 (sum_c s_c (v_jc - o_c))^2); negative
   // where the logit roundings are not known (they are then charged in full).
@@ -114,15 +117,20 @@ void judge_head_scales(const Matrix& actual, std::span<const RowRounding> roundi
 // Two tests (derivations in inside_rounding.cpp): the pooled scale, sum_r deviation_r / sum_r
 // weight_r, against the rows' noise together; and the spread, sum_r (max(|deviation_r| -
 // in_full_r, 0))^2 / noise_sq_r, against what m independent sub-Gaussian rows can reach.
+// A row with copies (the same query in a head whose scores do not depend on the position) rounds
+// as they do: its noise is theirs, not independent of it. add() takes how many copies the row has:
+// the pooled noise sums (copies sigma)^2 over the distinct rows (copies sigma^2 over every row),
+// and the spread test counts each distinct row once (1 / copies per row).
 class HeadScale {
  public:
-  void add(const RowScaleStat& row);
+  void add(const RowScaleStat& row, double copies = 1);
   void judge(Comparison& comparison) const;
 
  private:
   double deviation_ = 0, weight_ = 0, noise_sq_ = 0, in_full_ = 0;
   double spread_ = 0, relative_sq_ = 0, allowed_sq_ = 0;  // the spread test's sums
-  std::size_t rows_ = 0, noisy_rows_ = 0;
+  double noisy_rows_ = 0;                                 // distinct rows with noise
+  std::size_t rows_ = 0;
 };
 
 // Row `row`'s spreads into the matrices compare() reads.
@@ -143,7 +151,10 @@ void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& 
 // (the roundings of the scale, theta and the cap: (2 max|z| + 4) u) and a recipe's score roundings
 // are charged in full. (Charged in full, the fp32 worst case hid a 1% dQ scale at 200 keys.)
 struct ScaleNoise {
-  double inside = 0;    // sum of squares of the intermediate roundings' projections (over u_i^2)
+  double inside = 0;  // sum of squares of the intermediate roundings' projections (over u_i^2)
+  // Their worst case, sum of |projection| (over u_i), charged in full in place of lambda times the
+  // root where that is smaller (project_errors); negative: not formed.
+  double inside_linear = -1;
   double from_d = 0;    // the same for D's errors (over u_o^2)
   double absolute = 0;  // the subnormal roundings' worst case over all elements (charged in full)
   double pairs = 0;     // the fp32 errors' sums of squares, per pair and per query row

@@ -93,6 +93,17 @@ Fp32Charge fp32_charge(const ProjectedInput& in, const Tolerance& entry, const F
   return charge;
 }
 
+// The intermediate roundings' part in full, by their worst case `linear` (sqrt(a + b) <= sqrt(a) +
+// sqrt(b) keeps the rest's root, `rest_noise`, a bound), where that allowance is the smaller: few
+// independent roundings (repeated tokens: one rounding of P per pair of tokens, shared by every copy).
+ProjectedStat inside_in_full(const ProjectedStat& stat, double rest_noise, double linear) {
+  ProjectedStat in_full = stat;
+  in_full.noise = rest_noise * (1 + 0x1p-20);
+  in_full.in_full = stat.in_full + linear * (1 + 0x1p-20);
+  const auto allowance = [](const ProjectedStat& s) { return statistical_lambda * s.noise + s.in_full; };
+  return allowance(in_full) < allowance(stat) ? in_full : stat;
+}
+
 }  // namespace
 
 ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, double u_o,
@@ -164,7 +175,9 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
   stat.noise = (std::sqrt(variance) + fp32_spread + score_spread + inside_spread) * (1 + 0x1p-20);
   stat.in_full =
       (fp32.in_full + noise.absolute + cross + noise.relative_in_full * stat.weight) * (1 + 0x1p-20);
-  return stat;
+  if (exact || noise.inside_linear < 0) return stat;
+  return inside_in_full(stat, std::sqrt(roundings + u_o * u_o * noise.from_d) + fp32_spread + score_spread,
+                        u_i * noise.growth * noise.inside_linear);
 }
 
 }  // namespace sharpcheck::metrics

@@ -48,7 +48,11 @@ namespace {
 // dK = dS^T Q moves them by at most u_P sum_j |dS_ij| |k_jc| (resp. over queries with |q_ic|),
 // within their magnitudes (|dS_ij| <= P_ij (sum_c |dO_ic v_jc| + A_i)): one rounding charged
 // against every gradient's magnitude. The math path also rounds dP = dO V^T and the scores:
-// three intermediate roundings, and the scores' two as in the forward.
+// three intermediate roundings, and the scores' two as in the forward. Its D is autograd's,
+// sum_j P^_ij dP^_ij from the rounded P and dP (DSource::probabilities): their roundings' share of
+// D is in their coefficients, and O's rounding, which FlashAttention's D = rowsum(dO * O) carries
+// (output_units), is not charged. Charged, it let a D 10% off pass on a one-key head, where the
+// exact dS is 0 and O's rounding was allowed u_bf16 sum_c |dO_c v_c|, a few times |D|.
 constexpr AttentionRecipe recipes[] = {
     {.name = "attention_fp32", .summary = "S and P in fp32, fp32 sums; only the output rounded"},
     {.name = "flash_bf16",
@@ -111,6 +115,7 @@ constexpr AttentionRecipe recipes[] = {
      .intermediates = &bf16,
      .score_roundings = 2,
      .gradient_roundings = 3,
+     .d_source = DSource::probabilities,
      .for_format = &bf16},
     {.name = "backward_math_fp16",
      .summary = "PyTorch's math path on fp16, autograd: scores, P, dP and dS rounded to fp16",
@@ -118,6 +123,7 @@ constexpr AttentionRecipe recipes[] = {
      .intermediates = &fp16,
      .score_roundings = 2,
      .gradient_roundings = 3,
+     .d_source = DSource::probabilities,
      .for_format = &fp16},
 };
 
@@ -153,6 +159,7 @@ kernels::BackwardTolerance derive_backward(const AttentionRecipe& recipe) {
   entry.score_roundings = recipe.score_roundings;
   entry.intermediate_format = recipe.intermediates;
   entry.scores_emulated = recipe.score_roundings > 0 && recipe.intermediates != nullptr;
+  entry.d_from_probabilities = recipe.d_source == DSource::probabilities;
   entry.basis =
       "analysis: attention_backward_flash's entry plus the recipe's roundings (metrics/recipes.cpp)";
   entry.reason = recipe.summary;

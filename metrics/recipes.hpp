@@ -25,6 +25,9 @@ namespace sharpcheck::metrics {
 // two differ by a common factor far inside the allowance); the log-sum-exp is not: a row sum of
 // rounded P moves it by up to u_P, which a recipe that sums unrounded P does not allow.
 enum class RowSum { unrounded, rounded };
+// Where a backward kernel takes D_i from: rowsum(dO * O) with O as the forward saved it
+// (FlashAttention), or sum_j P_ij dP_ij from the saved P (autograd's softmax backward).
+enum class DSource { output, probabilities };
 
 struct AttentionRecipe {
   std::string_view name;
@@ -35,8 +38,9 @@ struct AttentionRecipe {
   const FloatFormat* intermediates = nullptr;
   bool in_output_format = false;  // the names that predate recipes: "the output's format"
   RowSum row_sum = RowSum::unrounded;
-  int score_roundings = 0;        // roundings of each score to the intermediates' format (math path: 2)
-  double gradient_roundings = 0;  // backward: how many of P, dP, dS are rounded (each relative to M)
+  int score_roundings = 0;             // roundings of each score to the intermediates' format (math path: 2)
+  double gradient_roundings = 0;       // backward: how many of P, dP, dS are rounded (each relative to M)
+  DSource d_source = DSource::output;  // backward
   // The formats this recipe is for (a default judgement tries it only where the kernel's
   // inputs or output have this format); nullptr: any.
   const FloatFormat* for_format = nullptr;
