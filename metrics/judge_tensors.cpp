@@ -30,6 +30,16 @@ Comparison judge_lse(const JudgeSpec& spec, const Evaluation& evaluation, std::v
   Matrix expected(rows, 1), given(rows, 1), magnitudes(rows, 1), z_magnitudes(rows, 1), own(rows, 1);
   ComparisonInput input{&expected, &given, &magnitudes, &z_magnitudes, evaluation.row_scales,
                         false,     0,      nullptr,     &own};
+  // The logits' errors e_j move L = ln sum exp(z_j) by ln sum_j p_j exp(e_j), between -sum_j p_j
+  // |e_j| (Jensen) and sum_j p_j (exp(|e_j|) - 1) (ln(1 + y) <= y): their P-weighted bound, grown by
+  // exp(max |e_j|), in place of the largest where smaller. The largest let an
+  // LSE off by 1e-3 pass where one key of small weight had a logit of large |q| |k| (8 sigma).
+  for (RowScale& row : input.scales) {
+    const double growth = std::exp(std::max(spec.tolerance->dot_product, 1.0) * row.logit_rounding *
+                                   spec.tolerance->accumulation->unit_roundoff());
+    if (row.weighted_logit_rounding >= 0 && std::isfinite(growth))
+      row.logit_rounding = std::min(row.logit_rounding, row.weighted_logit_rounding * growth * (1 + 1e-9));
+  }
   Tolerance recipe = *spec.tolerance;
   if (recipe.probability_format == nullptr)
     recipe.probability_format = spec.output;  // the output's, not the LSE's

@@ -23,6 +23,9 @@ struct RowScale {
   // Attention only: d * max_j sum_t |q_t k_jt| * |scale / theta|, which bounds in units of u the
   // rounding error of a logit formed as an fp32 dot product of length d.
   double logit_rounding = 0;
+  // Attention only: sum_j p_j times that bound for z_j, what the log-sum-exp's error from the logits
+  // is at most (judge_lse); negative: not formed.
+  double weighted_logit_rounding = -1;
   // Attention only: max_j |s_j / theta| over the entries seen, s_j the scaled score (after any
   // soft-cap and bias): what a rounding of the scores to the output's format is relative to.
   double largest_score = 0;
