@@ -263,7 +263,7 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
                              (std::fabs(block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) +
                               0x1p-8 * (block.dp_mag[e] + block.a[r] + lse_gradient));
       block.seen[e] = 1;
-      block.weight_sq[e] = w * w;
+      block.weight_sq[e] = w * w * block.p_copies[e];  // dV's spread: P's rounding, alike in its copies
       block.weight_slope[e] = w * slope;
     }
   }
@@ -292,15 +292,17 @@ void block_scale_terms(const kernels::BackwardProblem& p, const Images& images, 
       const double pair = block.pair[e], mag = block.mag[e], w = block.weight[e], copies = block.copies[e];
       m.dq_scale_inside += copies * pair * on_dq * on_dq;
       m.dk_scale_inside += copies * pair * on_dk * on_dk;
-      m.dv_scale_inside += copies * w * w * on_dv * on_dv;
-      m.dq_scale_inside_linear += std::sqrt(pair) * std::fabs(on_dq);
-      m.dk_scale_inside_linear += std::sqrt(pair) * std::fabs(on_dk);
+      m.dv_scale_inside += block.p_copies[e] * w * w * on_dv * on_dv;
+      const double worst =
+          block.roundings >= 1 ? block.abs_ds[e] + (block.roundings - 1) * mag : 0.0;  // |dS| u, mag u
+      m.dq_scale_inside_linear += worst * std::fabs(on_dq);
+      m.dk_scale_inside_linear += worst * std::fabs(on_dk);
       m.dv_scale_inside_linear += w * std::fabs(on_dv);
       m.dq_scale_pairs += copies * mag * mag * on_dq * on_dq;
       m.dk_scale_pairs += copies * mag * mag * on_dk * on_dk;
       add_split_pairs(block, e, on_dq, copies, m.dq_scale_split);
       add_split_pairs(block, e, on_dk, copies, m.dk_scale_split);
-      m.dv_scale_pairs += copies * w * w * on_dv * on_dv;
+      m.dv_scale_pairs += block.p_copies[e] * w * w * on_dv * on_dv;
       row_dv += w * std::fabs(on_dv);
       d_on_dk += block.weight_slope[e] * on_dk;
     }
@@ -409,31 +411,14 @@ Magnitudes allocated(const kernels::BackwardProblem& p, double u_s) {
 
 // Inflates the sums by their double rounding (1e-9 covers it) and takes the spreads' square roots.
 void finish(Magnitudes& m) {
-  for (Matrix* matrix : {&m.dq,
-                         &m.dk,
-                         &m.dv,
-                         &m.dq_from_d,
-                         &m.dk_from_d,
-                         &m.d_rows,
-                         &m.d_rows_from_o,
-                         &m.d_sinks,
-                         &m.dq_floor,
-                         &m.dk_floor,
-                         &m.dv_floor,
-                         &m.d_sinks_from_d,
-                         &m.dq_accumulated,
-                         &m.dk_accumulated,
-                         &m.dq_slope,
-                         &m.dk_slope,
-                         &m.dq_scores_second,
-                         &m.dk_scores_second,
-                         &m.dv_scores_second,
-                         &m.dq_slack_worst,
-                         &m.dk_slack_worst,
-                         &m.dv_slack_worst,
-                         &m.dq_slack_second,
-                         &m.dk_slack_second,
-                         &m.dv_slack_second}) {
+  for (Matrix* matrix :
+       {&m.dq, &m.dk, &m.dv, &m.dq_from_d, &m.dk_from_d, &m.d_rows, &m.d_rows_from_o, &m.d_sinks, &m.dq_floor,
+        &m.dk_floor, &m.dv_floor, &m.d_sinks_from_d, &m.dq_accumulated, &m.dk_accumulated, &m.dq_slope,
+        &m.dk_slope, &m.dq_scores_second, &m.dk_scores_second, &m.dv_scores_second}) {
+    for (double& x : matrix->values) x *= 1 + 1e-9;
+  }
+  for (Matrix* matrix : {&m.dq_slack_worst, &m.dk_slack_worst, &m.dv_slack_worst, &m.dq_slack_second,
+                         &m.dk_slack_second, &m.dv_slack_second}) {
     for (double& x : matrix->values) x *= 1 + 1e-9;
   }
   for (double& x : m.slack_mean) x *= 1 + 1e-9;

@@ -65,8 +65,9 @@ struct PairBlock {
   // fp32 errors are one error, not independent ones. A Hoeffding sum of squares then weighs each
   // pair's square by its copies (sum over a group of (m c)^2 = m sum of c^2): key_copies for a
   // test of one row (the D-direction test), copies = key copies times row copies for a test of the
-  // whole gradient, and row_copies a row's shared errors.
-  std::vector<double> copies, key_copies, row_copies;
+  // whole gradient, and row_copies a row's shared errors; p_copies for what depends on P alone
+  // (rows of bit-equal q round P alike whatever their dO: dV's P terms).
+  std::vector<double> copies, key_copies, row_copies, p_copies;
   std::vector<double> raw, absolute, weight, dp_mag, dp_signed, out;
   // signed_ds: the exact dS_ij dz/dr (the LSE's gradient included); abs_ds: its size plus 1e-9 mag.
   std::vector<double> mag, from_d, pair, slope, seen, weight_sq, weight_slope, floor_weight, signed_ds,
@@ -93,44 +94,54 @@ inline void pair_product(const Matrix& left, const Matrix& right, const PairBloc
                            rows_of(right, block.key_first, block.width, true), out.data(), block.width);
 }
 
-// Which rows and keys repeat (PairBlock::copies): a head's rows with bit-equal q, dO and dLSE
-// where its scores do not depend on the position (no causal mask, window, mask, bias or ALiBi),
-// and keys with bit-equal k and v where no head of the group adds a per-key bias or ALiBi.
+// Which rows and keys repeat (PairBlock::copies): the group's rows with bit-equal q, dO and dLSE
+// (and for P alone, bit-equal q) in heads whose scores do not depend on the position (no causal
+// mask, window, mask, bias or ALiBi) and agree on scale, temperature, cap and sink, across the
+// group's heads too (autograd sums their per-head dK and dV); keys with bit-equal k and v where no
+// head adds a per-key bias or ALiBi. Padding rows are nobody's copies.
 struct Copies {
   std::vector<double> rows;            // per problem row: how many rows are its copies, itself included
+  std::vector<double> rows_of_p;       // the same for P alone (bit-equal q)
   std::vector<std::size_t> key_class;  // per key: the first key equal to it
 };
 
-inline std::string bytes_of(std::span<const double> a, std::span<const double> b, double c) {
-  std::string key((a.size() + b.size() + 1) * sizeof(double), '\0');
-  std::memcpy(key.data(), a.data(), a.size() * sizeof(double));
-  std::memcpy(key.data() + a.size() * sizeof(double), b.data(), b.size() * sizeof(double));
-  std::memcpy(key.data() + (a.size() + b.size()) * sizeof(double), &c, sizeof(double));
+inline std::string bytes_of(std::span<const double> a, std::span<const double> b, std::span<const double> c) {
+  std::string key((a.size() + b.size() + c.size()) * sizeof(double), '\0');
+  std::memcpy(key.data(), a.data(), a.size_bytes());
+  std::memcpy(key.data() + a.size_bytes(), b.data(), b.size_bytes());
+  std::memcpy(key.data() + a.size_bytes() + b.size_bytes(), c.data(), c.size_bytes());
   return key;
 }
 
 inline Copies copies_of(const kernels::BackwardProblem& p) {
   const std::size_t positions = p.positions();
-  Copies copies{std::vector<double>(p.queries.rows, 1.0), std::vector<std::size_t>(p.keys.rows)};
+  Copies copies{std::vector<double>(p.queries.rows, 1.0), std::vector<double>(p.queries.rows, 1.0),
+                std::vector<std::size_t>(p.keys.rows)};
   bool keyed = false;  // a per-key bias: equal keys score differently
+  std::unordered_map<std::string, std::vector<std::size_t>> rows, rows_of_p;
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
     keyed = keyed || !head.bias.empty() || head.alibi_slope != 0;
     if (head.causal || head.window_left || head.window_right || !head.keep.empty() || !head.bias.empty() ||
         head.alibi_slope != 0)
       continue;
-    std::unordered_map<std::string, std::vector<std::size_t>> rows;
-    for (std::size_t position = 0; position < positions; ++position) {
+    const double traits[] = {head.scale.value_or(-1.0), head.theta, head.softcap, head.sink.value_or(NAN),
+                             head.sink ? 1.0 : 0.0};
+    const std::size_t computed = head.queries != 0 ? std::min(head.queries, positions) : positions;
+    for (std::size_t position = 0; position < computed; ++position) {
       const std::size_t i = h * positions + position;
-      rows[bytes_of(p.queries.row(i), p.d_out.row(i), p.d_lse.empty() ? 0.0 : p.d_lse[i])].push_back(i);
+      const double d_lse[] = {p.d_lse.empty() ? 0.0 : p.d_lse[i]};
+      rows_of_p[bytes_of(p.queries.row(i), {}, traits)].push_back(i);
+      rows[bytes_of(p.queries.row(i), p.d_out.row(i), traits) + bytes_of(d_lse, {}, {})].push_back(i);
     }
-    for (const auto& [bytes, same] : rows)
-      for (const std::size_t i : same) copies.rows[i] = static_cast<double>(same.size());
   }
+  for (auto [groups, out] : {std::pair{&rows, &copies.rows}, std::pair{&rows_of_p, &copies.rows_of_p}})
+    for (const auto& [bytes, same] : *groups)
+      for (const std::size_t i : same) (*out)[i] = static_cast<double>(same.size());
   std::unordered_map<std::string, std::size_t> first;
   for (std::size_t j = 0; j < p.keys.rows; ++j)
     copies.key_class[j] =
-        keyed ? j : first.emplace(bytes_of(p.keys.row(j), p.values.row(j), 0.0), j).first->second;
+        keyed ? j : first.emplace(bytes_of(p.keys.row(j), p.values.row(j), {}), j).first->second;
   return copies;
 }
 
@@ -140,6 +151,7 @@ inline void block_copies(const Copies& all, PairBlock& block) {
   const std::size_t size = block.rows * block.width;
   block.copies.assign(size, 1.0);
   block.key_copies.assign(size, 1.0);
+  block.p_copies.assign(size, 1.0);
   block.row_copies.assign(block.rows, 1.0);
   std::vector<double> seen(all.key_class.size(), 0.0);
   for (std::size_t r = 0; r < block.rows; ++r) {
@@ -149,6 +161,7 @@ inline void block_copies(const Copies& all, PairBlock& block) {
       const std::size_t e = block.at(r, j);
       block.key_copies[e] = seen[all.key_class[j]];
       block.copies[e] = block.key_copies[e] * block.row_copies[r];
+      block.p_copies[e] = block.key_copies[e] * all.rows_of_p[block.first + r];
     }
     for (const std::size_t j : block.visible[r]) seen[all.key_class[j]] = 0;
   }

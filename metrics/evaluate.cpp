@@ -214,7 +214,8 @@ void set_copies(const Matrix& queries, const tensor::HeadScores& head, std::span
       head.alibi_slope != 0)
     return;
   std::unordered_map<std::string, std::vector<std::size_t>> rows;
-  for (std::size_t i = 0; i < queries.rows; ++i) {
+  const std::size_t computed = head.queries != 0 ? std::min(head.queries, queries.rows) : queries.rows;
+  for (std::size_t i = 0; i < computed; ++i) {  // padding rows are nobody's copies
     const std::span<const double> row = queries.row(i);
     rows[std::string(reinterpret_cast<const char*>(row.data()), row.size_bytes())].push_back(i);
   }
