@@ -447,6 +447,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
   }
   const Images images = images_of(p, e);
   const Copies copies = copies_of(copies_from != nullptr ? *copies_from : p);
+  m.row_copies = copies.rows;
   const std::size_t positions = p.positions();
   // Blocks of about 2^18 pairs: the products' shapes, and memory near the inputs' size.
   const std::size_t block_rows =

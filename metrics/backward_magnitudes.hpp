@@ -86,6 +86,7 @@ struct Magnitudes {
   // below Hoeffding's lambda root of the same perturbations and the row's largest slack's second order.
   Matrix dq_slack_worst, dk_slack_worst, dv_slack_worst, dq_slack_second, dk_slack_second, dv_slack_second;
   std::vector<double> slack_mean;  // per query row: sum_l P_il slack_il
+  std::vector<double> row_copies;  // per query row: how many rows are its copies (PairBlock::copies)
   // The same roundings projected on each gradient's signs, for the gradient-scale test
   // (backward_score_terms.cpp derives each part); not known (`scale_scores_known` false) with a
   // soft-cap, whose dz/dr moves with the scores: the test then charges the scores' worst case in full.

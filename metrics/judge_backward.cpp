@@ -150,8 +150,7 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
   const Matrix& expected = x.centre.gradients.d_queries;
   const Matrix* radii = x.centre.radii != nullptr ? &x.centre.radii->d_queries : nullptr;
   DirectionFinding finding;
-  double spread = 0;
-  std::size_t noisy = 0;
+  double spread = 0, noisy = 0;  // a row with copies is one row of evidence (PairBlock::copies)
   for (std::size_t i = 0; i < expected.rows; ++i) {
     const std::span<const double> w = m.dq_direction.row(i);
     const Magnitudes::ProjectedSums& sums = m.d_direction[i];
@@ -185,12 +184,15 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
       finding.worst_row = i;
     }
     if (!(stat.noise > 0)) continue;
-    ++noisy;
+    const double copies = m.row_copies.empty() ? 1.0 : m.row_copies[i];
+    noisy += 1 / copies;
     const double beyond = std::max(std::fabs(stat.deviation) - stat.in_full, 0.0);
-    spread += beyond * beyond / (stat.noise * stat.noise);
+    spread += beyond * beyond / (stat.noise * stat.noise) / copies;
   }
-  if (noisy >= 2) {
-    finding.spread_ratio = spread / (static_cast<double>(noisy) * spread_threshold(noisy) * (1 + 0x1p-20));
+  const auto distinct = static_cast<std::size_t>(std::llround(noisy));
+  if (distinct >= 2) {
+    finding.spread_ratio =
+        spread / (static_cast<double>(distinct) * spread_threshold(distinct) * (1 + 0x1p-20));
     if (std::isnan(finding.spread_ratio)) finding.spread_ratio = INFINITY;
   }
   if (finding.rows > 0) record_d_direction(judgement.d_queries, finding);
