@@ -121,10 +121,8 @@ inline Copies copies_of(const kernels::BackwardProblem& p) {
   std::unordered_map<std::string, std::vector<std::size_t>> rows, rows_of_p;
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
-    keyed = keyed || !head.bias.empty() || head.alibi_slope != 0;
-    if (head.causal || head.window_left || head.window_right || !head.keep.empty() || !head.bias.empty() ||
-        head.alibi_slope != 0)
-      continue;
+    keyed = keyed || head.has_bias();
+    if (!head.rows_alike()) continue;
     const double traits[] = {head.scale.value_or(-1.0), head.theta, head.softcap, head.sink.value_or(NAN),
                              head.sink ? 1.0 : 0.0};
     const std::size_t computed = head.queries != 0 ? std::min(head.queries, positions) : positions;

@@ -210,9 +210,7 @@ namespace {
 // Each row's copies (RowRounding::copies): the rows with bit-equal q in a head whose scores do not
 // depend on the position (no causal mask, window, mask, bias or ALiBi), itself included.
 void set_copies(const Matrix& queries, const tensor::HeadScores& head, std::span<RowRounding> roundings) {
-  if (head.causal || head.window_left || head.window_right || !head.keep.empty() || !head.bias.empty() ||
-      head.alibi_slope != 0)
-    return;
+  if (!head.rows_alike()) return;
   std::unordered_map<std::string, std::vector<std::size_t>> rows;
   const std::size_t computed = head.queries != 0 ? std::min(head.queries, queries.rows) : queries.rows;
   for (std::size_t i = 0; i < computed; ++i) {  // padding rows are nobody's copies

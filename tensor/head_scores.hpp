@@ -71,6 +71,11 @@ struct HeadScores {
   // bias_ij rounded once to double.
   [[nodiscard]] double bias_of(std::size_t query, std::size_t key) const;
   [[nodiscard]] bool has_bias() const { return !bias.empty() || alibi_slope != 0.0; }
+  // Whether every row scores the keys alike (no causal mask, window, explicit mask, bias or ALiBi):
+  // rows with equal queries then have equal scores wherever they sit.
+  [[nodiscard]] bool rows_alike() const {
+    return !causal && !window_left && !window_right && keep.empty() && !has_bias();
+  }
   // The keys query i sees, in increasing order, into `keys_seen` (cleared first).
   void visible_keys(std::size_t query, std::vector<std::size_t>& keys_seen) const;
   // The modifiers in words, for reports ("causal bottom-right, window (128, 0), soft-cap 50").
