@@ -206,7 +206,9 @@ KernelGradients attention_backward_math_lowp(const BackwardProblem& problem, con
     acc.d_rows[i] = big_d;
     for (std::size_t a = 0; a < z.size(); ++a) {
       float ds = rn(rn(p[a] * (dp[a] - big_d + f.d_lse[i])) * f.inverse_theta_);
-      if (f.cap_ != 0) ds = rn(ds * rn(1.0F - tanh_of[a] * tanh_of[a]));
+      // Autograd's steps back through s = F(F(tanh(F(r / c))) * c): the product by c, tanh's
+      // backward (its slope 1 - t^2 formed in fp32, one rounding of the product), the quotient by c.
+      if (f.cap_ != 0) ds = rn(rn(rn(ds * f.cap_) * (1.0F - tanh_of[a] * tanh_of[a])) / f.cap_);
       add_key(f, i, visible[a], p[a], rn(ds * rn(f.scale_)), acc, nullptr);
     }
     if (f.logit.has_sink())

@@ -67,6 +67,11 @@ bool emulate_rows(const kernels::BackwardProblem& p, std::size_t h, const ScoreE
   std::vector<double>& slack = out.slack.per_head[h];
   bias.assign(positions * keys, -INFINITY);
   slack.assign(positions * keys, 0.0);
+  const bool capped = head.softcap != 0.0;
+  if (capped) {
+    out.slack.slopes[h].assign(positions * keys, 0.0);
+    out.slope_deviation[h].assign(positions * keys, 0.0);
+  }
   std::vector<std::size_t> visible;
   EmulatedRow row;
   for (std::size_t i = 0; i < positions; ++i) {
@@ -83,10 +88,15 @@ bool emulate_rows(const kernels::BackwardProblem& p, std::size_t h, const ScoreE
       slack[at] = row.ambiguity[a] + (0x1p-52 * (std::fabs(row.z[a]) + std::fabs(scaled)) +
                                       scale * static_cast<double>(d + 1) * 0x1p-53 * magnitude) *
                                          (1 + 1e-9);
+      if (capped) {
+        out.slack.slopes[h][at] = row.slope[a];
+        out.slope_deviation[h][at] = row.slope_deviation[a];
+      }
     }
   }
   tensor::HeadScores emulated = head;
   emulated.scale = scale;
+  emulated.softcap = 0;      // the emulated scores are capped; its slope is slack.slopes'
   emulated.bias = bias;      // the emulated scores hold the head's bias and ALiBi terms
   emulated.alibi_slope = 0;  // (ScoreEmulator::add_bias): not added again
   emulated.keep = {};        // its stride is the head's; the bias is -inf wherever the head sees no key
@@ -138,35 +148,122 @@ bool backward_emulable(const kernels::BackwardProblem& p) {
   if (!p.d_lse.empty() || !p.group_sinks.empty() || p.group == 0) return false;
   if (p.queries.rows * p.keys.rows > (std::size_t{1} << 25)) return false;
   const std::optional<double> scale = p.head(0).scale;
+  const double cap = p.head(0).softcap;
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = p.head(h);
     // One scale for the group: the emulated problem's operands and scale are the first head's.
-    if (!scores_emulable(head) || head.softcap != 0.0 || head.sink || head.scale != scale) return false;
+    if (!scores_emulable(head) || head.softcap != cap || head.sink || head.scale != scale) return false;
   }
   return true;
 }
 
-bool emulate_backward(const kernels::BackwardProblem& p, ScoreChain chain, FactorRounding rounding,
+bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& variant,
                       const FloatFormat& format, EmulatedBackward& out) {
   const std::size_t positions = p.positions(), d = p.queries.cols;
   out.queries = Matrix(p.queries.rows, d);
   out.query_deviation = Matrix(p.queries.rows, d);
   out.biases.assign(p.group, {});
   out.slack.per_head.assign(p.group, {});
+  const double cap = p.head(0).softcap;
+  if (cap != 0.0) {
+    out.slack.slopes.assign(p.group, {});
+    out.slope_deviation.assign(p.group, {});
+  }
   double scale = 1;
   for (std::size_t h = 0; h < p.group; ++h) {
     Matrix queries(positions, d);
     std::copy_n(p.queries.values.begin() + static_cast<std::ptrdiff_t>(h * positions * d), positions * d,
                 queries.values.begin());
     const tensor::HeadScores head = p.head(h);
-    const ScoreEmulator emulator(chain, queries, p.keys, head, format, rounding);
+    const ScoreEmulator emulator(variant.chain, queries, p.keys, head, format, variant.rounding, variant.cap);
     if (!emulator.distinct()) return false;
-    if (h == 0) scale = set_operands(chain, emulator, out);
+    if (h == 0) scale = set_operands(variant.chain, emulator, out);
     if (!emulate_rows(p, h, emulator, scale, out)) return false;
   }
-  out.relative_in_full = rounding == FactorRounding::format_product ? 0.0 : 0x1p-23;
-  out.description = std::string(describe(chain)) + ", " + std::string(describe(rounding));
+  if (cap != 0.0) {  // the cap's backward rounds dS again (EmulatedScoreSlack::ds_roundings)
+    const bool exact_c = power_of_two(round_to_format(cap, format)) && power_of_two(cap);
+    out.slack.ds_roundings += variant.cap != CapChain::each_step_in_format ? 1 : (exact_c ? 1 : 3);
+  }
+  out.relative_in_full = variant.rounding == FactorRounding::format_product ? 0.0 : 0x1p-23;
+  out.description = describe(variant);
   return true;
+}
+
+namespace {
+
+// One row of the emulated problem in double: its visible keys, P_ij, dP_ij (and sum_c |dO_ic
+// v_jc|), from the problem's logits (scale s' Q~ K~ + bias, the emulated scores).
+struct RowInDouble {
+  std::vector<std::size_t> visible;
+  std::vector<double> p, dp, dp_magnitude;
+};
+
+void row_in_double(const kernels::BackwardProblem& p, const EmulatedBackward& e,
+                   const tensor::HeadScores& head, std::size_t i, RowInDouble& row) {
+  head.visible_keys(i % p.positions(), row.visible);
+  const std::size_t n = row.visible.size();
+  row.p.assign(n, 0.0), row.dp.assign(n, 0.0), row.dp_magnitude.assign(n, 0.0);
+  double largest = -INFINITY, magnitude = 0;
+  for (std::size_t a = 0; a < n; ++a) {
+    const std::size_t j = row.visible[a];
+    row.p[a] =
+        *head.scale * dot(e.queries.row(i), e.keys.row(j), magnitude) + head.bias_of(i % p.positions(), j);
+    largest = std::max(largest, row.p[a]);
+    row.dp[a] = dot(p.d_out.row(i), p.values.row(j), row.dp_magnitude[a]);
+  }
+  double sum = 0;
+  for (const double z : row.p) sum += std::exp(z - largest);
+  const double lse = largest + std::log(sum);
+  for (double& x : row.p) x = std::exp(x - lse);
+}
+
+}  // namespace
+
+void apply_cap_slopes(const kernels::BackwardProblem& p, const EmulatedBackward& e,
+                      reference::AttentionGradients& centre, reference::AttentionGradients& radii) {
+  if (e.slack.slopes.empty()) return;
+  const tensor::AttentionBackwardProblem problem = e.problem(p);
+  const std::size_t positions = p.positions(), keys = p.keys.rows, d = p.queries.cols;
+  for (Matrix* m : {&centre.d_queries, &centre.d_keys, &radii.d_queries, &radii.d_keys})
+    std::fill(m->values.begin(), m->values.end(), 0.0);
+  RowInDouble row;
+  std::vector<double> ds, reach;
+  for (std::size_t h = 0; h < p.group; ++h) {
+    const tensor::HeadScores head = problem.head(h);
+    const double scale = *head.scale;
+    for (std::size_t position = 0; position < positions; ++position) {
+      const std::size_t i = h * positions + position;
+      row_in_double(p, e, head, i, row);
+      const double d_row = centre.d_rows[i], d_radius = radii.d_rows.empty() ? 0.0 : radii.d_rows[i];
+      double a_row = 0;  // A_i = sum_j P_ij |dP_ij|
+      for (std::size_t a = 0; a < row.visible.size(); ++a) a_row += row.p[a] * std::fabs(row.dp[a]);
+      ds.assign(row.visible.size(), 0.0), reach.assign(row.visible.size(), 0.0);
+      for (std::size_t a = 0; a < row.visible.size(); ++a) {  // dS_ij t'_ij s' and its reach, over |K~|
+        const std::size_t at = position * keys + row.visible[a];
+        const double slope = e.slack.slopes[h][at], deviation = e.slope_deviation[h][at];
+        const double exact_ds = row.p[a] * (row.dp[a] - d_row);
+        const double ds_error = row.p[a] * (d_radius + 1e-9 * (std::fabs(row.dp[a]) + std::fabs(d_row)) +
+                                            0x1p-40 * row.dp_magnitude[a]) +
+                                1e-9 * std::fabs(exact_ds);
+        ds[a] = exact_ds * slope * scale;
+        reach[a] = scale *
+                   ((ds_error + 5 * 0x1p-24 * std::fabs(exact_ds)) * slope +
+                    deviation * (std::fabs(exact_ds) + row.p[a] * (std::fabs(row.dp[a]) + a_row))) *
+                   (1 + 1e-9);
+      }
+      for (std::size_t a = 0; a < row.visible.size(); ++a) {
+        const std::size_t j = row.visible[a];
+        for (std::size_t t = 0; t < d; ++t) {
+          centre.d_queries(i, t) += ds[a] * e.keys(j, t);
+          radii.d_queries(i, t) += reach[a] * std::fabs(e.keys(j, t));
+          centre.d_keys(j, t) += ds[a] * e.queries(i, t);
+          radii.d_keys(j, t) += reach[a] * std::fabs(e.queries(i, t));
+        }
+      }
+    }
+  }
+  // The sums' own double rounding: n 2^-53 of the terms' absolute sum, far within 1e-9 of it for
+  // the sizes judged (the reach's 1e-9 |dS_ij| share).
 }
 
 void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackward& e,
@@ -174,9 +271,10 @@ void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackwa
   const bool keys_deviate = any_positive(e.key_deviation);
   if (!keys_deviate && !any_positive(e.query_deviation)) return;
   const tensor::AttentionBackwardProblem problem = e.problem(p);
-  const std::size_t positions = p.positions(), d = p.queries.cols;
-  std::vector<std::size_t> visible;
-  std::vector<double> z, ds;
+  const std::size_t positions = p.positions(), keys = p.keys.rows, d = p.queries.cols;
+  const bool capped = !e.slack.slopes.empty();
+  RowInDouble row;
+  std::vector<double> ds;
   for (std::size_t h = 0; h < p.group; ++h) {
     const tensor::HeadScores head = problem.head(h);
     const double scale = *head.scale;
@@ -185,26 +283,18 @@ void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackwa
       const bool row_deviates = std::any_of(e.query_deviation.row(i).begin(), e.query_deviation.row(i).end(),
                                             [](double x) { return x > 0; });
       if (!row_deviates && !keys_deviate) continue;
-      head.visible_keys(position, visible);
-      z.assign(visible.size(), 0.0);
-      double largest = -INFINITY, magnitude = 0;
-      for (std::size_t a = 0; a < visible.size(); ++a) {
-        z[a] = scale * dot(e.queries.row(i), e.keys.row(visible[a]), magnitude) +
-               head.bias_of(position, visible[a]);
-        largest = std::max(largest, z[a]);
-      }
-      double sum = 0;
-      for (const double x : z) sum += std::exp(x - largest);
-      const double lse = largest + std::log(sum);
+      row_in_double(p, e, head, i, row);
       const double d_row = centre.d_rows[i], d_radius = radii.d_rows.empty() ? 0.0 : radii.d_rows[i];
-      ds.assign(visible.size(), 0.0);
-      for (std::size_t a = 0; a < visible.size(); ++a) {  // |dS_ij| s', 1e-6 over its double arithmetic
-        const double dp = dot(p.d_out.row(i), p.values.row(visible[a]), magnitude);
-        ds[a] = std::exp(z[a] - lse) * (std::fabs(dp - d_row) + d_radius + 1e-12 * magnitude) * scale *
-                (1 + 1e-6);
+      ds.assign(row.visible.size(), 0.0);
+      for (std::size_t a = 0; a < row.visible.size();
+           ++a) {  // |dS_ij| dz/dr, 1e-6 over its double arithmetic
+        const std::size_t at = position * keys + row.visible[a];
+        const double slope = capped ? e.slack.slopes[h][at] + e.slope_deviation[h][at] : 1.0;
+        ds[a] = row.p[a] * (std::fabs(row.dp[a] - d_row) + d_radius + 1e-12 * row.dp_magnitude[a]) * scale *
+                slope * (1 + 1e-6);
       }
-      for (std::size_t a = 0; a < visible.size(); ++a) {
-        const std::size_t j = visible[a];
+      for (std::size_t a = 0; a < row.visible.size(); ++a) {
+        const std::size_t j = row.visible[a];
         for (std::size_t t = 0; t < d; ++t) {
           radii.d_keys(j, t) += ds[a] * e.query_deviation(i, t);
           radii.d_queries(i, t) += ds[a] * e.key_deviation(j, t);

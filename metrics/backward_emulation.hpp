@@ -16,11 +16,16 @@
 // by at most 2^-52 (|z~| + |s' Q~.K~|) + s' (d + 1) 2^-53 sum |Q~ K~|, which joins each score's
 // slack (the emulator's ambiguity, the fp32 summation order's reach).
 //
+// A soft-cap c tanh(x / c) (score_emulation.hpp's CapChain) makes the emulated scores capped ones,
+// and autograd multiplies dS by the cap's slope 1 - t^2 at the t the kernel holds (F's value when
+// each step rounds to F): the problem keeps the capped scores as its logits (no cap), and the centre's
+// dQ and dK are formed with the kernel's slopes (apply_cap_slopes), which the magnitudes read too.
+//
 // What the centre leaves to charge: the recipe's roundings of P, dP and dS (dS twice where autograd
-// multiplies it by an inexact f), the gradients' extra roundings where autograd rounds dQ or dK
-// before multiplying by an inexact factor (`extra_dq`, `extra_dk`: one relative u each), a kernel
-// whose operand elements may differ from Q~, K~ (their deviations: each moves dK_jc by
-// s' dS_ij delta_ic, dQ_ic by s' dS_ij delta_jc, added to the radii in full), and a factor held as
+// multiplies it by an inexact f; a cap's backward up to three times more), the gradients' extra roundings
+// where autograd rounds dQ or dK before multiplying by an inexact factor (`extra_dq`, `extra_dk`: one
+// relative u each), a kernel whose operand elements may differ from Q~, K~ (their deviations: each moves
+// dK_jc by s' dS_ij delta_ic, dQ_ic by s' dS_ij delta_jc, added to the radii in full), and a factor held as
 // a quotient or in fp32 (2^-23 relative, in full).
 #pragma once
 
@@ -42,7 +47,10 @@ struct EmulatedBackward {
   Matrix queries, keys;                     // Q~ (stacked as the problem's) and K~
   Matrix query_deviation, key_deviation;    // how far an honest kernel's operands may be from them
   std::vector<std::vector<double>> biases;  // per head, positions x keys
-  std::vector<tensor::HeadScores> heads;    // with those biases and the scale s'
+  std::vector<tensor::HeadScores> heads;    // with those biases and the scale s', and no soft-cap
+  // A soft-cap's slope is in slack.slopes (the magnitudes read it); how far an honest kernel's may
+  // be from it, per head (positions x keys; empty without a cap).
+  std::vector<std::vector<double>> slope_deviation;
   EmulatedScoreSlack slack;
   double extra_dq = 0, extra_dk = 0;  // extra relative roundings of each element
   double relative_in_full = 0;
@@ -52,15 +60,25 @@ struct EmulatedBackward {
   [[nodiscard]] tensor::AttentionBackwardProblem problem(const kernels::BackwardProblem& p) const;
 };
 
-// Whether every head scores as the math path does (no sink, soft-cap, temperature or LSE gradient;
-// score_emulation.hpp's scores_emulable: a bias and ALiBi are emulated), with one scale, and the problem is
-// small enough to hold its scores twice.
+// Whether every head scores as the math path does (no sink, temperature or LSE gradient;
+// score_emulation.hpp's scores_emulable: a bias, ALiBi and a soft-cap are emulated), with one scale
+// and one cap, and the problem is small enough to hold its scores twice.
 [[nodiscard]] bool backward_emulable(const kernels::BackwardProblem& p);
 
-// The emulation of one chain and way of holding the factor into `out` (default-constructed); false
-// when the variant is not distinct from the fp32 one or a score cannot be emulated.
-bool emulate_backward(const kernels::BackwardProblem& p, ScoreChain chain, FactorRounding rounding,
+// The emulation of one variant (chain, cap and way of holding the factor) into `out`
+// (default-constructed); false when the variant is not distinct from the fp32 one or a score cannot
+// be emulated.
+bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& variant,
                       const FloatFormat& format, EmulatedBackward& out);
+
+// A soft-capped emulation (no-op without a cap): the double stage's dQ and dK (of the problem's
+// logits, slope s') replaced by s' sum_j dS_ij t'_ij K~_j and s' sum_i dS_ij t'_ij Q~_i, t' the
+// kernel's cap slope, formed in double from the stage's D (its radius carried), and the radii of
+// what the centre cannot know: the slope an ambiguous score's kernel may take (its deviation,
+// times |dS_ij| + P_ij (|dP_ij| + A_i), in full) and the cap's fp32 steps (five relative 2^-24s of
+// each |dS_ij| t'_ij: the products by c and the slope, the quotient, the slope's own rounding).
+void apply_cap_slopes(const kernels::BackwardProblem& p, const EmulatedBackward& e,
+                      reference::AttentionGradients& centre, reference::AttentionGradients& radii);
 
 // dQ's worst-case first order of the emulation's slack (Magnitudes::dq_slack_worst) with its part
 // through the row's mean slack, |dQ_ic| slack_mean_i, |dQ_ic| at most the centre's value plus radius.

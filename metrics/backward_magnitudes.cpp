@@ -222,6 +222,17 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
   }
 }
 
+// A soft-capped emulation's slopes (EmulatedScoreSlack::slopes, head's positions x keys): dz/dr is
+// s' times the kernel's slope 1 - t^2, not s'.
+void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& slopes, PairBlock& block) {
+  const std::size_t keys = p.keys.rows;
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t position = (block.first + r) % p.positions();
+    for (std::size_t a = 0; a < block.visible[r].size(); ++a)
+      block.geometry[r].slope[a] *= slopes[position * keys + block.visible[r][a]];
+  }
+}
+
 // Each pair's coefficients: mag_ij, the D term, the squared pair bound (dS's rounding by the exact
 // |dS|, in double: 1e-9 of mag covers its own error, and the other k - 1 intermediates' by mag),
 // dz/dr, whether it is seen, P_ij^2 and P_ij dz/dr.
@@ -252,7 +263,7 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
       block.mag[e] = mag;
       block.abs_ds[e] = ds;
       block.from_d[e] = w * block.b[r] * slope;
-      block.pair[e] = roundings >= 1 ? ds * ds + (roundings - 1) * mag * mag : 0.0;
+      block.pair[e] = roundings >= 1 ? block.ds_roundings * ds * ds + (roundings - 1) * mag * mag : 0.0;
       block.slope[e] = slope;
       // The subnormal floors (Magnitudes::dq_floor): dS's rounding errs by f; with P rounded
       // before dS (the math path: k >= 3), P's error f moves dS_ij by f |dP_ij - D_i + g_i| and,
@@ -464,6 +475,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block.first = h * positions + position;
       block.rows = std::min(block_rows, positions - position);
       block_geometry(p, head, images, block, m);
+      if (emulated != nullptr && !emulated->slopes.empty()) apply_slopes(p, emulated->slopes[h], block);
       block_copies(copies, block);
       block_row_sums(p, images, u_i, block, m);
       block_pair_terms(p, roundings, block);

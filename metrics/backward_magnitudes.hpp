@@ -133,8 +133,18 @@ struct EmulatedScoreSlack {
   std::vector<std::vector<double>> per_head;
   // dS's roundings (PairBlock::ds_roundings): 2 where autograd multiplies dS by an inexact scale
   // (the product then the scale), else 1; the scale alone cannot tell (a prescaled chain's s').
+  // A soft-cap adds its backward's: the slope's product, and c's two where c is inexact
+  // (each step in F), or the one rounding back to F (the cap in fp32).
   double ds_roundings = 1;
+  // A soft-capped head's slope 1 - t^2 per pair (per head, positions x keys; empty without a cap):
+  // dz/dr is then s' times it, not s', and every charge through dS follows.
+  std::vector<std::vector<double>> slopes;
 };
+
+// The math path's roundings' products with n roundings of dS, over u_i^2 mag_ij (to within a factor
+// 1 + u_i): P's and dP's with each other and D's (3), each of dS's with the first order before it
+// (3 n), dS's with one another (n (n - 1) / 2). 6 for one, 10 for two (an inexact scale).
+[[nodiscard]] inline double second_order_of_ds(double n) { return 3 + 3 * n + n * (n - 1) / 2; }
 
 // u_s, u_i: the unit roundoffs of a recipe's score and intermediate roundings (0: none);
 // roundings: how many intermediates it rounds (k); emulated: the scores' slack when the

@@ -223,8 +223,8 @@ void block_direction_terms(const kernels::BackwardProblem& p, PairBlock& block, 
 // |dD1_i| <= 2 u A_i, |dD2_i| <= u^2 A_i, the products move dS^_ij before its rounding by at most
 // u^2 P_ij (|dP_ij| + 3 A_i) <= 3 u^2 mag_ij / (dz/dr), and c times the first order (3 u mag) adds
 // 3 u^2 mag: 6 u^2 (1 + u) mag_ij |on_ij| in all, charged in full from `cross`. Where autograd
-// rounds dS again after multiplying it by the scale (PairBlock::ds_roundings 2), that rounding's
-// coefficient is c's, and its products with the first order add 3 u^2 mag more: cross times 1.5.
+// rounds dS again (PairBlock::ds_roundings n: after an inexact scale, a soft-cap's steps), each
+// rounding's coefficient is c's, and second_order_of_ds(n) counts the products: cross times it / 6.
 ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vector<double>& on,
                          const std::vector<double>& copies) {
   double b = 0, b_abs = 0;
@@ -244,7 +244,7 @@ ExactInside exact_inside(const PairBlock& block, std::size_t r, const std::vecto
     const double from_dp = std::fabs(w * dp * (slope * on[e] - b)) + slack;
     const double from_ds = std::fabs(on[e] * ds) + slack;
     x.squares += copies[e] * (from_p * from_p + from_dp * from_dp + block.ds_roundings * from_ds * from_ds);
-    x.cross += (block.ds_roundings == 1 ? 1.0 : 1.5) * block.mag[e] * std::fabs(on[e]);
+    x.cross += second_order_of_ds(block.ds_roundings) / 6 * block.mag[e] * std::fabs(on[e]);
   }
   return x;
 }

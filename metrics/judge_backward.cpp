@@ -304,6 +304,7 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   std::optional<reference::BackwardEnclosures> enclosures =
       reference::enclose_backward_in_double(problem, e.heads);
   if (!enclosures) return std::nullopt;
+  apply_cap_slopes(p, e, enclosures->values, enclosures->radii);
   const auto& centre = enclosures->values;
   add_deviation_radii(p, e, centre, enclosures->radii);
   const auto& radii = enclosures->radii;
@@ -318,8 +319,13 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
       sum.values[x] += relative * std::fabs(gradient.values[x]) * (1 + 0x1p-20);
     return sum;
   };
-  const Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, e.extra_dq);
-  const Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, e.extra_dk);
+  // The element tier's second order (comparison.cpp's 10 u_i^2 M) covers two roundings of dS; a
+  // soft-cap's backward rounds it up to five times (second_order_of_ds), the rest in full here.
+  const double second = std::max(0.0, second_order_of_ds(e.slack.ds_roundings) * (1 + u_i) - 10) * u_i * u_i;
+  Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, e.extra_dq);
+  Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, e.extra_dk);
+  for (std::size_t x = 0; x < dq_radius.values.size(); ++x) dq_radius.values[x] += second * m.dq.values[x];
+  for (std::size_t x = 0; x < dk_radius.values.size(); ++x) dk_radius.values[x] += second * m.dk.values[x];
   const Matrix dq_slack = first_order_slack(m.dq_scores, worst_dq_slack(m, centre, radii));
   const Matrix dk_slack = first_order_slack(m.dk_scores, m.dk_slack_worst);
   const Matrix dv_slack = first_order_slack(m.dv_scores, m.dv_slack_worst);
@@ -367,9 +373,9 @@ std::optional<BackwardJudgement> judge_projected_emulated(const kernels::Backwar
   if (!tolerance.scores_emulated || tolerance.intermediate_format == nullptr || !backward_emulable(p))
     return std::nullopt;
   std::optional<BackwardJudgement> best;
-  for (const ScoreVariant& variant : score_variants(p.head(0))) {  // no cap: backward_emulable
+  for (const ScoreVariant& variant : score_variants(p.head(0))) {
     EmulatedBackward e;
-    if (!emulate_backward(p, variant.chain, variant.rounding, *tolerance.intermediate_format, e)) continue;
+    if (!emulate_backward(p, variant, *tolerance.intermediate_format, e)) continue;
     std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
     if (!judged) continue;
     if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);

@@ -223,26 +223,35 @@ void ScoreEmulator::apply_cap(Score& score) const {
   const auto h = static_cast<float>(held);
   const auto fp32_tanh = [](float x) { return static_cast<float>(std::tanh(static_cast<double>(x))); };
   double low = score.z - score.ambiguity, high = score.z + score.ambiguity;
+  double tanh_centre = 0;  // the tanh the kernel's backward forms its slope from
   switch (cap_) {
     case CapChain::none:
       return;
     case CapChain::each_step_in_format: {
       const float t = static_cast<float>(round_to_format(static_cast<float>(score.z) / h, format_));
       const float u = static_cast<float>(round_to_format(fp32_tanh(t), format_));
+      tanh_centre = static_cast<double>(u);
       score.before = static_cast<double>(u * h);
       low = round_to_format(tanh_down(round_to_format(quotient_low(low), format_)), format_);
       high = round_to_format(tanh_up(round_to_format(quotient_high(high), format_)), format_);
       break;
     }
     case CapChain::fp32_on_rounded:
-      score.before = static_cast<double>(h * fp32_tanh(static_cast<float>(score.z) / h));
+      tanh_centre = static_cast<double>(fp32_tanh(static_cast<float>(score.z) / h));
+      score.before = static_cast<double>(h * static_cast<float>(tanh_centre));
       low = tanh_down(quotient_low(low)), high = tanh_up(quotient_high(high));
       break;
     case CapChain::fused:
-      score.before = static_cast<double>(h * fp32_tanh(static_cast<float>(score.before) / h));
+      tanh_centre = static_cast<double>(fp32_tanh(static_cast<float>(score.before) / h));
+      score.before = static_cast<double>(h * static_cast<float>(tanh_centre));
       low = tanh_down(quotient_low(score.before_low)), high = tanh_up(quotient_high(score.before_high));
       break;
   }
+  // t^2 is convex: over [low, high] it deviates from the centre's most at an end, or at 0 inside.
+  const double t2 = tanh_centre * tanh_centre;
+  const double least = low <= 0 && high >= 0 ? 0.0 : std::min(low * low, high * high);
+  score.slope = 1 - t2;
+  score.slope_deviation = std::max({low * low - t2, high * high - t2, t2 - least, 0.0}) * (1 + 0x1p-40);
   score.before_low = product_low(low);
   score.before_high = product_high(high);
   score.z = round_to_format(score.before, format_);
@@ -315,6 +324,8 @@ void ScoreEmulator::add_bias(const tensor::HeadScores::BiasTerms& terms, bool hi
 bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const {
   out.z.clear();
   out.ambiguity.clear();
+  out.slope.clear();
+  out.slope_deviation.clear();
   const std::size_t d = q_.centre.cols;
   const double gamma = static_cast<double>(d + 2) * 0x1p-24;
   const double* q = q_.centre.row(query).data();
@@ -344,6 +355,10 @@ bool ScoreEmulator::row(std::size_t query, std::span<const std::size_t> visible,
     if (!std::isfinite(z) || !std::isfinite(ambiguity)) return false;
     out.z.push_back(z);
     out.ambiguity.push_back(ambiguity);
+    if (cap_ != CapChain::none) {
+      out.slope.push_back(score.slope);
+      out.slope_deviation.push_back(score.slope_deviation);
+    }
   }
   if (scores_.sink) {
     const double sink = round_to_format(*scores_.sink, format_);

@@ -87,6 +87,12 @@ struct ScoreVariant {
 struct EmulatedRow {
   std::vector<double> z;
   std::vector<double> ambiguity;  // 0 unless the kernel's fp32 order could round the score otherwise
+  // With a soft-cap (empty without), per visible key: the slope 1 - t^2 autograd's tanh backward
+  // multiplies by, t the tanh as the centre holds it (F's value for each_step_in_format, fp32's
+  // otherwise), and how far an honest kernel's may be from it (t anywhere in the interval of tanh
+  // values the ambiguity allows; the slope's own fp32 rounding, 2^-24 relative, is not in it).
+  std::vector<double> slope;
+  std::vector<double> slope_deviation;
 };
 
 class ScoreEmulator {
@@ -126,6 +132,7 @@ class ScoreEmulator {
   struct Score {
     double z = 0, ambiguity = 0;
     double before = 0, before_low = 0, before_high = 0;  // `before`: the centre's value there
+    double slope = 1, slope_deviation = 0;               // the soft-cap's (EmulatedRow::slope)
   };
   // The score from the interval [lo, hi] the fp32 accumulator may hold and the centre it holds.
   void finish(double accumulator, double lo, double hi, Score& out) const;

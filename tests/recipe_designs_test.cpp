@@ -705,5 +705,93 @@ TEST(RecipeDesigns, RepeatedTokensRoundAlikeAndAScaledDVStillFails) {
   }
 }
 
+// A soft-capped head on the math path (scores F(F(tanh(F(s / c))) * c), autograd back through each
+// step: dS times c, times the slope 1 - t^2 at the t the kernel holds, over c, each rounded). The
+// backward used to fall back to charging the scores' roundings as noise (at c = 30 up to 2^-8 * 30
+// per logit), and a trial's gradients scaled by 5% passed under every cap; the centre now carries
+// the kernel's own capped scores and slopes (metrics/backward_emulation.cpp's apply_cap_slopes).
+// The honest math-path kernel passes in bf16 and fp16 at every cap (statistical ratios 0.06 to
+// 0.15); gradients 2% off (10% on a sharper bf16 head: see below), and a D 10% off, fail at each.
+kernels::KernelGradients scaled_twin(const kernels::KernelGradients& honest, const FloatFormat& format,
+                                     double dq_factor, double dk_factor) {
+  kernels::KernelGradients twin = honest;
+  for (double& x : twin.d_queries.values) x = round_to_format(x * dq_factor, format);
+  for (double& x : twin.d_keys.values) x = round_to_format(x * dk_factor, format);
+  return twin;
+}
+
+// The exact gradients with every row's D times `factor`: dS_ij gains (1 - factor) D_i P_ij, which
+// the cap's exact slope and the scale carry to dQ and dK; rounded to the format.
+kernels::KernelGradients with_d_scaled(const kernels::BackwardProblem& p,
+                                       const reference::AttentionGradients& exact, const FloatFormat& format,
+                                       double factor) {
+  const tensor::HeadScores head = p.head(0);
+  const Matrix &q = p.queries, &k = p.keys;
+  const double scale = *head.scale, cap = head.softcap;
+  kernels::KernelGradients twin{exact.d_queries, exact.d_keys, exact.d_values, {}, {}};
+  for (std::size_t i = 0; i < q.rows; ++i) {
+    std::vector<double> z(k.rows), slope(k.rows, 1.0);
+    for (std::size_t j = 0; j < k.rows; ++j) {
+      for (std::size_t t = 0; t < q.cols; ++t) z[j] += scale * q(i, t) * k(j, t);
+      const double u = std::tanh(z[j] / cap);
+      z[j] = cap * u, slope[j] = 1 - u * u;
+    }
+    const double largest = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (double& x : z) sum += x = std::exp(x - largest);
+    for (std::size_t j = 0; j < k.rows; ++j) {
+      const double moved = (1 - factor) * exact.d_rows[i] * z[j] / sum * slope[j] * scale;
+      for (std::size_t t = 0; t < q.cols; ++t) {
+        twin.d_queries(i, t) += moved * k(j, t);
+        twin.d_keys(j, t) += moved * q(i, t);
+      }
+    }
+  }
+  for (Matrix* m : {&twin.d_queries, &twin.d_keys, &twin.d_values})
+    for (double& x : m->values) x = round_to_format(x, format);
+  return twin;
+}
+
+TEST(RecipeDesigns, TheMathRecipesBackwardFollowsASoftCapAsAutogradRoundsIt) {
+  for (const bool half : {false, true}) {
+    const FloatFormat& format = half ? fp16 : bf16;
+    const kernels::BackwardTolerance& recipe = metrics::backward_tolerance(
+        *metrics::find_recipe(half ? "backward_math_fp16" : "backward_math_bf16"));
+    const kernels::AttentionBackwardKernel& math =
+        *kernels::find_attention_backward_kernel(half ? "math_backward_fp16" : "math_backward_bf16");
+    for (const double cap : {1.5, 5.0, 30.0}) {
+      for (std::uint64_t seed = 0; seed < (cap == 30.0 ? 3U : 2U); ++seed) {
+        DeterministicRandom random(7300 + seed + static_cast<std::uint64_t>(cap * 10));
+        const double sigma = cap == 30.0 && seed == 2 ? 2.0 : 1.0;
+        const Matrix q = bf16_normal(random, 48, 64, sigma), k = bf16_normal(random, 48, 64, sigma);
+        const Matrix v = bf16_normal(random, 48, 64, 1), d_out = bf16_normal(random, 48, 64, 1);
+        tensor::HeadScores scores;
+        scores.scale = 0.125;
+        scores.softcap = cap;
+        const kernels::BackwardProblem problem(q, k, v, d_out, {}, scores);
+        const reference::AttentionGradients exact = reference::attention_backward(problem, format);
+        const kernels::KernelGradients honest = math.run(problem);
+        const auto judge = [&](const kernels::KernelGradients& got) {
+          return metrics::judge_attention_backward(recipe, format, problem, got, &exact);
+        };
+        const std::string where = std::string(format.name) + ", cap " + std::to_string(cap) + ", seed " +
+                                  std::to_string(seed) + ": ";
+        const auto fair = judge(honest);
+        EXPECT_TRUE(fair.passed()) << where << fair.describe_worst();
+        // Known limit: on the sharper bf16 head (sigma 2, scores of about 4), dQ cancels to a small
+        // part of what its roundings move (dS rounded four times, and the emulation's ambiguous
+        // scores a step of 2^-5 each), and gradients 5% off pass at about 0.65 of the gradient-scale
+        // test (the honest kernel 0.03); FlashAttention's 3x rule passes 5% there too. 10% fails.
+        const double off = sigma == 2.0 && !half ? 1.1 : 1.02;
+        EXPECT_FALSE(judge(scaled_twin(honest, format, off, 1)).passed())
+            << where << "dQ x " << off << " fits";
+        EXPECT_FALSE(judge(scaled_twin(honest, format, 1, off)).passed())
+            << where << "dK x " << off << " fits";
+        EXPECT_FALSE(judge(with_d_scaled(problem, exact, format, 0.9)).passed()) << where << "D x 0.9 fits";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sharpcheck

@@ -126,9 +126,12 @@ def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b in the tensors' dtype. fp16 (no CPU GEMM in torch 1.13): fp32 accumulation, rounded,
-    as a GPU fp16 GEMM does; bf16: torch's own CPU GEMM (fp32 accumulation, rounded)."""
-    return (a.float() @ b.float()).half() if a.dtype == FP16 else a @ b
+    """a @ b in the tensors' dtype with fp32 accumulation, rounded once, as a GPU GEMM (cuBLAS) does
+    for bf16 and fp16. Not torch's own CPU GEMM: torch 1.13's bf16 `a @ b` and `a.T @ b` accumulate
+    in bf16 (up to 68 units of relative error against the fp32-accumulated product on 64 x 64 tiles),
+    which is a different design (a bf16 accumulator) from the math path the recipes describe;
+    autograd through the fp32 product rounds each gradient to the dtype once, as that GEMM would."""
+    return (a.float() @ b.float()).to(a.dtype) if a.dtype in (BF16, FP16) else a @ b
 
 
 def math_attention(q, k, v, o: Opts, dtype, return_lse=False):
