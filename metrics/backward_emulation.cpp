@@ -308,6 +308,17 @@ void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackwa
 
 namespace sharpcheck::metrics::backward_blocks {
 
+// A soft-capped emulation's slopes (EmulatedScoreSlack::slopes, head's positions x keys): dz/dr is
+// s' times the kernel's slope 1 - t^2, not s'.
+void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& slopes, PairBlock& block) {
+  const std::size_t keys = p.keys.rows;
+  for (std::size_t r = 0; r < block.rows; ++r) {
+    const std::size_t position = (block.first + r) % p.positions();
+    for (std::size_t a = 0; a < block.visible[r].size(); ++a)
+      block.geometry[r].slope[a] *= slopes[position * keys + block.visible[r][a]];
+  }
+}
+
 // The slack in the worst case, per key (Magnitudes::dq_slack_worst, dq_slack_second). A score moved
 // by e_il, |e_il| <= zeta_il, moves P_ij to P'_ij = P_ij exp(x_ij), x_ij = e_ij - e~_i - r_i with
 // e~_i = sum_l P_il e_il and 0 <= r_i = ln(sum_l P_il exp(e_il)) - e~_i <= rho_i = sum_l P_il

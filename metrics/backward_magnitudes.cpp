@@ -222,17 +222,6 @@ void block_row_sums(const kernels::BackwardProblem& p, const Images& images, dou
   }
 }
 
-// A soft-capped emulation's slopes (EmulatedScoreSlack::slopes, head's positions x keys): dz/dr is
-// s' times the kernel's slope 1 - t^2, not s'.
-void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& slopes, PairBlock& block) {
-  const std::size_t keys = p.keys.rows;
-  for (std::size_t r = 0; r < block.rows; ++r) {
-    const std::size_t position = (block.first + r) % p.positions();
-    for (std::size_t a = 0; a < block.visible[r].size(); ++a)
-      block.geometry[r].slope[a] *= slopes[position * keys + block.visible[r][a]];
-  }
-}
-
 // Each pair's coefficients: mag_ij, the D term, the squared pair bound (dS's rounding by the exact
 // |dS|, in double: 1e-9 of mag covers its own error, and the other k - 1 intermediates' by mag),
 // dz/dr, whether it is seen, P_ij^2 and P_ij dz/dr.
@@ -464,7 +453,14 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
   const std::size_t block_rows =
       std::clamp<std::size_t>((std::size_t{1} << 18) / std::max<std::size_t>(p.keys.rows, 1), 8, 256);
   PairBlock block;
+  Matrix head_dk, head_dv, partial_dk, partial_dv;  // a head's gradients; the group's partial sums
+  if (p.group > 1) {
+    m.dk_heads = head_dk = partial_dk = Matrix(p.keys.rows, p.queries.cols);
+    m.dv_heads = head_dv = partial_dv = Matrix(p.keys.rows, p.values.cols);
+  }
   for (std::size_t h = 0; h < p.group; ++h) {
+    std::fill(head_dk.values.begin(), head_dk.values.end(), 0.0);
+    std::fill(head_dv.values.begin(), head_dv.values.end(), 0.0);
     const tensor::HeadScores head = p.head(h);
     const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(p.queries.cols));
     int exponent = 0;  // dS * scale rounded again unless the scale is a power of two
@@ -487,7 +483,10 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
       block_direction_terms(p, block, m);
       if (u_s > 0) add_score_terms(p, images, u_s, block, m);
       if (emulated != nullptr) add_slack_terms(p, images, *emulated, block, m);
+      if (p.group > 1) block_head_products(p, block, head_dk, head_dv);
     }
+    add_head_roundings(roundings == 3 && h > 0, head_dk, partial_dk, m.dk_heads);
+    add_head_roundings(roundings == 3 && h > 0, head_dv, partial_dv, m.dv_heads);
   }
   finish(m);
   if (roundings == 3) use_exact_spreads(m);

@@ -51,6 +51,16 @@ struct Magnitudes {
   // pair's |P (dP - D + g)| (with 2^-8 of its magnitude for the kernel's own deviation) and |scale
   // / theta|, summed as the gradients sum dS: an absolute allowance of dQ and dK (0 without a cap).
   Matrix dq_slope, dk_slope;
+  // A GQA group (empty for one head): per element, the sum over the group's heads of |dK_h| and
+  // |dV_h|, each head's own signed gradient. A kernel may round each head's dK and dV to the output
+  // format before summing them over the group (autograd back through repeat_interleave, FlashAttention
+  // 2's dk_expanded), up to u_out times these in all; charged in full, as the element tier's absolute
+  // part: for a group of at most 64 heads no smaller than lambda times their Hoeffding root, and
+  // right where the heads are alike (identical query heads round alike, as one error G times over).
+  // The math path (autograd back through repeat_interleave, torch's index_add) also sums the heads'
+  // gradients in the output format in the group's order: each partial sum |S_h|, h >= 2, is added.
+  // An order other than the heads' (CUDA's atomics) is not covered.
+  Matrix dk_heads, dv_heads;
   // The gradient-scale test's sums of squares (judge_gradient_scale): the intermediate roundings
   // projected on each gradient's signs, and D's errors (one per query row) likewise.
   double dq_scale_inside = 0, dk_scale_inside = 0, dv_scale_inside = 0;

@@ -207,6 +207,18 @@ void block_exact_products(const kernels::BackwardProblem& p, const Images& image
 // After the sums' roots: dQ's and dK's spreads from the exact coefficients (Magnitudes::dq_spread).
 void use_exact_spreads(Magnitudes& m);
 
+// A soft-capped emulation's slopes (EmulatedScoreSlack::slopes, the head's positions x keys) into
+// the block's geometry, after block_geometry: dz/dr is s' times the kernel's slope 1 - t^2, not s'
+// (metrics/backward_emulation.cpp).
+void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& slopes, PairBlock& block);
+
+// A GQA group's per-head gradients (Magnitudes::dk_heads), after block_pair_terms: the block's share
+// of its head's signed dK_h and dV_h; and after the head, its |dK_h| (and, where the group is summed
+// in the output format, `summed`, the partial sums') into `heads` (metrics/backward_score_terms.cpp).
+void block_head_products(const kernels::BackwardProblem& p, const PairBlock& block, Matrix& head_dk,
+                         Matrix& head_dv);
+void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix& heads);
+
 // The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
 // products (metrics/backward_score_terms.cpp).
 void add_score_terms(const kernels::BackwardProblem& p, const Images& images, double u_s, PairBlock& block,

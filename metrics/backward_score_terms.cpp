@@ -441,4 +441,27 @@ void use_exact_spreads(Magnitudes& m) {
   }
 }
 
+// A GQA group's per-head gradients (Magnitudes::dk_heads): this block's share of its head's signed
+// dK_h = sum_i dS_ij dz/dr q_i and dV_h = sum_i P_ij dO_i.
+void block_head_products(const kernels::BackwardProblem& p, const PairBlock& block, Matrix& head_dk,
+                         Matrix& head_dv) {
+  if (block.width == 0) return;
+  const auto pairs = [&](const std::vector<double>& v) { return block_of(v, block.rows, block.width, true); };
+  reference::plain_product(pairs(block.signed_ds), rows_of(p.queries, block.first, block.rows),
+                           head_dk.values.data() + block.key_first * head_dk.cols, head_dk.cols, true);
+  reference::plain_product(pairs(block.weight), rows_of(p.d_out, block.first, block.rows),
+                           head_dv.values.data() + block.key_first * head_dv.cols, head_dv.cols, true);
+}
+
+// After a head of a GQA group: its |gradient| into `heads` (Magnitudes::dk_heads), and where the
+// group is summed in the output format one head after another (`summed`: the math path, whose
+// autograd adds repeat_interleave's copies back in the tensors' dtype: 3% off on 32 alike heads in
+// bf16), the partial sum's |S_h| too, each addition's rounding; S_1 is the first head's own.
+void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix& heads) {
+  for (std::size_t x = 0; x < head.values.size(); ++x) {
+    partial.values[x] += head.values[x];
+    heads.values[x] += std::fabs(head.values[x]) + (summed ? std::fabs(partial.values[x]) : 0.0);
+  }
+}
+
 }  // namespace sharpcheck::metrics::backward_blocks

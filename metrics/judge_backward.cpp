@@ -265,16 +265,26 @@ void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m,
                             x.scale.largest_score);
   };
   const auto at = [&](std::size_t g) { return centred != nullptr ? &centred[g] : nullptr; };
+  // A GQA group's per-head roundings to the output format (Magnitudes::dk_heads), in full: u_out
+  // of the kernel's |dK_h|, within 2 u_out of the centre's; 1e-6 over the double products.
+  const double per_head = x.output.unit_roundoff() * (1 + 2 * x.output.unit_roundoff()) * (1 + 1e-6);
+  const auto with_heads = [&](const Matrix& heads, Matrix absolute) {
+    if (absolute.values.empty()) absolute = Matrix(heads.rows, heads.cols);
+    for (std::size_t k = 0; k < heads.values.size(); ++k) absolute.values[k] += per_head * heads.values[k];
+    return absolute;
+  };
+  const Matrix dk_absolute = with_heads(m.dk_heads, m.dk_slope);
+  const Matrix dv_absolute = with_heads(m.dv_heads, Matrix(e.d_values.rows, e.d_values.cols));
   judgement.d_queries = compared(e.d_queries, actual.d_queries,
                                  {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second,
                                   &m.dq_floor, floor_scale, at(0), &m.dq_slope});
   judgement.d_keys = compared(e.d_keys, actual.d_keys,
                               {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second,
-                               &m.dk_floor, floor_scale, at(1), &m.dk_slope});
+                               &m.dk_floor, floor_scale, at(1), &dk_absolute});
   const Matrix no_d(e.d_values.rows, e.d_values.cols);
-  judgement.d_values = compared(
-      e.d_values, actual.d_values,
-      {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second, &m.dv_floor, floor_scale, at(2)});
+  judgement.d_values = compared(e.d_values, actual.d_values,
+                                {m.dv, no_d, &m.dv_spread, &m.dv_scores, &m.dv_scores_second, &m.dv_floor,
+                                 floor_scale, at(2), &dv_absolute});
 }
 
 // How far a judgement is from passing its statistical tier: the largest of the gradients' element
