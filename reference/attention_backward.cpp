@@ -368,11 +368,17 @@ void decide_rational_results(BackwardExactCases& exact, const FloatFormat& targe
     slot = round_exact_ratio(mpq_numref(value->get()), mpq_denref(value->get()), format);
     flag = true;
   };
-  const std::size_t d = out.d_queries.cols, dv = out.d_values.cols;
+  const std::size_t dv = out.d_values.cols;
+  const auto undecided = [](const std::vector<bool>& flags) {
+    std::vector<bool> wanted(flags.size());
+    for (std::size_t e = 0; e < flags.size(); ++e) wanted[e] = !flags[e];
+    return wanted;
+  };
+  BackwardExactCases::Products products = exact.d_products(undecided(done[0]), undecided(done[1]));
   for (std::size_t e = 0; e < done[0].size(); ++e)
-    if (!done[0][e]) settle(exact.d_query(e / d, e % d), target, out.d_queries.values[e], done[0][e]);
+    if (!done[0][e]) settle(std::move(products.d_queries[e]), target, out.d_queries.values[e], done[0][e]);
   for (std::size_t e = 0; e < done[1].size(); ++e)
-    if (!done[1][e]) settle(exact.d_key(e / d, e % d), target, out.d_keys.values[e], done[1][e]);
+    if (!done[1][e]) settle(std::move(products.d_keys[e]), target, out.d_keys.values[e], done[1][e]);
   for (std::size_t e = 0; e < done[2].size(); ++e)
     if (!done[2][e]) settle(exact.d_value(e / dv, e % dv), target, out.d_values.values[e], done[2][e]);
   for (std::size_t h = 0; h < done[3].size(); ++h)

@@ -210,29 +210,56 @@ std::optional<Rational> BackwardExactCases::d_raw(std::size_t i, std::size_t j) 
   return dz;
 }
 
-std::optional<Rational> BackwardExactCases::d_query(std::size_t i, std::size_t c) {
-  Rational sum;
-  if (i % in_.positions() >= heads_[i / in_.positions()].queries) return sum;
+BackwardExactCases::Products BackwardExactCases::d_products(const std::vector<bool>& dq_wanted,
+                                                            const std::vector<bool>& dk_wanted) {
+  const std::size_t d = in_.queries.cols, positions = in_.positions();
+  Products out{std::vector<std::optional<Rational>>(dq_wanted.size()),
+               std::vector<std::optional<Rational>>(dk_wanted.size())};
+  std::vector<Rational> dk_sums(dk_wanted.size());
+  std::vector<char> dk_rational(dk_wanted.size(), 1);  // until a row that sees the key gives no dr
   std::vector<std::size_t> keys;
-  heads_[i / in_.positions()].visible_keys(i % in_.positions(), keys);
-  for (const std::size_t j : keys) {
-    if (in_.keys(j, c) == 0.0) continue;
-    const std::optional<Rational> dr = d_raw(i, j);
-    if (!dr) return std::nullopt;
-    add_times(sum, *dr, in_.keys(j, c));
-  }
-  return sum;
-}
-
-std::optional<Rational> BackwardExactCases::d_key(std::size_t j, std::size_t c) {
-  Rational sum;
+  std::vector<std::optional<Rational>> dr;
   for (std::size_t i = 0; i < in_.queries.rows; ++i) {
-    if (in_.queries(i, c) == 0.0 || !visible(i, j)) continue;
-    const std::optional<Rational> dr = d_raw(i, j);
-    if (!dr) return std::nullopt;
-    add_times(sum, *dr, in_.queries(i, c));
+    const auto wanted = [&](const std::vector<bool>& flags, std::size_t row) {
+      return std::find(flags.begin() + static_cast<std::ptrdiff_t>(row * d),
+                       flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d),
+                       true) != flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d);
+    };
+    const bool row_wanted = wanted(dq_wanted, i);
+    if (i % positions >= heads_[i / positions].queries) {  // a padded row: dQ 0, no share of dK
+      for (std::size_t c = 0; c < d; ++c)
+        if (dq_wanted[i * d + c]) out.d_queries[i * d + c].emplace();
+      continue;
+    }
+    heads_[i / positions].visible_keys(i % positions, keys);
+    dr.assign(keys.size(), std::nullopt);
+    for (std::size_t a = 0; a < keys.size(); ++a)
+      if (row_wanted || wanted(dk_wanted, keys[a])) dr[a] = d_raw(i, keys[a]);
+    for (std::size_t c = 0; row_wanted && c < d; ++c) {
+      if (!dq_wanted[i * d + c]) continue;
+      Rational sum;
+      bool rational = true;
+      for (std::size_t a = 0; a < keys.size() && rational; ++a) {
+        if (in_.keys(keys[a], c) == 0.0) continue;
+        rational = dr[a].has_value();
+        if (rational) add_times(sum, *dr[a], in_.keys(keys[a], c));
+      }
+      if (rational) out.d_queries[i * d + c] = std::move(sum);
+    }
+    for (std::size_t a = 0; a < keys.size(); ++a) {
+      for (std::size_t c = 0; c < d; ++c) {
+        const std::size_t e = keys[a] * d + c;
+        if (!dk_wanted[e] || dk_rational[e] == 0 || in_.queries(i, c) == 0.0) continue;
+        if (!dr[a])
+          dk_rational[e] = 0;
+        else
+          add_times(dk_sums[e], *dr[a], in_.queries(i, c));
+      }
+    }
   }
-  return sum;
+  for (std::size_t e = 0; e < dk_wanted.size(); ++e)
+    if (dk_wanted[e] && dk_rational[e] != 0) out.d_keys[e] = std::move(dk_sums[e]);
+  return out;
 }
 
 std::optional<Rational> BackwardExactCases::d_value(std::size_t j, std::size_t c) {

@@ -313,3 +313,34 @@ def test_the_reference_fits_itself_where_the_statistical_sums_overflow(scales):
     q, k, v, do = (rng.standard_normal((1, 1, 16, 8)) * s for s in scales)
     dq, dk, dv, _ = sharpcheck.attention_backward(q, k, v, do, format="fp64")
     assert sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, do, format="fp64").passed
+
+
+def test_a_head_of_equal_keys_is_exact_against_fractions():
+    """Every key equal: each row's probabilities are exactly 1/n, dQ is exactly 0 (a tie of every
+    element, which no precision decides) and dK and dV are rational: the exact stage computes them
+    (BackwardExactCases::d_products, each row's dS formed once). Checked against Python's Fractions,
+    every element within half a bf16 ulp of the exact value (the result's format is the inputs')."""
+    from fractions import Fraction
+    n, d = 24, 16
+    g = torch.Generator().manual_seed(3)
+    q, v, dout = (torch.randn(1, 1, n, d, generator=g).bfloat16() for _ in range(3))
+    k = torch.randn(1, 1, 1, d, generator=g).bfloat16().expand(1, 1, n, d).contiguous()
+    dq, dk, dv = sharpcheck.attention_backward(q, k, v, dout, scale=0.25)[:3]
+    Q, K, V, DO = ([[Fraction(x) for x in row] for row in t[0, 0].double().tolist()] for t in (q, k, v, dout))
+    exact_dq = [[Fraction(0)] * d for _ in range(n)]
+    exact_dk = [[Fraction(0)] * d for _ in range(n)]
+    for i in range(n):
+        dp = [sum(DO[i][c] * V[j][c] for c in range(d)) for j in range(n)]
+        big_d = sum(dp) / n
+        for j in range(n):
+            ds = (dp[j] - big_d) / n / 4
+            for c in range(d):
+                exact_dq[i][c] += ds * K[j][c]
+                exact_dk[j][c] += ds * Q[i][c]
+    for ours, exact in ((dq, exact_dq), (dk, exact_dk)):
+        ours = ours[0, 0].double().tolist()
+        for i in range(n):
+            for c in range(d):
+                e = exact[i][c]
+                half_ulp = Fraction(2.0 ** (math.floor(math.log2(abs(e))) - 8)) if e != 0 else Fraction(0)
+                assert abs(Fraction(ours[i][c]) - e) <= half_ulp, (i, c, ours[i][c], float(e))
