@@ -158,7 +158,7 @@ bool backward_emulable(const kernels::BackwardProblem& p) {
 }
 
 bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& variant,
-                      const FloatFormat& format, EmulatedBackward& out) {
+                      const FloatFormat& format, bool fp32_slope, EmulatedBackward& out) {
   const std::size_t positions = p.positions(), d = p.queries.cols;
   out.queries = Matrix(p.queries.rows, d);
   out.query_deviation = Matrix(p.queries.rows, d);
@@ -175,7 +175,8 @@ bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& var
     std::copy_n(p.queries.values.begin() + static_cast<std::ptrdiff_t>(h * positions * d), positions * d,
                 queries.values.begin());
     const tensor::HeadScores head = p.head(h);
-    const ScoreEmulator emulator(variant.chain, queries, p.keys, head, format, variant.rounding, variant.cap);
+    ScoreEmulator emulator(variant.chain, queries, p.keys, head, format, variant.rounding, variant.cap);
+    emulator.take_slope_from_fp32_tanh(fp32_slope);
     if (!emulator.distinct()) return false;
     if (h == 0) scale = set_operands(variant.chain, emulator, out);
     if (!emulate_rows(p, h, emulator, scale, out)) return false;
@@ -185,7 +186,7 @@ bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& var
     out.slack.ds_roundings += variant.cap != CapChain::each_step_in_format ? 1 : (exact_c ? 1 : 3);
   }
   out.relative_in_full = variant.rounding == FactorRounding::format_product ? 0.0 : 0x1p-23;
-  out.description = describe(variant);
+  out.description = describe(variant) + (fp32_slope ? ", its slope from the tanh in fp32" : "");
   return true;
 }
 

@@ -68,8 +68,10 @@ struct EmulatedBackward {
 // The emulation of one variant (chain, cap and way of holding the factor) into `out`
 // (default-constructed); false when the variant is not distinct from the fp32 one or a score cannot
 // be emulated.
+// `fp32_slope`: a cap of each step in F whose slope is the fp32 tanh's
+// (ScoreEmulator::take_slope_from_fp32_tanh).
 bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& variant,
-                      const FloatFormat& format, EmulatedBackward& out);
+                      const FloatFormat& format, bool fp32_slope, EmulatedBackward& out);
 
 // A soft-capped emulation (no-op without a cap): the double stage's dQ and dK (of the problem's
 // logits, slope s') replaced by s' sum_j dS_ij t'_ij K~_j and s' sum_i dS_ij t'_ij Q~_i, t' the

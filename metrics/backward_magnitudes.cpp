@@ -48,9 +48,26 @@ DotAndAbsolute dot_and_absolute(const kernels::BackwardProblem& p, std::size_t i
   return wide;
 }
 
+// A soft-cap's slope as a kernel forms it, 1 - t'^2, against dz/dr's 1 - t^2 (t = tanh(s / c)), over
+// |scale / theta|: the kernel's score s' is within ds of s (its roundings, 2 u_S |s| each as the
+// table charges them, and the fp32 dot product's (d + 2) 2^-24 sum |q k| |scale|), its quotient
+// by c (held in fp32 or F) within 2 u_S |s| / c more; tanh moves by at most the interval's largest
+// sech^2 times that; the tanh is rounded to F (u_S |t|: each step in F) and within 2^-20 relative in
+// fp32; then |t'^2 - t^2| <= dt (2 |t| + dt). A kernel that forms its slope from the rounded tanh
+// (autograd through torch.tanh on bf16 tensors) differs from dz/dr by that much, not by fp32's
+// 2^-20: charged so, the proven tier passed it no longer failed it (ratios up to 6.8).
+double cap_slope_error(double s, double cap, double dot_error, double u_s) {
+  const double x = s / cap, t = std::tanh(x);
+  const double dx = (2 * 2 * u_s * std::fabs(s) + 2 * u_s * std::fabs(s) + dot_error) / cap * (1 + 1e-6);
+  const double nearest = std::max(0.0, std::fabs(x) - dx);
+  const double steepest = 1 - std::tanh(nearest) * std::tanh(nearest);
+  const double dt = (dx * steepest + (u_s + 0x1p-20) * std::fabs(t)) * (1 + 1e-6) + 0x1p-149;
+  return dt * (2 * std::fabs(t) + dt) + 0x1p-20;
+}
+
 template <typename Dot>
 RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores& head, std::size_t i,
-                         const std::vector<std::size_t>& visible, const Dot& dot, Magnitudes& m) {
+                         const std::vector<std::size_t>& visible, const Dot& dot, double u_s, Magnitudes& m) {
   const std::size_t d = p.queries.cols;
   const double scale = head.scale ? *head.scale : 1.0 / std::sqrt(static_cast<double>(d));
   RowGeometry g;
@@ -59,6 +76,10 @@ RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadSc
     const auto [raw, absolute] = dot(j);
     long double s = raw * scale, slope = scale;
     if (head.softcap != 0) {
+      const double dot_error =
+          static_cast<double>(d + 2) * 0x1p-24 * static_cast<double>(absolute) * std::fabs(scale);
+      g.slope_error.push_back(cap_slope_error(static_cast<double>(s), head.softcap, dot_error, u_s) *
+                              std::fabs(scale / head.theta));
       const long double t = std::tanh(s / head.softcap);
       s = head.softcap * t;
       slope = scale * (1 - t * t);
@@ -162,7 +183,7 @@ void block_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores&
     const std::size_t i = block.first + r;
     if (block.visible[r].empty() && !head.sink) continue;
     const auto dot = [&](std::size_t j) { return pair_dot(p, images, block, i, j); };
-    block.geometry[r] = row_geometry(p, head, i, block.visible[r], dot, m);
+    block.geometry[r] = row_geometry(p, head, i, block.visible[r], dot, block.score_unit, m);
     for (std::size_t a = 0; a < block.visible[r].size(); ++a)
       block.weight[block.at(r, block.visible[r][a])] =
           std::exp(block.geometry[r].z[a] - block.geometry[r].lse);
@@ -232,11 +253,6 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
        {&block.mag, &block.from_d, &block.pair, &block.slope, &block.seen, &block.weight_sq,
         &block.weight_slope, &block.floor_weight, &block.abs_ds, &block.signed_ds, &block.slope_error})
     zero(*v, size);
-  const tensor::HeadScores head = p.head(block.head);
-  const double d = static_cast<double>(p.queries.cols);
-  const double slope_floor =
-      head.softcap != 0 ? 0x1p-20 * std::fabs((head.scale ? *head.scale : 1 / std::sqrt(d)) / head.theta)
-                        : 0.0;
   for (std::size_t r = 0; r < block.rows; ++r) {
     const std::size_t i = block.first + r;
     const double lse_gradient = p.d_lse.empty() ? 0.0 : std::fabs(p.d_lse[i]);
@@ -259,7 +275,8 @@ void block_pair_terms(const kernels::BackwardProblem& p, double roundings, PairB
       // through D_i = sum_k P^_ik dP_ik, by P_ij f sum_k |dP_ik|: charged as (k f) (that / k).
       const double p_floor = block.dp_mag[e] + block.a[r] + lse_gradient + w * row_dp;
       block.floor_weight[e] = slope * (1 + (roundings >= 3 ? p_floor / roundings : 0.0));
-      block.slope_error[e] = slope_floor * w *
+      const std::vector<double>& slope_error = block.geometry[r].slope_error;
+      block.slope_error[e] = (slope_error.empty() ? 0.0 : slope_error[a]) * w *
                              (std::fabs(block.dp_signed[e] - block.exact_d[r] + signed_lse_gradient) +
                               0x1p-8 * (block.dp_mag[e] + block.a[r] + lse_gradient));
       block.seen[e] = 1;
@@ -468,6 +485,7 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     block.ds_roundings = roundings != 3 ? 1 : (emulated != nullptr ? emulated->ds_roundings : inexact);
     for (std::size_t position = 0; position < positions; position += block_rows) {
       block.head = h;
+      block.score_unit = u_s;
       block.first = h * positions + position;
       block.rows = std::min(block_rows, positions - position);
       block_geometry(p, head, images, block, m);

@@ -45,11 +45,14 @@ struct Magnitudes {
   // P_ij sum_k |dP_ik|) dz/dr: block_pair_terms adds that share, over k). These sums, charged as k f times
   // them.
   Matrix dq_floor, dk_floor, dv_floor;
-  // A soft-cap's slope 1 - t^2, t = tanh(s / cap), formed in fp32, errs absolutely (by 2 |t| |dt|
-  // + 2 u: 2^-20 covers tanh within 16 ulps): relative to the slope it is unbounded where t rounds
-  // to 1 (a sharp head, the kernel's slope 0 where the exact one is 1e-12). That error, times the
-  // pair's |P (dP - D + g)| (with 2^-8 of its magnitude for the kernel's own deviation) and |scale
-  // / theta|, summed as the gradients sum dS: an absolute allowance of dQ and dK (0 without a cap).
+  // A soft-cap's slope 1 - t^2, t = tanh(s / cap), as the kernel forms it errs absolutely, by
+  // |t'^2 - t^2| <= dt (2 |t| + dt) with dt what the kernel's score roundings, the quotient's and the
+  // tanh's own (F's where the recipe rounds each step to F; 2^-20 in fp32) move t by, plus fp32's
+  // 2^-20 (cap_slope_error in backward_magnitudes.cpp): relative to the slope it is unbounded where
+  // t rounds to 1 (a sharp head, the kernel's slope 0 where the exact one is 1e-12). That error,
+  // times the pair's |P (dP - D + g)| (with 2^-8 of its magnitude for the kernel's own deviation)
+  // and |scale / theta|, summed as the gradients sum dS: an absolute allowance of dQ and dK (0
+  // without a cap).
   Matrix dq_slope, dk_slope;
   // A GQA group (empty for one head): per element, the sum over the group's heads of |dK_h| and
   // |dV_h|, each head's own signed gradient. A kernel may round each head's dK and dV to the output

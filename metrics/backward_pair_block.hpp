@@ -29,6 +29,9 @@ constexpr double negligible_gap = 100;
 // The row's logits z, slopes dz/dr and the roundings of the logits, in double.
 struct RowGeometry {
   std::vector<double> z, slope;
+  // A soft-capped head's bound on how far the kernel's slope may be from dz/dr (cap_slope_error in
+  // backward_magnitudes.cpp); empty without a cap.
+  std::vector<double> slope_error;
   double lse = -INFINITY;
 };
 
@@ -54,7 +57,8 @@ struct Images {
 // and the keys they see, [key_first, key_first + width), with its rows x width pair matrices.
 struct PairBlock {
   std::size_t head = 0, first = 0, rows = 0, key_first = 0, width = 0;
-  double roundings = 0;  // the recipe's intermediate roundings per pair (3: the math path's P, dP, dS)
+  double roundings = 0;   // the recipe's intermediate roundings per pair (3: the math path's P, dP, dS)
+  double score_unit = 0;  // u_S of a recipe that rounds the scores (magnitudes_of's u_s), else 0
   // dS's roundings in the math path: 2 when autograd multiplies it by a scale that is not a power
   // of two (`(q @ k^T) * scale` backward: dS * scale, rounded again), else 1.
   double ds_roundings = 1;

@@ -321,21 +321,20 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   const double u_i = tolerance.intermediate_format->unit_roundoff();
   const Magnitudes m = magnitudes_of(problem, centre, 0.0, u_i, tolerance.intermediates, &e.slack, &p);
   // The element tier charges the extra roundings in full (one each, of the kernel's value, within
-  // 2 u_i of the centre's) and the factor's relative error, with the radii.
-  const auto with_extra = [&](const Matrix& radius, const Matrix& gradient, double extra) {
+  // 2 u_i of the centre's), the factor's relative error, with the radii, and the second order past
+  // comparison.cpp's 10 u_i^2 M (two roundings of dS; a soft-cap's backward rounds it up to five times).
+  const double second = std::max(0.0, second_order_of_ds(e.slack.ds_roundings) * (1 + u_i) - 10) * u_i * u_i;
+  const auto with_extra = [&](const Matrix& radius, const Matrix& gradient, const Matrix& magnitude,
+                              double extra) {
     Matrix sum = radius;
     const double relative = extra * u_i * (1 + 2 * u_i) + e.relative_in_full;
     for (std::size_t x = 0; x < sum.values.size(); ++x)
-      sum.values[x] += relative * std::fabs(gradient.values[x]) * (1 + 0x1p-20);
+      sum.values[x] +=
+          (relative * std::fabs(gradient.values[x]) + second * magnitude.values[x]) * (1 + 0x1p-20);
     return sum;
   };
-  // The element tier's second order (comparison.cpp's 10 u_i^2 M) covers two roundings of dS; a
-  // soft-cap's backward rounds it up to five times (second_order_of_ds), the rest in full here.
-  const double second = std::max(0.0, second_order_of_ds(e.slack.ds_roundings) * (1 + u_i) - 10) * u_i * u_i;
-  Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, e.extra_dq);
-  Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, e.extra_dk);
-  for (std::size_t x = 0; x < dq_radius.values.size(); ++x) dq_radius.values[x] += second * m.dq.values[x];
-  for (std::size_t x = 0; x < dk_radius.values.size(); ++x) dk_radius.values[x] += second * m.dk.values[x];
+  const Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, m.dq, e.extra_dq);
+  const Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, m.dk, e.extra_dk);
   const Matrix dq_slack = first_order_slack(m.dq_scores, worst_dq_slack(m, centre, radii));
   const Matrix dk_slack = first_order_slack(m.dk_scores, m.dk_slack_worst);
   const Matrix dv_slack = first_order_slack(m.dv_scores, m.dv_slack_worst);
@@ -371,10 +370,10 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   return judged;
 }
 
-// The statistical tier around the emulated scores of every chain and way of holding the factor
-// (score_variants, the most common first), on copies of `base` (its proven
-// tier stands): the first variant that fits clearly, else the closest to passing; nothing when the
-// problem cannot be emulated. A kernel forms its scores one way, and an honest one fits its way.
+// The statistical tier around the emulated scores of every variant (score_variants, the most common
+// first; a cap of each step in F with its slope from F's tanh or, cast from fp32, the fp32 one), on
+// copies of `base` (its proven tier stands): the first that fits clearly, else the closest to passing;
+// nothing when the problem cannot be emulated. A kernel forms its scores one way; an honest one fits.
 std::optional<BackwardJudgement> judge_projected_emulated(const kernels::BackwardTolerance& tolerance,
                                                           const kernels::BackwardProblem& p,
                                                           const kernels::KernelGradients& actual,
@@ -384,14 +383,16 @@ std::optional<BackwardJudgement> judge_projected_emulated(const kernels::Backwar
     return std::nullopt;
   std::optional<BackwardJudgement> best;
   for (const ScoreVariant& variant : score_variants(p.head(0))) {
-    EmulatedBackward e;
-    if (!emulate_backward(p, variant, *tolerance.intermediate_format, e)) continue;
-    std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
-    if (!judged) continue;
-    if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);
-    // A clear fit ends the search; a near one may be another chain's centre passing by a hair,
-    // so the rest are tried and the closest kept (the reported ratio is then the kernel's own).
-    if (statistical_closeness(*best) <= 0.5) return best;
+    for (const bool fp32_slope : {false, true}) {
+      if (fp32_slope && variant.cap != CapChain::each_step_in_format) continue;
+      EmulatedBackward e;
+      if (!emulate_backward(p, variant, *tolerance.intermediate_format, fp32_slope, e)) continue;
+      std::optional<BackwardJudgement> judged = judged_around(tolerance, p, actual, exact, e, base);
+      if (!judged) continue;
+      if (!best || statistical_closeness(*judged) < statistical_closeness(*best)) best = std::move(judged);
+      // A clear fit ends the search; else the closest is kept (a near one may be another's centre).
+      if (statistical_closeness(*best) <= 0.5) return best;
+    }
   }
   return best;
 }

@@ -223,17 +223,20 @@ void ScoreEmulator::apply_cap(Score& score) const {
   const auto h = static_cast<float>(held);
   const auto fp32_tanh = [](float x) { return static_cast<float>(std::tanh(static_cast<double>(x))); };
   double low = score.z - score.ambiguity, high = score.z + score.ambiguity;
-  double tanh_centre = 0;  // the tanh the kernel's backward forms its slope from
+  double tanh_centre = 0;                    // the tanh the kernel's backward forms its slope from
+  double slope_low = NAN, slope_high = NAN;  // that tanh's interval, where it is not the score's
   switch (cap_) {
     case CapChain::none:
       return;
     case CapChain::each_step_in_format: {
       const float t = static_cast<float>(round_to_format(static_cast<float>(score.z) / h, format_));
       const float u = static_cast<float>(round_to_format(fp32_tanh(t), format_));
-      tanh_centre = static_cast<double>(u);
+      tanh_centre = static_cast<double>(slope_from_fp32_ ? fp32_tanh(t) : u);
       score.before = static_cast<double>(u * h);
-      low = round_to_format(tanh_down(round_to_format(quotient_low(low), format_)), format_);
-      high = round_to_format(tanh_up(round_to_format(quotient_high(high), format_)), format_);
+      low = tanh_down(round_to_format(quotient_low(low), format_));
+      high = tanh_up(round_to_format(quotient_high(high), format_));
+      if (slope_from_fp32_) slope_low = low, slope_high = high;  // the tanh before its rounding
+      low = round_to_format(low, format_), high = round_to_format(high, format_);
       break;
     }
     case CapChain::fp32_on_rounded:
@@ -248,10 +251,13 @@ void ScoreEmulator::apply_cap(Score& score) const {
       break;
   }
   // t^2 is convex: over [low, high] it deviates from the centre's most at an end, or at 0 inside.
+  if (std::isnan(slope_low)) slope_low = low, slope_high = high;
   const double t2 = tanh_centre * tanh_centre;
-  const double least = low <= 0 && high >= 0 ? 0.0 : std::min(low * low, high * high);
+  const double least =
+      slope_low <= 0 && slope_high >= 0 ? 0.0 : std::min(slope_low * slope_low, slope_high * slope_high);
   score.slope = 1 - t2;
-  score.slope_deviation = std::max({low * low - t2, high * high - t2, t2 - least, 0.0}) * (1 + 0x1p-40);
+  score.slope_deviation =
+      std::max({slope_low * slope_low - t2, slope_high * slope_high - t2, t2 - least, 0.0}) * (1 + 0x1p-40);
   score.before_low = product_low(low);
   score.before_high = product_high(high);
   score.z = round_to_format(score.before, format_);

@@ -115,6 +115,11 @@ class ScoreEmulator {
   [[nodiscard]] const Matrix& key_deviation() const { return k_.deviation; }
   [[nodiscard]] double query_factor() const { return query_factor_; }
   [[nodiscard]] double key_factor() const { return key_factor_; }
+  // Where each step rounds to F (CapChain::each_step_in_format), which tanh the backward's slope is
+  // formed from: F's (autograd through torch.tanh on F tensors; the default) or the fp32 value
+  // before its rounding (`torch.tanh(x.float()).half()`, as fp16 must be written on the CPU: the
+  // cast's backward passes the gradient to an fp32 tanh backward).
+  void take_slope_from_fp32_tanh(bool fp32) { slope_from_fp32_ = fp32; }
   // Row `query`'s scores for the keys in `visible`; false if one is not finite (a score beyond F's
   // range), when the row cannot be emulated.
   bool row(std::size_t query, std::span<const std::size_t> visible, EmulatedRow& out) const;
@@ -148,6 +153,7 @@ class ScoreEmulator {
   double scale_ = 1;  // the factor applied after the product (product_then_scale, scaled_accumulator)
   double query_factor_ = 1, key_factor_ = 1;
   bool distinct_ = true;
+  bool slope_from_fp32_ = false;
   Operand q_, k_;
 };
 
