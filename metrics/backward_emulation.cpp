@@ -309,6 +309,23 @@ void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackwa
 
 namespace sharpcheck::metrics::backward_blocks {
 
+// A soft-cap's slope as a kernel forms it, 1 - t'^2, against dz/dr's 1 - t^2 (t = tanh(s / c)), over
+// |scale / theta|: the kernel's score s' is within ds of s (its roundings, 2 u_S |s| each as the
+// table charges them, and the fp32 dot product's (d + 2) 2^-24 sum |q k| |scale|), its quotient
+// by c (held in fp32 or F) within 2 u_S |s| / c more; tanh moves by at most the interval's largest
+// sech^2 times that; the tanh is rounded to F (u_S |t|: each step in F) and within 2^-20 relative in
+// fp32; then |t'^2 - t^2| <= dt (2 |t| + dt). A kernel that forms its slope from the rounded tanh
+// (autograd through torch.tanh on bf16 tensors) differs from dz/dr by that much, not by fp32's
+// 2^-20: charged so, the proven tier passed it no longer failed it (ratios up to 6.8).
+double cap_slope_error(double s, double cap, double dot_error, double u_s) {
+  const double x = s / cap, t = std::tanh(x);
+  const double dx = (2 * 2 * u_s * std::fabs(s) + 2 * u_s * std::fabs(s) + dot_error) / cap * (1 + 1e-6);
+  const double nearest = std::max(0.0, std::fabs(x) - dx);
+  const double steepest = 1 - std::tanh(nearest) * std::tanh(nearest);
+  const double dt = (dx * steepest + (u_s + 0x1p-20) * std::fabs(t)) * (1 + 1e-6) + 0x1p-149;
+  return dt * (2 * std::fabs(t) + dt) + 0x1p-20;
+}
+
 // A soft-capped emulation's slopes (EmulatedScoreSlack::slopes, head's positions x keys): dz/dr is
 // s' times the kernel's slope 1 - t^2, not s'.
 void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& slopes, PairBlock& block) {

@@ -48,23 +48,6 @@ DotAndAbsolute dot_and_absolute(const kernels::BackwardProblem& p, std::size_t i
   return wide;
 }
 
-// A soft-cap's slope as a kernel forms it, 1 - t'^2, against dz/dr's 1 - t^2 (t = tanh(s / c)), over
-// |scale / theta|: the kernel's score s' is within ds of s (its roundings, 2 u_S |s| each as the
-// table charges them, and the fp32 dot product's (d + 2) 2^-24 sum |q k| |scale|), its quotient
-// by c (held in fp32 or F) within 2 u_S |s| / c more; tanh moves by at most the interval's largest
-// sech^2 times that; the tanh is rounded to F (u_S |t|: each step in F) and within 2^-20 relative in
-// fp32; then |t'^2 - t^2| <= dt (2 |t| + dt). A kernel that forms its slope from the rounded tanh
-// (autograd through torch.tanh on bf16 tensors) differs from dz/dr by that much, not by fp32's
-// 2^-20: charged so, the proven tier passed it no longer failed it (ratios up to 6.8).
-double cap_slope_error(double s, double cap, double dot_error, double u_s) {
-  const double x = s / cap, t = std::tanh(x);
-  const double dx = (2 * 2 * u_s * std::fabs(s) + 2 * u_s * std::fabs(s) + dot_error) / cap * (1 + 1e-6);
-  const double nearest = std::max(0.0, std::fabs(x) - dx);
-  const double steepest = 1 - std::tanh(nearest) * std::tanh(nearest);
-  const double dt = (dx * steepest + (u_s + 0x1p-20) * std::fabs(t)) * (1 + 1e-6) + 0x1p-149;
-  return dt * (2 * std::fabs(t) + dt) + 0x1p-20;
-}
-
 template <typename Dot>
 RowGeometry row_geometry(const kernels::BackwardProblem& p, const tensor::HeadScores& head, std::size_t i,
                          const std::vector<std::size_t>& visible, const Dot& dot, double u_s, Magnitudes& m) {
@@ -476,8 +459,8 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     m.dv_heads = head_dv = partial_dv = Matrix(p.keys.rows, p.values.cols);
   }
   for (std::size_t h = 0; h < p.group; ++h) {
-    std::fill(head_dk.values.begin(), head_dk.values.end(), 0.0);
-    std::fill(head_dv.values.begin(), head_dv.values.end(), 0.0);
+    const Magnitudes::ScaleSums before = take_dq_scale_sums(m);  // the head's own sums, then all
+    for (Matrix* x : {&head_dk, &head_dv}) std::fill(x->values.begin(), x->values.end(), 0.0);
     const tensor::HeadScores head = p.head(h);
     const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(p.queries.cols));
     int exponent = 0;  // dS * scale rounded again unless the scale is a power of two
@@ -505,6 +488,9 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     }
     add_head_roundings(roundings == 3 && h > 0, head_dk, partial_dk, m.dk_heads);
     add_head_roundings(roundings == 3 && h > 0, head_dv, partial_dv, m.dv_heads);
+    const Magnitudes::ScaleSums own = take_dq_scale_sums(m);
+    add_dq_scale_sums(before, m), add_dq_scale_sums(own, m);
+    if (p.group > 1) m.dq_scale_heads.push_back(own);
   }
   finish(m);
   if (roundings == 3) use_exact_spreads(m);

@@ -128,6 +128,16 @@ struct Magnitudes {
   };
   Matrix dq_direction;
   std::vector<ProjectedSums> d_direction;  // per query row
+  // A GQA group's dQ sums per query head (empty for one head): the gradient-scale test judges each
+  // head's dQ as well as the group's, where a bug in one head's dQ is diluted by the group's size
+  // (a trial's dQ x 1.02 on one head of eight passed at 0.62; alone it failed at 3.1).
+  struct ScaleSums {
+    double inside = 0, inside_linear = 0, from_d = 0, pairs = 0, rows = 0;
+    SplitPairs split;
+    ScaleScoreTerms scores;
+    ExactSums exact;
+  };
+  std::vector<ScaleSums> dq_scale_heads;
   double largest_z = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
   // logit_rounding's two parts, each its own maximum over the pairs: the fp32 dot product's worst
@@ -135,6 +145,9 @@ struct Magnitudes {
   // tests charge the dot product by its d roundings' Hoeffding root (judge_backward.cpp).
   double logit_dot = 0, logit_rest = 0;
 };
+
+// dQ's gradient-scale sums of the whole (the group's) as one Magnitudes::ScaleSums.
+[[nodiscard]] Magnitudes::ScaleSums dq_scale_sums(const Magnitudes& m);
 
 // The math path's scores as a judgement emulates them (judge_backward.cpp, metrics/score_emulation.hpp):
 // the problem's logits are then the emulated scores, and per head of the group (positions x keys,

@@ -211,6 +211,11 @@ void block_exact_products(const kernels::BackwardProblem& p, const Images& image
 // After the sums' roots: dQ's and dK's spreads from the exact coefficients (Magnitudes::dq_spread).
 void use_exact_spreads(Magnitudes& m);
 
+// How far a soft-cap's slope as a kernel forms it may be from dz/dr's, over |scale / theta|, for a
+// pre-cap score s, cap c, the fp32 dot product's error bound and the recipe's u_S (0: scores in
+// fp32) (metrics/backward_emulation.cpp derives it).
+[[nodiscard]] double cap_slope_error(double s, double cap, double dot_error, double u_s);
+
 // A soft-capped emulation's slopes (EmulatedScoreSlack::slopes, the head's positions x keys) into
 // the block's geometry, after block_geometry: dz/dr is s' times the kernel's slope 1 - t^2, not s'
 // (metrics/backward_emulation.cpp).
@@ -222,6 +227,11 @@ void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& 
 void block_head_products(const kernels::BackwardProblem& p, const PairBlock& block, Matrix& head_dk,
                          Matrix& head_dv);
 void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix& heads);
+
+// dQ's gradient-scale sums (Magnitudes::ScaleSums) taken out of `m` (left 0), or added back: a GQA
+// group's per-head sums (Magnitudes::dq_scale_heads) (metrics/backward_score_terms.cpp).
+[[nodiscard]] Magnitudes::ScaleSums take_dq_scale_sums(Magnitudes& m);
+void add_dq_scale_sums(const Magnitudes::ScaleSums& x, Magnitudes& m);
 
 // The scores' roundings' terms of a recipe that rounds them (u_s > 0), for one block, after its
 // products (metrics/backward_score_terms.cpp).

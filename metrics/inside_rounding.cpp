@@ -388,18 +388,22 @@ void store_spreads(const RowRounding& rounding, std::size_t row, InsideSpreads& 
 
 void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,
                           const FloatFormat& output, const RowScale& scale, Comparison& comparison) {
-  const ProjectedInput in{.expected = gradient.expected.values,
-                          .actual = gradient.actual.values,
-                          .magnitudes = gradient.magnitudes.values,
+  const bool part = gradient.count > 0;
+  const auto elements = [&](const Matrix& m) {
+    const std::span<const double> all(m.values);
+    return part ? all.subspan(gradient.first, gradient.count) : all;
+  };
+  const ProjectedInput in{.expected = elements(gradient.expected),
+                          .actual = elements(gradient.actual),
+                          .magnitudes = elements(gradient.magnitudes),
                           .weights = {},
                           .noise = gradient.noise,
-                          .accumulated = gradient.accumulated != nullptr
-                                             ? std::span<const double>(gradient.accumulated->values)
-                                             : std::span<const double>()};
+                          .accumulated = gradient.accumulated != nullptr ? elements(*gradient.accumulated)
+                                                                         : std::span<const double>()};
   const ProjectedStat stat = project_errors(in, entry, u_o, output, scale);
   // An allowance past double's range cannot judge the gradient's scale (the elements' verdicts stand).
   if (stat.weight == 0 || !std::isfinite(statistical_lambda * stat.noise + stat.in_full)) return;
-  record_scale(comparison, std::string(gradient.name) + " as a whole",
+  record_scale(comparison, std::string(gradient.name) + (part ? "" : " as a whole"),
                std::fabs(stat.deviation) / stat.weight,
                (statistical_lambda * stat.noise + stat.in_full) / stat.weight);
 }

@@ -194,6 +194,9 @@ struct GradientScaleInput {
   const Matrix& magnitudes;
   ScaleNoise noise;
   const Matrix* accumulated = nullptr;  // ProjectedInput::accumulated (nullptr: none)
+  // Elements [first, first + count) only (one query head of a GQA group's dQ), named `name` as
+  // given; count 0: every element, "<name> as a whole".
+  std::size_t first = 0, count = 0;
 };
 
 void judge_gradient_scale(const GradientScaleInput& gradient, const Tolerance& entry, double u_o,

@@ -95,28 +95,6 @@ Comparison compare_gradient(const Matrix& expected, const Matrix& actual, const 
   return compare(input, tolerance, output);
 }
 
-// The entry every gradient is judged by: the backward tolerance's units for this problem, and a
-// recipe's roundings of P, dP and dS (each at most its format's u times the gradient's
-// magnitude) and of the scores (metrics/recipes.cpp).
-Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magnitudes& m,
-                         const kernels::BackwardProblem& p, DotCharge charge = DotCharge::worst_case) {
-  const double d_q = static_cast<double>(p.queries.cols), d_v = static_cast<double>(p.values.cols);
-  const double logit_dot = charge == DotCharge::hoeffding_scores_emulated || d_q == 0
-                               ? 0.0
-                               : m.logit_dot * dot_units_of(d_q, charge) / d_q;
-  const double logit = charge == DotCharge::worst_case ? m.logit_rounding : logit_dot + m.logit_rest;
-  Tolerance entry;
-  entry.accumulation = &fp32;
-  entry.constant = tolerance.logit * logit + tolerance.lse * (m.largest_lse + m.largest_gap) +
-                   tolerance.dims * (dot_units_of(d_q, charge) + dot_units_of(d_v, charge)) +
-                   tolerance.constant;
-  entry.per_item = tolerance.length;
-  entry.probabilities_in_output = tolerance.intermediates;
-  entry.scores_in_output = tolerance.score_roundings;
-  entry.probability_format = entry.score_format = tolerance.intermediate_format;
-  return entry;
-}
-
 // What the projected tests (gradient scale, D direction) compare with: the reference, or the
 // gradients of a math path's emulated scores with their certified radii (charged in full) and how
 // far the kernel's scale factor may be from the centre's (relative, in full).
@@ -201,20 +179,22 @@ void judge_d_direction(const kernels::KernelGradients& actual, const Magnitudes&
 // The gradient-scale test (inside_rounding.hpp) of dQ, dK and dV.
 void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitudes& m, double floor_scale,
                            const ScaleSettings& x, BackwardJudgement& judgement) {
-  const auto total = [](const Matrix& matrix) {
+  const auto total = [](const Matrix* matrix, std::size_t first = 0, std::size_t count = SIZE_MAX) {
     double sum = 0;
-    for (const double value : matrix.values) sum += value;
+    if (matrix == nullptr) return sum;
+    count = std::min(count, matrix->values.size() - first);
+    for (std::size_t k = first; k < first + count; ++k) sum += matrix->values[k];
     return sum;
   };
   const auto& e = x.centre.gradients;
   const auto* radii = x.centre.radii;
   // The absolute parts (the subnormal floors, a cap's slope error, the centre's radii) in full.
-  const auto noise = [&](double inside, double from_d, double absolute, const Matrix* radius, double pairs,
-                         double rows, double extra, double inside_linear) {
+  const auto noise = [&](double inside, double from_d, double absolute, double pairs, double rows,
+                         double extra, double inside_linear) {
     return ScaleNoise{.inside = inside,
                       .inside_linear = inside_linear * (1 + 1e-9),
                       .from_d = from_d,
-                      .absolute = absolute + (radius != nullptr ? total(*radius) : 0.0),
+                      .absolute = absolute,
                       .pairs = pairs,
                       .rows = rows,
                       .relative_in_full = x.centre.relative_in_full,
@@ -226,32 +206,49 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
     n = with_score_terms(n, m, scores);
     return exact != nullptr ? with_exact_terms(n, x.projected, *exact) : n;
   };
+  // dQ's elements [first, first + count) with their sums: the whole, or one query head of a group.
+  const auto dq_input = [&](const char* name, const Magnitudes::ScaleSums& sums, std::size_t first,
+                            std::size_t count) {
+    const double absolute = floor_scale * total(&m.dq_floor, first, count) +
+                            total(&m.dq_slope, first, count) +
+                            total(radii ? &radii->d_queries : nullptr, first, count);
+    const ScaleNoise n = noise(sums.inside, sums.from_d, absolute, sums.pairs, sums.rows, x.centre.extra_dq,
+                               sums.inside_linear);
+    return GradientScaleInput{name,
+                              e.d_queries,
+                              actual.d_queries,
+                              m.dq,
+                              charged(with_split_pairs(n, m, sums.split, x.split), sums.scores, &sums.exact),
+                              &m.dq_accumulated,
+                              first,
+                              count};
+  };
   const GradientScaleInput gradients[] = {
-      {"dQ", e.d_queries, actual.d_queries, m.dq,
-       charged(with_split_pairs(noise(m.dq_scale_inside, m.dq_scale_from_d,
-                                      floor_scale * total(m.dq_floor) + total(m.dq_slope),
-                                      radii ? &radii->d_queries : nullptr, m.dq_scale_pairs, m.dq_scale_rows,
-                                      x.centre.extra_dq, m.dq_scale_inside_linear),
-                                m, m.dq_scale_split, x.split),
-               m.dq_scale_scores, &m.dq_scale_exact),
-       &m.dq_accumulated},
+      dq_input("dQ", dq_scale_sums(m), 0, 0),
       {"dK", e.d_keys, actual.d_keys, m.dk,
-       charged(with_split_pairs(noise(m.dk_scale_inside, m.dk_scale_from_d,
-                                      floor_scale * total(m.dk_floor) + total(m.dk_slope),
-                                      radii ? &radii->d_keys : nullptr, m.dk_scale_pairs, m.dk_scale_rows,
-                                      x.centre.extra_dk, m.dk_scale_inside_linear),
-                                m, m.dk_scale_split, x.split),
+       charged(with_split_pairs(
+                   noise(m.dk_scale_inside, m.dk_scale_from_d,
+                         floor_scale * total(&m.dk_floor) + total(&m.dk_slope) +
+                             total(radii ? &radii->d_keys : nullptr),
+                         m.dk_scale_pairs, m.dk_scale_rows, x.centre.extra_dk, m.dk_scale_inside_linear),
+                   m, m.dk_scale_split, x.split),
                m.dk_scale_scores, &m.dk_scale_exact),
        &m.dk_accumulated},
       {"dV", e.d_values, actual.d_values, m.dv,
-       charged(
-           noise(m.dv_scale_inside, 0.0, floor_scale * total(m.dv_floor), radii ? &radii->d_values : nullptr,
-                 m.dv_scale_pairs, m.dv_scale_rows, 0.0, m.dv_scale_inside_linear),
-           m.dv_scale_scores, nullptr),
+       charged(noise(m.dv_scale_inside, 0.0,
+                     floor_scale * total(&m.dv_floor) + total(radii ? &radii->d_values : nullptr),
+                     m.dv_scale_pairs, m.dv_scale_rows, 0.0, m.dv_scale_inside_linear),
+               m.dv_scale_scores, nullptr),
        &m.dv}};
   Comparison* comparisons[] = {&judgement.d_queries, &judgement.d_keys, &judgement.d_values};
   for (std::size_t g = 0; g < 3; ++g)
     judge_gradient_scale(gradients[g], x.projected, x.units, x.output, x.scale, *comparisons[g]);
+  const std::size_t per_head = e.d_queries.values.size() / std::max<std::size_t>(m.dq_scale_heads.size(), 1);
+  for (std::size_t h = 0; h < m.dq_scale_heads.size() && m.dq_scale_heads.size() > 1; ++h) {
+    const std::string name = "dQ of query head " + std::to_string(h) + " of the group";
+    judge_gradient_scale(dq_input(name.c_str(), m.dq_scale_heads[h], h * per_head, per_head), x.projected,
+                         x.units, x.output, x.scale, judgement.d_queries);
+  }
 }
 
 // The element-wise verdicts of dQ, dK and dV against the reference (`x.centre.gradients`), their
@@ -405,23 +402,13 @@ bool BackwardJudgement::passed() const {
 }
 
 std::string BackwardJudgement::describe_worst() const {
-  const Comparison* worst = &d_queries;
-  const char* name = "dQ";
-  for (const auto& [candidate, label] : {std::pair{&d_keys, "dK"}, std::pair{&d_values, "dV"}}) {
-    if (!(candidate->max_bound_ratio <= worst->max_bound_ratio)) {
-      worst = candidate;
-      name = label;
-    }
-  }
-  if (d_sink && !(d_sink->max_bound_ratio <= worst->max_bound_ratio)) {
-    worst = &*d_sink;
-    name = "dsink";
-  }
-  if (d_rows && !(d_rows->max_bound_ratio <= worst->max_bound_ratio)) {
-    worst = &*d_rows;
-    name = "D";
-  }
-  return std::string(name) + " " + worst->worst.describe();
+  std::pair<const Comparison*, const char*> worst{&d_queries, "dQ"};
+  for (const auto& [candidate, label] :
+       {std::pair{&d_keys, "dK"}, std::pair{&d_values, "dV"}, std::pair{d_sink ? &*d_sink : nullptr, "dsink"},
+        std::pair{d_rows ? &*d_rows : nullptr, "D"}})
+    if (candidate != nullptr && !(candidate->max_bound_ratio <= worst.first->max_bound_ratio))
+      worst = {candidate, label};
+  return std::string(worst.second) + " " + worst.first->worst.describe();
 }
 
 BackwardJudgement judge_attention_backward(const kernels::BackwardTolerance& tolerance,

@@ -180,4 +180,26 @@ ProjectedStat project_errors(const ProjectedInput& in, const Tolerance& entry, d
                         u_i * noise.growth * noise.inside_linear);
 }
 
+// The entry every gradient is judged by: the backward tolerance's units for this problem, and a
+// recipe's roundings of P, dP and dS (each at most its format's u times the gradient's
+// magnitude) and of the scores (metrics/recipes.cpp).
+Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magnitudes& m,
+                         const kernels::BackwardProblem& p, DotCharge charge) {
+  const double d_q = static_cast<double>(p.queries.cols), d_v = static_cast<double>(p.values.cols);
+  const double logit_dot = charge == DotCharge::hoeffding_scores_emulated || d_q == 0
+                               ? 0.0
+                               : m.logit_dot * dot_units_of(d_q, charge) / d_q;
+  const double logit = charge == DotCharge::worst_case ? m.logit_rounding : logit_dot + m.logit_rest;
+  Tolerance entry;
+  entry.accumulation = &fp32;
+  entry.constant = tolerance.logit * logit + tolerance.lse * (m.largest_lse + m.largest_gap) +
+                   tolerance.dims * (dot_units_of(d_q, charge) + dot_units_of(d_v, charge)) +
+                   tolerance.constant;
+  entry.per_item = tolerance.length;
+  entry.probabilities_in_output = tolerance.intermediates;
+  entry.scores_in_output = tolerance.score_roundings;
+  entry.probability_format = entry.score_format = tolerance.intermediate_format;
+  return entry;
+}
+
 }  // namespace sharpcheck::metrics

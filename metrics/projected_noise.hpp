@@ -30,6 +30,13 @@ enum class DotCharge { worst_case, hoeffding, hoeffding_scores_emulated };
 // A d-term dot product's units under `charge` (d, or sqrt(2d) where smaller).
 [[nodiscard]] double dot_units_of(double d, DotCharge charge);
 
+// The entry every attention-backward gradient is judged by: the backward tolerance's units for this
+// problem (its logits' and dot products' fp32 errors charged as `charge` says), and a recipe's
+// roundings of P, dP and dS and of the scores (metrics/recipes.cpp).
+[[nodiscard]] Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magnitudes& m,
+                                       const kernels::BackwardProblem& p,
+                                       DotCharge charge = DotCharge::worst_case);
+
 // What the split sums (with_split_pairs) are charged at: dP's dot product's relative error, the
 // forward's and D's errors but the scores' (ScaleNoise::dot_relative, rest_relative), and whether
 // D is formed from O.

@@ -223,3 +223,19 @@ def test_a_soft_cap_of_each_step_in_the_dtype_passes_and_a_scaled_gradient_fails
     assert sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout, **kw).passed
     with pytest.raises(AssertionError):
         sharpcheck.assert_attention_backward_close((dq.float() * 1.05).to(dtype), dk, dv, q, k, v, dout, **kw)
+
+
+def test_one_query_heads_scaled_dq_fails_within_a_gqa_group():
+    """A FlashAttention-2-style bf16 backward, 16 query heads on 2 KV heads (groups of 8), with one
+    query head's dQ scaled by 1.02 (a trial's twin, which FlashAttention's 3x rule rejects at 3.19).
+    The gradient-scale test judged dQ over the whole group, where one head's scale is diluted
+    eightfold, and the twin passed the default at 0.62; each query head's dQ is now judged too
+    (Magnitudes::dq_scale_heads), and the message names the head. The honest kernel passes."""
+    from recipe_trial import Opts, Shape, fa2_backward, make_inputs
+    q, k, v, dout = make_inputs(2008, torch.bfloat16, Shape(1, 16, 2, 96, 96, 64))
+    dq, dk, dv = fa2_backward(q, k, v, dout, Opts())
+    assert sharpcheck.assert_attention_backward_close(dq, dk, dv, q, k, v, dout).passed
+    twin = dq.clone()
+    twin[:, 14] = (twin[:, 14].float() * 1.02).bfloat16()
+    with pytest.raises(AssertionError, match="query head 6 of the group"):
+        sharpcheck.assert_attention_backward_close(twin, dk, dv, q, k, v, dout)
