@@ -33,7 +33,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <optional>
 #include <stdexcept>
@@ -392,17 +394,43 @@ std::optional<Rational> rational_scale(const tensor::HeadScores& scores, std::si
   return scale;
 }
 
+// Each product of two doubles is a dyadic rational m 2^e with |m| < 2^106: the products are summed
+// as integers over their least exponent and the sum made a rational once (mpq_add per term
+// canonicalised, a gcd each time, which made the backward's exact stage on a head of equal keys
+// take minutes).
 Rational exact_dot(std::span<const double> x, std::span<const double> y) {
-  Rational sum;
-  Rational product;
-  Rational factor;
+  const auto split = [](double v, std::int64_t& mantissa) {
+    int exponent = 0;
+    mantissa = static_cast<std::int64_t>(std::ldexp(std::frexp(v, &exponent), 53));  // exact: 53 bits
+    return exponent - 53;
+  };
+  int least = INT_MAX;
   for (std::size_t t = 0; t < x.size(); ++t) {
     if (x[t] == 0.0 || y[t] == 0.0) continue;
-    mpq_set_d(product.get(), x[t]);
-    mpq_set_d(factor.get(), y[t]);
-    mpq_mul(product.get(), product.get(), factor.get());
-    mpq_add(sum.get(), sum.get(), product.get());
+    std::int64_t m = 0;
+    least = std::min(least, split(x[t], m) + split(y[t], m));
   }
+  Rational sum;
+  if (least == INT_MAX) return sum;
+  mpz_t total, term;
+  mpz_init(total);
+  mpz_init(term);
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    if (x[t] == 0.0 || y[t] == 0.0) continue;
+    std::int64_t mx = 0, my = 0;
+    const int exponent = split(x[t], mx) + split(y[t], my);
+    mpz_set_si(term, static_cast<long>(mx));
+    mpz_mul_si(term, term, static_cast<long>(my));
+    mpz_mul_2exp(term, term, static_cast<mp_bitcnt_t>(exponent - least));
+    mpz_add(total, total, term);
+  }
+  mpq_set_z(sum.get(), total);
+  if (least < 0)
+    mpq_div_2exp(sum.get(), sum.get(), static_cast<mp_bitcnt_t>(-least));
+  else
+    mpq_mul_2exp(sum.get(), sum.get(), static_cast<mp_bitcnt_t>(least));
+  mpz_clear(total);
+  mpz_clear(term);
   return sum;
 }
 

@@ -347,6 +347,31 @@ TEST(BackwardDoubleStage, StandsAsideUnderFlushToZero) {
 }
 #endif
 
+// exact_dot sums the products as integers over their least exponent (one canonicalisation at the
+// end); checked against term-by-term GMP rationals (mpq_set_d, mpq_mul, mpq_add: exact by
+// construction) on vectors whose exponents span subnormals to 2^1000, with zeros and cancellation.
+TEST(ExactDot, EqualsTheTermByTermRationalSumOverEveryExponent) {
+  DeterministicRandom random(77);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<double> x(17), y(17);
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      const int spread = trial % 4 == 0 ? 1000 : 60;
+      x[t] = std::ldexp(random.normal(0, 1), static_cast<int>(random.uniform(-spread, spread)));
+      y[t] = std::ldexp(random.normal(0, 1), static_cast<int>(random.uniform(-spread, spread)));
+      if (t % 5 == 0) x[t] = 0.0;
+      if (trial % 7 == 0 && t > 0) x[t] = -x[t - 1], y[t] = y[t - 1];  // cancelling pairs
+    }
+    if (trial % 9 == 0) x[1] = 0x1p-1074, y[1] = 0x1p-60;  // a subnormal
+    Rational expected, product, factor;
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      mpq_set_d(product.get(), x[t]);
+      mpq_set_d(factor.get(), y[t]);
+      mpq_mul(product.get(), product.get(), factor.get());
+      mpq_add(expected.get(), expected.get(), product.get());
+    }
+    EXPECT_EQ(mpq_equal(exact_dot(x, y).get(), expected.get()), 1) << "trial " << trial;
+  }
+}
 }  // namespace
 }  // namespace sharpcheck::reference
 
