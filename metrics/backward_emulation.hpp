@@ -77,8 +77,9 @@ bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& var
 // logits, slope s') replaced by s' sum_j dS_ij t'_ij K~_j and s' sum_i dS_ij t'_ij Q~_i, t' the
 // kernel's cap slope, formed in double from the stage's D (its radius carried), and the radii of
 // what the centre cannot know: the slope an ambiguous score's kernel may take (its deviation,
-// times |dS_ij| + P_ij (|dP_ij| + A_i), in full) and the cap's fp32 steps (five relative 2^-24s of
-// each |dS_ij| t'_ij: the products by c and the slope, the quotient, the slope's own rounding).
+// times exp(4 eps) P_ij (|dP_ij| + A_i), eps the row's largest slack: the kernel's |dS_ij| at most,
+// in full) and the cap's fp32 steps (five relative 2^-24s of each |dS_ij| t'_ij: the products by c
+// and the slope, the quotient, the slope's own rounding; and 1 - t t's, 2^-24 t^2 absolute).
 void apply_cap_slopes(const kernels::BackwardProblem& p, const EmulatedBackward& e,
                       reference::AttentionGradients& centre, reference::AttentionGradients& radii);
 

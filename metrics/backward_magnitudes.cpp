@@ -462,10 +462,8 @@ Magnitudes magnitudes_of(const kernels::BackwardProblem& p, const reference::Att
     const Magnitudes::ScaleSums before = take_dq_scale_sums(m);  // the head's own sums, then all
     for (Matrix* x : {&head_dk, &head_dv}) std::fill(x->values.begin(), x->values.end(), 0.0);
     const tensor::HeadScores head = p.head(h);
-    const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(p.queries.cols));
-    int exponent = 0;  // dS * scale rounded again unless the scale is a power of two
-    const double inexact = std::frexp(scale, &exponent) != 0.5 ? 2 : 1;
-    block.ds_roundings = roundings != 3 ? 1 : (emulated != nullptr ? emulated->ds_roundings : inexact);
+    block.ds_roundings = ds_roundings_of(head, p.queries.cols, roundings, emulated);
+    m.ds_roundings = std::max(m.ds_roundings, block.ds_roundings);
     for (std::size_t position = 0; position < positions; position += block_rows) {
       block.head = h;
       block.score_unit = u_s;

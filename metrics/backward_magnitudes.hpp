@@ -48,7 +48,7 @@ struct Magnitudes {
   // A soft-cap's slope 1 - t^2, t = tanh(s / cap), as the kernel forms it errs absolutely, by
   // |t'^2 - t^2| <= dt (2 |t| + dt) with dt what the kernel's score roundings, the quotient's and the
   // tanh's own (F's where the recipe rounds each step to F; 2^-20 in fp32) move t by, plus fp32's
-  // 2^-20 (cap_slope_error in backward_magnitudes.cpp): relative to the slope it is unbounded where
+  // 2^-20 (cap_slope_error in backward_emulation.cpp): relative to the slope it is unbounded where
   // t rounds to 1 (a sharp head, the kernel's slope 0 where the exact one is 1e-12). That error,
   // times the pair's |P (dP - D + g)| (with 2^-8 of its magnitude for the kernel's own deviation)
   // and |scale / theta|, summed as the gradients sum dS: an absolute allowance of dQ and dK (0
@@ -138,6 +138,7 @@ struct Magnitudes {
     ExactSums exact;
   };
   std::vector<ScaleSums> dq_scale_heads;
+  double ds_roundings = 1;  // the most roundings of dS of any head (PairBlock::ds_roundings)
   double largest_z = 0;
   double logit_rounding = 0, largest_lse = 0, largest_gap = 0;
   // logit_rounding's two parts, each its own maximum over the pairs: the fp32 dot product's worst

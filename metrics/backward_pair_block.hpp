@@ -30,7 +30,7 @@ constexpr double negligible_gap = 100;
 struct RowGeometry {
   std::vector<double> z, slope;
   // A soft-capped head's bound on how far the kernel's slope may be from dz/dr (cap_slope_error in
-  // backward_magnitudes.cpp); empty without a cap.
+  // backward_emulation.cpp); empty without a cap.
   std::vector<double> slope_error;
   double lse = -INFINITY;
 };
@@ -227,6 +227,11 @@ void apply_slopes(const kernels::BackwardProblem& p, const std::vector<double>& 
 void block_head_products(const kernels::BackwardProblem& p, const PairBlock& block, Matrix& head_dk,
                          Matrix& head_dv);
 void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix& heads);
+
+// PairBlock::ds_roundings for a head of a recipe with `roundings` intermediate roundings, `d` its
+// head dimension (metrics/backward_score_terms.cpp).
+[[nodiscard]] double ds_roundings_of(const tensor::HeadScores& head, std::size_t d, double roundings,
+                                     const EmulatedScoreSlack* emulated);
 
 // dQ's gradient-scale sums (Magnitudes::ScaleSums) taken out of `m` (left 0), or added back: a GQA
 // group's per-head sums (Magnitudes::dq_scale_heads) (metrics/backward_score_terms.cpp).

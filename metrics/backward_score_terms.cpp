@@ -464,37 +464,19 @@ void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix
   }
 }
 
-// dQ's gradient-scale sums (Magnitudes::ScaleSums) taken out of `m` (left 0), or added back.
-Magnitudes::ScaleSums take_dq_scale_sums(Magnitudes& m) {
-  const Magnitudes::ScaleSums sums = dq_scale_sums(m);
-  m.dq_scale_inside = m.dq_scale_inside_linear = m.dq_scale_from_d = m.dq_scale_pairs = m.dq_scale_rows = 0;
-  m.dq_scale_split = {}, m.dq_scale_scores = {}, m.dq_scale_exact = {};
-  return sums;
-}
-void add_dq_scale_sums(const Magnitudes::ScaleSums& x, Magnitudes& m) {
-  m.dq_scale_inside += x.inside, m.dq_scale_inside_linear += x.inside_linear, m.dq_scale_from_d += x.from_d;
-  m.dq_scale_pairs += x.pairs, m.dq_scale_rows += x.rows;
-  Magnitudes::SplitPairs& split = m.dq_scale_split;
-  split.ds += x.split.ds, split.dp += x.split.dp, split.from_d += x.split.from_d;
-  split.rows_centred += x.split.rows_centred, split.rows_rest += x.split.rows_rest;
-  m.dq_scale_scores.first += x.scores.first, m.dq_scale_scores.second += x.scores.second;
-  m.dq_scale_scores.growth += x.scores.growth;
-  m.dq_scale_exact.squares += x.exact.squares, m.dq_scale_exact.cross += x.exact.cross;
+// PairBlock::ds_roundings for a head: 1 unless the recipe rounds P, dP and dS (roundings 3); then
+// the emulation's count, or 2 where autograd multiplies dS by a scale that is not a power of two
+// (else 1), plus a soft-cap's backward (* c, the slope's product, / c: 3, or 1 where c is a power
+// of two).
+double ds_roundings_of(const tensor::HeadScores& head, std::size_t d, double roundings,
+                       const EmulatedScoreSlack* emulated) {
+  if (roundings != 3) return 1;
+  if (emulated != nullptr) return emulated->ds_roundings;
+  const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(d));
+  int exponent = 0;
+  double count = std::frexp(scale, &exponent) != 0.5 ? 2 : 1;
+  if (head.softcap != 0) count += std::frexp(head.softcap, &exponent) == 0.5 ? 1 : 3;
+  return count;
 }
 
 }  // namespace sharpcheck::metrics::backward_blocks
-
-namespace sharpcheck::metrics {
-
-Magnitudes::ScaleSums dq_scale_sums(const Magnitudes& m) {
-  return {.inside = m.dq_scale_inside,
-          .inside_linear = m.dq_scale_inside_linear,
-          .from_d = m.dq_scale_from_d,
-          .pairs = m.dq_scale_pairs,
-          .rows = m.dq_scale_rows,
-          .split = m.dq_scale_split,
-          .scores = m.dq_scale_scores,
-          .exact = m.dq_scale_exact};
-}
-
-}  // namespace sharpcheck::metrics

@@ -209,9 +209,9 @@ void judge_gradient_scales(const kernels::KernelGradients& actual, const Magnitu
   // dQ's elements [first, first + count) with their sums: the whole, or one query head of a group.
   const auto dq_input = [&](const char* name, const Magnitudes::ScaleSums& sums, std::size_t first,
                             std::size_t count) {
-    const double absolute = floor_scale * total(&m.dq_floor, first, count) +
-                            total(&m.dq_slope, first, count) +
-                            total(radii ? &radii->d_queries : nullptr, first, count);
+    const std::size_t span = count > 0 ? count : SIZE_MAX;  // count 0: every element
+    const double absolute = floor_scale * total(&m.dq_floor, first, span) + total(&m.dq_slope, first, span) +
+                            total(radii ? &radii->d_queries : nullptr, first, span);
     const ScaleNoise n = noise(sums.inside, sums.from_d, absolute, sums.pairs, sums.rows, x.centre.extra_dq,
                                sums.inside_linear);
     return GradientScaleInput{name,
@@ -264,17 +264,32 @@ void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m,
   const auto at = [&](std::size_t g) { return centred != nullptr ? &centred[g] : nullptr; };
   // A GQA group's per-head roundings to the output format (Magnitudes::dk_heads), in full: u_out
   // of the kernel's |dK_h|, within 2 u_out of the centre's; 1e-6 over the double products.
-  const double per_head = x.output.unit_roundoff() * (1 + 2 * x.output.unit_roundoff()) * (1 + 1e-6);
-  const auto with_heads = [&](const Matrix& heads, Matrix absolute) {
-    if (absolute.values.empty()) absolute = Matrix(heads.rows, heads.cols);
-    for (std::size_t k = 0; k < heads.values.size(); ++k) absolute.values[k] += per_head * heads.values[k];
-    return absolute;
+  // The kernel's |dK_h| exceeds the centre's by at most its own error (a few u_i of the magnitude:
+  // 2^-5 of it, in all the heads' sums, covers eight roundings of bf16) and the partial sums carry
+  // the earlier heads' roundings (1 + G u_out).
+  const double u_out = x.output.unit_roundoff(), groups = static_cast<double>(m.dq_scale_heads.size());
+  const double head_unit = u_out * (1 + 2 * u_out) * (1 + groups * u_out) * (1 + 1e-6);
+  // The math path's second order past comparison.cpp's 10 u_i^2 M (two roundings of dS; a soft-cap's
+  // backward rounds it up to five times: second_order_of_ds), for dQ and dK.
+  const double u_i = x.entry.probabilities_in_output >= 3 && x.entry.probability_format != nullptr
+                         ? x.entry.probability_format->unit_roundoff()
+                         : 0.0;
+  const double second = std::max(0.0, second_order_of_ds(m.ds_roundings) * (1 + u_i) - 10) * u_i * u_i;
+  const auto absolute = [&](const Matrix* heads, const Matrix& magnitude, const Matrix* base) {
+    Matrix sum = base != nullptr && !base->values.empty() ? *base : Matrix(magnitude.rows, magnitude.cols);
+    for (std::size_t k = 0; k < sum.values.size(); ++k) {
+      sum.values[k] += second * magnitude.values[k] * (1 + 1e-6);
+      if (heads != nullptr && !heads->values.empty())
+        sum.values[k] += head_unit * heads->values[k] + u_out * 0x1p-5 * magnitude.values[k];
+    }
+    return sum;
   };
-  const Matrix dk_absolute = with_heads(m.dk_heads, m.dk_slope);
-  const Matrix dv_absolute = with_heads(m.dv_heads, Matrix(e.d_values.rows, e.d_values.cols));
+  const Matrix dq_absolute = absolute(nullptr, m.dq, &m.dq_slope);
+  const Matrix dk_absolute = absolute(&m.dk_heads, m.dk, &m.dk_slope);
+  const Matrix dv_absolute = absolute(&m.dv_heads, m.dv, nullptr);
   judgement.d_queries = compared(e.d_queries, actual.d_queries,
                                  {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second,
-                                  &m.dq_floor, floor_scale, at(0), &m.dq_slope});
+                                  &m.dq_floor, floor_scale, at(0), &dq_absolute});
   judgement.d_keys = compared(e.d_keys, actual.d_keys,
                               {m.dk, m.dk_from_d, &m.dk_spread, &m.dk_scores, &m.dk_scores_second,
                                &m.dk_floor, floor_scale, at(1), &dk_absolute});
@@ -318,20 +333,17 @@ std::optional<BackwardJudgement> judged_around(const kernels::BackwardTolerance&
   const double u_i = tolerance.intermediate_format->unit_roundoff();
   const Magnitudes m = magnitudes_of(problem, centre, 0.0, u_i, tolerance.intermediates, &e.slack, &p);
   // The element tier charges the extra roundings in full (one each, of the kernel's value, within
-  // 2 u_i of the centre's), the factor's relative error, with the radii, and the second order past
-  // comparison.cpp's 10 u_i^2 M (two roundings of dS; a soft-cap's backward rounds it up to five times).
-  const double second = std::max(0.0, second_order_of_ds(e.slack.ds_roundings) * (1 + u_i) - 10) * u_i * u_i;
-  const auto with_extra = [&](const Matrix& radius, const Matrix& gradient, const Matrix& magnitude,
-                              double extra) {
+  // 2 u_i of the centre's) and the factor's relative error, with the radii (the second order past
+  // two roundings of dS is judge_elements').
+  const auto with_extra = [&](const Matrix& radius, const Matrix& gradient, double extra) {
     Matrix sum = radius;
     const double relative = extra * u_i * (1 + 2 * u_i) + e.relative_in_full;
     for (std::size_t x = 0; x < sum.values.size(); ++x)
-      sum.values[x] +=
-          (relative * std::fabs(gradient.values[x]) + second * magnitude.values[x]) * (1 + 0x1p-20);
+      sum.values[x] += relative * std::fabs(gradient.values[x]) * (1 + 0x1p-20);
     return sum;
   };
-  const Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, m.dq, e.extra_dq);
-  const Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, m.dk, e.extra_dk);
+  const Matrix dq_radius = with_extra(radii.d_queries, centre.d_queries, e.extra_dq);
+  const Matrix dk_radius = with_extra(radii.d_keys, centre.d_keys, e.extra_dk);
   const Matrix dq_slack = first_order_slack(m.dq_scores, worst_dq_slack(m, centre, radii));
   const Matrix dk_slack = first_order_slack(m.dk_scores, m.dk_slack_worst);
   const Matrix dv_slack = first_order_slack(m.dv_scores, m.dv_slack_worst);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "metrics/backward_pair_block.hpp"
 #include "metrics/tolerance_table.hpp"
 
 namespace sharpcheck::metrics {
@@ -203,3 +204,40 @@ Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magn
 }
 
 }  // namespace sharpcheck::metrics
+
+namespace sharpcheck::metrics {
+
+Magnitudes::ScaleSums dq_scale_sums(const Magnitudes& m) {
+  return {.inside = m.dq_scale_inside,
+          .inside_linear = m.dq_scale_inside_linear,
+          .from_d = m.dq_scale_from_d,
+          .pairs = m.dq_scale_pairs,
+          .rows = m.dq_scale_rows,
+          .split = m.dq_scale_split,
+          .scores = m.dq_scale_scores,
+          .exact = m.dq_scale_exact};
+}
+
+}  // namespace sharpcheck::metrics
+
+namespace sharpcheck::metrics::backward_blocks {
+
+// dQ's gradient-scale sums (Magnitudes::ScaleSums) taken out of `m` (left 0), or added back.
+Magnitudes::ScaleSums take_dq_scale_sums(Magnitudes& m) {
+  const Magnitudes::ScaleSums sums = dq_scale_sums(m);
+  m.dq_scale_inside = m.dq_scale_inside_linear = m.dq_scale_from_d = m.dq_scale_pairs = m.dq_scale_rows = 0;
+  m.dq_scale_split = {}, m.dq_scale_scores = {}, m.dq_scale_exact = {};
+  return sums;
+}
+void add_dq_scale_sums(const Magnitudes::ScaleSums& x, Magnitudes& m) {
+  m.dq_scale_inside += x.inside, m.dq_scale_inside_linear += x.inside_linear, m.dq_scale_from_d += x.from_d;
+  m.dq_scale_pairs += x.pairs, m.dq_scale_rows += x.rows;
+  Magnitudes::SplitPairs& split = m.dq_scale_split;
+  split.ds += x.split.ds, split.dp += x.split.dp, split.from_d += x.split.from_d;
+  split.rows_centred += x.split.rows_centred, split.rows_rest += x.split.rows_rest;
+  m.dq_scale_scores.first += x.scores.first, m.dq_scale_scores.second += x.scores.second;
+  m.dq_scale_scores.growth += x.scores.growth;
+  m.dq_scale_exact.squares += x.exact.squares, m.dq_scale_exact.cross += x.exact.cross;
+}
+
+}  // namespace sharpcheck::metrics::backward_blocks
