@@ -8,13 +8,36 @@
 
 namespace {
 
-const sharpcheck_plugin_description description{SHARPCHECK_PLUGIN_ABI_VERSION, "onednn",
-                                                "oneDNN 2.6 softmax_v2_forward, softmax_accurate, on the CPU",
-                                                SHARPCHECK_FP32 | SHARPCHECK_BF16, 0};
+// oneDNN's softmax for a data type, or an exception where this CPU has none.
+dnnl::softmax_v2_forward::primitive_desc softmax_for(const dnnl::engine& engine, dnnl::memory::data_type type,
+                                                     size_t rows, size_t n) {
+  const dnnl::memory::desc layout({static_cast<dnnl::memory::dim>(rows), static_cast<dnnl::memory::dim>(n)},
+                                  type, dnnl::memory::format_tag::ab);
+  const dnnl::softmax_v2_forward::desc operation(dnnl::prop_kind::forward_inference,
+                                                 dnnl::algorithm::softmax_accurate, layout, layout, 1);
+  return {operation, engine};
+}
+
+// bf16 only where oneDNN implements it on this CPU (not on AVX2-only machines, where every bf16
+// call failed and the gate reported 88 plugin errors): a format the plugin declares must run.
+uint32_t supported_formats() {
+  try {
+    const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    (void)softmax_for(engine, dnnl::memory::data_type::bf16, 1, 16);
+    return SHARPCHECK_FP32 | SHARPCHECK_BF16;
+  } catch (const dnnl::error&) {
+    return SHARPCHECK_FP32;
+  }
+}
 
 }  // namespace
 
-extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() { return &description; }
+extern "C" const sharpcheck_plugin_description* sharpcheck_plugin_info() {
+  static const sharpcheck_plugin_description description{
+      SHARPCHECK_PLUGIN_ABI_VERSION, "onednn", "oneDNN 2.6 softmax_v2_forward, softmax_accurate, on the CPU",
+      supported_formats(), 0};
+  return &description;
+}
 
 extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out, size_t rows, size_t n,
                                   float scale) {
@@ -25,11 +48,9 @@ extern "C" int sharpcheck_softmax(uint32_t format, const void* logits, void* out
     if (format != SHARPCHECK_FP32 && format != SHARPCHECK_BF16) return 1;
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
-    const dnnl::memory::desc layout({static_cast<dnnl::memory::dim>(rows), static_cast<dnnl::memory::dim>(n)},
-                                    type, dnnl::memory::format_tag::ab);
-    const dnnl::softmax_v2_forward::desc operation(dnnl::prop_kind::forward_inference,
-                                                   dnnl::algorithm::softmax_accurate, layout, layout, 1);
-    const dnnl::softmax_v2_forward primitive(dnnl::softmax_v2_forward::primitive_desc(operation, engine));
+    const auto descriptor = softmax_for(engine, type, rows, n);
+    const dnnl::memory::desc layout = descriptor.dst_desc();
+    const dnnl::softmax_v2_forward primitive(descriptor);
     dnnl::memory source(layout, engine, const_cast<void*>(logits));
     dnnl::memory destination(layout, engine, out);
     primitive.execute(stream, {{DNNL_ARG_SRC, source}, {DNNL_ARG_DST, destination}});
