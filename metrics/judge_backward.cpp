@@ -262,11 +262,10 @@ void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m,
                             x.scale.largest_score);
   };
   const auto at = [&](std::size_t g) { return centred != nullptr ? &centred[g] : nullptr; };
-  // A GQA group's per-head roundings to the output format (Magnitudes::dk_heads), in full: u_out
-  // of the kernel's |dK_h|, within 2 u_out of the centre's; 1e-6 over the double products.
-  // The kernel's |dK_h| exceeds the centre's by at most its own error (a few u_i of the magnitude:
-  // 2^-5 of it, in all the heads' sums, covers eight roundings of bf16) and the partial sums carry
-  // the earlier heads' roundings (1 + G u_out).
+  // A GQA group's per-head roundings to the output format (Magnitudes::dk_heads), in full: u_out of
+  // the kernel's |dK_h|, which exceeds the centre's by at most its own error (a few u_i of the
+  // magnitude: 2^-5 of it, over all the heads, covers eight roundings of bf16), the partial sums
+  // carrying the earlier heads' roundings (1 + G u_out); 1e-6 over the double products.
   const double u_out = x.output.unit_roundoff(), groups = static_cast<double>(m.dq_scale_heads.size());
   const double head_unit = u_out * (1 + 2 * u_out) * (1 + groups * u_out) * (1 + 1e-6);
   // The math path's second order past comparison.cpp's 10 u_i^2 M (two roundings of dS; a soft-cap's
@@ -275,18 +274,18 @@ void judge_elements(const kernels::KernelGradients& actual, const Magnitudes& m,
                          ? x.entry.probability_format->unit_roundoff()
                          : 0.0;
   const double second = std::max(0.0, second_order_of_ds(m.ds_roundings) * (1 + u_i) - 10) * u_i * u_i;
-  const auto absolute = [&](const Matrix* heads, const Matrix& magnitude, const Matrix* base) {
+  const auto absolute = [&](const Matrix* heads, const Matrix& magnitude, const Matrix* base, bool via_ds) {
     Matrix sum = base != nullptr && !base->values.empty() ? *base : Matrix(magnitude.rows, magnitude.cols);
     for (std::size_t k = 0; k < sum.values.size(); ++k) {
-      sum.values[k] += second * magnitude.values[k] * (1 + 1e-6);
+      if (via_ds) sum.values[k] += second * magnitude.values[k] * (1 + 1e-6);
       if (heads != nullptr && !heads->values.empty())
         sum.values[k] += head_unit * heads->values[k] + u_out * 0x1p-5 * magnitude.values[k];
     }
     return sum;
   };
-  const Matrix dq_absolute = absolute(nullptr, m.dq, &m.dq_slope);
-  const Matrix dk_absolute = absolute(&m.dk_heads, m.dk, &m.dk_slope);
-  const Matrix dv_absolute = absolute(&m.dv_heads, m.dv, nullptr);
+  const Matrix dq_absolute = absolute(nullptr, m.dq, &m.dq_slope, true);
+  const Matrix dk_absolute = absolute(&m.dk_heads, m.dk, &m.dk_slope, true);
+  const Matrix dv_absolute = absolute(&m.dv_heads, m.dv, nullptr, false);
   judgement.d_queries = compared(e.d_queries, actual.d_queries,
                                  {m.dq, m.dq_from_d, &m.dq_spread, &m.dq_scores, &m.dq_scores_second,
                                   &m.dq_floor, floor_scale, at(0), &dq_absolute});
