@@ -369,12 +369,7 @@ void decide_rational_results(BackwardExactCases& exact, const FloatFormat& targe
     flag = true;
   };
   const std::size_t dv = out.d_values.cols;
-  const auto undecided = [](const std::vector<bool>& flags) {
-    std::vector<bool> wanted(flags.size());
-    for (std::size_t e = 0; e < flags.size(); ++e) wanted[e] = !flags[e];
-    return wanted;
-  };
-  BackwardExactCases::Products products = exact.d_products(undecided(done[0]), undecided(done[1]));
+  BackwardExactCases::Products products = exact.d_products(done[0], done[1]);
   for (std::size_t e = 0; e < done[0].size(); ++e)
     if (!done[0][e]) settle(std::move(products.d_queries[e]), target, out.d_queries.values[e], done[0][e]);
   for (std::size_t e = 0; e < done[1].size(); ++e)

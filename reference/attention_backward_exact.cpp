@@ -210,33 +210,33 @@ std::optional<Rational> BackwardExactCases::d_raw(std::size_t i, std::size_t j) 
   return dz;
 }
 
-BackwardExactCases::Products BackwardExactCases::d_products(const std::vector<bool>& dq_wanted,
-                                                            const std::vector<bool>& dk_wanted) {
+BackwardExactCases::Products BackwardExactCases::d_products(const std::vector<bool>& dq_decided,
+                                                            const std::vector<bool>& dk_decided) {
   const std::size_t d = in_.queries.cols, positions = in_.positions();
-  Products out{std::vector<std::optional<Rational>>(dq_wanted.size()),
-               std::vector<std::optional<Rational>>(dk_wanted.size())};
-  std::vector<Rational> dk_sums(dk_wanted.size());
-  std::vector<char> dk_rational(dk_wanted.size(), 1);  // until a row that sees the key gives no dr
+  Products out{std::vector<std::optional<Rational>>(dq_decided.size()),
+               std::vector<std::optional<Rational>>(dk_decided.size())};
+  std::vector<Rational> dk_sums(dk_decided.size());
+  std::vector<char> dk_rational(dk_decided.size(), 1);  // until a row that sees the key gives no dr
   std::vector<std::size_t> keys;
   std::vector<std::optional<Rational>> dr;
   for (std::size_t i = 0; i < in_.queries.rows; ++i) {
     const auto wanted = [&](const std::vector<bool>& flags, std::size_t row) {
       return std::find(flags.begin() + static_cast<std::ptrdiff_t>(row * d),
                        flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d),
-                       true) != flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d);
-    };
-    const bool row_wanted = wanted(dq_wanted, i);
+                       false) != flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d);
+    };  // some element of the row not decided yet
+    const bool row_wanted = wanted(dq_decided, i);
     if (i % positions >= heads_[i / positions].queries) {  // a padded row: dQ 0, no share of dK
       for (std::size_t c = 0; c < d; ++c)
-        if (dq_wanted[i * d + c]) out.d_queries[i * d + c].emplace();
+        if (!dq_decided[i * d + c]) out.d_queries[i * d + c].emplace();
       continue;
     }
     heads_[i / positions].visible_keys(i % positions, keys);
     dr.assign(keys.size(), std::nullopt);
     for (std::size_t a = 0; a < keys.size(); ++a)
-      if (row_wanted || wanted(dk_wanted, keys[a])) dr[a] = d_raw(i, keys[a]);
+      if (row_wanted || wanted(dk_decided, keys[a])) dr[a] = d_raw(i, keys[a]);
     for (std::size_t c = 0; row_wanted && c < d; ++c) {
-      if (!dq_wanted[i * d + c]) continue;
+      if (dq_decided[i * d + c]) continue;
       Rational sum;
       bool rational = true;
       for (std::size_t a = 0; a < keys.size() && rational; ++a) {
@@ -249,7 +249,7 @@ BackwardExactCases::Products BackwardExactCases::d_products(const std::vector<bo
     for (std::size_t a = 0; a < keys.size(); ++a) {
       for (std::size_t c = 0; c < d; ++c) {
         const std::size_t e = keys[a] * d + c;
-        if (!dk_wanted[e] || dk_rational[e] == 0 || in_.queries(i, c) == 0.0) continue;
+        if (dk_decided[e] || dk_rational[e] == 0 || in_.queries(i, c) == 0.0) continue;
         if (!dr[a])
           dk_rational[e] = 0;
         else
@@ -257,8 +257,8 @@ BackwardExactCases::Products BackwardExactCases::d_products(const std::vector<bo
       }
     }
   }
-  for (std::size_t e = 0; e < dk_wanted.size(); ++e)
-    if (dk_wanted[e] && dk_rational[e] != 0) out.d_keys[e] = std::move(dk_sums[e]);
+  for (std::size_t e = 0; e < dk_decided.size(); ++e)
+    if (!dk_decided[e] && dk_rational[e] != 0) out.d_keys[e] = std::move(dk_sums[e]);
   return out;
 }
 

@@ -44,7 +44,7 @@ class BackwardExactCases {
   [[nodiscard]] std::optional<Rational> d_value(std::size_t j, std::size_t c);
   [[nodiscard]] std::optional<Rational> d_row(std::size_t i);
   [[nodiscard]] std::optional<Rational> d_sink(std::size_t h);
-  // The dQ and dK elements `wanted` marks (flags per element, row-major), each exactly where the
+  // The dQ and dK elements not yet `decided` (flags per element, row-major), each exactly where the
   // rules above make it rational (nullopt otherwise), row by row: a row's dr_ij is formed once for
   // all its keys and shared by its dQ elements and its keys' dK. Element by element each dr was formed
   // d times over for dQ and again for dK: on a head of equal keys (every dQ exactly 0, a tie
@@ -52,7 +52,7 @@ class BackwardExactCases {
   struct Products {
     std::vector<std::optional<Rational>> d_queries, d_keys;
   };
-  [[nodiscard]] Products d_products(const std::vector<bool>& dq_wanted, const std::vector<bool>& dk_wanted);
+  [[nodiscard]] Products d_products(const std::vector<bool>& dq_decided, const std::vector<bool>& dk_decided);
 
  private:
   struct Row {
