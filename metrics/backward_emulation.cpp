@@ -181,10 +181,9 @@ bool emulate_backward(const kernels::BackwardProblem& p, const ScoreVariant& var
     if (h == 0) scale = set_operands(variant.chain, emulator, out);
     if (!emulate_rows(p, h, emulator, scale, out)) return false;
   }
-  if (cap != 0.0) {  // the cap's backward rounds dS again (EmulatedScoreSlack::ds_roundings)
-    const bool exact_c = power_of_two(round_to_format(cap, format)) && power_of_two(cap);
-    out.slack.ds_roundings += variant.cap != CapChain::each_step_in_format ? 1 : (exact_c ? 1 : 3);
-  }
+  if (cap != 0.0)  // the cap's backward rounds dS again; once where it runs in fp32
+    out.slack.ds_roundings +=
+        variant.cap == CapChain::each_step_in_format ? backward_blocks::cap_ds_roundings(cap) : 1;
   out.relative_in_full = variant.rounding == FactorRounding::format_product ? 0.0 : 0x1p-23;
   out.description = describe(variant) + (fp32_slope ? ", its slope from the tanh in fp32" : "");
   return true;
@@ -293,9 +292,8 @@ void add_deviation_radii(const kernels::BackwardProblem& p, const EmulatedBackwa
       if (!row_deviates && !keys_deviate) continue;
       row_in_double(p, e, head, i, row);
       const double d_row = centre.d_rows[i], d_radius = radii.d_rows.empty() ? 0.0 : radii.d_rows[i];
-      ds.assign(row.visible.size(), 0.0);
-      for (std::size_t a = 0; a < row.visible.size();
-           ++a) {  // |dS_ij| dz/dr, 1e-6 over its double arithmetic
+      ds.assign(row.visible.size(), 0.0);  // |dS_ij| dz/dr, 1e-6 over its double arithmetic
+      for (std::size_t a = 0; a < row.visible.size(); ++a) {
         const std::size_t at = position * keys + row.visible[a];
         const double slope = capped ? e.slack.slopes[h][at] + e.slope_deviation[h][at] : 1.0;
         ds[a] = row.p[a] * (std::fabs(row.dp[a] - d_row) + d_radius + 1e-12 * row.dp_magnitude[a]) * scale *

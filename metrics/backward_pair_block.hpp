@@ -228,6 +228,10 @@ void block_head_products(const kernels::BackwardProblem& p, const PairBlock& blo
                          Matrix& head_dv);
 void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix& heads);
 
+// The roundings a soft-cap's backward adds to dS where each step rounds to F: the products by c
+// and by the slope, the quotient by c (3), or the slope's alone where c is a power of two (1).
+[[nodiscard]] double cap_ds_roundings(double cap);
+
 // PairBlock::ds_roundings for a head of a recipe with `roundings` intermediate roundings, `d` its
 // head dimension (metrics/backward_score_terms.cpp).
 [[nodiscard]] double ds_roundings_of(const tensor::HeadScores& head, std::size_t d, double roundings,

@@ -464,10 +464,14 @@ void add_head_roundings(bool summed, const Matrix& head, Matrix& partial, Matrix
   }
 }
 
+double cap_ds_roundings(double cap) {
+  int exponent = 0;
+  return std::frexp(cap, &exponent) == 0.5 ? 1 : 3;
+}
+
 // PairBlock::ds_roundings for a head: 1 unless the recipe rounds P, dP and dS (roundings 3); then
 // the emulation's count, or 2 where autograd multiplies dS by a scale that is not a power of two
-// (else 1), plus a soft-cap's backward (* c, the slope's product, / c: 3, or 1 where c is a power
-// of two).
+// (else 1), plus a soft-cap's backward (cap_ds_roundings).
 double ds_roundings_of(const tensor::HeadScores& head, std::size_t d, double roundings,
                        const EmulatedScoreSlack* emulated) {
   if (roundings != 3) return 1;
@@ -475,7 +479,7 @@ double ds_roundings_of(const tensor::HeadScores& head, std::size_t d, double rou
   const double scale = head.scale ? *head.scale : 1 / std::sqrt(static_cast<double>(d));
   int exponent = 0;
   double count = std::frexp(scale, &exponent) != 0.5 ? 2 : 1;
-  if (head.softcap != 0) count += std::frexp(head.softcap, &exponent) == 0.5 ? 1 : 3;
+  if (head.softcap != 0) count += cap_ds_roundings(head.softcap);
   return count;
 }
 

@@ -203,10 +203,6 @@ Tolerance gradient_entry(const kernels::BackwardTolerance& tolerance, const Magn
   return entry;
 }
 
-}  // namespace sharpcheck::metrics
-
-namespace sharpcheck::metrics {
-
 Magnitudes::ScaleSums dq_scale_sums(const Magnitudes& m) {
   return {.inside = m.dq_scale_inside,
           .inside_linear = m.dq_scale_inside_linear,

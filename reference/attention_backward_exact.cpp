@@ -219,12 +219,13 @@ BackwardExactCases::Products BackwardExactCases::d_products(const std::vector<bo
   std::vector<char> dk_rational(dk_decided.size(), 1);  // until a row that sees the key gives no dr
   std::vector<std::size_t> keys;
   std::vector<std::optional<Rational>> dr;
+  const auto wanted = [&](const std::vector<bool>& decided,
+                          std::size_t row) {  // some element not decided yet
+    return std::find(decided.begin() + static_cast<std::ptrdiff_t>(row * d),
+                     decided.begin() + static_cast<std::ptrdiff_t>((row + 1) * d),
+                     false) != decided.begin() + static_cast<std::ptrdiff_t>((row + 1) * d);
+  };
   for (std::size_t i = 0; i < in_.queries.rows; ++i) {
-    const auto wanted = [&](const std::vector<bool>& flags, std::size_t row) {
-      return std::find(flags.begin() + static_cast<std::ptrdiff_t>(row * d),
-                       flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d),
-                       false) != flags.begin() + static_cast<std::ptrdiff_t>((row + 1) * d);
-    };  // some element of the row not decided yet
     const bool row_wanted = wanted(dq_decided, i);
     if (i % positions >= heads_[i / positions].queries) {  // a padded row: dQ 0, no share of dK
       for (std::size_t c = 0; c < d; ++c)
